@@ -1,0 +1,81 @@
+"""A real `pygazette serve` subprocess on loopback, for integration and fault tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.ports import free_port
+
+
+class BrokerProcess:
+    """Starts, kills and restarts one broker process on a fixed data dir and port."""
+
+    def __init__(self, data_dir: Path, *, port: int | None = None, extra_args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"broker-{self.port}.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        cmd = [
+            sys.executable, "-m", "pygazette.cli.main", "serve",
+            "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        log.close()
+        self._wait_listening(timeout)
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited early ({self.proc.returncode}):\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.02)
+        raise TimeoutError(f"broker did not listen on {self.address}:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except FileNotFoundError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hooks run, like a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait for a clean exit (SIGKILL if it hangs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
