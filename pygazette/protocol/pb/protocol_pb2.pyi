@@ -26,6 +26,8 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WRONG_APPEND_OFFSET: _ClassVar[Status]
     INDEX_HAS_GREATER_OFFSET: _ClassVar[Status]
     REGISTER_MISMATCH: _ClassVar[Status]
+    SUSPENDED: _ClassVar[Status]
+    FRAGMENT_STORE_UNHEALTHY: _ClassVar[Status]
 
 class CompressionCodec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +51,8 @@ NOT_ALLOWED: Status
 WRONG_APPEND_OFFSET: Status
 INDEX_HAS_GREATER_OFFSET: Status
 REGISTER_MISMATCH: Status
+SUSPENDED: Status
+FRAGMENT_STORE_UNHEALTHY: Status
 INVALID: CompressionCodec
 NONE: CompressionCodec
 GZIP: CompressionCodec
@@ -57,12 +61,14 @@ SNAPPY: CompressionCodec
 GZIP_OFFLOAD_DECOMPRESSION: CompressionCodec
 
 class Label(_message.Message):
-    __slots__ = ("name", "value")
+    __slots__ = ("name", "value", "prefix")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     name: str
     value: str
-    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    prefix: bool
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ..., prefix: _Optional[bool] = ...) -> None: ...
 
 class LabelSet(_message.Message):
     __slots__ = ("labels",)
@@ -79,7 +85,7 @@ class LabelSelector(_message.Message):
     def __init__(self, include: _Optional[_Union[LabelSet, _Mapping]] = ..., exclude: _Optional[_Union[LabelSet, _Mapping]] = ...) -> None: ...
 
 class JournalSpec(_message.Message):
-    __slots__ = ("name", "replication", "labels", "fragment", "flags", "max_append_rate")
+    __slots__ = ("name", "replication", "labels", "fragment", "flags", "max_append_rate", "suspend")
     class Flag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NOT_SPECIFIED: _ClassVar[JournalSpec.Flag]
@@ -107,19 +113,36 @@ class JournalSpec(_message.Message):
         flush_interval: _duration_pb2.Duration
         path_postfix_template: str
         def __init__(self, length: _Optional[int] = ..., compression_codec: _Optional[_Union[CompressionCodec, str]] = ..., stores: _Optional[_Iterable[str]] = ..., refresh_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., flush_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., path_postfix_template: _Optional[str] = ...) -> None: ...
+    class Suspend(_message.Message):
+        __slots__ = ("level", "offset")
+        class Level(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+            __slots__ = ()
+            NONE: _ClassVar[JournalSpec.Suspend.Level]
+            PARTIAL: _ClassVar[JournalSpec.Suspend.Level]
+            FULL: _ClassVar[JournalSpec.Suspend.Level]
+        NONE: JournalSpec.Suspend.Level
+        PARTIAL: JournalSpec.Suspend.Level
+        FULL: JournalSpec.Suspend.Level
+        LEVEL_FIELD_NUMBER: _ClassVar[int]
+        OFFSET_FIELD_NUMBER: _ClassVar[int]
+        level: JournalSpec.Suspend.Level
+        offset: int
+        def __init__(self, level: _Optional[_Union[JournalSpec.Suspend.Level, str]] = ..., offset: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     MAX_APPEND_RATE_FIELD_NUMBER: _ClassVar[int]
+    SUSPEND_FIELD_NUMBER: _ClassVar[int]
     name: str
     replication: int
     labels: LabelSet
     fragment: JournalSpec.Fragment
     flags: int
     max_append_rate: int
-    def __init__(self, name: _Optional[str] = ..., replication: _Optional[int] = ..., labels: _Optional[_Union[LabelSet, _Mapping]] = ..., fragment: _Optional[_Union[JournalSpec.Fragment, _Mapping]] = ..., flags: _Optional[int] = ..., max_append_rate: _Optional[int] = ...) -> None: ...
+    suspend: JournalSpec.Suspend
+    def __init__(self, name: _Optional[str] = ..., replication: _Optional[int] = ..., labels: _Optional[_Union[LabelSet, _Mapping]] = ..., fragment: _Optional[_Union[JournalSpec.Fragment, _Mapping]] = ..., flags: _Optional[int] = ..., max_append_rate: _Optional[int] = ..., suspend: _Optional[_Union[JournalSpec.Suspend, _Mapping]] = ...) -> None: ...
 
 class ProcessSpec(_message.Message):
     __slots__ = ("id", "endpoint")
@@ -137,12 +160,14 @@ class ProcessSpec(_message.Message):
     def __init__(self, id: _Optional[_Union[ProcessSpec.ID, _Mapping]] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class BrokerSpec(_message.Message):
-    __slots__ = ("process_spec", "journal_limit")
+    __slots__ = ("process_spec", "journal_limit", "exiting")
     PROCESS_SPEC_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EXITING_FIELD_NUMBER: _ClassVar[int]
     process_spec: ProcessSpec
     journal_limit: int
-    def __init__(self, process_spec: _Optional[_Union[ProcessSpec, _Mapping]] = ..., journal_limit: _Optional[int] = ...) -> None: ...
+    exiting: bool
+    def __init__(self, process_spec: _Optional[_Union[ProcessSpec, _Mapping]] = ..., journal_limit: _Optional[int] = ..., exiting: _Optional[bool] = ...) -> None: ...
 
 class Fragment(_message.Message):
     __slots__ = ("journal", "begin", "end", "sum", "compression_codec", "backing_store", "mod_time", "path_postfix")
@@ -175,7 +200,7 @@ class SHA1Sum(_message.Message):
     def __init__(self, part1: _Optional[int] = ..., part2: _Optional[int] = ..., part3: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("header", "journal", "offset", "block", "do_not_proxy", "metadata_only", "end_offset")
+    __slots__ = ("header", "journal", "offset", "block", "do_not_proxy", "metadata_only", "end_offset", "begin_mod_time")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +208,7 @@ class ReadRequest(_message.Message):
     DO_NOT_PROXY_FIELD_NUMBER: _ClassVar[int]
     METADATA_ONLY_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_MOD_TIME_FIELD_NUMBER: _ClassVar[int]
     header: Header
     journal: str
     offset: int
@@ -190,7 +216,8 @@ class ReadRequest(_message.Message):
     do_not_proxy: bool
     metadata_only: bool
     end_offset: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., offset: _Optional[int] = ..., block: _Optional[bool] = ..., do_not_proxy: _Optional[bool] = ..., metadata_only: _Optional[bool] = ..., end_offset: _Optional[int] = ...) -> None: ...
+    begin_mod_time: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., offset: _Optional[int] = ..., block: _Optional[bool] = ..., do_not_proxy: _Optional[bool] = ..., metadata_only: _Optional[bool] = ..., end_offset: _Optional[int] = ..., begin_mod_time: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
     __slots__ = ("status", "header", "offset", "write_head", "fragment", "fragment_url", "content")
@@ -211,7 +238,17 @@ class ReadResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ..., offset: _Optional[int] = ..., write_head: _Optional[int] = ..., fragment: _Optional[_Union[Fragment, _Mapping]] = ..., fragment_url: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("header", "journal", "do_not_proxy", "offset", "check_registers", "union_registers", "subtract_registers", "content")
+    __slots__ = ("header", "journal", "do_not_proxy", "offset", "check_registers", "union_registers", "subtract_registers", "suspend", "content")
+    class Suspend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SUSPEND_RESUME: _ClassVar[AppendRequest.Suspend]
+        SUSPEND_NO_RESUME: _ClassVar[AppendRequest.Suspend]
+        SUSPEND_IF_FLUSHED: _ClassVar[AppendRequest.Suspend]
+        SUSPEND_NOW: _ClassVar[AppendRequest.Suspend]
+    SUSPEND_RESUME: AppendRequest.Suspend
+    SUSPEND_NO_RESUME: AppendRequest.Suspend
+    SUSPEND_IF_FLUSHED: AppendRequest.Suspend
+    SUSPEND_NOW: AppendRequest.Suspend
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     DO_NOT_PROXY_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +256,7 @@ class AppendRequest(_message.Message):
     CHECK_REGISTERS_FIELD_NUMBER: _ClassVar[int]
     UNION_REGISTERS_FIELD_NUMBER: _ClassVar[int]
     SUBTRACT_REGISTERS_FIELD_NUMBER: _ClassVar[int]
+    SUSPEND_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     header: Header
     journal: str
@@ -227,24 +265,27 @@ class AppendRequest(_message.Message):
     check_registers: LabelSelector
     union_registers: LabelSet
     subtract_registers: LabelSet
+    suspend: AppendRequest.Suspend
     content: bytes
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., do_not_proxy: _Optional[bool] = ..., offset: _Optional[int] = ..., check_registers: _Optional[_Union[LabelSelector, _Mapping]] = ..., union_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., subtract_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., content: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., do_not_proxy: _Optional[bool] = ..., offset: _Optional[int] = ..., check_registers: _Optional[_Union[LabelSelector, _Mapping]] = ..., union_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., subtract_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., suspend: _Optional[_Union[AppendRequest.Suspend, str]] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("status", "header", "commit", "registers", "total_chunks", "delayed_chunks")
+    __slots__ = ("status", "header", "commit", "registers", "total_chunks", "delayed_chunks", "store_health_error")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     REGISTERS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DELAYED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    STORE_HEALTH_ERROR_FIELD_NUMBER: _ClassVar[int]
     status: Status
     header: Header
     commit: Fragment
     registers: LabelSet
     total_chunks: int
     delayed_chunks: int
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ..., commit: _Optional[_Union[Fragment, _Mapping]] = ..., registers: _Optional[_Union[LabelSet, _Mapping]] = ..., total_chunks: _Optional[int] = ..., delayed_chunks: _Optional[int] = ...) -> None: ...
+    store_health_error: str
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ..., commit: _Optional[_Union[Fragment, _Mapping]] = ..., registers: _Optional[_Union[LabelSet, _Mapping]] = ..., total_chunks: _Optional[int] = ..., delayed_chunks: _Optional[int] = ..., store_health_error: _Optional[str] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("header", "proposal", "registers", "acknowledge", "deprecated_journal", "content", "content_delta")
@@ -277,26 +318,32 @@ class ReplicateResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ..., fragment: _Optional[_Union[Fragment, _Mapping]] = ..., registers: _Optional[_Union[LabelSet, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("selector", "page_limit", "page_token")
+    __slots__ = ("selector", "page_limit", "page_token", "watch", "watch_resume")
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     PAGE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WATCH_FIELD_NUMBER: _ClassVar[int]
+    WATCH_RESUME_FIELD_NUMBER: _ClassVar[int]
     selector: LabelSelector
     page_limit: int
     page_token: str
-    def __init__(self, selector: _Optional[_Union[LabelSelector, _Mapping]] = ..., page_limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    watch: bool
+    watch_resume: Header
+    def __init__(self, selector: _Optional[_Union[LabelSelector, _Mapping]] = ..., page_limit: _Optional[int] = ..., page_token: _Optional[str] = ..., watch: _Optional[bool] = ..., watch_resume: _Optional[_Union[Header, _Mapping]] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("status", "header", "journals", "next_page_token")
     class Journal(_message.Message):
-        __slots__ = ("spec", "mod_revision", "route")
+        __slots__ = ("spec", "mod_revision", "route", "create_revision")
         SPEC_FIELD_NUMBER: _ClassVar[int]
         MOD_REVISION_FIELD_NUMBER: _ClassVar[int]
         ROUTE_FIELD_NUMBER: _ClassVar[int]
+        CREATE_REVISION_FIELD_NUMBER: _ClassVar[int]
         spec: JournalSpec
         mod_revision: int
         route: Route
-        def __init__(self, spec: _Optional[_Union[JournalSpec, _Mapping]] = ..., mod_revision: _Optional[int] = ..., route: _Optional[_Union[Route, _Mapping]] = ...) -> None: ...
+        create_revision: int
+        def __init__(self, spec: _Optional[_Union[JournalSpec, _Mapping]] = ..., mod_revision: _Optional[int] = ..., route: _Optional[_Union[Route, _Mapping]] = ..., create_revision: _Optional[int] = ...) -> None: ...
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOURNALS_FIELD_NUMBER: _ClassVar[int]
@@ -399,3 +446,19 @@ class Header(_message.Message):
     route: Route
     etcd: Header.Etcd
     def __init__(self, process_id: _Optional[_Union[ProcessSpec.ID, _Mapping]] = ..., route: _Optional[_Union[Route, _Mapping]] = ..., etcd: _Optional[_Union[Header.Etcd, _Mapping]] = ...) -> None: ...
+
+class FragmentStoreHealthRequest(_message.Message):
+    __slots__ = ("fragment_store",)
+    FRAGMENT_STORE_FIELD_NUMBER: _ClassVar[int]
+    fragment_store: str
+    def __init__(self, fragment_store: _Optional[str] = ...) -> None: ...
+
+class FragmentStoreHealthResponse(_message.Message):
+    __slots__ = ("status", "header", "store_health_error")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    STORE_HEALTH_ERROR_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    header: Header
+    store_health_error: str
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ..., store_health_error: _Optional[str] = ...) -> None: ...

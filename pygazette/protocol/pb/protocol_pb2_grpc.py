@@ -34,7 +34,7 @@ class JournalStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.List = channel.unary_unary(
+        self.List = channel.unary_stream(
                 '/protocol.Journal/List',
                 request_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.ListRequest.SerializeToString,
                 response_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.ListResponse.FromString,
@@ -64,13 +64,20 @@ class JournalStub:
                 request_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentsRequest.SerializeToString,
                 response_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentsResponse.FromString,
                 _registered_method=True)
+        self.FragmentStoreHealth = channel.unary_unary(
+                '/protocol.Journal/FragmentStoreHealth',
+                request_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentStoreHealthRequest.SerializeToString,
+                response_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentStoreHealthResponse.FromString,
+                _registered_method=True)
 
 
 class JournalServicer:
     """Missing associated documentation comment in .proto file."""
 
     def List(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A snapshot of the selected journals; with `watch`, a new snapshot on
+        every change.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -105,10 +112,16 @@ class JournalServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FragmentStoreHealth(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JournalServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'List': grpc.unary_unary_rpc_method_handler(
+            'List': grpc.unary_stream_rpc_method_handler(
                     servicer.List,
                     request_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.ListRequest.FromString,
                     response_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.ListResponse.SerializeToString,
@@ -138,6 +151,11 @@ def add_JournalServicer_to_server(servicer, server):
                     request_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentsRequest.FromString,
                     response_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentsResponse.SerializeToString,
             ),
+            'FragmentStoreHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.FragmentStoreHealth,
+                    request_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentStoreHealthRequest.FromString,
+                    response_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentStoreHealthResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'protocol.Journal', rpc_method_handlers)
@@ -160,7 +178,7 @@ class Journal:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/protocol.Journal/List',
@@ -301,6 +319,33 @@ class Journal:
             '/protocol.Journal/ListFragments',
             pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentsRequest.SerializeToString,
             pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FragmentStoreHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/protocol.Journal/FragmentStoreHealth',
+            pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentStoreHealthRequest.SerializeToString,
+            pygazette_dot_protocol_dot_pb_dot_protocol__pb2.FragmentStoreHealthResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,49 @@
+"""Baseline server for benchmarks: the Journal service shape with no broker behind it.
+
+Append consumes the client stream and answers; Read streams pre-built chunks. It measures
+what Python `grpc.aio` streaming itself costs, so broker figures can be read as ratios.
+Run: python bench/raw_grpc_server.py PORT
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+
+import grpc
+
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+
+CHUNK = b"\0" * (1 << 20)
+
+
+class RawJournal(pb_grpc.JournalServicer):
+    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext) -> pb.AppendResponse:  # type: ignore[override]
+        total = 0
+        async for req in request_iterator:
+            total += len(req.content)
+        return pb.AppendResponse(status=pb.OK, commit=pb.Fragment(end=total))
+
+    async def Read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
+        remaining = request.end_offset - request.offset
+        yield pb.ReadResponse(status=pb.OK, offset=request.offset)
+        while remaining > 0:
+            n = min(remaining, len(CHUNK))
+            yield pb.ReadResponse(offset=request.offset, content=CHUNK[:n])
+            remaining -= n
+
+
+async def main(port: int) -> None:
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    )
+    pb_grpc.add_JournalServicer_to_server(RawJournal(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1])))

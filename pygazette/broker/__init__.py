@@ -1,0 +1,1 @@
+"""The broker: serves the Journal service over journals assigned to this process."""

@@ -1,0 +1,205 @@
+"""The Append RPC: one atomic append, streamed into the journal's spool under its pipeline.
+
+The first request names the journal and the append's preconditions (offset, registers);
+each following request carries a content chunk; an empty chunk followed by the end of the
+stream commits. Anything else — the stream ending without the empty chunk, the client
+falling below the minimum append rate, a broker error — rolls the append back: its bytes
+lie past the spool's committed end and are overwritten by the next append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from pygazette.broker.flow_control import (
+    FlowControlUnderflow,
+    MinRatePolicer,
+    RateLimiter,
+    throttle,
+)
+from pygazette.broker.replica import Replica
+from pygazette.broker.resolver import Resolver
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.fragment_name import sha1sum_from_digest
+from pygazette.protocol.labels import subtract_label_sets, union_label_sets
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import selector_matches
+from pygazette.protocol.validation import (
+    journal_spec_flags_allow_write,
+    validate_append_request,
+)
+
+log = logging.getLogger(__name__)
+
+# Chunks at least this large are written and hashed on a worker thread, overlapping the
+# receipt of the next chunk; smaller ones are cheaper to handle inline.
+_THREAD_CHUNK = 128 * 1024
+
+
+@dataclass(slots=True)
+class AppendLimits:
+    min_rate: int  # Bytes/s a client must sustain while it holds a pipeline.
+    global_limiter: RateLimiter  # The broker-wide maximum append rate.
+
+
+class AppendAborted(Exception):
+    """The append was rolled back; carries the gRPC status to fail the RPC with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def serve_append(
+    requests: AsyncIterator[pb.AppendRequest],
+    resolver: Resolver,
+    limits: AppendLimits,
+) -> pb.AppendResponse:
+    it = aiter(requests)
+    try:
+        first = await anext(it)
+    except StopAsyncIteration:
+        raise AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, "expected an initial AppendRequest")
+    try:
+        validate_append_request(first)
+    except ValidationError as exc:
+        raise AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+
+    replica = resolver.resolve(first.journal)
+    if replica is None:
+        return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=resolver.header(routed=False))
+    header = resolver.header()
+    if not journal_spec_flags_allow_write(replica.spec):
+        return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
+    if replica.spec.replication > len(header.route.members):
+        return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
+
+    async with replica.pipeline:
+        await replica.index.first_refresh_done.wait()
+        return await _append_locked(first, it, replica, resolver, limits)
+
+
+async def _append_locked(
+    first: pb.AppendRequest,
+    it: AsyncIterator[pb.AppendRequest],
+    replica: Replica,
+    resolver: Resolver,
+    limits: AppendLimits,
+) -> pb.AppendResponse:
+    header = resolver.header()
+    if first.HasField("check_registers") and not selector_matches(
+        first.check_registers, replica.registers
+    ):
+        return pb.AppendResponse(
+            status=pb.REGISTER_MISMATCH, header=header, registers=replica.registers
+        )
+
+    # Persisted fragments beyond what this broker spooled mean replication consistency
+    # was lost; the client may roll the journal forward by appending at that offset.
+    persisted_end = max((f.end for f in replica.index.persisted()), default=0)
+    local_end = max((s.end for s in replica.index.local_spools()), default=0)
+    head = replica.head
+    if replica.spool is not None and persisted_end > local_end and first.offset != persisted_end:
+        return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
+    if first.offset and first.offset != head:
+        return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header)
+
+    spool = replica.open_spool(head)
+    pending = spool.start_append()
+    policer = MinRatePolicer(limits.min_rate)
+    limiters = [replica.limiter, limits.global_limiter]
+    loop = asyncio.get_running_loop()
+    inflight: asyncio.Future[None] | None = None
+    total_chunks = delayed_chunks = 0
+
+    async def receive() -> pb.AppendRequest | None:
+        try:
+            return await asyncio.wait_for(anext(it), policer.timeout())
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            raise FlowControlUnderflow(policer.min_rate) from None
+
+    try:
+        while True:
+            req = await receive()
+            if req is None:
+                raise AppendAborted(
+                    grpc.StatusCode.ABORTED,
+                    "append stream ended without its final empty chunk; nothing was appended",
+                )
+            if req.journal or req.HasField("header") or req.offset:
+                raise AppendAborted(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "only the first AppendRequest may carry options; later ones carry content",
+                )
+            if not req.content:
+                break
+            total_chunks += 1
+            policer.received(len(req.content))
+            waited = await throttle(limiters, len(req.content))
+            if waited:
+                delayed_chunks += 1
+                policer.excuse(waited)
+            if inflight is not None:
+                await inflight
+                inflight = None
+            if len(req.content) >= _THREAD_CHUNK:
+                inflight = loop.run_in_executor(None, pending.write, req.content)
+            else:
+                pending.write(req.content)
+        if inflight is not None:
+            await inflight
+            inflight = None
+        if await receive() is not None:
+            raise AppendAborted(
+                grpc.StatusCode.INVALID_ARGUMENT, "expected end of stream after the empty chunk"
+            )
+    except FlowControlUnderflow as exc:
+        raise AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+    finally:
+        if inflight is not None:
+            await asyncio.wait([inflight])
+
+    commit = pb.Fragment(
+        journal=replica.name,
+        begin=pending.begin,
+        end=pending.begin + pending.length,
+        sum=sha1sum_from_digest(pending.sha.digest()),
+        compression_codec=spool.codec,
+    )
+    if pending.length:
+        registers = pb.LabelSet()
+        registers.CopyFrom(replica.registers)
+        if first.HasField("union_registers"):
+            registers = union_label_sets(first.union_registers, registers)
+        if first.HasField("subtract_registers"):
+            registers = subtract_label_sets(registers, first.subtract_registers)
+        changed = registers if registers != replica.registers else None
+        if spool.sync:
+            await asyncio.to_thread(spool.commit, pending, changed)
+        else:
+            spool.commit(pending, changed)
+        replica.registers = registers
+        replica.index.spool_committed()
+        if replica.spool_needs_roll(spool.last_append_time or 0.0):
+            replica.close_spool()
+    else:
+        # An empty append commits nothing; drop a spool opened for it alone.
+        if spool.end == spool.begin and replica.spool is spool:
+            replica.spool = None
+            replica.index.remove_local(spool)
+            spool.delete()
+    return pb.AppendResponse(
+        status=pb.OK,
+        header=header,
+        commit=commit,
+        registers=replica.registers,
+        total_chunks=total_chunks,
+        delayed_chunks=delayed_chunks,
+    )

@@ -1,0 +1,90 @@
+"""Append flow control: maximum append rates (token buckets) and the minimum client rate.
+
+A journal's pipeline is exclusive while an append streams, so a slow or stalled client would
+block every other writer. `MinRatePolicer` bounds how long that can last: a client must keep
+sending at least `min_rate` bytes per second, with one second of slack and at most one
+second of banked credit, or its append is aborted. Time the broker itself spends throttling
+(for a maximum rate) is not charged to the client.
+
+`RateLimiter` is a token bucket; an append's chunks pass the journal's and the broker's
+limiters, and a chunk that has to wait is counted as delayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class FlowControlUnderflow(Exception):
+    """The client did not sustain the minimum append rate."""
+
+    def __init__(self, min_rate: int) -> None:
+        super().__init__(
+            f"client stream didn't sustain the minimum append data rate ({min_rate} bytes/s)"
+        )
+
+
+class RateLimiter:
+    """A token bucket of `rate` bytes per second with one second of burst."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._tokens = float(rate)
+        self._stamp = time.monotonic()
+
+    def set_rate(self, rate: int) -> None:
+        self.rate = rate
+        self._tokens = min(self._tokens, float(rate))
+
+    def delay_for(self, n: int) -> float:
+        """Take `n` bytes of tokens; return how long to wait before sending them (0 = none)."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        self._tokens = min(float(self.rate), self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._tokens -= n
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+
+async def throttle(limiters: list[RateLimiter], n: int) -> float:
+    """Pass `n` bytes through every limiter; returns the seconds spent waiting."""
+    delay = max((lim.delay_for(n) for lim in limiters), default=0.0)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return delay
+
+
+class MinRatePolicer:
+    """Tracks how far a client is behind `min_rate`; tells how long it may still stall."""
+
+    SLACK_SECONDS = 1.0
+    CREDIT_SECONDS = 1.0
+
+    def __init__(self, min_rate: int) -> None:
+        self.min_rate = min_rate
+        self._debt = 0.0  # Bytes owed; negative is banked credit.
+        self._stamp = time.monotonic()
+
+    def _accrue(self) -> None:
+        now = time.monotonic()
+        self._debt += (now - self._stamp) * self.min_rate
+        self._stamp = now
+
+    def received(self, n: int) -> None:
+        self._accrue()
+        self._debt = max(self._debt - n, -self.CREDIT_SECONDS * self.min_rate)
+        if self._debt > self.SLACK_SECONDS * self.min_rate:
+            raise FlowControlUnderflow(self.min_rate)
+
+    def excuse(self, seconds: float) -> None:
+        """Don't charge the client for `seconds` the broker spent (e.g. throttling)."""
+        self._stamp += seconds
+
+    def timeout(self) -> float | None:
+        """Seconds the client may still take to deliver its next chunk (None: unpoliced)."""
+        if self.min_rate <= 0:
+            return None
+        self._accrue()
+        return max(0.0, (self.SLACK_SECONDS * self.min_rate - self._debt) / self.min_rate)

@@ -1,0 +1,141 @@
+"""The `protocol.Journal` gRPC servicer: validates each request and dispatches it.
+
+List, Apply and ListFragments are answered here; Read and Append are served by
+`read_service` and `append_service`. Bad requests fail with INVALID_ARGUMENT and a message
+naming the field; Gazette statuses travel in the response's `status`.
+"""
+
+from __future__ import annotations
+
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
+from pygazette.broker.read_service import serve_read
+from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver, journal_key
+from pygazette.keyspace.keyspace import Compare, Delete, Put
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.selector import journal_selected
+from pygazette.protocol.validation import (
+    validate_apply_request,
+    validate_fragments_request,
+    validate_list_request,
+    validate_read_request,
+)
+from pygazette.stores.store import StoreRegistry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FRAGMENTS_PAGE_LIMIT = 1000
+
+
+class JournalService(pb_grpc.JournalServicer):
+    def __init__(self, resolver: Resolver, stores: StoreRegistry, limits: AppendLimits) -> None:
+        self.resolver = resolver
+        self.stores = stores
+        self.limits = limits
+
+    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.ListResponse:  # type: ignore[override]
+        await _validate(validate_list_request, request, context)
+        ks = self.resolver.keyspace
+        resp = pb.ListResponse(status=pb.OK, header=self.resolver.header(routed=False))
+        limit = request.page_limit or 0
+        for kv in ks.range(JOURNALS_PREFIX):
+            spec = pb.JournalSpec()
+            spec.ParseFromString(kv.value)
+            if request.page_token and spec.name < request.page_token:
+                continue
+            if not journal_selected(request.selector, spec):
+                continue
+            if limit and len(resp.journals) == limit:
+                resp.next_page_token = spec.name
+                break
+            resp.journals.add(spec=spec, mod_revision=kv.mod_revision, route=self.resolver.route())
+        return resp
+
+    async def Apply(self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext) -> pb.ApplyResponse:  # type: ignore[override]
+        await _validate(validate_apply_request, request, context)
+        compares: list[Compare] = []
+        ops: list[Put | Delete] = []
+        for change in request.changes:
+            if change.HasField("upsert"):
+                key = journal_key(change.upsert.name)
+                ops.append(Put(key, change.upsert.SerializeToString(deterministic=True)))
+            else:
+                key = journal_key(change.delete)
+                ops.append(Delete(key))
+            if change.expect_mod_revision != -1:  # -1 skips the revision check.
+                compares.append(Compare(key, change.expect_mod_revision))
+        result = await self.resolver.keyspace.txn(compares, ops)
+        if not result.succeeded:
+            return pb.ApplyResponse(
+                status=pb.ETCD_TRANSACTION_FAILED, header=self.resolver.header(routed=False)
+            )
+        await self.resolver.keyspace.wait_for_revision(result.revision)
+        return pb.ApplyResponse(status=pb.OK, header=self.resolver.header(routed=False))
+
+    async def Read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
+        await _validate(validate_read_request, request, context)
+        async for resp in serve_read(request, self.resolver, self.stores):
+            yield resp
+
+    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext) -> pb.AppendResponse:  # type: ignore[override]
+        try:
+            return await serve_append(request_iterator, self.resolver, self.limits)
+        except AppendAborted as exc:
+            await context.abort(exc.code, str(exc))
+            raise  # Not reached: abort raises.
+
+    async def Replicate(self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReplicateResponse]:  # type: ignore[override]
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "replication needs cluster mode; this broker runs single-node"
+        )
+        yield pb.ReplicateResponse()  # Not reached: makes this an async generator.
+
+    async def ListFragments(self, request: pb.FragmentsRequest, context: grpc.aio.ServicerContext) -> pb.FragmentsResponse:  # type: ignore[override]
+        await _validate(validate_fragments_request, request, context)
+        replica = self.resolver.resolve(request.journal)
+        if replica is None:
+            return pb.FragmentsResponse(
+                status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
+            )
+        await replica.index.first_refresh_done.wait()
+        frags = replica.index.persisted() + [
+            s.fragment() for s in replica.index.local_spools() if s.end > s.begin
+        ]
+        frags.sort(key=lambda f: (f.begin, f.end))
+        limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE_LIMIT
+        ttl = None
+        if request.HasField("signatureTTL"):
+            ttl = request.signatureTTL.seconds + request.signatureTTL.nanos / 1e9
+        resp = pb.FragmentsResponse(status=pb.OK, header=self.resolver.header())
+        for frag in frags:
+            if frag.begin < request.next_page_token:
+                continue
+            if request.begin_mod_time and frag.mod_time < request.begin_mod_time:
+                continue
+            if request.end_mod_time and frag.mod_time >= request.end_mod_time:
+                continue
+            if len(resp.fragments) == limit:
+                resp.next_page_token = frag.begin
+                break
+            entry = resp.fragments.add(spec=frag)
+            if ttl is not None and frag.backing_store:
+                store = self.stores.get(frag.backing_store)
+                entry.signed_url = store.signed_url(fragment_content_path(frag), ttl)
+        return resp
+
+
+async def _validate(validator: object, request: object, context: grpc.aio.ServicerContext) -> None:
+    try:
+        validator(request)  # type: ignore[operator]
+    except ValidationError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+

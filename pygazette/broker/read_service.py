@@ -1,0 +1,141 @@
+"""The Read RPC: streams a journal from an offset, out of local spools or persisted fragments.
+
+Each fragment read begins with a metadata response (offset, write head, fragment and, for a
+persisted fragment, its URL), followed by content chunks. Offset -1 reads from the write head.
+A blocking read waits for commits; a non-blocking one answers OFFSET_NOT_YET_AVAILABLE at the
+head. `do_not_proxy` reads of persisted fragments get the fragment URL and no content;
+`metadata_only` reads get one metadata response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from pygazette.broker.resolver import Resolver
+from pygazette.broker.spool import Spool
+from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import journal_spec_flags_allow_read
+from pygazette.stores import codecs
+from pygazette.stores.store import StoreRegistry
+
+READ_CHUNK = 1 << 20
+# Fragment URLs in Read responses stay valid this long.
+FRAGMENT_URL_TTL_SECONDS = 3600.0
+
+
+async def serve_read(
+    req: pb.ReadRequest, resolver: Resolver, stores: StoreRegistry
+) -> AsyncIterator[pb.ReadResponse]:
+    replica = resolver.resolve(req.journal)
+    if replica is None:
+        yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=resolver.header(routed=False))
+        return
+    if not journal_spec_flags_allow_read(replica.spec):
+        yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolver.header())
+        return
+    await replica.index.first_refresh_done.wait()
+
+    header: pb.Header | None = resolver.header()
+    offset = replica.head if req.offset == -1 else req.offset
+    while True:
+        if req.end_offset and offset >= req.end_offset:
+            return
+        changed = replica.index.changed
+        frag, spool, offset = replica.index.query(offset)
+        if frag is None:
+            if not req.block:
+                resp = pb.ReadResponse(
+                    status=pb.OFFSET_NOT_YET_AVAILABLE, offset=offset, write_head=replica.head
+                )
+                if header is not None:
+                    resp.header.CopyFrom(header)
+                yield resp
+                return
+            await changed.wait()
+            continue
+
+        resp = pb.ReadResponse(status=pb.OK, offset=offset, write_head=replica.head, fragment=frag)
+        if header is not None:
+            resp.header.CopyFrom(header)
+            header = None
+        if frag.backing_store and spool is None:
+            store = stores.get(frag.backing_store)
+            resp.fragment_url = store.signed_url(
+                fragment_content_path(frag), FRAGMENT_URL_TTL_SECONDS
+            )
+        yield resp
+        if req.metadata_only or (req.do_not_proxy and spool is None):
+            return
+
+        until = frag.end if not req.end_offset else min(frag.end, req.end_offset)
+        if spool is not None:
+            chunks = _spool_chunks(spool, offset, until)
+        else:
+            chunks = _fragment_chunks(frag, offset, until, stores)
+        try:
+            async for chunk in chunks:
+                yield pb.ReadResponse(offset=offset, content=chunk)
+                offset += len(chunk)
+        except FileNotFoundError:
+            continue  # The spool persisted and went away mid-read: query again.
+
+
+async def _spool_chunks(spool: Spool, offset: int, until: int) -> AsyncIterator[bytes]:
+    while offset < until:
+        chunk = spool.read(offset, min(READ_CHUNK, until - offset))
+        if not chunk:
+            return
+        yield chunk
+        offset += len(chunk)
+
+
+async def _fragment_chunks(
+    frag: pb.Fragment, offset: int, until: int, stores: StoreRegistry
+) -> AsyncIterator[bytes]:
+    """Content [offset, until) of a persisted fragment, decompressed off the event loop."""
+    store = stores.get(frag.backing_store)
+    path = fragment_content_path(frag)
+    local = store.local_path(path)
+    if frag.compression_codec == pb.NONE:
+        pos = offset - frag.begin
+        end = until - frag.begin
+        while pos < end:
+            n = min(READ_CHUNK, end - pos)
+            if local is not None:
+                chunk = await asyncio.to_thread(_pread_file, local, pos, n)
+            else:
+                chunk = await store.get(path, start=pos, length=n)
+            if not chunk:
+                raise OSError(f"fragment {path} is shorter than its name says")
+            yield chunk
+            pos += len(chunk)
+        return
+
+    decompressor = codecs.new_decompressor(frag.compression_codec)
+    pos = frag.begin  # Journal offset of the next decompressed byte.
+    raw_pos = 0
+    while pos < until:
+        if local is not None:
+            raw = await asyncio.to_thread(_pread_file, local, raw_pos, READ_CHUNK)
+        else:
+            raw = await store.get(path, start=raw_pos, length=READ_CHUNK)
+        raw_pos += len(raw)
+        data = await asyncio.to_thread(decompressor.feed, raw) if raw else decompressor.finish()
+        if not raw and not data:
+            raise OSError(f"fragment {path} ended at {pos}, before {until}")
+        if pos + len(data) > offset:
+            lo = max(0, offset - pos)
+            hi = min(len(data), until - pos)
+            if hi > lo:
+                yield data[lo:hi]
+        pos += len(data)
+
+
+def _pread_file(path: object, pos: int, n: int) -> bytes:
+    with open(str(path), "rb") as f:
+        f.seek(pos)
+        return f.read(n)
+
+

@@ -1,0 +1,119 @@
+"""The resolver: maps journal names to this broker's replicas, and builds response Headers.
+
+In single-node mode this broker is the only member and the primary of every journal's route.
+The resolver mirrors journal specs from the keyspace: on every keyspace change it starts
+replicas for new journals, updates changed specs and stops deleted journals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pygazette.broker.persister import Persister
+from pygazette.broker.replica import Replica
+from pygazette.keyspace.keyspace import Keyspace
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+
+log = logging.getLogger(__name__)
+
+# Where journal specs live in the keyspace, as Gazette lays them out in etcd.
+JOURNALS_PREFIX = "/gazette/cluster/items/"
+
+
+def journal_key(name: str) -> str:
+    return JOURNALS_PREFIX + name
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerIdentity:
+    zone: str
+    suffix: str
+    endpoint: str
+
+    def process_id(self) -> pb.ProcessSpec.ID:
+        return pb.ProcessSpec.ID(zone=self.zone, suffix=self.suffix)
+
+
+class Resolver:
+    def __init__(
+        self,
+        keyspace: Keyspace,
+        identity: BrokerIdentity,
+        *,
+        spool_root: Path,
+        stores: StoreRegistry,
+        persister: Persister,
+        sync: bool,
+    ) -> None:
+        self.keyspace = keyspace
+        self.identity = identity
+        self.spool_root = spool_root
+        self.stores = stores
+        self.persister = persister
+        self.sync = sync
+        self.replicas: dict[str, Replica] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self.keyspace.add_listener(lambda _rev: self.sync_replicas())
+        self.sync_replicas()
+
+    def sync_replicas(self) -> None:
+        """Bring replicas in line with the specs in the keyspace."""
+        seen = set()
+        for kv in self.keyspace.range(JOURNALS_PREFIX):
+            spec = pb.JournalSpec()
+            try:
+                spec.ParseFromString(kv.value)
+            except Exception:  # A foreign or corrupt value: skip it, don't crash.
+                log.error("undecodable journal spec", extra={"key": kv.key})
+                continue
+            seen.add(spec.name)
+            replica = self.replicas.get(spec.name)
+            if replica is None:
+                replica = Replica(
+                    spec, kv.mod_revision, spool_root=self.spool_root, stores=self.stores,
+                    persister=self.persister, sync=self.sync,
+                )
+                self.replicas[spec.name] = replica
+                replica.start()
+            elif replica.mod_revision != kv.mod_revision:
+                replica.update_spec(spec, kv.mod_revision)
+        for name in [n for n in self.replicas if n not in seen]:
+            replica = self.replicas.pop(name)
+            task = asyncio.create_task(replica.stop(persist=True))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    async def stop(self) -> None:
+        replicas = list(self.replicas.values())
+        self.replicas.clear()
+        for replica in replicas:
+            await replica.stop(persist=True)
+
+    def resolve(self, journal: str) -> Replica | None:
+        return self.replicas.get(journal)
+
+    def route(self) -> pb.Route:
+        return pb.Route(
+            members=[self.identity.process_id()],
+            primary=0,
+            endpoints=[self.identity.endpoint],
+        )
+
+    def header(self, *, routed: bool = True) -> pb.Header:
+        ident = self.keyspace.identity
+        return pb.Header(
+            process_id=self.identity.process_id(),
+            route=self.route() if routed else pb.Route(primary=-1),
+            etcd=pb.Header.Etcd(
+                cluster_id=ident.cluster_id,
+                member_id=ident.member_id,
+                revision=self.keyspace.revision,
+                raft_term=ident.raft_term,
+            ),
+        )

@@ -1,0 +1,320 @@
+"""The crash-safe spool: a local fragment being written, and its recovery after a crash.
+
+A spool is two files in the journal's spool directory:
+
+- `<begin>.spool` holds the raw journal bytes [begin, end), so a read at offset `o` is one
+  `pread` at `o - begin`;
+- `<begin>.log` holds checksummed records: a header (journal, begin, codec, registers at
+  creation) and, per committed append, its `[begin, end)`, the SHA-1 of its bytes, its wall
+  time and, when the append changed them, the journal registers.
+
+An append's bytes are written to the `.spool` file past the committed end as they arrive.
+Its commit record is written only once the append commits; acknowledging follows. A crash
+(process kill: the page cache survives) therefore leaves every acknowledged append fully
+on disk, plus possibly bytes of an unacknowledged one past the last record. Recovery reads
+the records, checks each append's bytes against its SHA-1, and cuts both files after the
+last append that checks out — so a torn tail (a half-written record, or content lost by a
+power failure when `sync` was off) is found and cut, never served. With `sync` on, both
+files are fdatasync'ed before an append is acknowledged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pygazette.protocol.fragment_name import sha1sum_from_digest
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+_REC_HEAD = struct.Struct("<II")  # payload length, crc32(payload)
+_HEADER = struct.Struct("<BQIdH")  # kind 'H', begin, codec, created, journal length
+_COMMIT = struct.Struct("<BQQd20sI")  # kind 'C', begin, end, unix time, sha1, registers length
+_KIND_HEADER = ord("H")
+_KIND_COMMIT = ord("C")
+_READ_CHUNK = 1 << 20
+
+
+class SpoolCorrupt(Exception):
+    """A spool cannot be recovered at all (its header record is unreadable)."""
+
+
+def _frame(payload: bytes) -> bytes:
+    return _REC_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What recovery found: committed appends kept and bytes cut from the tail."""
+
+    appends: int
+    cut_content_bytes: int
+    cut_log_bytes: int
+
+
+class PendingAppend:
+    """Bytes of one in-progress append, written past the spool's committed end."""
+
+    __slots__ = ("_spool", "_spool_sha", "begin", "length", "sha")
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+        self.begin = spool.end
+        self.length = 0
+        self.sha = hashlib.sha1()
+        self._spool_sha = spool._sha.copy()
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        """Write one chunk (may run on a worker thread; hashing releases the GIL)."""
+        spool = self._spool
+        view = memoryview(chunk)
+        pos = self.begin - spool.begin + self.length
+        while view:
+            n = os.pwrite(spool._content_fd, view, pos)
+            view = view[n:]
+            pos += n
+        self.sha.update(chunk)
+        self._spool_sha.update(chunk)
+        self.length += len(chunk)
+
+
+class Spool:
+    """One local fragment: committed bytes [begin, end) plus its recovery log."""
+
+    def __init__(
+        self,
+        directory: Path,
+        journal: str,
+        begin: int,
+        codec: int,
+        *,
+        sync: bool,
+    ) -> None:
+        self.directory = directory
+        self.journal = journal
+        self.begin = begin
+        self.end = begin
+        self.codec = codec
+        self.sync = sync
+        self.first_append_time: float | None = None
+        self.last_append_time: float | None = None
+        self.registers = pb.LabelSet()
+        self.closed = False
+        self.deleted = False
+        self._sha = hashlib.sha1()
+        self._content_fd = -1
+        self._log_fd = -1
+
+    # Paths.
+    @property
+    def content_path(self) -> Path:
+        return self.directory / f"{self.begin:016x}.spool"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.begin:016x}.log"
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        journal: str,
+        begin: int,
+        codec: int,
+        registers: pb.LabelSet,
+        *,
+        sync: bool,
+    ) -> Spool:
+        """Start a new, empty spool at `begin`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        spool = cls(directory, journal, begin, codec, sync=sync)
+        spool.registers.CopyFrom(registers)
+        spool._content_fd = os.open(spool.content_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        spool._log_fd = os.open(
+            spool.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
+        )
+        name = journal.encode()
+        regs = registers.SerializeToString()
+        payload = (
+            _HEADER.pack(_KIND_HEADER, begin, codec, time.time(), len(name))
+            + name
+            + struct.pack("<I", len(regs))
+            + regs
+        )
+        os.write(spool._log_fd, _frame(payload))
+        if sync:
+            os.fsync(spool._log_fd)
+            _fsync_dir(directory)
+        return spool
+
+    @classmethod
+    def recover(cls, log_path: Path, *, sync: bool) -> tuple[Spool, RecoveryReport]:
+        """Reopen a spool after a restart or crash, cutting whatever does not check out."""
+        directory = log_path.parent
+        with open(log_path, "rb") as f:
+            data = f.read()
+        records, good_len = _parse_records(data)
+        if not records or records[0][0] != _KIND_HEADER:
+            raise SpoolCorrupt(f"spool log {log_path} has no readable header")
+        header = records[0]
+        kind, begin, codec, _created, name_len = _HEADER.unpack_from(header, 0)
+        off = _HEADER.size
+        journal = header[off : off + name_len].decode()
+        off += name_len
+        (regs_len,) = struct.unpack_from("<I", header, off)
+        spool = cls(directory, journal, begin, codec, sync=sync)
+        spool.registers.ParseFromString(header[off + 4 : off + 4 + regs_len])
+        if spool.log_path != log_path:
+            raise SpoolCorrupt(f"spool log {log_path} names begin offset {begin:016x}")
+
+        spool._content_fd = os.open(spool.content_path, os.O_RDWR | os.O_CREAT, 0o644)
+        content_size = os.fstat(spool._content_fd).st_size
+        kept_log = len(_frame(header))
+        appends = 0
+        for payload in records[1:]:
+            if payload[0] != _KIND_COMMIT:
+                break
+            _k, a_begin, a_end, when, digest, regs_len = _COMMIT.unpack_from(payload, 0)
+            if a_begin != spool.end or a_end < a_begin or a_end - spool.begin > content_size:
+                break
+            sha = hashlib.sha1()
+            pos = a_begin
+            while pos < a_end:
+                n = min(_READ_CHUNK, a_end - pos)
+                sha.update(os.pread(spool._content_fd, n, pos - spool.begin))
+                pos += n
+            if sha.digest() != digest:
+                break  # Content torn (lost before it reached the disk): cut here.
+            # Hash the append into the spool's running sum.
+            pos = a_begin
+            while pos < a_end:
+                n = min(_READ_CHUNK, a_end - pos)
+                spool._sha.update(os.pread(spool._content_fd, n, pos - spool.begin))
+                pos += n
+            if regs_len:
+                regs = pb.LabelSet()
+                regs.ParseFromString(payload[_COMMIT.size : _COMMIT.size + regs_len])
+                spool.registers = regs
+            spool.end = a_end
+            if spool.first_append_time is None:
+                spool.first_append_time = when
+            spool.last_append_time = when
+            kept_log += len(_frame(payload))
+            appends += 1
+
+        cut_content = content_size - (spool.end - spool.begin)
+        os.ftruncate(spool._content_fd, spool.end - spool.begin)
+        cut_log = len(data) - kept_log
+        if cut_log or good_len != len(data):
+            os.truncate(log_path, kept_log)
+        spool._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+        if cut_content or cut_log:
+            os.fsync(spool._content_fd)
+            os.fsync(spool._log_fd)
+        return spool, RecoveryReport(appends, cut_content, cut_log)
+
+    # Writing.
+    def start_append(self) -> PendingAppend:
+        if self.closed:
+            raise RuntimeError("spool is closed")
+        return PendingAppend(self)
+
+    def commit(self, pending: PendingAppend, registers: pb.LabelSet | None) -> None:
+        """Make `pending` durable and visible. `registers` is set when the append changed them.
+
+        Blocking (writes and, with sync, fdatasyncs): run it on a worker thread if `sync`.
+        """
+        assert pending.begin == self.end, "appends commit in order"
+        now = time.time()
+        regs = registers.SerializeToString() if registers is not None else b""
+        record = _COMMIT.pack(
+            _KIND_COMMIT, pending.begin, pending.begin + pending.length, now,
+            pending.sha.digest(), len(regs),
+        ) + regs
+        if self.sync:
+            os.fdatasync(self._content_fd)
+        os.write(self._log_fd, _frame(record))
+        if self.sync:
+            os.fdatasync(self._log_fd)
+        self.end = pending.begin + pending.length
+        self._sha = pending._spool_sha
+        if registers is not None:
+            self.registers = registers
+        if self.first_append_time is None:
+            self.first_append_time = now
+        self.last_append_time = now
+
+    # Reading.
+    def read(self, offset: int, length: int) -> bytes:
+        """Committed bytes from `offset` (at most `length`, never past the committed end)."""
+        if self.deleted:
+            raise FileNotFoundError("spool was persisted and removed")
+        length = min(length, self.end - offset)
+        if length <= 0 or offset < self.begin:
+            return b""
+        return os.pread(self._content_fd, length, offset - self.begin)
+
+    def fragment(self) -> pb.Fragment:
+        """The spool as a Fragment: [begin, end), the SHA-1 of its content, its codec."""
+        return pb.Fragment(
+            journal=self.journal,
+            begin=self.begin,
+            end=self.end,
+            sum=sha1sum_from_digest(self._sha.digest()),
+            compression_codec=self.codec,
+        )
+
+    @property
+    def content_fd(self) -> int:
+        return self._content_fd
+
+    def close(self) -> None:
+        """Stop accepting appends; the spool is now waiting to be persisted.
+
+        Bytes of a rolled-back append past the committed end are cut, so the content file is
+        exactly the fragment.
+        """
+        self.closed = True
+        if not self.deleted:
+            os.ftruncate(self._content_fd, self.end - self.begin)
+
+    def delete(self) -> None:
+        """Remove the spool's files (after it persisted, or when it will never persist)."""
+        if self.deleted:
+            return
+        self.deleted = True
+        for fd in (self._content_fd, self._log_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._content_fd = self._log_fd = -1
+        self.log_path.unlink(missing_ok=True)
+        self.content_path.unlink(missing_ok=True)
+
+
+def _parse_records(data: bytes) -> tuple[list[bytes], int]:
+    """Framed records from the front of `data`, stopping at the first torn or corrupt one."""
+    records = []
+    pos = 0
+    while pos + _REC_HEAD.size <= len(data):
+        length, crc = _REC_HEAD.unpack_from(data, pos)
+        end = pos + _REC_HEAD.size + length
+        if end > len(data) or length == 0:
+            break
+        payload = data[pos + _REC_HEAD.size : end]
+        if zlib.crc32(payload) != crc:
+            break
+        records.append(payload)
+        pos = end
+    return records, pos
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

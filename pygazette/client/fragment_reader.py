@@ -1,0 +1,240 @@
+"""Direct reads of fragment files: open a fragment by URL and stream its decompressed content.
+
+Used when a broker answers a `do_not_proxy` read with a fragment URL instead of content, and by
+batch tools that list fragments with signed URLs. A fragment's name promises exactly
+`end - begin` bytes of content; the reader checks that promise and fails loudly on a file that
+is shorter (`UnexpectedFragmentEOF`) or longer (`DidNotReadExpectedEOF`) than that.
+
+File and HTTP I/O and decompression are blocking and run on worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Protocol
+from urllib.parse import unquote, urlsplit
+
+from pygazette.client.errors import (
+    CorruptFragment,
+    DidNotReadExpectedEOF,
+    FragmentOpenError,
+    FragmentReadError,
+    UnexpectedFragmentEOF,
+)
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores import codecs
+
+# Raw (compressed) bytes pulled from the file or HTTP body per worker-thread call.
+RAW_CHUNK_SIZE = 1 << 20
+HTTP_TIMEOUT_SECONDS = 60.0
+
+
+class RawSource(Protocol):
+    """A blocking byte source: a file object or an HTTP response body."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class FragmentReader:
+    """Reads the content of one opened fragment, from a journal offset to the fragment's end.
+
+    `offset` is the journal offset of the next byte `read()` returns. `read()` returns b"" only
+    once the underlying file ended exactly at `fragment.end`.
+    """
+
+    def __init__(self, raw: RawSource, fragment: pb.Fragment, *, codec: int | None = None) -> None:
+        self.fragment = fragment
+        self.offset = fragment.begin
+        self._raw: RawSource | None = raw
+        codec = fragment.compression_codec if codec is None else codec
+        try:
+            self._decompressor = codecs.new_decompressor(codec)
+        except ValueError as exc:
+            raw.close()
+            raise FragmentReadError(f"cannot read fragment {_describe(fragment)}: {exc}") from exc
+        self._decoded_end = fragment.begin  # Journal offset just past all content decoded so far.
+        self._buf = b""
+        self._pos = 0
+        self._eof = False
+
+    async def skip_to(self, offset: int) -> None:
+        """Discard content up to journal `offset`, which must lie in [offset, fragment.end]."""
+        if offset < self.offset or offset > self.fragment.end:
+            raise ValueError(
+                f"offset {offset} is outside the readable range "
+                f"[{self.offset}, {self.fragment.end}] of fragment {_describe(self.fragment)}"
+            )
+        while self.offset < offset:
+            chunk = await self.read(offset - self.offset)
+            if not chunk:  # Cannot happen: EOF is only returned at fragment.end.
+                raise UnexpectedFragmentEOF(f"fragment {_describe(self.fragment)} ended early")
+
+    async def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes of content (all that is decoded and pending, if n < 0); b"" at EOF."""
+        if n == 0:
+            return b""
+        while self._pos == len(self._buf):
+            if self._eof:
+                return b""
+            await self._fill()
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = self._buf[self._pos : end]
+        self._pos = end
+        self.offset += len(out)
+        return out
+
+    async def _fill(self) -> None:
+        raw = self._raw
+        if raw is None:
+            raise FragmentReadError(f"fragment reader of {_describe(self.fragment)} is closed")
+        try:
+            out, raw_eof = await asyncio.to_thread(self._pull, raw)
+        except BaseException:
+            await self.aclose()
+            raise
+        self._decoded_end += len(out)
+        if self._decoded_end > self.fragment.end:
+            await self.aclose()
+            raise DidNotReadExpectedEOF(
+                f"fragment {_describe(self.fragment)} holds more than its "
+                f"{self.fragment.end - self.fragment.begin} bytes of content"
+            )
+        if raw_eof:
+            await self.aclose()
+            if self._decoded_end != self.fragment.end:
+                raise UnexpectedFragmentEOF(
+                    f"fragment {_describe(self.fragment)} ended after "
+                    f"{self._decoded_end - self.fragment.begin} of its "
+                    f"{self.fragment.end - self.fragment.begin} bytes of content"
+                )
+            self._eof = True
+        self._buf, self._pos = out, 0
+
+    def _pull(self, raw: RawSource) -> tuple[bytes, bool]:
+        """Worker thread: read one raw chunk and decompress it; (content, reached EOF)."""
+        try:
+            data = raw.read(RAW_CHUNK_SIZE)
+            if data:
+                return self._decompressor.feed(data), False
+            return self._decompressor.finish(), True
+        except ValueError as exc:
+            raise CorruptFragment(f"corrupt fragment {_describe(self.fragment)}: {exc}") from exc
+        except OSError as exc:
+            raise FragmentReadError(
+                f"reading fragment {_describe(self.fragment)} failed: {exc}"
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Release the underlying file or connection. Idempotent."""
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            await asyncio.to_thread(raw.close)
+
+    def __aiter__(self) -> FragmentReader:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self.read()
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+    async def __aenter__(self) -> FragmentReader:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+async def new_fragment_reader(
+    raw: RawSource, fragment: pb.Fragment, offset: int, *, codec: int | None = None
+) -> FragmentReader:
+    """Wrap an open raw fragment file and position it at journal `offset`."""
+    reader = FragmentReader(raw, fragment, codec=codec)
+    try:
+        await reader.skip_to(offset)
+    except BaseException:
+        await reader.aclose()
+        raise
+    return reader
+
+
+async def open_fragment_url(
+    fragment: pb.Fragment, offset: int, url: str, *, file_root: str | Path | None = None
+) -> FragmentReader:
+    """Open the fragment at `url` and position it at journal `offset`.
+
+    `file://` URLs name a local (or shared NAS) file; with `file_root` their path is taken
+    relative to that directory, as for a broker's file store root. `http(s)://` URLs (signed
+    store URLs) are fetched with a GET.
+    """
+    if not fragment.begin <= offset <= fragment.end:
+        raise ValueError(
+            f"offset {offset} is outside fragment {_describe(fragment)} "
+            f"[{fragment.begin}, {fragment.end})"
+        )
+    raw, codec = await asyncio.to_thread(_open_raw, fragment, url, file_root)
+    return await new_fragment_reader(raw, fragment, offset, codec=codec)
+
+
+def _open_raw(
+    fragment: pb.Fragment, url: str, file_root: str | Path | None
+) -> tuple[RawSource, int]:
+    """Worker thread: open the URL; returns the raw source and the codec to decode it with."""
+    parts = urlsplit(url)
+    codec = fragment.compression_codec
+    if parts.scheme == "file":
+        path = Path(unquote(parts.path))
+        if file_root is not None:
+            path = Path(file_root) / unquote(parts.path).lstrip("/")
+        try:
+            fobj: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed by the FragmentReader.
+        except OSError as exc:
+            raise FragmentOpenError(f"cannot open fragment file {path}: {exc}") from exc
+        if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
+            codec = pb.GZIP  # A file holds the gzip bytes; no store decompresses for us.
+        return fobj, codec
+
+    if parts.scheme in ("http", "https"):
+        request = urllib.request.Request(url, method="GET")
+        if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
+            # Ask the store to decompress on its side.
+            request.add_header("Accept-Encoding", "identity")
+        elif codec == pb.GZIP:
+            request.add_header("Accept-Encoding", "gzip")
+        try:
+            resp = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise FragmentOpenError(
+                f"fetching fragment {_redact(url)} failed: HTTP {exc.code} {exc.reason}"
+            ) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise FragmentOpenError(f"fetching fragment {_redact(url)} failed: {exc}") from exc
+        if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
+            # Stores should honour "identity" and send content; some send gzip regardless.
+            encoding = (resp.headers.get("Content-Encoding") or "").lower()
+            codec = pb.GZIP if encoding == "gzip" else pb.NONE
+        return resp, codec
+
+    raise FragmentOpenError(f"unsupported fragment URL scheme {parts.scheme!r} ({_redact(url)})")
+
+
+def _describe(fragment: pb.Fragment) -> str:
+    return f"{fragment.journal}@[{fragment.begin}, {fragment.end})"
+
+
+def _redact(url: str) -> str:
+    """The URL without its query string, which carries signatures of signed URLs."""
+    return url.split("?", 1)[0]

@@ -1,0 +1,132 @@
+"""Journal specs over the wire: list journals by selector, get one, apply changes.
+
+Broker statuses other than OK are raised as `pygazette.protocol.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc.aio
+
+from pygazette.client.errors import ProtocolViolation
+from pygazette.client.journal_client import JournalClient
+from pygazette.protocol.errors import error_for_status
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import format_selector, parse_selector
+
+# Changes per Apply RPC in `apply_journals_in_batches`: below etcd's usual transaction limit.
+DEFAULT_APPLY_BATCH = 100
+
+
+def as_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
+    """A LabelSelector from its text form (e.g. "name=foo/bar, app in (a, b)") or as is."""
+    if isinstance(selector, pb.LabelSelector):
+        return selector
+    return parse_selector(selector)
+
+
+async def list_journals(
+    client: JournalClient, selector: str | pb.LabelSelector = ""
+) -> list[pb.ListResponse.Journal]:
+    """Every journal matching `selector` (which may also use meta-labels "name", "prefix")."""
+    resp = await list_all(client, selector)
+    return list(resp.journals)
+
+
+async def list_all(client: JournalClient, selector: str | pb.LabelSelector = "") -> pb.ListResponse:
+    """A complete listing snapshot as one ListResponse.
+
+    The List RPC streams a snapshot as one or more responses (the first carries the status
+    and header, each later one more journals) and then ends the stream.
+    """
+    request = pb.ListRequest(selector=as_selector(selector))
+    call = client.rpc_list(request)
+    try:
+        joined: pb.ListResponse | None = None
+        while True:
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                break
+            assert isinstance(resp, pb.ListResponse)
+            if joined is None:
+                if resp.status != pb.OK:
+                    raise error_for_status(
+                        resp.status,
+                        f"listing {format_selector(request.selector) or 'all journals'}",
+                        resp.header if resp.HasField("header") else None,
+                    )
+                joined = resp
+            elif not resp.journals:
+                raise ProtocolViolation("broker sent an empty ListResponse within a listing")
+            else:
+                joined.journals.extend(resp.journals)
+    finally:
+        call.cancel()
+    if joined is None:
+        raise ProtocolViolation("broker ended the List stream without a response")
+    return joined
+
+
+async def get_journal(client: JournalClient, name: str) -> pb.JournalSpec:
+    """The spec of journal `name`; raises `JournalNotFound` if there is none."""
+    entry = await get_journal_entry(client, name)
+    return entry.spec
+
+
+async def get_journal_entry(client: JournalClient, name: str) -> pb.ListResponse.Journal:
+    """The listing entry (spec, mod revision, route) of journal `name`."""
+    selector = pb.LabelSelector(
+        include=pb.LabelSet(labels=[pb.Label(name="name", value=name.split(";", 1)[0])])
+    )
+    for journal in await list_journals(client, selector):
+        if journal.spec.name == name.split(";", 1)[0]:
+            return journal
+    raise error_for_status(pb.JOURNAL_NOT_FOUND, name)
+
+
+def _changes(changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change]) -> list[pb.ApplyRequest.Change]:
+    if isinstance(changes, pb.ApplyRequest):
+        return list(changes.changes)
+    return list(changes)
+
+
+async def apply_journals(
+    client: JournalClient, changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change]
+) -> pb.ApplyResponse:
+    """Apply all changes in one transaction: every change applies, or none does."""
+    return await apply_journals_in_batches(client, changes, 0)
+
+
+async def apply_journals_in_batches(
+    client: JournalClient,
+    changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change],
+    batch_size: int = DEFAULT_APPLY_BATCH,
+) -> pb.ApplyResponse:
+    """Apply changes in transactions of `batch_size` (0: one transaction).
+
+    Batches apply in order; if one fails, earlier batches stay applied. Returns the response
+    to the last batch.
+    """
+    all_changes = _changes(changes)
+    size = batch_size if batch_size > 0 else max(1, len(all_changes))
+    resp: pb.ApplyResponse | None = None
+    for start in range(0, max(1, len(all_changes)), size):
+        batch = all_changes[start : start + size]
+        resp = await client.rpc_apply(pb.ApplyRequest(changes=batch))
+        if resp.status != pb.OK:
+            raise error_for_status(
+                resp.status,
+                _describe_batch(batch),
+                resp.header if resp.HasField("header") else None,
+            )
+    assert resp is not None
+    return resp
+
+
+def _describe_batch(batch: list[pb.ApplyRequest.Change]) -> str:
+    names = [c.upsert.name if c.HasField("upsert") else c.delete for c in batch]
+    shown = ", ".join(names[:3])
+    if len(names) > 3:
+        shown += f" (+{len(names) - 3} more)"
+    return f"applying {shown}" if shown else "applying no changes"

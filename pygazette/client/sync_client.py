@@ -1,0 +1,263 @@
+"""Synchronous facade over the async client, for scripts, notebooks and threads.
+
+`SyncJournalClient` owns a private event loop running on a background thread, and runs the
+async implementation there: the facade only marshals calls and results, it holds no logic of
+its own. Methods may be called from any thread except the facade's own loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from pygazette.client.appender import CHUNK_SIZE, AppendContent, Appender, BytesLike, append
+from pygazette.client.fragments import list_all_fragments
+from pygazette.client.journal_client import JournalClient, broker_address_from_env
+from pygazette.client.list_apply import apply_journals_in_batches, get_journal, list_journals
+from pygazette.client.retry_reader import read_journal
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An asyncio event loop running forever on a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop and wait for its result (re-raising its exception)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("SyncJournalClient called from its own event loop thread")
+        if self.loop.is_closed():
+            coro.close()
+            raise RuntimeError("SyncJournalClient is closed")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()  # Interrupted (KeyboardInterrupt, timeout): stop the coroutine too.
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+async def _new_client(address: str, options: dict[str, Any]) -> JournalClient:
+    return JournalClient(address, **options)
+
+
+async def _next(iterator: AsyncIterator[T]) -> T:
+    return await iterator.__anext__()
+
+
+async def _pull_in_thread(iterator: Iterator[BytesLike]) -> AsyncIterator[BytesLike]:
+    """Draw from a blocking iterator on worker threads, keeping the event loop free."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, iterator, done)
+        if item is done:
+            return
+        if not isinstance(item, (bytes, bytearray, memoryview)):
+            raise TypeError(f"append content must be bytes, not {type(item).__name__}")
+        yield item
+
+
+def _adapt_content(content: AppendContent) -> AppendContent:
+    if isinstance(content, (bytes, bytearray, memoryview, Sequence)):
+        return content  # Replayable, and iterating it cannot block.
+    if isinstance(content, Iterable):
+        return _pull_in_thread(iter(content))
+    return content
+
+
+class SyncAppender:
+    """Blocking counterpart of `Appender`: write, then commit (or abort)."""
+
+    def __init__(self, owner: SyncJournalClient, appender: Appender) -> None:
+        self._owner = owner
+        self.appender = appender
+
+    @property
+    def response(self) -> pb.AppendResponse | None:
+        return self.appender.response
+
+    def write(self, data: BytesLike) -> None:
+        self._owner._run(self.appender.write(data))
+
+    def commit(self) -> pb.AppendResponse:
+        return self._owner._run(self.appender.commit())
+
+    def abort(self) -> None:
+        self._owner._run(self.appender.abort())
+
+    def __enter__(self) -> SyncAppender:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._owner._run(self.appender.__aexit__(exc_type, exc, tb))
+
+
+class SyncJournalClient:
+    """A blocking client of one broker (address defaults to $BROKER_ADDRESS, then
+    http://localhost:8080). Use as a context manager, or call `close()`."""
+
+    def __init__(self, address: str | None = None, **client_options: Any) -> None:
+        self.address = address or broker_address_from_env()
+        self._loop = _LoopThread(f"pygazette-client-{self.address}")
+        try:
+            self.client = self._loop.run(_new_client(self.address, client_options))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run(coro)
+
+    # Journals -----------------------------------------------------------------------------
+
+    def list_journals(
+        self, selector: str | pb.LabelSelector = ""
+    ) -> list[pb.ListResponse.Journal]:
+        return self._run(list_journals(self.client, selector))
+
+    def get_journal(self, name: str) -> pb.JournalSpec:
+        return self._run(get_journal(self.client, name))
+
+    def apply_journals(
+        self,
+        changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change],
+        batch_size: int = 0,
+    ) -> pb.ApplyResponse:
+        return self._run(apply_journals_in_batches(self.client, changes, batch_size))
+
+    def list_all_fragments(
+        self,
+        journal: str,
+        *,
+        begin_mod_time: int = 0,
+        end_mod_time: int = 0,
+        signature_ttl: float | None = None,
+    ) -> list[pb.FragmentsResponse._Fragment]:
+        return self._run(
+            list_all_fragments(
+                self.client,
+                journal,
+                begin_mod_time=begin_mod_time,
+                end_mod_time=end_mod_time,
+                signature_ttl=signature_ttl,
+            )
+        )
+
+    # Content ------------------------------------------------------------------------------
+
+    def append(self, journal: str, content: AppendContent = b"", **options: Any) -> pb.AppendResponse:
+        """Append atomically, with `append`'s safe retries. `content` is bytes or an iterable
+        of bytes (a generator is drawn from on a worker thread)."""
+        return self._run(append(self.client, journal, _adapt_content(content), **options))
+
+    def appender(
+        self,
+        journal: str,
+        *,
+        offset: int = 0,
+        check_registers: pb.LabelSelector | None = None,
+        union_registers: pb.LabelSet | None = None,
+        subtract_registers: pb.LabelSet | None = None,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> SyncAppender:
+        """A streaming append: `with client.appender(j) as a: a.write(...)` commits on exit."""
+        return SyncAppender(
+            self,
+            Appender(
+                self.client,
+                journal,
+                offset=offset,
+                check_registers=check_registers,
+                union_registers=union_registers,
+                subtract_registers=subtract_registers,
+                chunk_size=chunk_size,
+            ),
+        )
+
+    def read(
+        self,
+        journal: str,
+        *,
+        offset: int = 0,
+        block: bool = False,
+        end_offset: int = 0,
+        do_not_proxy: bool = False,
+        file_root: str | Path | None = None,
+    ) -> Iterator[bytes]:
+        """Chunks of the journal from `offset` (see `read_journal`): up to the write head when
+        not blocking, up to `end_offset` when set. Close the iterator to stop early."""
+        agen = read_journal(
+            self.client,
+            journal,
+            offset=offset,
+            block=block,
+            end_offset=end_offset,
+            do_not_proxy=do_not_proxy,
+            file_root=file_root,
+        )
+        return self._iterate(agen)
+
+    def _iterate(self, agen: AsyncGenerator[bytes, None]) -> Iterator[bytes]:
+        try:
+            while True:
+                try:
+                    chunk = self._run(_next(agen))
+                except StopAsyncIteration:
+                    return
+                yield chunk
+        finally:
+            if not self._loop.loop.is_closed():
+                self._run(agen.aclose())
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the channel and stop the background loop. Idempotent."""
+        if self._loop.loop.is_closed():
+            return
+        try:
+            self._run(self.client.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncJournalClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SyncJournalClient({self.address!r})"

@@ -1,0 +1,313 @@
+"""The Journal service against a real broker process: Gazette's semantics and status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_from_digest
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.selector import parse_selector
+from pygazette.stores import codecs
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
+from tests.support.broker_process import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("shared") / "data")
+    proc.start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture
+async def stub(shared_broker: BrokerProcess) -> AsyncIterator[pb_grpc.JournalStub]:
+    async with grpc.aio.insecure_channel(shared_broker.address) as channel:
+        yield pb_grpc.JournalStub(channel)
+
+
+async def test_apply_list_and_headers(stub: pb_grpc.JournalStub) -> None:
+    a = journal_spec("svc/apply/a", labels={"team": "x", "tier": "gold"})
+    b = journal_spec("svc/apply/b", labels={"team": "y"})
+    resp = await apply_specs(stub, a, b)
+    assert resp.status == pb.OK
+    assert resp.header.etcd.revision > 0 and resp.header.etcd.cluster_id != 0
+
+    listing = await stub.List(pb.ListRequest(selector=parse_selector("team=x")))
+    assert [j.spec.name for j in listing.journals] == ["svc/apply/a"]
+    assert listing.journals[0].spec == a
+    assert listing.header.process_id.zone
+    assert listing.journals[0].route.primary == 0
+    assert len(listing.journals[0].route.endpoints) == 1
+
+    by_prefix = await stub.List(pb.ListRequest(selector=parse_selector("prefix=svc/apply/")))
+    assert [j.spec.name for j in by_prefix.journals] == ["svc/apply/a", "svc/apply/b"]
+    by_name = await stub.List(pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
+    assert [j.spec.name for j in by_name.journals] == ["svc/apply/b"]
+
+    # Paging.
+    page = await stub.List(
+        pb.ListRequest(selector=parse_selector("prefix=svc/apply/"), page_limit=1)
+    )
+    assert [j.spec.name for j in page.journals] == ["svc/apply/a"]
+    rest = await stub.List(
+        pb.ListRequest(
+            selector=parse_selector("prefix=svc/apply/"), page_limit=1,
+            page_token=page.next_page_token,
+        )
+    )
+    assert [j.spec.name for j in rest.journals] == ["svc/apply/b"]
+    assert rest.next_page_token == ""
+
+    # Update needs the current mod revision; a stale one fails and changes nothing.
+    rev = listing.journals[0].mod_revision
+    updated = journal_spec("svc/apply/a", labels={"team": "z"})
+    stale = await stub.Apply(
+        pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=updated, expect_mod_revision=rev + 100)])
+    )
+    assert stale.status == pb.ETCD_TRANSACTION_FAILED
+    ok = await stub.Apply(
+        pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=updated, expect_mod_revision=rev)])
+    )
+    assert ok.status == pb.OK
+    # Creating something that exists fails (expect 0 = must not exist).
+    dup = await apply_specs(stub, journal_spec("svc/apply/b"))
+    assert dup.status == pb.ETCD_TRANSACTION_FAILED
+
+    # Delete.
+    listing = await stub.List(pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
+    rev_b = listing.journals[0].mod_revision
+    deleted = await stub.Apply(
+        pb.ApplyRequest(changes=[pb.ApplyRequest.Change(delete="svc/apply/b", expect_mod_revision=rev_b)])
+    )
+    assert deleted.status == pb.OK
+    gone = await stub.List(pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
+    assert list(gone.journals) == []
+
+
+async def test_apply_rejects_bad_specs_atomically(stub: pb_grpc.JournalStub) -> None:
+    good = journal_spec("svc/bad/good")
+    bad = journal_spec("svc/bad/bad")
+    bad.fragment.compression_codec = pb.INVALID
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await apply_specs(stub, good, bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ompression" in (err.value.details() or "")
+    listing = await stub.List(pb.ListRequest(selector=parse_selector("prefix=svc/bad/")))
+    assert list(listing.journals) == []  # Nothing applied.
+
+    for name in ["/leading", "trailing/", "sp ace", "a//b", ""]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await apply_specs(stub, journal_spec(name))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_append_and_read(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/rw"))
+    r1 = await append(stub, "svc/rw", b"hello, ", b"world\n")
+    assert r1.status == pb.OK
+    assert (r1.commit.begin, r1.commit.end) == (0, 13)
+    assert r1.commit.sum == sha1sum_from_digest(hashlib.sha1(b"hello, world\n").digest())
+    assert r1.total_chunks == 2
+    r2 = await append(stub, "svc/rw", b"second\n")
+    assert (r2.commit.begin, r2.commit.end) == (13, 20)
+
+    content, meta = await read_all(stub, "svc/rw")
+    assert content == b"hello, world\nsecond\n"
+    assert meta[0].header.etcd.revision > 0
+    assert meta[0].status == pb.OK and meta[0].fragment.begin == 0
+    assert meta[-1].status == pb.OFFSET_NOT_YET_AVAILABLE
+    assert meta[-1].write_head == 20
+
+    content, _ = await read_all(stub, "svc/rw", offset=6, end_offset=12)
+    assert content == b" world"
+
+    meta_only, meta = await read_all(stub, "svc/rw", offset=3, metadata_only=True)
+    assert meta_only == b"" and len(meta) == 1 and meta[0].offset == 3
+
+    # -1 reads from the write head: nothing there yet.
+    content, meta = await read_all(stub, "svc/rw", offset=-1)
+    assert content == b"" and meta[-1].status == pb.OFFSET_NOT_YET_AVAILABLE
+    assert meta[-1].offset == 20
+
+
+async def test_blocking_read_waits_for_commits(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/block"))
+    got = bytearray()
+
+    async def reader() -> None:
+        async for resp in stub.Read(pb.ReadRequest(journal="svc/block", offset=-1, block=True)):
+            got.extend(resp.content)
+            if len(got) >= 6:
+                return
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    await append(stub, "svc/block", b"abc")
+    await append(stub, "svc/block", b"def")
+    await asyncio.wait_for(task, 10)
+    assert bytes(got) == b"abcdef"
+
+
+async def test_append_preconditions(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/pre"))
+    await append(stub, "svc/pre", b"12345")
+    wrong = await append(stub, "svc/pre", b"x", offset=3)
+    assert wrong.status == pb.WRONG_APPEND_OFFSET
+    right = await append(stub, "svc/pre", b"x", offset=5)
+    assert right.status == pb.OK and right.commit.begin == 5
+
+    # Registers: union on a successful non-empty append, checked by selectors.
+    r = await append(stub, "svc/pre", b"y", union_registers=label_set({"owner": "me"}))
+    assert r.registers == label_set({"owner": "me"})
+    mismatch = await append(
+        stub, "svc/pre", b"z", check_registers=parse_selector("owner=you")
+    )
+    assert mismatch.status == pb.REGISTER_MISMATCH
+    assert mismatch.registers == label_set({"owner": "me"})
+    ok = await append(
+        stub, "svc/pre", b"z", check_registers=parse_selector("owner=me"),
+        subtract_registers=label_set({"owner": "me"}),
+    )
+    assert ok.status == pb.OK and ok.registers == pb.LabelSet()
+    content, _ = await read_all(stub, "svc/pre")
+    assert content == b"12345xyz"
+
+    missing = await append(stub, "svc/does-not-exist", b"x")
+    assert missing.status == pb.JOURNAL_NOT_FOUND
+
+
+async def test_append_without_commit_chunk_leaves_nothing(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/abort"))
+    await append(stub, "svc/abort", b"kept")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(stub, "svc/abort", b"dropped" * 1000, commit=False)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    after = await append(stub, "svc/abort", b"!")
+    assert after.commit.begin == 4
+    content, _ = await read_all(stub, "svc/abort")
+    assert content == b"kept!"
+
+
+async def test_flags_and_replication(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(
+        stub,
+        journal_spec("svc/flags/ro", flags=pb.JournalSpec.O_RDONLY),
+        journal_spec("svc/flags/wo", flags=pb.JournalSpec.O_WRONLY),
+        journal_spec("svc/flags/r3", replication=3),
+    )
+    assert (await append(stub, "svc/flags/ro", b"x")).status == pb.NOT_ALLOWED
+    assert (await append(stub, "svc/flags/wo", b"x")).status == pb.OK
+    _, meta = await read_all(stub, "svc/flags/wo")
+    assert meta[0].status == pb.NOT_ALLOWED
+    assert (await append(stub, "svc/flags/r3", b"x")).status == pb.INSUFFICIENT_JOURNAL_BROKERS
+
+
+async def test_bad_requests_get_invalid_argument(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/badreq"))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await read_all(stub, "svc/badreq", offset=-5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await read_all(stub, "not a journal!")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(stub, "svc/badreq", b"x", offset=-2)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ListFragments(pb.FragmentsRequest(journal="svc/badreq", page_limit=-1))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # The broker is still healthy and the journal intact.
+    assert (await append(stub, "svc/badreq", b"ok")).status == pb.OK
+
+
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY])
+async def test_fragments_persist_with_gazette_names(
+    stub: pb_grpc.JournalStub, shared_broker: BrokerProcess, codec: int
+) -> None:
+    name = f"svc/persist/{pb.CompressionCodec.Name(codec).lower()}"
+    await apply_specs(stub, journal_spec(name, length=1000, codec=codec))
+    records = [f"record {i:05d}\n".encode() * 10 for i in range(30)]  # 130 bytes each
+    for rec in records:
+        assert (await append(stub, name, rec)).status == pb.OK
+    want = b"".join(records)
+
+    # Every 8th append crosses 1000 bytes, closing a fragment that then persists.
+    async def persisted() -> list[pb.FragmentsResponse._Fragment]:
+        while True:
+            resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
+            frags = [f for f in resp.fragments if f.spec.backing_store]
+            if len(frags) >= 3:
+                return frags
+            await asyncio.sleep(0.02)
+
+    frags = await asyncio.wait_for(persisted(), 10)
+    root = shared_broker.data_dir / "fragments"
+    for f in frags:
+        path = root / name / fragment_file_name(f.spec)
+        raw = codecs.decompress(codec, path.read_bytes())
+        assert raw == want[f.spec.begin : f.spec.end]
+        assert f.spec.sum == sha1sum_from_digest(hashlib.sha1(raw).digest())
+        assert f.spec.mod_time > 0
+        assert path.name == (
+            f"{f.spec.begin:016x}-{f.spec.end:016x}-"
+            f"{hashlib.sha1(raw).hexdigest()}"
+            + {pb.NONE: ".raw", pb.GZIP: ".gz", pb.ZSTANDARD: ".zst", pb.SNAPPY: ".sz"}[codec]
+        )
+
+    # Reads are served from persisted fragments, proxied by the broker...
+    content, _ = await read_all(stub, name)
+    assert content == want
+    # ...or, with do_not_proxy, answered with the fragment's URL.
+    _, meta = await read_all(stub, name, offset=0, do_not_proxy=True)
+    assert meta[0].fragment_url.startswith("file://")
+    assert Path(meta[0].fragment_url.removeprefix("file://")).exists()
+
+    # Signed URLs and paging.
+    page1 = await stub.ListFragments(
+        pb.FragmentsRequest(journal=name, page_limit=2, signatureTTL={"seconds": 60})
+    )
+    assert len(page1.fragments) == 2 and page1.next_page_token > 0
+    assert all(f.signed_url.startswith("file://") for f in page1.fragments)
+    page2 = await stub.ListFragments(
+        pb.FragmentsRequest(journal=name, next_page_token=page1.next_page_token)
+    )
+    assert page2.fragments[0].spec.begin == page1.fragments[-1].spec.end
+    # Mod-time range: nothing persisted in the far future.
+    future = await stub.ListFragments(pb.FragmentsRequest(journal=name, begin_mod_time=2**40))
+    assert list(future.fragments) == []
+
+
+async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            await apply_specs(stub, journal_spec("restart/j", length=500, codec=pb.ZSTANDARD))
+            for i in range(20):
+                await append(stub, "restart/j", f"line {i:03d}\n".encode() * 5)
+            want, _ = await read_all(stub, "restart/j")
+        broker.stop()  # Graceful: the open spool persists too.
+        fragments = list((tmp_path / "data" / "fragments" / "restart" / "j").iterdir())
+        assert fragments and all(f.suffix == ".zst" for f in fragments)
+        assert sum(int(f.name[17:33], 16) - int(f.name[:16], 16) for f in fragments) == len(want)
+        broker.start()
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            got, meta = await read_all(stub, "restart/j")
+            assert got == want
+            assert meta[-1].write_head == len(want)
+            r = await append(stub, "restart/j", b"more\n")
+            assert r.commit.begin == len(want)
+    finally:
+        broker.kill()
