@@ -33,6 +33,7 @@ from pygazette.stores.store import StoreRegistry
 log = logging.getLogger(__name__)
 
 DEFAULT_FRAGMENTS_PAGE_LIMIT = 1000
+LIST_CHUNK = 1000  # Journals per List response, as Gazette chunks them.
 
 
 class JournalService(pb_grpc.JournalServicer):
@@ -41,23 +42,47 @@ class JournalService(pb_grpc.JournalServicer):
         self.stores = stores
         self.limits = limits
 
-    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.ListResponse:  # type: ignore[override]
+    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListResponse]:  # type: ignore[override]
+        """Snapshots of matching journals: one, or with `watch` a new one per change.
+
+        A snapshot is one or more responses (the first carries the header) of at most
+        LIST_CHUNK journals; under `watch`, an empty response marks each snapshot's end.
+        """
         await _validate(validate_list_request, request, context)
         ks = self.resolver.keyspace
-        resp = pb.ListResponse(status=pb.OK, header=self.resolver.header(routed=False))
-        limit = request.page_limit or 0
-        for kv in ks.range(JOURNALS_PREFIX):
-            spec = pb.JournalSpec()
-            spec.ParseFromString(kv.value)
-            if request.page_token and spec.name < request.page_token:
+        min_revision = 0
+        if request.HasField("watch_resume"):
+            min_revision = request.watch_resume.etcd.revision + 1
+        last: tuple[int, int] = (-1, -1)
+        while True:
+            if min_revision > ks.revision:
+                await ks.wait_for_revision(min_revision)
+            min_revision = ks.revision + 1
+            header = self.resolver.header(routed=False)
+            matched: list[tuple[pb.JournalSpec, int, int]] = []
+            for kv in ks.range(JOURNALS_PREFIX):
+                spec = pb.JournalSpec()
+                spec.ParseFromString(kv.value)
+                if journal_selected(request.selector, spec):
+                    matched.append((spec, kv.mod_revision, kv.create_revision))
+            # Unchanged count and max mod revision mean an unchanged snapshot.
+            current = (len(matched), max((rev for _, rev, _ in matched), default=-1))
+            if current == last:
                 continue
-            if not journal_selected(request.selector, spec):
-                continue
-            if limit and len(resp.journals) == limit:
-                resp.next_page_token = spec.name
-                break
-            resp.journals.add(spec=spec, mod_revision=kv.mod_revision, route=self.resolver.route())
-        return resp
+            last = current
+            resp = pb.ListResponse(status=pb.OK, header=header)
+            route = self.resolver.route()
+            for spec, rev, created in matched:
+                if len(resp.journals) == LIST_CHUNK:
+                    yield resp
+                    resp = pb.ListResponse()
+                resp.journals.add(
+                    spec=spec, mod_revision=rev, create_revision=created, route=route
+                )
+            yield resp
+            if not request.watch:
+                return
+            yield pb.ListResponse()
 
     async def Apply(self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)

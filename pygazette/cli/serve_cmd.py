@@ -11,30 +11,76 @@ from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_b
 
 
 @click.command("serve")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
-              help="Port to serve the Journal service on.")
-@click.option("--address", "host", default="127.0.0.1", show_default=True,
-              help="Interface address to listen on.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
-              show_default=True, help="Keyspace, spools and (by default) fragments live here.")
-@click.option("--file-root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Root directory of file:/// fragment stores [default: DATA_DIR/fragments].")
-@click.option("--sync/--no-sync", default=False, show_default=True,
-              help="fdatasync spools before acknowledging appends (power-loss safety).")
-@click.option("--min-append-rate", type=click.IntRange(min=0), default=DEFAULT_MIN_APPEND_RATE,
-              show_default=True, help="Bytes/s an append client must sustain (0: unpoliced).")
-@click.option("--max-append-rate", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Broker-wide maximum append bytes/s (0: unlimited).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Port to serve the Journal service on.",
+)
+@click.option(
+    "--address",
+    "host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface address to listen on.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("data"),
+    show_default=True,
+    help="Keyspace, spools and (by default) fragments live here.",
+)
+@click.option(
+    "--file-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Root directory of file:/// fragment stores [default: DATA_DIR/fragments].",
+)
+@click.option(
+    "--sync/--no-sync",
+    default=False,
+    show_default=True,
+    help="fdatasync spools before acknowledging appends (power-loss safety).",
+)
+@click.option(
+    "--min-append-rate",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MIN_APPEND_RATE,
+    show_default=True,
+    help="Bytes/s an append client must sustain (0: unpoliced).",
+)
+@click.option(
+    "--max-append-rate",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Broker-wide maximum append bytes/s (0: unlimited).",
+)
 @click.option("--zone", default="local", show_default=True, help="Zone of this broker.")
 @click.option("--id", "broker_id", default="", help="Broker ID suffix [default: host name].")
 def serve(
-    port: int, host: str, data_dir: Path, file_root: Path | None, sync: bool,
-    min_append_rate: int, max_append_rate: int, zone: str, broker_id: str,
+    port: int,
+    host: str,
+    data_dir: Path,
+    file_root: Path | None,
+    sync: bool,
+    min_append_rate: int,
+    max_append_rate: int,
+    zone: str,
+    broker_id: str,
 ) -> None:
     """Serve journals from this machine (single node, embedded keyspace)."""
     config = BrokerConfig(
-        data_dir=data_dir, port=port, host=host, file_root=file_root, sync=sync,
-        min_append_rate=min_append_rate, max_append_rate=max_append_rate, zone=zone,
+        data_dir=data_dir,
+        port=port,
+        host=host,
+        file_root=file_root,
+        sync=sync,
+        min_append_rate=min_append_rate,
+        max_append_rate=max_append_rate,
+        zone=zone,
         broker_id=broker_id,
     )
     click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir})", err=True)

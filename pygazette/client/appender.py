@@ -119,7 +119,9 @@ class Appender:
             self.request.CopyFrom(journal)
             self.request.ClearField("content")
         else:
-            self.request = pb.AppendRequest(journal=journal, offset=offset, do_not_proxy=do_not_proxy)
+            self.request = pb.AppendRequest(
+                journal=journal, offset=offset, do_not_proxy=do_not_proxy
+            )
             if check_registers is not None:
                 self.request.check_registers.CopyFrom(check_registers)
             if union_registers is not None:
@@ -154,7 +156,7 @@ class Appender:
         if self._call is not None:
             return
         validate_journal_name(self.request.journal)
-        self._call = self.client.rpc_append()
+        self._call = self.client.rpc_append(None)
         self._state = "started"
         preamble = pb.AppendRequest()
         preamble.CopyFrom(self.request)
@@ -200,7 +202,7 @@ class Appender:
         try:
             await call.done_writing()
             await asyncio.wait_for(_await_call(call), ABORT_TIMEOUT_SECONDS)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
             pass
         except asyncio.CancelledError:
             call.cancel()
@@ -235,7 +237,9 @@ class Appender:
         if resp.status != pb.OK:
             self._state = "failed"
             raise error_for_status(
-                resp.status, self._status_detail(resp), resp.header if resp.HasField("header") else None
+                resp.status,
+                self._status_detail(resp),
+                resp.header if resp.HasField("header") else None,
             )
         self._state = "committed"
         return resp

@@ -199,7 +199,7 @@ def _open_raw(
         if file_root is not None:
             path = Path(file_root) / unquote(parts.path).lstrip("/")
         try:
-            fobj: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed by the FragmentReader.
+            fobj: IO[bytes] = open(path, "rb")  # Closed by the FragmentReader.
         except OSError as exc:
             raise FragmentOpenError(f"cannot open fragment file {path}: {exc}") from exc
         if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:

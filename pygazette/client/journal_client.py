@@ -97,7 +97,7 @@ class JournalClient:
             )
         else:
             self.channel = grpc.aio.insecure_channel(self.target, options=opts)
-        self.stub = pb_grpc.JournalStub(self.channel)
+        self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
 
         ch = self.channel
         # List streams: a snapshot (possibly over several responses), then more snapshots
@@ -123,12 +123,12 @@ class JournalClient:
                 response_deserializer=pb.ReadResponse.FromString,
             )
         )
-        self.rpc_append: grpc.aio.StreamUnaryMultiCallable[
-            pb.AppendRequest, pb.AppendResponse
-        ] = ch.stream_unary(
-            "/protocol.Journal/Append",
-            request_serializer=pb.AppendRequest.SerializeToString,
-            response_deserializer=pb.AppendResponse.FromString,
+        self.rpc_append: grpc.aio.StreamUnaryMultiCallable[pb.AppendRequest, pb.AppendResponse] = (
+            ch.stream_unary(
+                "/protocol.Journal/Append",
+                request_serializer=pb.AppendRequest.SerializeToString,
+                response_deserializer=pb.AppendResponse.FromString,
+            )
         )
         self.rpc_list_fragments: grpc.aio.UnaryUnaryMultiCallable[
             pb.FragmentsRequest, pb.FragmentsResponse

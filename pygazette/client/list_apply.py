@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import grpc.aio
-
 from pygazette.client.errors import ProtocolViolation
 from pygazette.client.journal_client import JournalClient
 from pygazette.protocol.errors import error_for_status
@@ -46,9 +44,8 @@ async def list_all(client: JournalClient, selector: str | pb.LabelSelector = "")
         joined: pb.ListResponse | None = None
         while True:
             resp = await call.read()
-            if resp is grpc.aio.EOF:
+            if not isinstance(resp, pb.ListResponse):  # grpc.aio.EOF
                 break
-            assert isinstance(resp, pb.ListResponse)
             if joined is None:
                 if resp.status != pb.OK:
                     raise error_for_status(
@@ -85,7 +82,9 @@ async def get_journal_entry(client: JournalClient, name: str) -> pb.ListResponse
     raise error_for_status(pb.JOURNAL_NOT_FOUND, name)
 
 
-def _changes(changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change]) -> list[pb.ApplyRequest.Change]:
+def _changes(
+    changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change],
+) -> list[pb.ApplyRequest.Change]:
     if isinstance(changes, pb.ApplyRequest):
         return list(changes.changes)
     return list(changes)

@@ -187,10 +187,9 @@ class Reader:
                 self._call = self.client.rpc_read(request)
 
             resp = await self._call.read()
-            if resp is grpc.aio.EOF:
+            if not isinstance(resp, pb.ReadResponse):  # grpc.aio.EOF
                 await self._on_stream_end()
                 continue
-            assert isinstance(resp, pb.ReadResponse)
             self._on_response(resp)
 
     def _take(self, n: int) -> bytes:

@@ -150,8 +150,13 @@ class RetryReader:
                     raise
                 self._log_retry(exc, attempt, squelch=attempt == 0)
                 await self._restart()
-            except (NotAllowed, ValidationError, ProtocolViolation, CorruptFragment,
-                    DidNotReadExpectedEOF):
+            except (
+                NotAllowed,
+                ValidationError,
+                ProtocolViolation,
+                CorruptFragment,
+                DidNotReadExpectedEOF,
+            ):
                 raise
             except BrokerError as exc:
                 # NOT_JOURNAL_BROKER, INSUFFICIENT_JOURNAL_BROKERS... while the cluster converges.
@@ -192,8 +197,12 @@ class RetryReader:
             return
         log.warning(
             "read failure (will retry)",
-            extra={"journal": self.journal, "offset": self.offset, "err": str(exc),
-                   "attempt": attempt},
+            extra={
+                "journal": self.journal,
+                "offset": self.offset,
+                "err": str(exc),
+                "attempt": attempt,
+            },
         )
 
     async def _sleep(self, seconds: float) -> None:

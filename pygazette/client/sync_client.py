@@ -138,9 +138,7 @@ class SyncJournalClient:
 
     # Journals -----------------------------------------------------------------------------
 
-    def list_journals(
-        self, selector: str | pb.LabelSelector = ""
-    ) -> list[pb.ListResponse.Journal]:
+    def list_journals(self, selector: str | pb.LabelSelector = "") -> list[pb.ListResponse.Journal]:
         return self._run(list_journals(self.client, selector))
 
     def get_journal(self, name: str) -> pb.JournalSpec:
@@ -173,7 +171,9 @@ class SyncJournalClient:
 
     # Content ------------------------------------------------------------------------------
 
-    def append(self, journal: str, content: AppendContent = b"", **options: Any) -> pb.AppendResponse:
+    def append(
+        self, journal: str, content: AppendContent = b"", **options: Any
+    ) -> pb.AppendResponse:
         """Append atomically, with `append`'s safe retries. `content` is bytes or an iterable
         of bytes (a generator is drawn from on a worker thread)."""
         return self._run(append(self.client, journal, _adapt_content(content), **options))

@@ -98,6 +98,9 @@ def parse_selector(text: str) -> pb.LabelSelector:
     if not isinstance(text, str):
         raise ValidationError(f"expected a selector string (got {type(text).__name__})")
     out = pb.LabelSelector()
+    # Both parts are always present, as in Gazette (where they are non-nullable).
+    out.include.SetInParent()
+    out.exclude.SetInParent()
     rest = text
     while rest:
         if m := _EQUAL.match(rest):
@@ -204,7 +207,7 @@ def selector_matches(sel: pb.LabelSelector, ls: pb.LabelSet) -> bool:
 
 
 def rewrite_prefix_meta_label(sel: pb.LabelSelector) -> pb.LabelSelector:
-    """Rewrite the legacy ``prefix`` meta-label into a ``name:prefix`` match, as Gazette's List does."""
+    """Turn ``prefix`` meta-label values into ``name:prefix`` matches, as Gazette's List does."""
     out = pb.LabelSelector()
     out.CopyFrom(sel)
     for labels in (out.include, out.exclude):

@@ -39,7 +39,7 @@ def compress(codec: int, data: bytes | memoryview) -> bytes:
         co = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
         return co.compress(data) + co.flush()
     if codec == pb.ZSTANDARD:
-        return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
+        return zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=True).compress(data)
     return bytes(cramjam.snappy.compress(bytes(data)))
 
 

@@ -67,3 +67,11 @@ async def read_all(
         else:
             meta.append(resp)
     return bytes(content), meta
+
+
+async def list_once(stub: pb_grpc.JournalStub, req: pb.ListRequest) -> pb.ListResponse:
+    """One List snapshot, its chunks merged into one response."""
+    merged = pb.ListResponse()
+    async for resp in stub.List(req, timeout=30):
+        merged.MergeFrom(resp)
+    return merged

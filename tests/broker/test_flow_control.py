@@ -52,7 +52,7 @@ async def test_stalled_client_is_aborted_and_frees_the_journal(tmp_path: Path) -
                 yield pb.AppendRequest(content=b"partial")
                 await release.wait()  # Never sends more, never commits.
 
-            stalled = asyncio.create_task(stub.Append(stalling()))
+            stalled = asyncio.ensure_future(stub.Append(stalling()))
             await asyncio.sleep(0.1)
             # A second writer queues behind the stalled one and gets through once it's aborted.
             second = await asyncio.wait_for(append(stub, "flow/stall", b"next"), 10)

@@ -16,7 +16,7 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import parse_selector
 from pygazette.stores import codecs
-from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once, read_all
 from tests.support.broker_process import BrokerProcess
 
 
@@ -41,31 +41,17 @@ async def test_apply_list_and_headers(stub: pb_grpc.JournalStub) -> None:
     assert resp.status == pb.OK
     assert resp.header.etcd.revision > 0 and resp.header.etcd.cluster_id != 0
 
-    listing = await stub.List(pb.ListRequest(selector=parse_selector("team=x")))
+    listing = await list_once(stub, pb.ListRequest(selector=parse_selector("team=x")))
     assert [j.spec.name for j in listing.journals] == ["svc/apply/a"]
     assert listing.journals[0].spec == a
     assert listing.header.process_id.zone
     assert listing.journals[0].route.primary == 0
     assert len(listing.journals[0].route.endpoints) == 1
 
-    by_prefix = await stub.List(pb.ListRequest(selector=parse_selector("prefix=svc/apply/")))
+    by_prefix = await list_once(stub, pb.ListRequest(selector=parse_selector("prefix=svc/apply/")))
     assert [j.spec.name for j in by_prefix.journals] == ["svc/apply/a", "svc/apply/b"]
-    by_name = await stub.List(pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
+    by_name = await list_once(stub, pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
     assert [j.spec.name for j in by_name.journals] == ["svc/apply/b"]
-
-    # Paging.
-    page = await stub.List(
-        pb.ListRequest(selector=parse_selector("prefix=svc/apply/"), page_limit=1)
-    )
-    assert [j.spec.name for j in page.journals] == ["svc/apply/a"]
-    rest = await stub.List(
-        pb.ListRequest(
-            selector=parse_selector("prefix=svc/apply/"), page_limit=1,
-            page_token=page.next_page_token,
-        )
-    )
-    assert [j.spec.name for j in rest.journals] == ["svc/apply/b"]
-    assert rest.next_page_token == ""
 
     # Update needs the current mod revision; a stale one fails and changes nothing.
     rev = listing.journals[0].mod_revision
@@ -83,13 +69,13 @@ async def test_apply_list_and_headers(stub: pb_grpc.JournalStub) -> None:
     assert dup.status == pb.ETCD_TRANSACTION_FAILED
 
     # Delete.
-    listing = await stub.List(pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
+    listing = await list_once(stub, pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
     rev_b = listing.journals[0].mod_revision
     deleted = await stub.Apply(
         pb.ApplyRequest(changes=[pb.ApplyRequest.Change(delete="svc/apply/b", expect_mod_revision=rev_b)])
     )
     assert deleted.status == pb.OK
-    gone = await stub.List(pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
+    gone = await list_once(stub, pb.ListRequest(selector=parse_selector("name=svc/apply/b")))
     assert list(gone.journals) == []
 
 
@@ -101,7 +87,7 @@ async def test_apply_rejects_bad_specs_atomically(stub: pb_grpc.JournalStub) -> 
         await apply_specs(stub, good, bad)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "ompression" in (err.value.details() or "")
-    listing = await stub.List(pb.ListRequest(selector=parse_selector("prefix=svc/bad/")))
+    listing = await list_once(stub, pb.ListRequest(selector=parse_selector("prefix=svc/bad/")))
     assert list(listing.journals) == []  # Nothing applied.
 
     for name in ["/leading", "trailing/", "sp ace", "a//b", ""]:
@@ -235,13 +221,13 @@ async def test_fragments_persist_with_gazette_names(
     stub: pb_grpc.JournalStub, shared_broker: BrokerProcess, codec: int
 ) -> None:
     name = f"svc/persist/{pb.CompressionCodec.Name(codec).lower()}"
-    await apply_specs(stub, journal_spec(name, length=1000, codec=codec))
-    records = [f"record {i:05d}\n".encode() * 10 for i in range(30)]  # 130 bytes each
+    await apply_specs(stub, journal_spec(name, length=1024, codec=codec))
+    records = [f"record {i:05d}\n".encode() * 10 for i in range(40)]  # 130 bytes each
     for rec in records:
         assert (await append(stub, name, rec)).status == pb.OK
     want = b"".join(records)
 
-    # Every 8th append crosses 1000 bytes, closing a fragment that then persists.
+    # Every 8th append crosses 1024 bytes, closing a fragment that then persists.
     async def persisted() -> list[pb.FragmentsResponse._Fragment]:
         while True:
             resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
@@ -293,8 +279,8 @@ async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
     try:
         async with grpc.aio.insecure_channel(broker.address) as channel:
             stub = pb_grpc.JournalStub(channel)
-            await apply_specs(stub, journal_spec("restart/j", length=500, codec=pb.ZSTANDARD))
-            for i in range(20):
+            await apply_specs(stub, journal_spec("restart/j", length=1024, codec=pb.ZSTANDARD))
+            for i in range(60):
                 await append(stub, "restart/j", f"line {i:03d}\n".encode() * 5)
             want, _ = await read_all(stub, "restart/j")
         broker.stop()  # Graceful: the open spool persists too.

@@ -1,0 +1,1 @@
+"""The `pygazette` command line: `serve`, and gazctl-like `journals` commands."""

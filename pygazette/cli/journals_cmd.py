@@ -1,0 +1,493 @@
+"""`pygazette journals ...`: list, apply, append to, read and list fragments of journals,
+shaped like Gazette's `gazctl journals` commands.
+
+Each command runs the async client on a fresh event loop. Expected failures are raised as
+`click.ClickException` or pygazette errors, which `main` prints as one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
+
+import click
+import grpc
+import grpc.aio
+from google.protobuf import text_format
+
+from pygazette.cli import output
+from pygazette.cli.journalspace import apply_request, parse_duration, parse_journalspace
+from pygazette.client.appender import append
+from pygazette.client.fragments import list_all_fragments
+from pygazette.client.journal_client import (
+    BROKER_ADDRESS_ENV,
+    DEFAULT_BROKER,
+    JournalClient,
+    channel_target,
+)
+from pygazette.client.list_apply import apply_journals_in_batches, list_all, list_journals
+from pygazette.client.retry_reader import read_journal
+from pygazette.protocol.errors import error_for_status
+from pygazette.protocol.labels import label_values
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import parse_selector
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Bytes read from stdin per call.
+INPUT_CHUNK = 1 << 20
+# With --framing lines, input is appended in pieces of about this size, split at newlines.
+LINES_APPEND_TARGET = 8 << 20
+# With --framing lines, complete lines are appended once input has been idle this long.
+IDLE_FLUSH_SECONDS = 0.2
+
+
+class CommandError(click.ClickException):
+    """An expected failure of a command, printed as one line."""
+
+
+@dataclass
+class CliState:
+    """Options of the root command that subcommands use."""
+
+    broker: str = DEFAULT_BROKER
+
+
+def broker_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--broker",
+        default=None,
+        metavar="URL",
+        help=f"Broker to talk to [default: the root --broker, ${BROKER_ADDRESS_ENV}, "
+        f"or {DEFAULT_BROKER}].",
+    )(fn)
+
+
+def _broker(ctx: click.Context, override: str | None) -> str:
+    if override:
+        return override
+    state = ctx.find_object(CliState)
+    return state.broker if state is not None else DEFAULT_BROKER
+
+
+def run_with_client(broker: str, fn: Callable[[JournalClient], Awaitable[T]]) -> T:
+    """Run `fn` with a client of `broker` on a new event loop; RPC failures become one-line
+    errors."""
+    try:
+        channel_target(broker)
+    except ValueError as exc:
+        raise CommandError(f"invalid broker address: {exc}") from None
+
+    async def run() -> T:
+        async with JournalClient(broker) as client:
+            return await fn(client)
+
+    try:
+        return asyncio.run(run())
+    except grpc.aio.AioRpcError as exc:
+        details = (exc.details() or "").replace("\n", " ")
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise CommandError(f"broker unavailable at {broker}: {details}") from None
+        raise CommandError(f"{exc.code().name}: {details}") from None
+
+
+def _selector(text: str) -> pb.LabelSelector:
+    return parse_selector(text)  # ValidationError is reported by main.
+
+
+def _no_match(sel: pb.LabelSelector, text: str) -> Exception:
+    """The error for a selector matching no journal: JOURNAL_NOT_FOUND if it names one."""
+    names = label_values(sel.include, "name")
+    if len(names) == 1 and names[0]:
+        return error_for_status(pb.JOURNAL_NOT_FOUND, names[0])
+    return CommandError(f"no journal matches selector {text!r}")
+
+
+@click.group("journals")
+def journals() -> None:
+    """Interact with broker journals."""
+
+
+# apply -----------------------------------------------------------------------------------
+
+
+@journals.command("apply")
+@click.option(
+    "--specs",
+    "specs_path",
+    required=True,
+    metavar="FILE",
+    help="Journalspace YAML to apply ('-' reads stdin).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the changes instead of applying them.")
+@click.option(
+    "--max-txn-size",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Changes per transaction (0: all changes in one transaction).",
+)
+@broker_option
+@click.pass_context
+def apply_cmd(
+    ctx: click.Context, specs_path: str, dry_run: bool, max_txn_size: int, broker: str | None
+) -> None:
+    """Apply journal creations, updates and deletions from a journalspace YAML file.
+
+    The YAML is the hierarchy printed by "journals list --format yaml": directory nodes
+    (names ending in '/') hold the values their children inherit. A journal's "revision" must
+    match its current revision (0 creates it, -1 applies regardless); "delete: true" deletes
+    the journals listed beneath a node. Nothing is applied unless every spec is valid.
+    """
+    text = _read_text(specs_path)
+    tree = parse_journalspace(text)
+    request = apply_request(tree)
+    if dry_run:
+        click.echo(text_format.MessageToString(request), nl=False)
+        return
+
+    async def run(client: JournalClient) -> pb.ApplyResponse:
+        return await apply_journals_in_batches(client, request, max_txn_size)
+
+    resp = run_with_client(_broker(ctx, broker), run)
+    log.info("successfully applied", extra={"revision": resp.header.etcd.revision})
+    click.echo(
+        f"applied {len(request.changes)} journal change(s) at revision {resp.header.etcd.revision}"
+    )
+
+
+def _read_text(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"cannot read {path}: not UTF-8 text ({exc.reason})") from None
+
+
+# list ------------------------------------------------------------------------------------
+
+
+@journals.command("list")
+@click.option(
+    "-l", "--selector", default="", help='Label selector, e.g. "app=examples" or "prefix=a/b/".'
+)
+@click.option(
+    "-o",
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "yaml", "json"]),
+    default="table",
+    show_default=True,
+    help="yaml is the journalspace hierarchy that 'journals apply' accepts.",
+)
+@broker_option
+@click.pass_context
+def list_cmd(ctx: click.Context, selector: str, fmt: str, broker: str | None) -> None:
+    """List journals matching a label selector (meta-labels "name" and "prefix" work too)."""
+    sel = _selector(selector)
+
+    async def run(client: JournalClient) -> pb.ListResponse:
+        return await list_all(client, sel)
+
+    listing = run_with_client(_broker(ctx, broker), run)
+    journals_ = list(listing.journals)
+    if fmt == "table":
+        click.echo(output.journals_table(journals_), nl=False)
+    elif fmt == "yaml":
+        click.echo(output.journals_yaml(journals_), nl=False)
+    else:
+        click.echo(output.journals_json(listing), nl=False)
+
+
+# append ----------------------------------------------------------------------------------
+
+
+async def _only_journal(client: JournalClient, selector: str) -> str:
+    sel = _selector(selector)
+    found = await list_journals(client, sel)
+    if not found:
+        raise _no_match(sel, selector)
+    if len(found) > 1:
+        names = ", ".join(j.spec.name for j in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise CommandError(
+            f"selector {selector!r} matches {len(found)} journals ({names}{more}); "
+            "append needs exactly one"
+        )
+    return found[0].spec.name
+
+
+async def _read_chunk(stream: IO[bytes], n: int) -> bytes:
+    read1 = getattr(stream, "read1", None)
+    if read1 is not None:
+        data: bytes = await asyncio.to_thread(read1, n)
+    else:
+        data = await asyncio.to_thread(stream.read, n)
+    return data
+
+
+async def _input_chunks(stream: IO[bytes]) -> AsyncIterator[bytes]:
+    while True:
+        data = await _read_chunk(stream, INPUT_CHUNK)
+        if not data:
+            return
+        yield data
+
+
+def split_at_lines(buf: bytearray, target: int, *, final: bool) -> list[bytes]:
+    """Cut whole-line blocks of about `target` bytes off the front of `buf`.
+
+    Each block ends with a newline and is at most `target` bytes, unless a single line is
+    longer (then it is one block by itself). With `final`, the remainder (which may lack a
+    trailing newline) becomes the last block.
+    """
+    blocks: list[bytes] = []
+    while len(buf) >= target:
+        cut = buf.rfind(b"\n", 0, target)
+        if cut == -1:
+            cut = buf.find(b"\n", target)
+            if cut == -1:
+                break  # One long line, still incomplete.
+        blocks.append(bytes(buf[: cut + 1]))
+        del buf[: cut + 1]
+    if final and buf:
+        blocks.append(bytes(buf))
+        buf.clear()
+    return blocks
+
+
+async def _append_lines(client: JournalClient, journal: str, stream: IO[bytes]) -> int:
+    """Append `stream` in blocks that end at line boundaries; returns the appends made."""
+    appends = 0
+    buf = bytearray()
+
+    async def send(blocks: list[bytes]) -> None:
+        nonlocal appends
+        for block in blocks:
+            resp = await append(client, journal, block)
+            appends += 1
+            log.debug(
+                "appended",
+                extra={"journal": journal, "begin": resp.commit.begin, "end": resp.commit.end},
+            )
+
+    pending: asyncio.Task[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(_read_chunk(stream, INPUT_CHUNK))
+            idle = IDLE_FLUSH_SECONDS if b"\n" in buf else None
+            done, _ = await asyncio.wait({pending}, timeout=idle)
+            if not done:
+                # Input is idle: append the complete lines we hold rather than wait for more.
+                cut = buf.rfind(b"\n")
+                block = bytes(buf[: cut + 1])
+                del buf[: cut + 1]
+                await send([block])
+                continue
+            data = pending.result()
+            pending = None
+            if not data:
+                break
+            buf += data
+            await send(split_at_lines(buf, LINES_APPEND_TARGET, final=False))
+        await send(split_at_lines(buf, LINES_APPEND_TARGET, final=True))
+    finally:
+        if pending is not None:
+            pending.cancel()
+    return appends
+
+
+@journals.command("append")
+@click.option("-l", "--selector", required=True, help="Label selector matching ONE journal.")
+@click.option(
+    "-f",
+    "--framing",
+    type=click.Choice(["none", "lines"]),
+    default="none",
+    show_default=True,
+    help="none: all input is one atomic append. lines: appends end at line boundaries.",
+)
+@click.option(
+    "-i", "--input", "input_path", default="-", show_default=True, help="Input file ('-': stdin)."
+)
+@broker_option
+@click.pass_context
+def append_cmd(
+    ctx: click.Context, selector: str, framing: str, input_path: str, broker: str | None
+) -> None:
+    """Append input to the one journal that the selector matches.
+
+    With --framing none the whole input commits atomically, as a single append. With
+    --framing lines the input is appended in pieces of up to about 8 MiB, each ending at a
+    newline, so readers never see a partial line.
+    """
+    _selector(selector)
+    stream = _open_input(input_path)
+
+    async def run(client: JournalClient) -> None:
+        journal = await _only_journal(client, selector)
+        if framing == "lines":
+            await _append_lines(client, journal, stream)
+        else:
+            resp = await append(client, journal, _input_chunks(stream))
+            log.debug(
+                "appended",
+                extra={"journal": journal, "begin": resp.commit.begin, "end": resp.commit.end},
+            )
+
+    try:
+        run_with_client(_broker(ctx, broker), run)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _open_input(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    try:
+        return open(path, "rb")  # Closed by the command.
+    except OSError as exc:
+        raise CommandError(f"cannot open {path}: {exc.strerror or exc}") from None
+
+
+# read ------------------------------------------------------------------------------------
+
+
+@journals.command("read")
+@click.option("-l", "--selector", required=True, help="Label selector of journals to read.")
+@click.option(
+    "--offset",
+    type=click.IntRange(min=-1),
+    default=0,
+    show_default=True,
+    help="Offset to start each journal at (-1: its write head).",
+)
+@click.option(
+    "-b", "--block", is_flag=True, help="Keep reading new content as it commits (until Ctrl-C)."
+)
+@broker_option
+@click.pass_context
+def read_cmd(
+    ctx: click.Context, selector: str, offset: int, block: bool, broker: str | None
+) -> None:
+    """Copy the content of the selected journals to stdout.
+
+    Without --block each journal is read up to its write head, one journal after the other.
+    With --block all selected journals are read at once, their chunks interleaved, until
+    interrupted (Ctrl-C).
+    """
+    sel = _selector(selector)
+    out = sys.stdout.buffer
+
+    async def pump(client: JournalClient, journal: str) -> None:
+        async for chunk in read_journal(client, journal, offset=offset, block=block):
+            out.write(chunk)
+        out.flush()
+
+    async def run(client: JournalClient) -> None:
+        found = await list_journals(client, sel)
+        if not found:
+            if label_values(sel.include, "name"):
+                raise _no_match(sel, selector)
+            log.warning("no journals were matched by the selector", extra={"selector": selector})
+            return
+        if block:
+            await asyncio.gather(*(pump(client, j.spec.name) for j in found))
+        else:
+            for j in found:
+                await pump(client, j.spec.name)
+
+    try:
+        run_with_client(_broker(ctx, broker), run)
+    except KeyboardInterrupt:
+        if not block:
+            raise
+        # Ctrl-C is how a blocking read ends: not an error.
+    out.flush()
+
+
+# fragments -------------------------------------------------------------------------------
+
+
+@journals.command("fragments")
+@click.option("-l", "--selector", default="", help="Label selector of journals.")
+@click.option(
+    "-o",
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="json prints one fragment per line.",
+)
+@click.option(
+    "--url-ttl",
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="Include a signed GET URL valid this long (e.g. 1h).",
+)
+@click.option(
+    "--from",
+    "from_unix",
+    type=int,
+    default=0,
+    help="Only fragments persisted at or after this Unix time.",
+)
+@click.option(
+    "--to", "to_unix", type=int, default=0, help="Only fragments persisted before this Unix time."
+)
+@broker_option
+@click.pass_context
+def fragments_cmd(
+    ctx: click.Context,
+    selector: str,
+    fmt: str,
+    url_ttl: str,
+    from_unix: int,
+    to_unix: int,
+    broker: str | None,
+) -> None:
+    """List the fragments of the selected journals."""
+    sel = _selector(selector)
+    ttl_ns = parse_duration(url_ttl)
+    if ttl_ns < 0:
+        raise CommandError(f"invalid --url-ttl {url_ttl!r}: negative")
+    ttl = ttl_ns / 1e9 if ttl_ns else None
+
+    async def run(client: JournalClient) -> list[pb.FragmentsResponse._Fragment]:
+        found = await list_journals(client, sel)
+        if not found and label_values(sel.include, "name"):
+            raise _no_match(sel, selector)
+        listed = await asyncio.gather(
+            *(
+                list_all_fragments(
+                    client,
+                    j.spec.name,
+                    begin_mod_time=from_unix,
+                    end_mod_time=to_unix,
+                    signature_ttl=ttl,
+                )
+                for j in found
+                if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL
+            )
+        )
+        return [f for frags in listed for f in frags]
+
+    fragments = run_with_client(_broker(ctx, broker), run)
+    if fmt == "table":
+        click.echo(output.fragments_table(fragments, with_urls=ttl is not None), nl=False)
+    else:
+        click.echo(output.fragments_json_lines(fragments), nl=False)

@@ -1,0 +1,139 @@
+"""Rendering of journal listings and fragment listings for the CLI: aligned text tables,
+hierarchical YAML (journalspace) and JSON.
+
+Tables are plain text aligned in columns, so that they read well in a terminal and survive
+pipes into grep, awk or a file unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+from google.protobuf import json_format
+
+from pygazette.cli.journalspace import dump_journalspace, from_list
+from pygazette.protocol.fragment_name import sha1sum_to_hex
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+NONE = "<none>"
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns left-aligned to their widest cell, separated by two spaces."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    out = [line(headers)]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out) + "\n"
+
+
+def _labels_text(ls: pb.LabelSet) -> str:
+    parts = [f"{lb.name}={lb.value}" if lb.value else lb.name for lb in ls.labels]
+    return ",".join(parts) if parts else NONE
+
+
+def _route_text(route: pb.Route) -> tuple[str, str]:
+    """(primary, other replicas) of a route, by broker ID suffix."""
+    primary = NONE
+    replicas: list[str] = []
+    for i, member in enumerate(route.members):
+        name = member.suffix or member.zone or "?"
+        if i == route.primary:
+            primary = name
+        else:
+            replicas.append(name)
+    return primary, ",".join(replicas)
+
+
+def journals_table(journals: Sequence[pb.ListResponse.Journal]) -> str:
+    rows = []
+    for j in journals:
+        primary, replicas = _route_text(j.route)
+        rows.append(
+            [
+                j.spec.name,
+                str(j.spec.replication),
+                primary,
+                replicas or NONE,
+                _labels_text(j.spec.labels),
+                str(j.mod_revision),
+            ]
+        )
+    return render_table(["NAME", "RF", "PRIMARY", "REPLICAS", "LABELS", "REVISION"], rows)
+
+
+def journals_yaml(journals: Sequence[pb.ListResponse.Journal]) -> str:
+    """The listing as a hoisted journalspace, which `journals apply` accepts back."""
+    return dump_journalspace(from_list(journals))
+
+
+def journals_json(listing: pb.ListResponse) -> str:
+    return (
+        json_format.MessageToJson(
+            listing,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def human_bytes(n: int) -> str:
+    """Binary-prefixed size: "512 B", "1.5 KiB", "256 MiB"."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{n} B"
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _mod_time_text(mod_time: int) -> str:
+    if not mod_time:
+        return "(not persisted)"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mod_time))
+
+
+def fragments_table(fragments: Sequence[pb.FragmentsResponse._Fragment], with_urls: bool) -> str:
+    headers = ["JOURNAL", "BEGIN", "END", "LENGTH", "PERSISTED", "SHA1", "COMPRESSION"]
+    if with_urls:
+        headers.append("URL")
+    rows = []
+    for f in fragments:
+        spec = f.spec
+        row = [
+            spec.journal,
+            str(spec.begin),
+            str(spec.end),
+            human_bytes(spec.end - spec.begin),
+            _mod_time_text(spec.mod_time),
+            sha1sum_to_hex(spec.sum)[:12] + "...",
+            pb.CompressionCodec.Name(spec.compression_codec),
+        ]
+        if with_urls:
+            row.append(f.signed_url or NONE)
+        rows.append(row)
+    return render_table(headers, rows)
+
+
+def fragments_json_lines(fragments: Sequence[pb.FragmentsResponse._Fragment]) -> str:
+    """One compact JSON object per fragment and line."""
+    lines = [
+        json.dumps(
+            json_format.MessageToDict(f, preserving_proto_field_name=True),
+            separators=(",", ":"),
+        )
+        for f in fragments
+    ]
+    return "".join(line + "\n" for line in lines)

@@ -1,0 +1,308 @@
+"""The real `pygazette journals ...` CLI, as a subprocess, against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from pygazette.cli.journalspace import apply_request, parse_journalspace
+from tests.support.broker_process import BrokerProcess
+from tests.support.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "journalspace.yaml"
+EXAMPLE_JOURNALS = [
+    "examples/clicks/part-000",
+    "examples/clicks/part-001",
+    "examples/logs/app",
+    "examples/logs/audit",
+]
+
+
+def cli(
+    broker_url: str, *args: str, stdin: bytes | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, BROKER_ADDRESS=broker_url)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pygazette.cli.main", *args],
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[bytes]) -> bytes:
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return proc.stdout
+
+
+def one_line_error(proc: subprocess.CompletedProcess[bytes]) -> str:
+    """The failure's stderr, which must be exactly one `error: ...` line."""
+    assert proc.returncode != 0, proc.stdout
+    lines = [line for line in proc.stderr.decode().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr.decode()
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def listed_names(broker: BrokerProcess, selector: str = "") -> list[str]:
+    out = ok(cli(broker.url, "journals", "list", "-l", selector, "--format", "json"))
+    return [j["spec"]["name"] for j in json.loads(out).get("journals", [])]
+
+
+def apply_example(broker: BrokerProcess) -> None:
+    out = ok(cli(broker.url, "journals", "apply", "--specs", str(EXAMPLE)))
+    assert b"applied 4" in out
+
+
+def test_apply_then_list_in_every_format(broker: BrokerProcess) -> None:
+    apply_example(broker)
+
+    table = ok(cli(broker.url, "journals", "list")).decode()
+    header, *rows = table.splitlines()
+    assert header.split() == ["NAME", "RF", "PRIMARY", "REPLICAS", "LABELS", "REVISION"]
+    assert [r.split()[0] for r in rows] == EXAMPLE_JOURNALS
+    assert all(r.split()[1] == "1" for r in rows)
+
+    assert listed_names(broker) == EXAMPLE_JOURNALS
+    assert listed_names(broker, "topic=logs") == ["examples/logs/app", "examples/logs/audit"]
+    assert listed_names(broker, "prefix=examples/clicks/") == EXAMPLE_JOURNALS[:2]
+    assert listed_names(broker, "name=examples/logs/audit") == ["examples/logs/audit"]
+
+    hoisted = ok(cli(broker.url, "journals", "list", "--format", "yaml")).decode()
+    tree = parse_journalspace(hoisted)
+    assert tree.name == "examples/"
+    flat_listed = {c.upsert.name: c.upsert for c in apply_request(tree).changes}
+    flat_file = {
+        c.upsert.name: c.upsert
+        for c in apply_request(parse_journalspace(EXAMPLE.read_text())).changes
+    }
+    assert flat_listed == flat_file
+    assert all(c.expect_mod_revision > 0 for c in apply_request(tree).changes)
+
+    # The listed hierarchy applies back as is (its revisions are current)...
+    ok(cli(broker.url, "journals", "apply", "--specs", "-", stdin=hoisted.encode()))
+    # ...and a second time it is stale.
+    stale = one_line_error(
+        cli(broker.url, "journals", "apply", "--specs", "-", stdin=hoisted.encode())
+    )
+    assert "ETCD_TRANSACTION_FAILED" in stale
+
+
+def test_dry_run_applies_nothing(broker: BrokerProcess) -> None:
+    out = ok(cli(broker.url, "journals", "apply", "--specs", str(EXAMPLE), "--dry-run"))
+    assert b'name: "examples/logs/audit"' in out
+    assert listed_names(broker) == []
+
+
+FRAGMENTED_SPECS = """
+name: lines/
+replication: 1
+fragment:
+  length: 1048576
+  compression_codec: GZIP
+  stores: [file:///]
+  refresh_interval: 1s
+children:
+- name: lines/a
+- name: lines/b
+"""
+
+
+def test_append_lines_and_read_back_byte_identical(broker: BrokerProcess, tmp_path: Path) -> None:
+    ok(cli(broker.url, "journals", "apply", "--specs", "-", stdin=FRAGMENTED_SPECS.encode()))
+    rng = random.Random(7)
+    data = b"".join(b"%06d %s\n" % (i, b"x" * rng.randrange(0, 180)) for i in range(100_000))
+    assert len(data) > 8 << 20  # More than one append.
+    ok(
+        cli(
+            broker.url, "journals", "append", "-l", "name=lines/a", "--framing", "lines", stdin=data
+        )
+    )
+    assert ok(cli(broker.url, "journals", "read", "-l", "name=lines/a")) == data
+
+    # Each append ended on a line boundary, and fragments never split appends.
+    frags = [
+        json.loads(line)
+        for line in ok(
+            cli(broker.url, "journals", "fragments", "-l", "name=lines/a", "--format", "json")
+        ).splitlines()
+    ]
+    ends = [int(f["spec"].get("end", 0)) for f in frags]
+    assert ends[-1] == len(data)
+    assert len(ends) >= 2
+    assert all(data[end - 1 : end] == b"\n" for end in ends)
+
+    # Reading from an offset, and a second append, unframed.
+    offset = ends[0]
+    assert (
+        ok(cli(broker.url, "journals", "read", "-l", "name=lines/a", "--offset", str(offset)))
+        == data[offset:]
+    )
+    ok(cli(broker.url, "journals", "append", "-l", "name=lines/b", stdin=b"no newline at end"))
+    assert (
+        ok(cli(broker.url, "journals", "read", "-l", "prefix=lines/"))
+        == data + b"no newline at end"
+    )
+
+
+def test_binary_content_round_trips(broker: BrokerProcess) -> None:
+    apply_example(broker)
+    blob = os.urandom(3 << 20)
+    ok(cli(broker.url, "journals", "append", "-l", "name=examples/clicks/part-001", stdin=blob))
+    assert ok(cli(broker.url, "journals", "read", "-l", "name=examples/clicks/part-001")) == blob
+
+
+def test_fragments_table_and_json(broker: BrokerProcess) -> None:
+    apply_example(broker)
+    ok(cli(broker.url, "journals", "append", "-l", "name=examples/logs/app", stdin=b"a\nb\n"))
+
+    table = ok(cli(broker.url, "journals", "fragments", "-l", "topic=logs")).decode()
+    header, *rows = table.splitlines()
+    assert header.split()[:4] == ["JOURNAL", "BEGIN", "END", "LENGTH"]
+    assert any(r.startswith("examples/logs/app") and "ZSTANDARD" in r for r in rows)
+
+    out = ok(
+        cli(
+            broker.url,
+            "journals",
+            "fragments",
+            "-l",
+            "name=examples/logs/app",
+            "--format",
+            "json",
+            "--url-ttl",
+            "1h",
+        )
+    )
+    (frag,) = [json.loads(line) for line in out.splitlines()]
+    assert frag["spec"]["journal"] == "examples/logs/app"
+    assert int(frag["spec"]["end"]) == 4
+
+
+def test_blocking_read_streams_new_content(broker: BrokerProcess) -> None:
+    apply_example(broker)
+    env = dict(os.environ, BROKER_ADDRESS=broker.url, PYTHONPATH=str(REPO))
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pygazette.cli.main",
+            "journals",
+            "read",
+            "-l",
+            "topic=clicks",
+            "--block",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        ok(
+            cli(
+                broker.url,
+                "journals",
+                "append",
+                "-l",
+                "name=examples/clicks/part-000",
+                stdin=b"streamed\n",
+            )
+        )
+        assert reader.stdout is not None
+        got = b""
+        timer = threading.Timer(60, reader.kill)  # Never hang the suite.
+        timer.start()
+        while len(got) < len(b"streamed\n"):
+            chunk = reader.stdout.read1(1024)  # type: ignore[attr-defined]
+            if not chunk:
+                break
+            got += chunk
+        timer.cancel()
+        assert got == b"streamed\n"
+    finally:
+        reader.terminate()
+        reader.wait(30)
+
+
+def test_garbage_yaml_is_one_line_and_applies_nothing(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: examples/\nchildren:\n  - name: [oops\n  ::: }}\n")
+    err = one_line_error(cli(broker.url, "journals", "apply", "--specs", str(bad)))
+    assert "invalid YAML" in err
+
+    bad.write_text("name: examples/\nreplication: 1\nchildren:\n- name: examples/a b\n")
+    err = one_line_error(cli(broker.url, "journals", "apply", "--specs", str(bad)))
+    assert "examples/a b" in err
+
+    # A valid tree whose second journal has an invalid spec: nothing at all is applied.
+    bad.write_text(
+        EXAMPLE.read_text().replace(
+            "  - name: examples/logs/audit\n    replication: 1\n",
+            "  - name: examples/logs/audit\n    replication: 9\n",
+        )
+    )
+    err = one_line_error(cli(broker.url, "journals", "apply", "--specs", str(bad)))
+    assert "examples/logs/audit" in err and "Replication" in err
+
+    err = one_line_error(
+        cli(broker.url, "journals", "apply", "--specs", str(tmp_path / "missing.yaml"))
+    )
+    assert "missing.yaml" in err
+    assert listed_names(broker) == []
+
+
+def test_invalid_selector(broker: BrokerProcess) -> None:
+    for command in (["list"], ["read"], ["append"], ["fragments"]):
+        err = one_line_error(cli(broker.url, "journals", *command, "-l", "topic in (", stdin=b"x"))
+        assert "selector" in err
+
+
+def test_unknown_journal_reports_the_status(broker: BrokerProcess) -> None:
+    apply_example(broker)
+    err = one_line_error(cli(broker.url, "journals", "read", "-l", "name=examples/nope"))
+    assert err == "error: JOURNAL_NOT_FOUND: examples/nope"
+    err = one_line_error(
+        cli(broker.url, "journals", "append", "-l", "name=examples/nope", stdin=b"x")
+    )
+    assert err == "error: JOURNAL_NOT_FOUND: examples/nope"
+    err = one_line_error(cli(broker.url, "journals", "fragments", "-l", "name=examples/nope"))
+    assert "JOURNAL_NOT_FOUND" in err
+
+    err = one_line_error(cli(broker.url, "journals", "append", "-l", "topic=logs", stdin=b"x"))
+    assert "matches 2 journals" in err
+    assert ok(cli(broker.url, "journals", "read", "-l", "topic=logs")) == b""
+
+
+def test_broker_unavailable() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    err = one_line_error(cli(url, "journals", "list"))
+    assert err.startswith(f"error: broker unavailable at {url}")
+
+
+def test_usage_errors_are_one_line() -> None:
+    err = one_line_error(cli("http://127.0.0.1:1", "journals", "read"))
+    assert "--selector" in err
+    err = one_line_error(cli("http://127.0.0.1:1", "journals", "list", "--format", "xml"))
+    assert "xml" in err
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["journals", "--help"], ["journals", "append", "--help"]]
+)
+def test_help(args: list[str]) -> None:
+    out = ok(cli("http://127.0.0.1:1", *args)).decode()
+    assert "Usage:" in out

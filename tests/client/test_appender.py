@@ -1,0 +1,220 @@
+"""Appender and append() against a scripted broker, and chunk coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pygazette.client import Appender, ChunkCoalescer, JournalClient, append
+from pygazette.client.appender import AppenderStateError
+from pygazette.protocol.errors import (
+    NotJournalPrimaryBroker,
+    RegisterMismatch,
+    ValidationError,
+    WrongAppendOffset,
+)
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import parse_selector
+from tests.client.fake_broker import Abort, FakeBroker
+from tests.support.ports import free_port
+
+J = "a/journal"
+
+
+@given(
+    writes=st.lists(st.binary(max_size=40), max_size=30),
+    size=st.integers(min_value=1, max_value=16),
+)
+def test_coalescer_packs_writes_into_full_chunks(writes: list[bytes], size: int) -> None:
+    co = ChunkCoalescer(size)
+    chunks: list[bytes] = []
+    for w in writes:
+        chunks.extend(co.add(w))
+    assert all(len(c) == size for c in chunks)
+    rest = co.flush()
+    if rest is not None:
+        assert 0 < len(rest) < size
+        chunks.append(rest)
+    assert b"".join(chunks) == b"".join(writes)
+    assert co.pending == 0 and co.flush() is None
+
+
+def test_coalescer_accepts_bytes_likes() -> None:
+    co = ChunkCoalescer(4)
+    assert co.add(bytearray(b"ab")) == []
+    assert co.add(memoryview(b"cdefghij")) == [b"abcd", b"efgh"]
+    assert co.flush() == b"ij"
+
+
+def contents(call_requests: list[pb.AppendRequest]) -> list[bytes]:
+    return [r.content for r in call_requests[1:]]
+
+
+async def test_appender_streams_chunks_then_commits(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    fake.journal.append_responses.append(
+        pb.AppendResponse(commit=pb.Fragment(journal=J, begin=0, end=25))
+    )
+    async with Appender(fake_client, J, chunk_size=10) as app:
+        for _ in range(5):
+            await app.write(b"hello")
+        await app.write(b"")  # Ignored: an empty chunk would commit.
+    assert app.response is not None and app.response.commit.end == 25
+    (call,) = fake.journal.append_calls
+    assert call.committed
+    assert call.requests[0].journal == J and not call.requests[0].content
+    assert contents(call.requests) == [b"hellohello", b"hellohello", b"hello", b""]
+
+
+async def test_preamble_carries_options(fake: FakeBroker, fake_client: JournalClient) -> None:
+    check = parse_selector("owner=me")
+    union = label_set({"owner": "me"})
+    subtract = label_set({"lease": ""})
+    app = Appender(
+        fake_client,
+        J,
+        offset=123,
+        check_registers=check,
+        union_registers=union,
+        subtract_registers=subtract,
+    )
+    await app.write(b"x")
+    await app.commit()
+    first = fake.journal.append_calls[0].requests[0]
+    assert first.offset == 123
+    assert first.check_registers == check
+    assert first.union_registers == union
+    assert first.subtract_registers == subtract
+
+
+async def test_commit_without_content_sends_an_empty_append(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    await Appender(fake_client, J).commit()
+    (call,) = fake.journal.append_calls
+    assert call.committed and contents(call.requests) == [b""]
+
+
+async def test_abort_ends_the_stream_without_a_commit_chunk(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        async with Appender(fake_client, J, chunk_size=4) as app:
+            await app.write(b"partial")
+            raise RuntimeError("boom")
+    (call,) = fake.journal.append_calls
+    assert not call.committed
+    assert contents(call.requests) == [b"part"]  # "ial" was still coalescing.
+    with pytest.raises(AppenderStateError):
+        await app.write(b"more")
+
+
+async def test_status_errors_are_raised(fake: FakeBroker, fake_client: JournalClient) -> None:
+    fake.journal.append_responses.extend(
+        [
+            pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET),
+            pb.AppendResponse(status=pb.REGISTER_MISMATCH, registers=label_set({"owner": "other"})),
+        ]
+    )
+    with pytest.raises(WrongAppendOffset, match="WRONG_APPEND_OFFSET"):
+        await append(fake_client, J, b"x", offset=7)
+    with pytest.raises(RegisterMismatch, match="owner=other"):
+        await append(fake_client, J, b"x", check_registers=parse_selector("owner=me"))
+    assert len(fake.journal.append_calls) == 2  # Neither is retried.
+
+
+async def test_invalid_journal_name_fails_before_any_rpc(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    with pytest.raises(ValidationError):
+        await append(fake_client, "bad journal name", b"x")
+    assert fake.journal.append_calls == []
+
+
+async def test_append_retries_refusals_with_replayable_content(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    fake.journal.append_responses.extend(
+        [
+            pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER),
+            pb.AppendResponse(status=pb.NO_JOURNAL_PRIMARY_BROKER),
+            pb.AppendResponse(commit=pb.Fragment(journal=J, begin=0, end=6)),
+        ]
+    )
+    resp = await append(fake_client, J, [b"abc", b"def"])
+    assert resp.commit.end == 6
+    assert len(fake.journal.append_calls) == 3
+    assert all(contents(c.requests) == [b"abcdef", b""] for c in fake.journal.append_calls)
+
+
+async def test_append_retries_while_the_broker_is_unreachable() -> None:
+    port = free_port()
+    retrying = asyncio.Event()
+
+    class OnRetry(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            retrying.set()
+
+    logger = logging.getLogger("pygazette.client.appender")
+    handler = OnRetry(logging.WARNING)
+    logger.addHandler(handler)
+    async with JournalClient(f"127.0.0.1:{port}") as client:
+
+        def pieces() -> Iterator[bytes]:
+            yield b"one-shot"
+
+        task = asyncio.create_task(append(client, J, pieces()))
+        try:
+            await asyncio.wait_for(retrying.wait(), 30)
+        finally:
+            logger.removeHandler(handler)
+        # Nothing was drawn from the iterator yet, so the append can still be retried.
+        fake = await asyncio.to_thread(FakeBroker, port)
+        try:
+            resp = await task
+            assert resp.status == pb.OK
+            (call,) = fake.journal.append_calls
+            assert contents(call.requests) == [b"one-shot", b""]
+        finally:
+            await asyncio.to_thread(fake.stop)
+
+
+async def test_append_does_not_retry_a_drawn_one_shot_iterator(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    fake.journal.append_responses.append(pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER))
+
+    def pieces() -> Iterator[bytes]:
+        yield b"once"
+
+    with pytest.raises(NotJournalPrimaryBroker):
+        await append(fake_client, J, pieces())
+    assert len(fake.journal.append_calls) == 1
+
+
+async def test_append_does_not_retry_after_the_commit_chunk_was_sent(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    # The broker fails the RPC after receiving the commit chunk: the append may have
+    # committed, so retrying could duplicate it.
+    fake.journal.append_responses.append(Abort(grpc.StatusCode.UNAVAILABLE))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await append(fake_client, J, b"maybe committed")
+    assert len(fake.journal.append_calls) == 1
+
+
+async def test_append_streams_async_iterables(fake: FakeBroker, fake_client: JournalClient) -> None:
+    async def pieces() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield b"%d" % i
+
+    await append(fake_client, J, pieces())
+    assert contents(fake.journal.append_calls[0].requests) == [b"012", b""]

@@ -1,0 +1,189 @@
+"""Direct fragment reads: codecs, seeking into a fragment, and the exact-length checks."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pygazette.client import (
+    CorruptFragment,
+    DidNotReadExpectedEOF,
+    FragmentOpenError,
+    UnexpectedFragmentEOF,
+    open_fragment_url,
+)
+from pygazette.client import fragment_reader as fr
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores import codecs
+
+CODECS = [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY]
+DATA = b"".join(b"line %06d of the fragment\n" % i for i in range(20_000))
+
+
+def fragment(begin: int, end: int, codec: int) -> pb.Fragment:
+    return pb.Fragment(journal="a/journal", begin=begin, end=end, compression_codec=codec)  # type: ignore[arg-type]
+
+
+def write(tmp_path: Path, data: bytes, codec: int, name: str = "frag") -> Path:
+    path = tmp_path / name
+    path.write_bytes(codecs.compress(codec, data))
+    return path
+
+
+async def read_all(reader: fr.FragmentReader, n: int = -1) -> bytes:
+    out = bytearray()
+    while chunk := await reader.read(n):
+        out += chunk
+    return bytes(out)
+
+
+@pytest.fixture(autouse=True)
+def small_raw_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Exercise many raw reads per fragment.
+    monkeypatch.setattr(fr, "RAW_CHUNK_SIZE", 4096)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_reads_whole_fragment(tmp_path: Path, codec: int) -> None:
+    path = write(tmp_path, DATA, codec)
+    frag = fragment(1000, 1000 + len(DATA), codec)
+    async with await open_fragment_url(frag, 1000, path.as_uri()) as reader:
+        assert await read_all(reader) == DATA
+        assert reader.offset == frag.end
+        assert await reader.read() == b""
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_seeks_to_an_offset_within_the_fragment(tmp_path: Path, codec: int) -> None:
+    path = write(tmp_path, DATA, codec)
+    frag = fragment(500, 500 + len(DATA), codec)
+    async with await open_fragment_url(frag, 500 + 123_457, path.as_uri()) as reader:
+        assert reader.offset == 500 + 123_457
+        assert await read_all(reader, 1000) == DATA[123_457:]
+
+
+async def test_offset_at_the_end_reads_nothing(tmp_path: Path) -> None:
+    path = write(tmp_path, DATA, pb.SNAPPY)
+    frag = fragment(0, len(DATA), pb.SNAPPY)
+    async with await open_fragment_url(frag, len(DATA), path.as_uri()) as reader:
+        assert await reader.read() == b""
+
+
+async def test_offset_outside_the_fragment_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, DATA, pb.NONE)
+    with pytest.raises(ValueError):
+        await open_fragment_url(fragment(10, 10 + len(DATA), pb.NONE), 5, path.as_uri())
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_too_short_content_is_an_error(tmp_path: Path, codec: int) -> None:
+    path = write(tmp_path, DATA, codec)
+    frag = fragment(0, len(DATA) + 1, codec)
+    reader = await open_fragment_url(frag, 0, path.as_uri())
+    with pytest.raises(UnexpectedFragmentEOF, match="ended after"):
+        await read_all(reader)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_too_long_content_is_an_error(tmp_path: Path, codec: int) -> None:
+    path = write(tmp_path, DATA, codec)
+    frag = fragment(0, len(DATA) - 1, codec)
+    reader = await open_fragment_url(frag, 0, path.as_uri())
+    with pytest.raises(DidNotReadExpectedEOF):
+        await read_all(reader)
+
+
+async def test_exactly_sized_content_ending_mid_read_is_detected_as_too_long(
+    tmp_path: Path,
+) -> None:
+    # The extra byte arrives in a later raw chunk than the one reaching `end`.
+    data = b"x" * 4096 + b"y"
+    path = write(tmp_path, data, pb.NONE)
+    reader = await open_fragment_url(fragment(0, 4096, pb.NONE), 0, path.as_uri())
+    assert await reader.read() == b"x" * 4096
+    with pytest.raises(DidNotReadExpectedEOF):
+        await reader.read()
+
+
+async def test_corrupt_content_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "frag"
+    path.write_bytes(b"\x00not zstd at all" * 10)
+    reader = await open_fragment_url(fragment(0, 100, pb.ZSTANDARD), 0, path.as_uri())
+    with pytest.raises(CorruptFragment):
+        await read_all(reader)
+
+
+async def test_missing_file_and_unknown_scheme(tmp_path: Path) -> None:
+    with pytest.raises(FragmentOpenError):
+        await open_fragment_url(fragment(0, 1, pb.NONE), 0, (tmp_path / "nope").as_uri())
+    with pytest.raises(FragmentOpenError, match="unsupported"):
+        await open_fragment_url(fragment(0, 1, pb.NONE), 0, "s3://bucket/key")
+
+
+async def test_file_root_roots_file_urls(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    write(tmp_path / "a", DATA, pb.GZIP, "frag.gz")
+    frag = fragment(0, len(DATA), pb.GZIP)
+    async with await open_fragment_url(frag, 0, "file:///a/frag.gz", file_root=tmp_path) as r:
+        assert await read_all(r) == DATA
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    files: dict[str, tuple[bytes, str]] = {}
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path not in self.files:
+            self.send_error(404)
+            return
+        body, encoding = self.files[path]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_reads_over_http(http_server: str) -> None:
+    _Handler.files["/frag.sz"] = (codecs.compress(pb.SNAPPY, DATA), "")
+    frag = fragment(0, len(DATA), pb.SNAPPY)
+    url = f"{http_server}/frag.sz?X-Signature=abc"
+    async with await open_fragment_url(frag, 10, url) as reader:
+        assert await read_all(reader) == DATA[10:]
+
+
+async def test_offloaded_gzip_is_decoded_as_the_store_sends_it(http_server: str) -> None:
+    # A store honouring Accept-Encoding: identity sends content; one that does not sends gzip.
+    _Handler.files["/plain.gzod"] = (DATA, "")
+    _Handler.files["/gz.gzod"] = (gzip.compress(DATA), "gzip")
+    frag = fragment(0, len(DATA), pb.GZIP_OFFLOAD_DECOMPRESSION)
+    for name in ("/plain.gzod", "/gz.gzod"):
+        async with await open_fragment_url(frag, 0, http_server + name) as reader:
+            assert await read_all(reader) == DATA
+
+
+async def test_http_errors_are_open_errors(http_server: str) -> None:
+    with pytest.raises(FragmentOpenError, match="HTTP 404") as info:
+        await open_fragment_url(fragment(0, 1, pb.NONE), 0, f"{http_server}/missing?sig=secret")
+    assert "secret" not in str(info.value)  # Signatures are not leaked into messages.

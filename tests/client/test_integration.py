@@ -1,0 +1,266 @@
+"""The client against a real `pygazette serve` broker process."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pygazette.client import (
+    Appender,
+    JournalClient,
+    Reader,
+    RetryReader,
+    SyncJournalClient,
+    append,
+    apply_journals,
+    get_journal,
+    get_journal_entry,
+    list_all_fragments,
+    list_journals,
+    read_journal,
+)
+from pygazette.protocol.errors import (
+    EtcdTransactionFailed,
+    JournalNotFound,
+    OffsetNotYetAvailable,
+    RegisterMismatch,
+    WrongAppendOffset,
+)
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import parse_selector
+from tests.support.broker_process import BrokerProcess
+
+J = "tests/client/journal"
+
+
+def journal_spec(name: str = J, *, codec: int = pb.SNAPPY) -> pb.JournalSpec:
+    spec = pb.JournalSpec(
+        name=name, replication=1, labels=label_set({"suite": "client", "codec": str(codec)})
+    )
+    spec.fragment.length = 1 << 20
+    spec.fragment.compression_codec = codec  # type: ignore[assignment]
+    spec.fragment.stores.append("file:///")
+    spec.fragment.refresh_interval.seconds = 1
+    return spec
+
+
+async def create(client: JournalClient, *specs: pb.JournalSpec) -> pb.ApplyResponse:
+    return await apply_journals(
+        client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]
+    )
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.url) as c:
+        await create(c, journal_spec())
+        yield c
+
+
+async def read_to_head(client: JournalClient, journal: str = J, offset: int = 0) -> bytes:
+    return b"".join([chunk async for chunk in read_journal(client, journal, offset=offset)])
+
+
+async def test_apply_list_append_read_round_trip(client: JournalClient) -> None:
+    (listed,) = await list_journals(client, f"name={J}")
+    assert listed.spec.name == J and listed.mod_revision > 0
+    assert await get_journal(client, J) == listed.spec
+    assert [j.spec.name for j in await list_journals(client, "suite=client")] == [J]
+    assert await list_journals(client, "suite=other") == []
+
+    first = await append(client, J, b"hello, ")
+    second = await append(client, J, [b"gazette", b"!\n"])
+    assert (first.commit.begin, first.commit.end) == (0, 7)
+    assert (second.commit.begin, second.commit.end) == (7, 16)
+    assert first.commit.journal == J
+
+    assert await read_to_head(client) == b"hello, gazette!\n"
+    assert await read_to_head(client, offset=7) == b"gazette!\n"
+
+
+async def test_large_append_is_chunked_and_reads_back(client: JournalClient) -> None:
+    data = os.urandom(5 << 20) + b"tail"
+    resp = await append(client, J, data)
+    assert resp.commit.end - resp.commit.begin == len(data)
+    assert await read_to_head(client) == data
+
+
+async def test_reader_offsets_and_end_offset(client: JournalClient) -> None:
+    await append(client, J, b"0123456789")
+    reader = Reader(client, J, offset=3, end_offset=6)
+    assert b"".join([c async for c in reader]) == b"345"
+    assert reader.offset == 6
+
+    rr = RetryReader(client, J, offset=2, end_offset=10)
+    assert b"".join([c async for c in rr]) == b"23456789"
+
+
+async def test_non_blocking_read_at_the_head_raises(client: JournalClient) -> None:
+    await append(client, J, b"abc")
+    reader = Reader(client, J, offset=0)
+    assert await reader.read() == b"abc"
+    with pytest.raises(OffsetNotYetAvailable):
+        await reader.read()
+    assert reader.offset == 3
+
+    with pytest.raises(OffsetNotYetAvailable):
+        await Reader(client, J, offset=-1).read()
+    with pytest.raises(OffsetNotYetAvailable):
+        await RetryReader(client, J, offset=3).read()
+
+
+async def test_blocking_reads_see_later_appends(client: JournalClient) -> None:
+    await append(client, J, b"old\n")
+    reader = RetryReader(client, J, offset=4, block=True)
+    pending = asyncio.create_task(reader.read())
+    await append(client, J, b"new\n")
+    assert await asyncio.wait_for(pending, 30) == b"new\n"
+    assert reader.offset == 8
+    await reader.aclose()
+
+
+async def test_blocking_read_from_the_write_head(client: JournalClient) -> None:
+    await append(client, J, b"old\n")
+    reader = RetryReader(client, J, offset=-1, block=True)
+    pending = asyncio.create_task(reader.read())
+    # Offset -1 means "wherever the head is when the broker serves the read": keep appending
+    # until the read picks something up; it must never return what preceded it.
+    for _ in range(150):
+        await append(client, J, b"new\n")
+        done, _ = await asyncio.wait({pending}, timeout=0.2)
+        if done:
+            break
+    got = pending.result()
+    assert got and got == b"new\n" * (len(got) // 4)
+    assert reader.offset > 4
+    await reader.aclose()
+
+
+async def test_wrong_append_offset_and_register_mismatch(client: JournalClient) -> None:
+    await append(client, J, b"12345")
+    with pytest.raises(WrongAppendOffset, match="WRONG_APPEND_OFFSET"):
+        await append(client, J, b"x", offset=2)
+    ok = await append(client, J, b"x", offset=5)
+    assert ok.commit.begin == 5
+
+    owned = await append(client, J, b"y", union_registers=label_set({"owner": "me"}))
+    assert owned.registers == label_set({"owner": "me"})
+    with pytest.raises(RegisterMismatch, match="REGISTER_MISMATCH"):
+        await append(client, J, b"z", check_registers=parse_selector("owner=you"))
+    await append(client, J, b"z", check_registers=parse_selector("owner=me"))
+    assert await read_to_head(client) == b"12345xyz"
+
+
+async def test_aborted_append_leaves_nothing(client: JournalClient) -> None:
+    app = Appender(client, J, chunk_size=4)
+    await app.write(b"this must never be visible")
+    await app.abort()
+    with pytest.raises(OffsetNotYetAvailable):
+        await Reader(client, J).read()
+
+    with pytest.raises(RuntimeError):
+        async with Appender(client, J, chunk_size=4) as app2:
+            await app2.write(b"nor this")
+            raise RuntimeError("abandon")
+
+    resp = await append(client, J, b"visible")
+    assert (resp.commit.begin, resp.commit.end) == (0, 7)
+    assert await read_to_head(client) == b"visible"
+
+
+async def test_unknown_journal(client: JournalClient) -> None:
+    with pytest.raises(JournalNotFound):
+        await append(client, "tests/client/nope", b"x")
+    with pytest.raises(JournalNotFound):
+        await Reader(client, "tests/client/nope").read()
+    with pytest.raises(JournalNotFound):
+        await get_journal(client, "tests/client/nope")
+
+
+async def test_apply_revisions_are_checked(client: JournalClient) -> None:
+    entry = await get_journal_entry(client, J)
+    with pytest.raises(EtcdTransactionFailed):
+        await create(client, journal_spec())  # Exists already: revision 0 is stale.
+    updated = journal_spec()
+    updated.labels.CopyFrom(label_set({"suite": "client", "updated": "yes"}))
+    await apply_journals(
+        client,
+        [pb.ApplyRequest.Change(upsert=updated, expect_mod_revision=entry.mod_revision)],
+    )
+    assert (await get_journal(client, J)).labels == updated.labels
+    await apply_journals(client, [pb.ApplyRequest.Change(delete=J, expect_mod_revision=-1)])
+    assert await list_journals(client, f"name={J}") == []
+
+
+async def test_fragments_cover_the_journal(client: JournalClient) -> None:
+    for i in range(3):
+        await append(client, J, b"record %d\n" % i)
+    fragments = await list_all_fragments(client, J)
+    assert fragments
+    assert fragments[0].spec.begin == 0
+    assert fragments[-1].spec.end == 27
+    for prev, nxt in itertools.pairwise(fragments):
+        assert prev.spec.end == nxt.spec.begin
+
+
+async def test_do_not_proxy_reads_persisted_fragments_directly(client: JournalClient) -> None:
+    spec = journal_spec("tests/client/small-fragments")
+    spec.fragment.length = 1024  # Every append below closes (and persists) its fragment.
+    await create(client, spec)
+    first, second = b"a" * 2000 + b"\n", b"b" * 10
+    await append(client, spec.name, first)
+    await append(client, spec.name, second)
+    for _ in range(300):  # Persisting happens in the background.
+        fragments = await list_all_fragments(client, spec.name)
+        if fragments[0].spec.backing_store:
+            break
+        await asyncio.sleep(0.1)
+    assert fragments[0].spec.backing_store == "file:///"
+
+    rr = RetryReader(client, spec.name, do_not_proxy=True)
+    assert await rr.read() == first
+    assert rr.reader.fragment_url.startswith("file://")  # Read from the store, not the broker.
+    rest = b""
+    with pytest.raises(OffsetNotYetAvailable):
+        while True:
+            rest += await rr.read()
+    assert rest == second
+
+
+async def test_retry_reader_continues_across_a_broker_crash(
+    broker: BrokerProcess, client: JournalClient
+) -> None:
+    rr = RetryReader(client, J, block=True)
+    await append(client, J, b"before crash\n")
+    assert await asyncio.wait_for(rr.read(), 30) == b"before crash\n"
+
+    pending = asyncio.create_task(rr.read())
+    await asyncio.to_thread(broker.kill)
+    await asyncio.to_thread(broker.start)  # Same port and data directory.
+    await append(client, J, b"after restart\n")
+    assert await asyncio.wait_for(pending, 60) == b"after restart\n"
+    assert rr.offset == len(b"before crash\nafter restart\n")
+    # The acknowledged append from before the crash survived it.
+    assert await read_to_head(client) == b"before crash\nafter restart\n"
+    await rr.aclose()
+
+
+def test_sync_client_round_trip(broker: BrokerProcess) -> None:
+    with SyncJournalClient(broker.url) as client:
+        client.apply_journals(
+            [pb.ApplyRequest.Change(upsert=journal_spec(), expect_mod_revision=0)]
+        )
+        assert client.get_journal(J).name == J
+        client.append(J, b"line 1\n")
+        client.append(J, (b"line %d\n" % i for i in range(2, 4)))
+        with client.appender(J) as app:
+            app.write(b"line 4\n")
+        assert b"".join(client.read(J)) == b"line 1\nline 2\nline 3\nline 4\n"
+        assert b"".join(client.read(J, offset=7, end_offset=14)) == b"line 2\n"
+        assert client.list_all_fragments(J)[-1].spec.end == 28
+        assert [j.spec.name for j in client.list_journals("suite=client")] == [J]

@@ -1,0 +1,119 @@
+"""The synchronous facade, against the scripted broker."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from pygazette.client import ProtocolViolation, SyncJournalClient
+from pygazette.protocol.errors import JournalNotFound, WrongAppendOffset
+from pygazette.protocol.pb import protocol_pb2 as pb
+from tests.client.fake_broker import FakeBroker, Hang, content, metadata
+
+J = "a/journal"
+
+
+@pytest.fixture
+def sync_client(fake: FakeBroker) -> Iterator[SyncJournalClient]:
+    with SyncJournalClient(fake.address) as client:
+        yield client
+
+
+def listed(*names: str) -> list[pb.ListResponse.Journal]:
+    return [pb.ListResponse.Journal(spec=pb.JournalSpec(name=n), mod_revision=1) for n in names]
+
+
+def test_read_iterates_chunks_until_the_write_head(
+    fake: FakeBroker, sync_client: SyncJournalClient
+) -> None:
+    fake.journal.read_scripts.extend(
+        [
+            [metadata(0, begin=0, end=6), content(0, b"abc"), content(3, b"def")],
+            [pb.ReadResponse(status=pb.OFFSET_NOT_YET_AVAILABLE, offset=6, write_head=6)],
+        ]
+    )
+    assert b"".join(sync_client.read(J)) == b"abcdef"
+
+
+def test_read_can_stop_early(fake: FakeBroker, sync_client: SyncJournalClient) -> None:
+    fake.journal.read_scripts.append([metadata(0, begin=0, end=3), content(0, b"abc"), Hang()])
+    chunks = sync_client.read(J, block=True)
+    assert next(chunks) == b"abc"
+    chunks.close()  # type: ignore[attr-defined]
+    # The facade is still usable afterwards.
+    fake.journal.list_responses.append([pb.ListResponse(journals=listed(J))])
+    assert [j.spec.name for j in sync_client.list_journals("name=a/journal")] == [J]
+
+
+def test_append_from_a_generator_and_errors(
+    fake: FakeBroker, sync_client: SyncJournalClient
+) -> None:
+    def lines() -> Iterator[bytes]:
+        for i in range(3):
+            yield b"line %d\n" % i
+
+    fake.journal.append_responses.append(
+        pb.AppendResponse(commit=pb.Fragment(journal=J, begin=0, end=21))
+    )
+    assert sync_client.append(J, lines()).commit.end == 21
+    assert fake.journal.append_calls[0].requests[1].content == b"line 0\nline 1\nline 2\n"
+
+    fake.journal.append_responses.append(pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET))
+    with pytest.raises(WrongAppendOffset):
+        sync_client.append(J, b"x", offset=99)
+
+
+def test_streaming_appender(fake: FakeBroker, sync_client: SyncJournalClient) -> None:
+    with sync_client.appender(J) as app:
+        app.write(b"one ")
+        app.write(b"two")
+    assert app.response is not None
+    assert fake.journal.append_calls[0].requests[1].content == b"one two"
+
+
+def test_list_and_get(fake: FakeBroker, sync_client: SyncJournalClient) -> None:
+    fake.journal.list_responses.extend(
+        [
+            # A snapshot may arrive over several responses.
+            [pb.ListResponse(journals=listed("a/one")), pb.ListResponse(journals=listed("a/two"))],
+            [pb.ListResponse()],
+            [pb.ListResponse(status=pb.JOURNAL_NOT_FOUND)],
+            [],
+        ]
+    )
+    assert [j.spec.name for j in sync_client.list_journals("prefix=a/")] == ["a/one", "a/two"]
+    with pytest.raises(JournalNotFound, match="a/three"):
+        sync_client.get_journal("a/three")
+    with pytest.raises(JournalNotFound):
+        sync_client.list_journals()
+    with pytest.raises(ProtocolViolation):
+        sync_client.list_journals()
+
+
+def test_calls_from_many_threads(fake: FakeBroker, sync_client: SyncJournalClient) -> None:
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(5):
+                sync_client.append(J, b"x")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(fake.journal.append_calls) == 20
+
+
+def test_close_is_idempotent(fake: FakeBroker) -> None:
+    client = SyncJournalClient(fake.address)
+    client.close()
+    client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.list_journals()

@@ -1,0 +1,55 @@
+"""Codecs produce files the standard tools read, and stream-decompress in any chunking."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores import codecs
+
+CODECS = [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY, pb.GZIP_OFFLOAD_DECOMPRESSION]
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.binary(max_size=200_000), cut=st.integers(min_value=1, max_value=70_000),
+       codec=st.sampled_from(CODECS))
+def test_round_trip_any_chunking(data: bytes, cut: int, codec: int) -> None:
+    z = codecs.compress(codec, data)
+    d = codecs.new_decompressor(codec)
+    out = b"".join(d.feed(z[i : i + cut]) for i in range(0, len(z), cut)) + d.finish()
+    assert out == data
+
+
+def test_gzip_reads_with_standard_gzip() -> None:
+    data = os.urandom(10_000) * 20
+    assert gzip.decompress(codecs.compress(pb.GZIP, data)) == data
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="zstd CLI not installed")
+def test_zstd_reads_with_zstd_cli() -> None:
+    data = b"zstd " * 100_000
+    out = subprocess.run(["zstd", "-d", "-c"], input=codecs.compress(pb.ZSTANDARD, data),
+                         capture_output=True, check=True).stdout
+    assert out == data
+
+
+@pytest.mark.parametrize("codec", [pb.GZIP, pb.ZSTANDARD, pb.SNAPPY])
+def test_corrupt_input_is_a_value_error(codec: int) -> None:
+    z = bytearray(codecs.compress(codec, os.urandom(100_000)))
+    z[len(z) // 2] ^= 0xFF
+    with pytest.raises(ValueError):
+        codecs.decompress(codec, bytes(z))
+    with pytest.raises(ValueError):
+        codecs.decompress(codec, bytes(z[: len(z) // 3]))
+
+
+def test_unknown_codec() -> None:
+    with pytest.raises(ValueError):
+        codecs.compress(pb.INVALID, b"x")
