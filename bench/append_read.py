@@ -34,7 +34,10 @@ from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
 
 MiB = 1 << 20
-OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
 
 
 def free_port() -> int:
@@ -77,7 +80,9 @@ async def append_once(stub: pb_grpc.JournalStub, journal: str, data: bytes) -> p
     return resp
 
 
-async def append_run(stub: pb_grpc.JournalStub, journal: str, size: int, count: int) -> dict[str, float]:
+async def append_run(
+    stub: pb_grpc.JournalStub, journal: str, size: int, count: int
+) -> dict[str, float]:
     data = os.urandom(size)
     for _ in range(min(20, count)):  # Warm up.
         await append_once(stub, journal, data)
@@ -117,23 +122,40 @@ async def main(quick: bool) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-"))
     raw_port, broker_port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    raw = subprocess.Popen([sys.executable, str(ROOT / "bench/raw_grpc_server.py"), str(raw_port)], env=env)
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "pygazette.cli.main", "serve", "--port", str(broker_port),
-         "--data-dir", str(tmp / "data")],
-        env=env, stderr=subprocess.DEVNULL,
+    raw = subprocess.Popen(  # noqa: ASYNC220 - before any I/O is measured
+        [sys.executable, str(ROOT / "bench/raw_grpc_server.py"), str(raw_port)], env=env
+    )
+    broker = subprocess.Popen(  # noqa: ASYNC220
+        [
+            sys.executable,
+            "-m",
+            "pygazette.cli.main",
+            "serve",
+            "--port",
+            str(broker_port),
+            "--data-dir",
+            str(tmp / "data"),
+        ],
+        env=env,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_listening(raw_port, raw)
         wait_listening(broker_port, broker)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{raw_port}", options=OPTIONS) as rc, \
-                grpc.aio.insecure_channel(f"127.0.0.1:{broker_port}", options=OPTIONS) as bc:
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{raw_port}", options=OPTIONS) as rc,
+            grpc.aio.insecure_channel(f"127.0.0.1:{broker_port}", options=OPTIONS) as bc,
+        ):
             raw_stub, stub = pb_grpc.JournalStub(rc), pb_grpc.JournalStub(bc)
-            await stub.Apply(pb.ApplyRequest(changes=[
-                pb.ApplyRequest.Change(upsert=spec("bench/tail", 1 << 40, pb.NONE)),
-                pb.ApplyRequest.Change(upsert=spec("bench/small", 1 << 40, pb.NONE)),
-                pb.ApplyRequest.Change(upsert=spec("bench/persisted", 16 * MiB, pb.NONE)),
-            ]))
+            await stub.Apply(
+                pb.ApplyRequest(
+                    changes=[
+                        pb.ApplyRequest.Change(upsert=spec("bench/tail", 1 << 40, pb.NONE)),
+                        pb.ApplyRequest.Change(upsert=spec("bench/small", 1 << 40, pb.NONE)),
+                        pb.ApplyRequest.Change(upsert=spec("bench/persisted", 16 * MiB, pb.NONE)),
+                    ]
+                )
+            )
 
             raw_big = await append_run(raw_stub, "bench/tail", MiB, n_big)
             big = await append_run(stub, "bench/tail", MiB, n_big)
@@ -163,13 +185,32 @@ async def main(quick: bool) -> dict[str, object]:
         "benchmark": "append_read",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "baseline": "raw grpc.aio Journal-shaped server (bench/raw_grpc_server.py), same run",
-        "append_1mib": {"broker": big, "raw": raw_big, "ratio": ratio(big["mb_per_s"], raw_big["mb_per_s"])},
-        "append_4kib": {"broker": small, "raw": raw_small, "ratio": ratio(small["mb_per_s"], raw_small["mb_per_s"])},
-        "commit_latency_4kib_ms": {"p50": small["p50_ms"], "p99": small["p99_ms"],
-                                    "raw_p50": raw_small["p50_ms"], "raw_p99": raw_small["p99_ms"]},
-        "tail_read_mb_per_s": {"broker": tail_read, "raw": raw_read, "ratio": ratio(tail_read, raw_read)},
-        "persisted_read_mb_per_s": {"broker": persisted_read, "raw": raw_read,
-                                     "ratio": ratio(persisted_read, raw_read)},
+        "append_1mib": {
+            "broker": big,
+            "raw": raw_big,
+            "ratio": ratio(big["mb_per_s"], raw_big["mb_per_s"]),
+        },
+        "append_4kib": {
+            "broker": small,
+            "raw": raw_small,
+            "ratio": ratio(small["mb_per_s"], raw_small["mb_per_s"]),
+        },
+        "commit_latency_4kib_ms": {
+            "p50": small["p50_ms"],
+            "p99": small["p99_ms"],
+            "raw_p50": raw_small["p50_ms"],
+            "raw_p99": raw_small["p99_ms"],
+        },
+        "tail_read_mb_per_s": {
+            "broker": tail_read,
+            "raw": raw_read,
+            "ratio": ratio(tail_read, raw_read),
+        },
+        "persisted_read_mb_per_s": {
+            "broker": persisted_read,
+            "raw": raw_read,
+            "ratio": ratio(persisted_read, raw_read),
+        },
     }
 
 

@@ -20,13 +20,17 @@ CHUNK = b"\0" * (1 << 20)
 
 
 class RawJournal(pb_grpc.JournalServicer):
-    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext) -> pb.AppendResponse:  # type: ignore[override]
+    async def Append(
+        self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext
+    ) -> pb.AppendResponse:  # type: ignore[override]
         total = 0
         async for req in request_iterator:
             total += len(req.content)
         return pb.AppendResponse(status=pb.OK, commit=pb.Fragment(end=total))
 
-    async def Read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
+    async def Read(
+        self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
         remaining = request.end_offset - request.offset
         yield pb.ReadResponse(status=pb.OK, offset=request.offset)
         while remaining > 0:
@@ -37,7 +41,10 @@ class RawJournal(pb_grpc.JournalServicer):
 
 async def main(port: int) -> None:
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
     )
     pb_grpc.add_JournalServicer_to_server(RawJournal(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")

@@ -64,7 +64,9 @@ async def serve_append(
     try:
         first = await anext(it)
     except StopAsyncIteration:
-        raise AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, "expected an initial AppendRequest")
+        raise AppendAborted(
+            grpc.StatusCode.INVALID_ARGUMENT, "expected an initial AppendRequest"
+        ) from None
     try:
         validate_append_request(first)
     except ValidationError as exc:

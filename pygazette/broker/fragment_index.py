@@ -80,7 +80,9 @@ class FragmentIndex:
 
     @property
     def begin_offset(self) -> int:
-        begins = [f.begin for f in self._persisted] + [s.begin for s in self._local if s.end > s.begin]
+        begins = [f.begin for f in self._persisted] + [
+            s.begin for s in self._local if s.end > s.begin
+        ]
         return min(begins) if begins else 0
 
     def persisted(self) -> list[pb.Fragment]:
@@ -107,6 +109,10 @@ class FragmentIndex:
         if best is not None:
             return best, None, offset
         nxt = self._persisted[i] if i < len(self._persisted) else None
-        if nxt is not None and nxt.mod_time and nxt.mod_time < time.time() - OFFSET_JUMP_AGE_SECONDS:
+        if (
+            nxt is not None
+            and nxt.mod_time
+            and nxt.mod_time < time.time() - OFFSET_JUMP_AGE_SECONDS
+        ):
             return nxt, None, nxt.begin
         return None, None, offset

@@ -7,9 +7,9 @@ naming the field; Gazette statuses travel in the response's `status`.
 
 from __future__ import annotations
 
-
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -32,6 +32,8 @@ from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
 
+Context = grpc.aio.ServicerContext[Any, Any]
+
 DEFAULT_FRAGMENTS_PAGE_LIMIT = 1000
 LIST_CHUNK = 1000  # Journals per List response, as Gazette chunks them.
 
@@ -42,7 +44,9 @@ class JournalService(pb_grpc.JournalServicer):
         self.stores = stores
         self.limits = limits
 
-    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListResponse]:  # type: ignore[override]
+    async def List(
+        self, request: pb.ListRequest, context: Context
+    ) -> AsyncIterator[pb.ListResponse]:  # type: ignore[override]
         """Snapshots of matching journals: one, or with `watch` a new one per change.
 
         A snapshot is one or more responses (the first carries the header) of at most
@@ -76,15 +80,13 @@ class JournalService(pb_grpc.JournalServicer):
                 if len(resp.journals) == LIST_CHUNK:
                     yield resp
                     resp = pb.ListResponse()
-                resp.journals.add(
-                    spec=spec, mod_revision=rev, create_revision=created, route=route
-                )
+                resp.journals.add(spec=spec, mod_revision=rev, create_revision=created, route=route)
             yield resp
             if not request.watch:
                 return
             yield pb.ListResponse()
 
-    async def Apply(self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext) -> pb.ApplyResponse:  # type: ignore[override]
+    async def Apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
@@ -105,25 +107,34 @@ class JournalService(pb_grpc.JournalServicer):
         await self.resolver.keyspace.wait_for_revision(result.revision)
         return pb.ApplyResponse(status=pb.OK, header=self.resolver.header(routed=False))
 
-    async def Read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
+    async def Read(
+        self, request: pb.ReadRequest, context: Context
+    ) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
         await _validate(validate_read_request, request, context)
         async for resp in serve_read(request, self.resolver, self.stores):
             yield resp
 
-    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext) -> pb.AppendResponse:  # type: ignore[override]
+    async def Append(
+        self, request_iterator: AsyncIterator[pb.AppendRequest], context: Context
+    ) -> pb.AppendResponse:  # type: ignore[override]
         try:
             return await serve_append(request_iterator, self.resolver, self.limits)
         except AppendAborted as exc:
             await context.abort(exc.code, str(exc))
             raise  # Not reached: abort raises.
 
-    async def Replicate(self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReplicateResponse]:  # type: ignore[override]
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Context
+    ) -> AsyncIterator[pb.ReplicateResponse]:  # type: ignore[override]
         await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "replication needs cluster mode; this broker runs single-node"
+            grpc.StatusCode.UNIMPLEMENTED,
+            "replication needs cluster mode; this broker runs single-node",
         )
         yield pb.ReplicateResponse()  # Not reached: makes this an async generator.
 
-    async def ListFragments(self, request: pb.FragmentsRequest, context: grpc.aio.ServicerContext) -> pb.FragmentsResponse:  # type: ignore[override]
+    async def ListFragments(
+        self, request: pb.FragmentsRequest, context: Context
+    ) -> pb.FragmentsResponse:  # type: ignore[override]
         await _validate(validate_fragments_request, request, context)
         replica = self.resolver.resolve(request.journal)
         if replica is None:
@@ -157,10 +168,8 @@ class JournalService(pb_grpc.JournalServicer):
         return resp
 
 
-async def _validate(validator: object, request: object, context: grpc.aio.ServicerContext) -> None:
+async def _validate(validator: object, request: object, context: Context) -> None:
     try:
         validator(request)  # type: ignore[operator]
     except ValidationError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-
-

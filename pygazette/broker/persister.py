@@ -54,13 +54,9 @@ class Persister:
         self._idle.clear()
         self._queue.put_nowait((spool, list(stores), index))
 
-    async def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued has persisted; False on timeout."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
+    async def wait_idle(self) -> None:
+        """Wait until everything queued has persisted."""
+        await self._idle.wait()
 
     async def _run(self) -> None:
         while True:

@@ -137,5 +137,3 @@ def _pread_file(path: object, pos: int, n: int) -> bytes:
     with open(str(path), "rb") as f:
         f.seek(pos)
         return f.read(n)
-
-

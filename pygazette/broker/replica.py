@@ -97,7 +97,8 @@ class Replica:
                 log.warning(
                     "cut torn spool tail",
                     extra={
-                        "journal": self.name, "begin": spool.begin,
+                        "journal": self.name,
+                        "begin": spool.begin,
                         "content_bytes": report.cut_content_bytes,
                         "log_bytes": report.cut_log_bytes,
                     },
@@ -148,12 +149,18 @@ class Replica:
 
     def open_spool(self, begin: int) -> Spool:
         """A spool to append at `begin`, rolling the current one if it doesn't fit."""
-        if self.spool is not None and (self.spool.end != begin or self.spool_needs_roll(time.time())):
+        if self.spool is not None and (
+            self.spool.end != begin or self.spool_needs_roll(time.time())
+        ):
             self.close_spool()
         if self.spool is None:
             self.spool = Spool.create(
-                self.spool_dir, self.name, begin, self.spec.fragment.compression_codec,
-                self.registers, sync=self.sync,
+                self.spool_dir,
+                self.name,
+                begin,
+                self.spec.fragment.compression_codec,
+                self.registers,
+                sync=self.sync,
             )
             self.index.add_local(self.spool)
         return self.spool
@@ -163,7 +170,7 @@ class Replica:
         frags: list[pb.Fragment] = []
         for url in self.spec.fragment.stores:
             store = self.stores.get(url)
-            for obj in await store.list(self.name + "/"):
+            for obj in await store.list_files(self.name + "/"):
                 try:
                     frag = parse_fragment_path(self.name, obj.path)
                 except ValidationError:

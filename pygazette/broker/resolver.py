@@ -76,8 +76,12 @@ class Resolver:
             replica = self.replicas.get(spec.name)
             if replica is None:
                 replica = Replica(
-                    spec, kv.mod_revision, spool_root=self.spool_root, stores=self.stores,
-                    persister=self.persister, sync=self.sync,
+                    spec,
+                    kv.mod_revision,
+                    spool_root=self.spool_root,
+                    stores=self.stores,
+                    persister=self.persister,
+                    sync=self.sync,
                 )
                 self.replicas[spec.name] = replica
                 replica.start()

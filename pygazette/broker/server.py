@@ -86,11 +86,15 @@ class Broker:
         endpoint = cfg.advertise_url or f"http://{cfg.host}:{self.port}"
         identity = BrokerIdentity(cfg.zone, cfg.broker_id or socket.gethostname(), endpoint)
         self.resolver = Resolver(
-            self.keyspace, identity, spool_root=self.data_dir / "spools", stores=self.stores,
-            persister=self.persister, sync=cfg.sync,
+            self.keyspace,
+            identity,
+            spool_root=self.data_dir / "spools",
+            stores=self.stores,
+            persister=self.persister,
+            sync=cfg.sync,
         )
         limits = AppendLimits(cfg.min_append_rate, RateLimiter(cfg.max_append_rate))
-        pb_grpc.add_JournalServicer_to_server(
+        pb_grpc.add_JournalServicer_to_server(  # type: ignore[no-untyped-call]
             JournalService(self.resolver, self.stores, limits), self._server
         )
         self.persister.start()
@@ -113,7 +117,9 @@ class Broker:
         if self._server is not None:
             await self._server.stop(grace)
         await self.resolver.stop()
-        if not await self.persister.wait_idle(timeout=grace):
+        try:
+            await asyncio.wait_for(self.persister.wait_idle(), grace)
+        except TimeoutError:
             log.warning("shutdown before every spool persisted; they persist on restart")
         await self.persister.stop()
         if self._lock_fd >= 0:

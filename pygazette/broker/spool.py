@@ -27,6 +27,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -90,7 +91,7 @@ class Spool:
         directory: Path,
         journal: str,
         begin: int,
-        codec: int,
+        codec: pb.CompressionCodec,
         *,
         sync: bool,
     ) -> None:
@@ -124,7 +125,7 @@ class Spool:
         directory: Path,
         journal: str,
         begin: int,
-        codec: int,
+        codec: pb.CompressionCodec,
         registers: pb.LabelSet,
         *,
         sync: bool,
@@ -161,12 +162,12 @@ class Spool:
         if not records or records[0][0] != _KIND_HEADER:
             raise SpoolCorrupt(f"spool log {log_path} has no readable header")
         header = records[0]
-        kind, begin, codec, _created, name_len = _HEADER.unpack_from(header, 0)
+        _kind, begin, codec, _created, name_len = _HEADER.unpack_from(header, 0)
         off = _HEADER.size
         journal = header[off : off + name_len].decode()
         off += name_len
         (regs_len,) = struct.unpack_from("<I", header, off)
-        spool = cls(directory, journal, begin, codec, sync=sync)
+        spool = cls(directory, journal, begin, cast("pb.CompressionCodec", codec), sync=sync)
         spool.registers.ParseFromString(header[off + 4 : off + 4 + regs_len])
         if spool.log_path != log_path:
             raise SpoolCorrupt(f"spool log {log_path} names begin offset {begin:016x}")
@@ -231,10 +232,17 @@ class Spool:
         assert pending.begin == self.end, "appends commit in order"
         now = time.time()
         regs = registers.SerializeToString() if registers is not None else b""
-        record = _COMMIT.pack(
-            _KIND_COMMIT, pending.begin, pending.begin + pending.length, now,
-            pending.sha.digest(), len(regs),
-        ) + regs
+        record = (
+            _COMMIT.pack(
+                _KIND_COMMIT,
+                pending.begin,
+                pending.begin + pending.length,
+                now,
+                pending.sha.digest(),
+                len(regs),
+            )
+            + regs
+        )
         if self.sync:
             os.fdatasync(self._content_fd)
         os.write(self._log_fd, _frame(record))

@@ -102,3 +102,4 @@ class Keyspace(abc.ABC):
 
     async def close(self) -> None:
         """Release resources (watches, connections)."""
+        self._listeners.clear()

@@ -139,9 +139,7 @@ class _FramedSnappy:
                     raise ValueError("corrupt snappy fragment: short chunk")
                 (want,) = struct.unpack("<I", body[:4])
                 try:
-                    data = bytes(
-                        cramjam.snappy.decompress_raw(body[4:]) if kind == 0 else body[4:]
-                    )
+                    data = bytes(cramjam.snappy.decompress_raw(body[4:]) if kind == 0 else body[4:])
                 except cramjam.DecompressionError as exc:
                     raise ValueError(f"corrupt snappy fragment: {exc}") from exc
                 if _masked_crc32c(data) != want:
@@ -172,5 +170,5 @@ def new_decompressor(codec: int) -> StreamDecompressor:
 
 
 def _masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+    crc = int(google_crc32c.value(data))
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF

@@ -71,10 +71,10 @@ class FileStore(FragmentStore):
         except FileNotFoundError as exc:
             raise StoreError(f"no such fragment file {full}") from exc
 
-    async def list(self, prefix: str) -> list[StoredFile]:
-        return await asyncio.to_thread(self._list, prefix)
+    async def list_files(self, prefix: str) -> list[StoredFile]:
+        return await asyncio.to_thread(self._list_files, prefix)
 
-    def _list(self, prefix: str) -> list[StoredFile]:
+    def _list_files(self, prefix: str) -> list[StoredFile]:
         top = self._resolve(prefix)
         if not top.is_dir():
             return []

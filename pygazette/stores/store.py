@@ -41,7 +41,7 @@ class FragmentStore(abc.ABC):
         """Bytes of the object at `path`, or a range of them."""
 
     @abc.abstractmethod
-    async def list(self, prefix: str) -> list[StoredFile]:
+    async def list_files(self, prefix: str) -> list[StoredFile]:
         """Every object whose path starts with `prefix` (a directory-like prefix ending '/')."""
 
     @abc.abstractmethod

@@ -60,7 +60,8 @@ async def read_all(
     content = bytearray()
     meta = []
     async for resp in stub.Read(
-        pb.ReadRequest(journal=journal, offset=offset, **options), timeout=30  # type: ignore[arg-type]
+        pb.ReadRequest(journal=journal, offset=offset, **options),
+        timeout=30,  # type: ignore[arg-type]
     ):
         if resp.content:
             content += resp.content

@@ -51,7 +51,12 @@ async def _append(stub: pb_grpc.JournalStub, data: bytes) -> pb.AppendResponse:
 
 
 async def _writer(
-    addr: str, writer: int, acked: dict[bytes, tuple[int, int]], sent: set[bytes], stop: asyncio.Event
+    addr: str,
+    writer: int,
+    acked: dict[bytes, tuple[int, int]],
+    sent: set[bytes],
+    stop: asyncio.Event,
+    progress: asyncio.Condition,
 ) -> None:
     rng = random.Random(writer)
     seq = 0
@@ -63,10 +68,12 @@ async def _writer(
             sent.add(data)
             try:
                 resp = await _append(stub, data)
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+            except (TimeoutError, grpc.aio.AioRpcError):
                 return  # The broker died under us.
             if resp.status == pb.OK:
                 acked[data] = (resp.commit.begin, resp.commit.end)
+                async with progress:
+                    progress.notify_all()
 
 
 async def _read_all(addr: str) -> tuple[bytes, int]:
@@ -104,15 +111,16 @@ async def test_kill9_under_concurrent_appends(tmp_path: Path, extra_args: list[s
         acked: dict[bytes, tuple[int, int]] = {}
         sent: set[bytes] = set()
         last_head = 0
+        progress = asyncio.Condition()
         for round_ in range(3):
             stop = asyncio.Event()
             writers = [
-                asyncio.create_task(_writer(broker.address, w, acked, sent, stop))
+                asyncio.create_task(_writer(broker.address, w, acked, sent, stop, progress))
                 for w in range(WRITERS)
             ]
             target = len(acked) + 150
-            while len(acked) < target:
-                await asyncio.sleep(0.01)
+            async with progress:
+                await progress.wait_for(lambda t=target: len(acked) >= t)
             broker.kill()  # Mid-flight: writers are streaming appends right now.
             stop.set()
             await asyncio.gather(*writers)

@@ -18,8 +18,11 @@ CODECS = [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY, pb.GZIP_OFFLOAD_DECOMPRESSI
 
 
 @settings(max_examples=50, deadline=None)
-@given(data=st.binary(max_size=200_000), cut=st.integers(min_value=1, max_value=70_000),
-       codec=st.sampled_from(CODECS))
+@given(
+    data=st.binary(max_size=200_000),
+    cut=st.integers(min_value=1, max_value=70_000),
+    codec=st.sampled_from(CODECS),
+)
 def test_round_trip_any_chunking(data: bytes, cut: int, codec: int) -> None:
     z = codecs.compress(codec, data)
     d = codecs.new_decompressor(codec)
@@ -35,8 +38,12 @@ def test_gzip_reads_with_standard_gzip() -> None:
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="zstd CLI not installed")
 def test_zstd_reads_with_zstd_cli() -> None:
     data = b"zstd " * 100_000
-    out = subprocess.run(["zstd", "-d", "-c"], input=codecs.compress(pb.ZSTANDARD, data),
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["zstd", "-d", "-c"],
+        input=codecs.compress(pb.ZSTANDARD, data),
+        capture_output=True,
+        check=True,
+    ).stdout
     assert out == data
 
 

@@ -16,7 +16,9 @@ from tests.support.ports import free_port
 class BrokerProcess:
     """Starts, kills and restarts one broker process on a fixed data dir and port."""
 
-    def __init__(self, data_dir: Path, *, port: int | None = None, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, port: int | None = None, extra_args: list[str] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
@@ -33,12 +35,21 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.log_path, "ab")
         cmd = [
-            sys.executable, "-m", "pygazette.cli.main", "serve",
-            "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args,
+            sys.executable,
+            "-m",
+            "pygazette.cli.main",
+            "serve",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            *self.extra_args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+        )
         log.close()
         self._wait_listening(timeout)
 
