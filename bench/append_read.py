@@ -150,8 +150,8 @@ async def main(quick: bool) -> dict[str, object]:
             await stub.Apply(
                 pb.ApplyRequest(
                     changes=[
-                        pb.ApplyRequest.Change(upsert=spec("bench/tail", 1 << 40, pb.NONE)),
-                        pb.ApplyRequest.Change(upsert=spec("bench/small", 1 << 40, pb.NONE)),
+                        pb.ApplyRequest.Change(upsert=spec("bench/tail", 1 << 34, pb.NONE)),
+                        pb.ApplyRequest.Change(upsert=spec("bench/small", 1 << 34, pb.NONE)),
                         pb.ApplyRequest.Change(upsert=spec("bench/persisted", 16 * MiB, pb.NONE)),
                     ]
                 )
