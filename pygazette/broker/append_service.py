@@ -39,6 +39,17 @@ log = logging.getLogger(__name__)
 # Chunks at least this large are written and hashed on a worker thread, overlapping the
 # receipt of the next chunk; smaller ones are cheaper to handle inline.
 _THREAD_CHUNK = 128 * 1024
+import os as _os  # noqa: E402
+_MODE = _os.environ.get("PGZ_MODE", "")
+
+
+async def _settle(inflight: list[asyncio.Future[None]]) -> None:
+    """Wait for every future (so none outlives the append), then raise the first error."""
+    for fut in inflight:
+        await asyncio.wait([fut])
+    for fut in inflight:
+        fut.result()
+    inflight.clear()
 
 
 @dataclass(slots=True)
@@ -116,12 +127,14 @@ async def _append_locked(
     policer = MinRatePolicer(limits.min_rate)
     limiters = [replica.limiter, limits.global_limiter]
     loop = asyncio.get_running_loop()
-    inflight: asyncio.Future[None] | None = None
+    # The previous chunk's write and hash, still running on worker threads.
+    inflight: list[asyncio.Future[None]] = []
     total_chunks = delayed_chunks = 0
 
     async def receive() -> pb.AppendRequest | None:
         try:
-            return await asyncio.wait_for(anext(it), policer.timeout())
+            async with asyncio.timeout(policer.timeout()):
+                return await anext(it)
         except StopAsyncIteration:
             return None
         except TimeoutError:
@@ -140,24 +153,37 @@ async def _append_locked(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "only the first AppendRequest may carry options; later ones carry content",
                 )
-            if not req.content:
+            content = req.content  # Each access of a bytes field copies it: take it once.
+            size = len(content)
+            if not size:
                 break
             total_chunks += 1
-            policer.received(len(req.content))
-            waited = await throttle(limiters, len(req.content))
+            policer.received(size)
+            waited = await throttle(limiters, size)
             if waited:
                 delayed_chunks += 1
                 policer.excuse(waited)
-            if inflight is not None:
-                await inflight
-                inflight = None
-            if len(req.content) >= _THREAD_CHUNK:
-                inflight = loop.run_in_executor(None, pending.write, req.content)
+            if inflight:
+                await _settle(inflight)
+            if size < _THREAD_CHUNK:
+                pending.write(content)
+            elif _MODE == "split":
+                # Write and hash on two threads at once; the next chunk is received meanwhile.
+                at = pending.length
+                pending.advance(size)
+                inflight = [
+                    loop.run_in_executor(None, pending.write_at, content, at),
+                    loop.run_in_executor(None, pending.hash, content),
+                ]
+            elif _MODE == "inline_write":
+                at = pending.length
+                pending.advance(size)
+                inflight = [loop.run_in_executor(None, pending.hash, content)]
+                pending.write_at(content, at)
             else:
-                pending.write(req.content)
-        if inflight is not None:
-            await inflight
-            inflight = None
+                inflight = [loop.run_in_executor(None, pending.write, content)]
+        if inflight:
+            await _settle(inflight)
         if await receive() is not None:
             raise AppendAborted(
                 grpc.StatusCode.INVALID_ARGUMENT, "expected end of stream after the empty chunk"
@@ -165,8 +191,8 @@ async def _append_locked(
     except FlowControlUnderflow as exc:
         raise AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
     finally:
-        if inflight is not None:
-            await asyncio.wait([inflight])
+        if inflight:
+            await asyncio.wait(inflight)
 
     commit = pb.Fragment(
         journal=replica.name,

@@ -16,15 +16,25 @@ the records, checks each append's bytes against its SHA-1, and cuts both files a
 last append that checks out — so a torn tail (a half-written record, or content lost by a
 power failure when `sync` was off) is found and cut, never served. With `sync` on, both
 files are fdatasync'ed before an append is acknowledged.
+
+Hashing stays off an append's critical path as far as it can. An append hashes its own bytes
+(its SHA-1 goes in the commit record and the AppendResponse) as it writes them; the spool's
+running SHA-1 over all of [begin, end) — the open fragment's `sum` — is folded in after the
+commit by a background hasher thread that reads the committed bytes back from the page
+cache. `fragment()` finishes whatever the hasher has not yet reached, so the sum it reports
+(and the name a persisted fragment gets) is always exact for [begin, end).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
+import threading
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -38,6 +48,7 @@ _COMMIT = struct.Struct("<BQQd20sI")  # kind 'C', begin, end, unix time, sha1, r
 _KIND_HEADER = ord("H")
 _KIND_COMMIT = ord("C")
 _READ_CHUNK = 1 << 20
+_HASH_CHUNK = 1 << 20  # The background hasher folds in at most this much per lock hold.
 
 
 class SpoolCorrupt(Exception):
@@ -60,27 +71,41 @@ class RecoveryReport:
 class PendingAppend:
     """Bytes of one in-progress append, written past the spool's committed end."""
 
-    __slots__ = ("_spool", "_spool_sha", "begin", "length", "sha")
+    __slots__ = ("_spool", "begin", "length", "sha")
 
     def __init__(self, spool: Spool) -> None:
         self._spool = spool
         self.begin = spool.end
         self.length = 0
         self.sha = hashlib.sha1()
-        self._spool_sha = spool._sha.copy()
 
     def write(self, chunk: bytes | memoryview) -> None:
-        """Write one chunk (may run on a worker thread; hashing releases the GIL)."""
+        """Write one chunk (may run on a worker thread; I/O and hashing release the GIL)."""
+        self.write_at(chunk, self.length)
+        self.hash(chunk)
+        self.length += len(chunk)
+
+    def write_at(self, chunk: bytes | memoryview, at: int) -> None:
+        """Only write `chunk` at `at` bytes into the append (it is not hashed or counted).
+
+        With `hash` and `advance` it lets a caller write one chunk while hashing another,
+        on different threads: writes go anywhere, hashing must follow the append's order.
+        """
         spool = self._spool
         view = memoryview(chunk)
-        pos = self.begin - spool.begin + self.length
+        pos = self.begin - spool.begin + at
         while view:
             n = os.pwrite(spool._content_fd, view, pos)
             view = view[n:]
             pos += n
+
+    def hash(self, chunk: bytes | memoryview) -> None:
+        """Fold the append's next chunk into its SHA-1 (chunks in order, one at a time)."""
         self.sha.update(chunk)
-        self._spool_sha.update(chunk)
-        self.length += len(chunk)
+
+    def advance(self, n: int) -> None:
+        """Count `n` more bytes written with `write_at` and hashed with `hash`."""
+        self.length += n
 
 
 class Spool:
@@ -106,7 +131,11 @@ class Spool:
         self.registers = pb.LabelSet()
         self.closed = False
         self.deleted = False
+        # The running SHA-1 of [begin, _hashed); _hashed trails end until the background
+        # hasher or fragment() catches up. Both, and closing the files, hold _sha_lock.
         self._sha = hashlib.sha1()
+        self._hashed = begin
+        self._sha_lock = threading.Lock()
         self._content_fd = -1
         self._log_fd = -1
 
@@ -182,20 +211,22 @@ class Spool:
             _k, a_begin, a_end, when, digest, regs_len = _COMMIT.unpack_from(payload, 0)
             if a_begin != spool.end or a_end < a_begin or a_end - spool.begin > content_size:
                 break
-            sha = hashlib.sha1()
+            # Check the append against its SHA-1, folding it into a copy of the running
+            # sum on the same read; the copy is kept only if the append checks out.
+            sha, running = hashlib.sha1(), spool._sha.copy()
             pos = a_begin
             while pos < a_end:
                 n = min(_READ_CHUNK, a_end - pos)
-                sha.update(os.pread(spool._content_fd, n, pos - spool.begin))
-                pos += n
-            if sha.digest() != digest:
+                data = os.pread(spool._content_fd, n, pos - spool.begin)
+                if not data:
+                    break
+                sha.update(data)
+                running.update(data)
+                pos += len(data)
+            if pos != a_end or sha.digest() != digest:
                 break  # Content torn (lost before it reached the disk): cut here.
-            # Hash the append into the spool's running sum.
-            pos = a_begin
-            while pos < a_end:
-                n = min(_READ_CHUNK, a_end - pos)
-                spool._sha.update(os.pread(spool._content_fd, n, pos - spool.begin))
-                pos += n
+            spool._sha = running
+            spool._hashed = a_end
             if regs_len:
                 regs = pb.LabelSet()
                 regs.ParseFromString(payload[_COMMIT.size : _COMMIT.size + regs_len])
@@ -249,12 +280,12 @@ class Spool:
         if self.sync:
             os.fdatasync(self._log_fd)
         self.end = pending.begin + pending.length
-        self._sha = pending._spool_sha
         if registers is not None:
             self.registers = registers
         if self.first_append_time is None:
             self.first_append_time = now
         self.last_append_time = now
+        _HASHER.kick(self)
 
     # Reading.
     def read(self, offset: int, length: int) -> bytes:
@@ -267,14 +298,51 @@ class Spool:
         return os.pread(self._content_fd, length, offset - self.begin)
 
     def fragment(self) -> pb.Fragment:
-        """The spool as a Fragment: [begin, end), the SHA-1 of its content, its codec."""
+        """The spool as a Fragment: [begin, end), the SHA-1 of its content, its codec.
+
+        Hashes whatever committed bytes the background hasher has not reached yet (usually
+        none, or the last append's), so the sum is always that of exactly [begin, end).
+        """
+        with self._sha_lock:
+            end = self.end
+            self._hash_to(end, end)
+            digest = self._sha.digest()
         return pb.Fragment(
             journal=self.journal,
             begin=self.begin,
-            end=self.end,
-            sum=sha1sum_from_digest(self._sha.digest()),
+            end=end,
+            sum=sha1sum_from_digest(digest),
             compression_codec=self.codec,
         )
+
+    def _hash_to(self, end: int, limit: int, buf: bytearray | None = None) -> None:
+        """Fold committed bytes [_hashed, min(end, limit)) into the running sum.
+
+        Holds _sha_lock. Reads the bytes back from the content file (the page cache);
+        into `buf` when given, saving an allocation per read.
+        """
+        stop = min(end, limit)
+        while self._hashed < stop and self._content_fd >= 0:
+            n = min(_HASH_CHUNK, stop - self._hashed)
+            pos = self._hashed - self.begin
+            if buf is not None:
+                view = memoryview(buf)[:n]
+                got = os.preadv(self._content_fd, [view], pos)
+                data: bytes | memoryview = view[:got]
+            else:
+                data = os.pread(self._content_fd, n, pos)
+                got = len(data)
+            if got == 0:
+                raise OSError(f"spool {self.content_path} is shorter than its committed end")
+            self._sha.update(data)
+            self._hashed += got
+
+    def _hash_some(self, buf: bytearray) -> bool:
+        """Background hasher step: fold in up to _HASH_CHUNK bytes; True if more remain."""
+        with self._sha_lock:
+            end = self.end
+            self._hash_to(end, self._hashed + _HASH_CHUNK, buf)
+            return self._hashed < end and self._content_fd >= 0
 
     @property
     def content_fd(self) -> int:
@@ -295,12 +363,59 @@ class Spool:
         if self.deleted:
             return
         self.deleted = True
-        for fd in (self._content_fd, self._log_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._content_fd = self._log_fd = -1
+        with self._sha_lock:  # Not while the hasher reads the content file.
+            with contextlib.suppress(OSError):  # Keep fragment() exact (usually a no-op).
+                self._hash_to(self.end, self.end)
+            for fd in (self._content_fd, self._log_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._content_fd = self._log_fd = -1
         self.log_path.unlink(missing_ok=True)
         self.content_path.unlink(missing_ok=True)
+
+
+class _Hasher:
+    """A daemon thread folding committed appends into their spools' running SHA-1.
+
+    It runs off the event loop and off every append's critical path; hashlib and preadv
+    release the GIL. A spool it is behind on is finished by `Spool.fragment` on demand.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[Spool] = deque()
+        self._queued: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def kick(self, spool: Spool) -> None:
+        """`spool` committed more bytes: hash them soon."""
+        with self._cond:
+            if id(spool) not in self._queued:
+                self._queued.add(id(spool))
+                self._queue.append(spool)
+                self._cond.notify()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pygazette-spool-hasher", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        buf = bytearray(_HASH_CHUNK)
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                spool = self._queue.popleft()
+                self._queued.discard(id(spool))
+            try:
+                while spool._hash_some(buf):
+                    pass
+            except OSError:
+                pass  # fragment() will hash it (and report any error) on demand.
+
+
+_HASHER = _Hasher()
 
 
 def _parse_records(data: bytes) -> tuple[list[bytes], int]:

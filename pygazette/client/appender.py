@@ -216,13 +216,12 @@ class Appender:
         assert call is not None
         try:
             await call.write(request)
-        except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as exc:
-            # The broker already ended the RPC (e.g. it refused the append at its preamble):
-            # its response or status explains why.
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            # The RPC already ended: typically the broker refused the append (at its preamble,
+            # say) and closed the stream while we were still writing. gRPC then fails the write
+            # with a local error; the broker's response, or final status, says why.
             self._state = "failed"
-            if isinstance(exc, grpc.aio.AioRpcError):
-                raise
-            resp = await call  # Raises the RPC's error status, if that is how it ended.
+            resp = await call  # Raises the RPC's final status if it ended without a response.
             self._finish(resp)
             raise ProtocolViolation(
                 f"broker answered OK to an append of {self.journal} before its commit"

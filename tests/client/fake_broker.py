@@ -49,6 +49,8 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         self.read_requests: list[pb.ReadRequest] = []
         self.append_responses: list[pb.AppendResponse | Abort] = []
         self.append_calls: list[AppendCall] = []
+        # When set, Append answers this right after the preamble, without reading content.
+        self.append_refusal: pb.AppendResponse | None = None
         self.list_responses: list[list[pb.ListResponse]] = []
         # Set whenever a Read RPC arrives (waitable from any thread).
         self.read_started = threading.Event()
@@ -76,6 +78,10 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
     ) -> pb.AppendResponse:
         call = AppendCall()
         self.append_calls.append(call)
+        if self.append_refusal is not None:
+            async for req in request_iterator:
+                call.requests.append(req)
+                return self.append_refusal
         async for req in request_iterator:
             copy = pb.AppendRequest()
             copy.CopyFrom(req)

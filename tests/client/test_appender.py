@@ -131,6 +131,16 @@ async def test_status_errors_are_raised(fake: FakeBroker, fake_client: JournalCl
     assert len(fake.journal.append_calls) == 2  # Neither is retried.
 
 
+async def test_a_refusal_while_content_is_still_streaming(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    # The broker answers at the preamble and closes the RPC while the client still writes.
+    fake.journal.append_refusal = pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET)
+    with pytest.raises(WrongAppendOffset):
+        await append(fake_client, J, [b"x" * 1024] * 4096, offset=3, chunk_size=1024)
+    assert len(fake.journal.append_calls) == 1
+
+
 async def test_invalid_journal_name_fails_before_any_rpc(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
