@@ -1,0 +1,143 @@
+"""`Framing`: how messages of a journal are written as bytes and found again, and the
+registry of framings by the journal's `content-type` label.
+
+A framing turns one message into one frame (`marshal`), splits a byte stream into frames
+(`split`), turns a frame back into a message (`unmarshal`), and reads and stamps the UUID a
+message carries. A frame's length is always `len(payload) + overhead`, which is how readers
+know each message's exact [begin, end) offsets.
+
+Content types, as Gazette registers them:
+
+    application/x-ndjson           JSON lines         (`JSONFraming`)
+    text/csv                       CSV, UUID first    (`CSVFraming`)
+    application/x-protobuf-fixed   fixed framing      (`FixedFraming`)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pygazette.message.uuid import TICK, UUIDFormatter
+
+__all__ = [
+    "CONTENT_TYPE_CSV",
+    "CONTENT_TYPE_JSON_LINES",
+    "CONTENT_TYPE_PROTO_FIXED",
+    "FrameDesync",
+    "Framing",
+    "FramingError",
+    "MessageDecodeError",
+    "UnknownContentType",
+    "framing_for",
+    "register_framing",
+]
+
+CONTENT_TYPE_JSON_LINES = "application/x-ndjson"
+CONTENT_TYPE_CSV = "text/csv"
+CONTENT_TYPE_PROTO_FIXED = "application/x-protobuf-fixed"
+
+
+class FramingError(ValueError):
+    """Content that is not a valid frame or message of its framing."""
+
+
+class MessageDecodeError(FramingError):
+    """A complete frame whose payload does not decode as a message (or carries a malformed
+    UUID). Readers raise it with the frame's offsets, then continue after the frame."""
+
+    def __init__(self, detail: str, *, journal: str = "", begin: int = -1, end: int = -1) -> None:
+        self.detail = detail
+        self.journal = journal
+        self.begin = begin
+        self.end = end
+        where = f"{journal}@{begin}-{end}: " if journal else ""
+        super().__init__(f"{where}{detail}")
+
+
+class FrameDesync(FramingError):
+    """The stream is not at a frame boundary: `skip` bytes of it are not part of any frame
+    (fixed framing finds the next frame by its magic word)."""
+
+    def __init__(self, skip: int, detail: str = "detected de-synchronization") -> None:
+        self.skip = skip
+        super().__init__(f"{detail} ({skip} bytes skipped)")
+
+
+class UnknownContentType(FramingError):
+    """No framing is registered for a journal's content-type label."""
+
+
+class Framing(ABC):
+    """Writes and reads the messages of one content type."""
+
+    content_type: ClassVar[str]
+    # Frame bytes beyond the payload that `split` returns (delimiters, headers).
+    overhead: ClassVar[int]
+
+    # Writing ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def marshal(self, msg: Any) -> bytes:
+        """One complete frame holding `msg`."""
+
+    @abstractmethod
+    def set_uuid(self, msg: Any, uuid_text: str) -> None:
+        """Stamp the message with a UUID, in its canonical text form."""
+
+    @abstractmethod
+    def new_acknowledgement(self, msg: Any, journal: str) -> Any:
+        """A message of the same kind as `msg`, to carry an ACK_TXN UUID to `journal`."""
+
+    def marshal_sequence(
+        self, msgs: Sequence[Any], formatter: UUIDFormatter, first_clock: int, flags: int
+    ) -> bytes:
+        """Stamp `msgs` with UUIDs of consecutive clocks from `first_clock` (one `TICK`
+        apart) and `flags`, and return their frames back to back."""
+        out = bytearray()
+        clock = first_clock
+        fmt = formatter.format
+        for msg in msgs:
+            self.set_uuid(msg, fmt(clock, flags))
+            out += self.marshal(msg)
+            clock += TICK
+        return bytes(out)
+
+    # Reading ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def split(self, data: bytes) -> tuple[list[bytes], int]:
+        """The complete frames at the front of `data`: their payloads, and how many bytes
+        of `data` they span. Raises `FrameDesync` if `data` does not start with a frame."""
+
+    @abstractmethod
+    def unmarshal(self, payload: bytes) -> Any:
+        """The message of a frame payload; raises `MessageDecodeError`."""
+
+    @abstractmethod
+    def get_uuid(self, msg: Any) -> str | None:
+        """The UUID text a message carries, or None (it then has at-least-once semantics)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+_REGISTRY: dict[str, Framing] = {}
+
+
+def register_framing(framing: Framing, content_type: str | None = None) -> None:
+    """Use `framing` for journals labeled with its content type (or `content_type`)."""
+    _REGISTRY[content_type or framing.content_type] = framing
+
+
+def framing_for(content_type: str) -> Framing:
+    """The framing registered for a content type; raises UnknownContentType."""
+    try:
+        return _REGISTRY[content_type]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        shown = content_type or "(no content-type label)"
+        raise UnknownContentType(
+            f"no message framing for content-type {shown} (known: {known})"
+        ) from None
