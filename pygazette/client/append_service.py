@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections import deque
@@ -430,7 +431,8 @@ class AppendService:
                     try:
                         out.add(chain.queue[-1])
                     except IndexError:
-                        pass
+                        if chain.err is not None:
+                            out.add(finished_operation(chain.err))
         return out
 
     def clear_error(self, journal: str) -> BaseException | None:
@@ -498,9 +500,15 @@ class AppendService:
         task = self.loop.create_task(self._serve(chain), name=f"append-service:{chain.journal}")
         with self._mu:
             self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(functools.partial(self._task_done, chain))
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, chain: _Chain, task: asyncio.Task[None]) -> None:
+        if not chain.finished:
+            # Cancelled (by close), or failed: fail whatever it had queued.
+            closed = AppendServiceClosed(f"append to {chain.journal}: the AppendService was closed")
+            if not task.cancelled():
+                closed.__cause__ = task.exception()
+            self._abandon(chain, closed)
         with self._mu:
             self._tasks.discard(task)
             self._active -= 1
@@ -536,53 +544,46 @@ class AppendService:
     async def _serve(self, chain: _Chain) -> None:
         """Dispatch the chain's appends in order until none remain."""
         poison = chain.err  # A terminal failure: every later append of the journal fails.
-        try:
-            while True:
-                await self._lock(chain)
-                try:
-                    if not chain.queue:
-                        chain.finished = True
-                        with self._mu:
-                            if self._chains.get(chain.journal) is chain:
-                                del self._chains[chain.journal]
-                            if poison is not None:
-                                self._errs[chain.journal] = poison
-                        return
-                    aa = chain.queue[0]
-                    if aa is chain.tail:
-                        chain.tail = None  # Later writes go to a new append.
-                finally:
-                    self._unlock(chain)
+        while True:
+            await self._lock(chain)
+            try:
+                if not chain.queue:
+                    chain.finished = True
+                    with self._mu:
+                        if self._chains.get(chain.journal) is chain:
+                            del self._chains[chain.journal]
+                        if poison is not None:
+                            self._errs[chain.journal] = poison
+                    return
+                aa = chain.queue[0]
+                if aa is chain.tail:
+                    chain.tail = None  # Later writes go to a new append.
+            finally:
+                self._unlock(chain)
 
-                buf, aa._buf = aa._buf, None
-                err: BaseException | None = None
-                if poison is None:
-                    for dep in aa.dependencies:
-                        dep_err = await _outcome(dep)
-                        if dep_err is not None:
-                            err = DependencyFailed(
-                                f"append to {chain.journal}: a dependency failed: {dep_err}"
-                            )
-                            err.__cause__ = dep_err
-                            break
-                    if err is None and aa._released and buf is not None:
-                        err = await self._dispatch(aa, buf)
-                    poison = err
-                else:
-                    err = AppendServiceError(
-                        f"append to {chain.journal}: an earlier append failed: {poison}"
-                    )
-                    err.__cause__ = poison
-                if buf is not None:
-                    self._pool.put(buf)
-                chain.queue.popleft()
-                aa.resolve(err)
-        except BaseException as exc:
-            closed = AppendServiceClosed(f"append to {chain.journal}: the AppendService was closed")
-            if not isinstance(exc, asyncio.CancelledError):
-                closed.__cause__ = exc
-            self._abandon(chain, closed)
-            raise
+            buf, aa._buf = aa._buf, None
+            err: BaseException | None = None
+            if poison is None:
+                for dep in aa.dependencies:
+                    dep_err = await _outcome(dep)
+                    if dep_err is not None:
+                        err = DependencyFailed(
+                            f"append to {chain.journal}: a dependency failed: {dep_err}"
+                        )
+                        err.__cause__ = dep_err
+                        break
+                if err is None and aa._released and buf is not None:
+                    err = await self._dispatch(aa, buf)
+                poison = chain.err = err
+            else:
+                err = AppendServiceError(
+                    f"append to {chain.journal}: an earlier append failed: {poison}"
+                )
+                err.__cause__ = poison
+            if buf is not None:
+                self._pool.put(buf)
+            chain.queue.popleft()
+            aa.resolve(err)
 
     def _abandon(self, chain: _Chain, err: BaseException) -> None:
         with self._mu:

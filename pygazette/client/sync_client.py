@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pygazette.client.append_service import AppendService
 from pygazette.client.appender import CHUNK_SIZE, AppendContent, Appender, BytesLike, append
 from pygazette.client.fragments import list_all_fragments
 from pygazette.client.journal_client import JournalClient, broker_address_from_env
@@ -62,6 +63,10 @@ class _LoopThread:
 
 async def _new_client(address: str, options: dict[str, Any]) -> JournalClient:
     return JournalClient(address, **options)
+
+
+async def _new_append_service(client: JournalClient, options: dict[str, Any]) -> AppendService:
+    return AppendService(client, **options)
 
 
 async def _next(iterator: AsyncIterator[T]) -> T:
@@ -127,6 +132,7 @@ class SyncJournalClient:
     def __init__(self, address: str | None = None, **client_options: Any) -> None:
         self.address = address or broker_address_from_env()
         self._loop = _LoopThread(f"pygazette-client-{self.address}")
+        self._services: list[AppendService] = []
         try:
             self.client = self._loop.run(_new_client(self.address, client_options))
         except BaseException:
@@ -135,6 +141,29 @@ class SyncJournalClient:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine of the async API (built on `self.client`) on the facade's loop and
+        return its result."""
+        return self._loop.run(coro, timeout)
+
+    def iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:
+        """Iterate an async generator of the async API on the facade's loop."""
+        return self._iterate(agen)
+
+    def append_service(self, **options: Any) -> AppendService:
+        """An AppendService running on the facade's loop. Its `start_append`, `append`,
+        `pending_except` and `AsyncAppend` methods work from any thread; wait with
+        `op.result()` or `service.wait_all_sync()`, close with `close_append_service`."""
+        service = self._run(_new_append_service(self.client, options))
+        self._services.append(service)
+        return service
+
+    def close_append_service(self, service: AppendService, *, cancel: bool = False) -> None:
+        """Wait for the service's queued appends (unless `cancel`) and close it."""
+        self._run(service.close(cancel=cancel))
+        if service in self._services:
+            self._services.remove(service)
 
     # Journals -----------------------------------------------------------------------------
 
@@ -225,7 +254,7 @@ class SyncJournalClient:
         )
         return self._iterate(agen)
 
-    def _iterate(self, agen: AsyncGenerator[bytes, None]) -> Iterator[bytes]:
+    def _iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:
         try:
             while True:
                 try:
@@ -240,10 +269,13 @@ class SyncJournalClient:
     # Lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the channel and stop the background loop. Idempotent."""
+        """Close append services (after their queued appends), the channel, and the
+        background loop. Idempotent."""
         if self._loop.loop.is_closed():
             return
         try:
+            for service in list(self._services):
+                self.close_append_service(service)
             self._run(self.client.close())
         finally:
             self._loop.stop()

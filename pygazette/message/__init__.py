@@ -42,13 +42,9 @@ from pygazette.message.mapping import (
     rendezvous_mapping,
 )
 from pygazette.message.publisher import AckIntent, Publisher, append_ack_intents
-from pygazette.message.reader import (
-    PartialMessage,
-    ReadCommitted,
-    ReadUncommitted,
-    framing_of_journal,
-)
+from pygazette.message.reader import ReadCommitted, ReadUncommitted, framing_of_journal
 from pygazette.message.sequencer import QueueOutcome, ReplayError, Sequencer
+from pygazette.message.unpacker import PartialMessage, Unpacker
 from pygazette.message.uuid import (
     ACK_TXN,
     CONTINUE_TXN,
@@ -94,6 +90,7 @@ __all__ = [
     "Sequencer",
     "UUIDFormatter",
     "UnknownContentType",
+    "Unpacker",
     "append_ack_intents",
     "build_uuid",
     "encode_fixed_frame",

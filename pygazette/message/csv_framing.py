@@ -107,6 +107,9 @@ class CSVFraming(Framing):
             raise MessageDecodeError(f"invalid CSV record: {exc}") from None
         if len(rows) != 1 or not rows[0]:
             raise MessageDecodeError("empty CSV record")
+        if "\r" in text:
+            # Go's reader drops a CR before an LF, within quoted fields too.
+            return [f.replace("\r\n", "\n") for f in rows[0]]
         return rows[0]
 
     def get_uuid(self, msg: Any) -> str | None:

@@ -25,9 +25,10 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import get_journal
 from pygazette.client.retry_reader import RetryReader
 from pygazette.message.envelope import Envelope
-from pygazette.message.framing import FrameDesync, Framing, MessageDecodeError, framing_for
+from pygazette.message.framing import Framing, MessageDecodeError, framing_for
 from pygazette.message.sequencer import QueueOutcome, Sequencer
-from pygazette.message.uuid import ACK_TXN, parse_uuid_text
+from pygazette.message.unpacker import Unpacker
+from pygazette.message.uuid import ACK_TXN
 from pygazette.protocol.errors import OffsetNotYetAvailable, Suspended
 from pygazette.protocol.labels import label_value
 from pygazette.protocol.validation import CONTENT_TYPE_LABEL
@@ -35,15 +36,10 @@ from pygazette.protocol.validation import CONTENT_TYPE_LABEL
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "PartialMessage",
     "ReadCommitted",
     "ReadUncommitted",
     "framing_of_journal",
 ]
-
-
-class PartialMessage(MessageDecodeError):
-    """The journal's content ended within a message."""
 
 
 async def framing_of_journal(client: JournalClient, journal: str) -> Framing:
@@ -84,8 +80,8 @@ class ReadUncommitted:
             do_not_proxy=do_not_proxy,
             file_root=file_root,
         )
-        self._pending = b""  # Bytes of an incomplete message...
-        self._base = offset  # ...which begins at this offset.
+        self._offset = offset
+        self._unpacker: Unpacker | None = None
         self._ready: deque[Envelope | BaseException] = deque()
         self._done = False
 
@@ -95,7 +91,7 @@ class ReadUncommitted:
         for item in self._ready:
             if isinstance(item, Envelope):
                 return item.begin
-        return self._base
+        return self._unpacker.begin if self._unpacker is not None else self._offset
 
     async def __anext__(self) -> Envelope:
         ready = self._ready
@@ -133,101 +129,49 @@ class ReadUncommitted:
         """Read and decode more content; False at the end of the content."""
         if self._done:
             return False
-        if self.framing is None:
-            self.framing = await framing_of_journal(self.client, self.journal)
+        unpacker = self._unpacker
+        if unpacker is None:
+            if self.framing is None:
+                self.framing = await framing_of_journal(self.client, self.journal)
+            unpacker = self._unpacker = Unpacker(self.framing, self.journal, self._offset)
         rr = self.reader
+        ready = self._ready
         while True:
             try:
                 chunk = await rr.read()
             except OffsetJump as jump:
-                self._discard_partial(f"offset jump to {jump.offset}")
-                self._base = jump.offset
+                self._restart(unpacker, jump.offset, f"offset jump to {jump.offset}")
                 log.warning(
                     "source journal offset jump",
                     extra={"journal": self.journal, "from": jump.requested, "to": jump.offset},
                 )
                 continue
             except (OffsetNotYetAvailable, Suspended):
-                return self._end()
+                return self._end(unpacker)
             if not chunk:
-                return self._end()
+                return self._end(unpacker)
             begin = rr.offset - len(chunk)
-            if begin != self._base + len(self._pending):
-                self._discard_partial(f"read continued at {begin}")
-                self._base = begin
-            data = self._pending + chunk if self._pending else chunk
-            self._decode(data)
-            if self._ready:
+            if begin != unpacker.offset:
+                self._restart(unpacker, begin, f"read continued at {begin}")
+            unpacker.feed(chunk, ready)
+            if ready:
                 return True
 
-    def _end(self) -> bool:
+    def _end(self, unpacker: Unpacker) -> bool:
         self._done = True
-        if self._pending:
-            size = len(self._pending)
-            self._ready.append(
-                PartialMessage(
-                    f"content ends within a message ({size} bytes)",
-                    journal=self.journal,
-                    begin=self._base,
-                    end=self._base + size,
-                )
-            )
-            self._base += size
-            self._pending = b""
-            return True
-        return False
+        partial = unpacker.finish()
+        if partial is None:
+            return False
+        self._ready.append(partial)
+        return True
 
-    def _discard_partial(self, why: str) -> None:
-        if self._pending:
+    def _restart(self, unpacker: Unpacker, offset: int, why: str) -> None:
+        dropped = unpacker.restart(offset)
+        if dropped:
             log.warning(
                 "discarding an incomplete message",
-                extra={"journal": self.journal, "begin": self._base, "why": why},
+                extra={"journal": self.journal, "bytes": dropped, "why": why},
             )
-            self._pending = b""
-
-    def _decode(self, data: bytes) -> None:
-        framing = self.framing
-        assert framing is not None
-        journal = self.journal
-        ready = self._ready
-        pos = self._base
-        view_start = 0
-        split = framing.split
-        unmarshal = framing.unmarshal
-        get_uuid = framing.get_uuid
-        overhead = framing.overhead
-        while True:
-            try:
-                frames, consumed = split(data[view_start:] if view_start else data)
-            except FrameDesync as exc:
-                ready.append(
-                    MessageDecodeError(str(exc), journal=journal, begin=pos, end=pos + exc.skip)
-                )
-                pos += exc.skip
-                view_start += exc.skip
-                continue
-            for payload in frames:
-                end = pos + len(payload) + overhead
-                try:
-                    msg = unmarshal(payload)
-                    text = get_uuid(msg)
-                    if text is None:
-                        ready.append(Envelope(journal, pos, end, msg))
-                    else:
-                        producer, clock, flags = parse_uuid_text(text)
-                        ready.append(Envelope(journal, pos, end, msg, producer, clock, flags))
-                except MessageDecodeError as exc:
-                    ready.append(
-                        MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end)
-                    )
-                except ValueError as exc:  # A malformed UUID.
-                    ready.append(MessageDecodeError(str(exc), journal=journal, begin=pos, end=end))
-                pos = end
-            view_start += consumed
-            if not frames:
-                break
-        self._pending = data[view_start:]
-        self._base = pos
 
     async def aclose(self) -> None:
         await self.reader.aclose()
