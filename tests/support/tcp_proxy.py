@@ -1,0 +1,99 @@
+"""A loopback TCP proxy that can lose responses, for fault tests.
+
+It forwards connections to a target port. `blackhole()` makes it drop every byte the target
+sends back (requests still go through), as a network losing responses would; `reset()` then
+cuts every open connection, so clients see a transport failure and reconnect. It runs on
+its own event loop thread, usable from any test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from tests.support.ports import free_port
+
+
+class TcpProxy:
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._blackhole = False
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server: asyncio.AbstractServer | None = None
+        self._call(self._start())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _call(self, coro: Any) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(30)
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            target_r, target_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.update((client_w, target_w))
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, responses: bool) -> None:
+            try:
+                while data := await r.read(1 << 16):
+                    if responses and self._blackhole:
+                        continue
+                    w.write(data)
+                    await w.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    w.close()
+
+        await asyncio.gather(
+            pump(client_r, target_w, False), pump(target_r, client_w, True), return_exceptions=True
+        )
+        self._writers.difference_update((client_w, target_w))
+
+    def blackhole(self) -> None:
+        """Drop everything the target sends back, from now on (until `reset`)."""
+        self._blackhole = True
+
+    def reset(self) -> None:
+        """Cut every open connection, and forward normally again."""
+
+        async def cut() -> None:
+            for w in list(self._writers):
+                transport = w.transport
+                with contextlib.suppress(OSError):
+                    if isinstance(transport, asyncio.Transport):
+                        transport.abort()
+                    else:
+                        w.close()
+            self._writers.clear()
+            self._blackhole = False
+
+        self._call(cut())
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            for w in list(self._writers):
+                w.close()
+
+        self._call(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
