@@ -21,6 +21,8 @@ from google.protobuf import text_format
 
 from pygazette.cli import output
 from pygazette.cli.journalspace import apply_request, parse_duration, parse_journalspace
+from pygazette.cli.records import MessageAligner, RecordError, RecordSplitter
+from pygazette.client.append_service import AppendService, AsyncAppend
 from pygazette.client.appender import append
 from pygazette.client.fragments import list_all_fragments
 from pygazette.client.journal_client import (
@@ -31,10 +33,18 @@ from pygazette.client.journal_client import (
 )
 from pygazette.client.list_apply import apply_journals_in_batches, list_all, list_journals
 from pygazette.client.retry_reader import read_journal
+from pygazette.client.watched_list import WatchedList
+from pygazette.message.mapping import (
+    MappingFunc,
+    modulo_mapping,
+    random_mapping,
+    rendezvous_mapping,
+)
 from pygazette.protocol.errors import error_for_status
-from pygazette.protocol.labels import label_values
+from pygazette.protocol.labels import label_value, label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
+from pygazette.protocol.validation import CONTENT_TYPE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +52,8 @@ T = TypeVar("T")
 
 # Bytes read from stdin per call.
 INPUT_CHUNK = 1 << 20
-# With --framing lines, input is appended in pieces of about this size, split at newlines.
-LINES_APPEND_TARGET = 8 << 20
-# With --framing lines, complete lines are appended once input has been idle this long.
-IDLE_FLUSH_SECONDS = 0.2
+# With --framing lines or fixed, appends of records are at most about this large.
+RECORDS_APPEND_CUTOFF = 8 << 20
 
 
 class CommandError(click.ClickException):
@@ -212,21 +220,6 @@ def list_cmd(ctx: click.Context, selector: str, fmt: str, broker: str | None) ->
 # append ----------------------------------------------------------------------------------
 
 
-async def _only_journal(client: JournalClient, selector: str) -> str:
-    sel = _selector(selector)
-    found = await list_journals(client, sel)
-    if not found:
-        raise _no_match(sel, selector)
-    if len(found) > 1:
-        names = ", ".join(j.spec.name for j in found[:5])
-        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-        raise CommandError(
-            f"selector {selector!r} matches {len(found)} journals ({names}{more}); "
-            "append needs exactly one"
-        )
-    return found[0].spec.name
-
-
 async def _read_chunk(stream: IO[bytes], n: int) -> bytes:
     read1 = getattr(stream, "read1", None)
     if read1 is not None:
@@ -244,79 +237,132 @@ async def _input_chunks(stream: IO[bytes]) -> AsyncIterator[bytes]:
         yield data
 
 
-def split_at_lines(buf: bytearray, target: int, *, final: bool) -> list[bytes]:
-    """Cut whole-line blocks of about `target` bytes off the front of `buf`.
-
-    Each block ends with a newline and is at most `target` bytes, unless a single line is
-    longer (then it is one block by itself). With `final`, the remainder (which may lack a
-    trailing newline) becomes the last block.
-    """
-    blocks: list[bytes] = []
-    while len(buf) >= target:
-        cut = buf.rfind(b"\n", 0, target)
-        if cut == -1:
-            cut = buf.find(b"\n", target)
-            if cut == -1:
-                break  # One long line, still incomplete.
-        blocks.append(bytes(buf[: cut + 1]))
-        del buf[: cut + 1]
-    if final and buf:
-        blocks.append(bytes(buf))
-        buf.clear()
-    return blocks
+def _only_journal(listing: pb.ListResponse, selector: str) -> str:
+    found = listing.journals
+    if len(found) > 1:
+        names = ", ".join(j.spec.name for j in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise CommandError(
+            f"selector {selector!r} matches {len(found)} journals ({names}{more}); "
+            "an append of unframed input needs exactly one"
+        )
+    return found[0].spec.name
 
 
-async def _append_lines(client: JournalClient, journal: str, stream: IO[bytes]) -> int:
-    """Append `stream` in blocks that end at line boundaries; returns the appends made."""
-    appends = 0
-    buf = bytearray()
+def _mapping(name: str, partitions: WatchedList) -> MappingFunc:
+    if name == "modulo":
+        return modulo_mapping(_key_of, partitions)
+    if name == "rendezvous":
+        return rendezvous_mapping(_key_of, partitions)
+    return random_mapping(partitions)
 
-    async def send(blocks: list[bytes]) -> None:
-        nonlocal appends
-        for block in blocks:
-            resp = await append(client, journal, block)
-            appends += 1
-            log.debug(
-                "appended",
-                extra={"journal": journal, "begin": resp.commit.begin, "end": resp.commit.end},
-            )
 
-    pending: asyncio.Task[bytes] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(_read_chunk(stream, INPUT_CHUNK))
-            idle = IDLE_FLUSH_SECONDS if b"\n" in buf else None
-            done, _ = await asyncio.wait({pending}, timeout=idle)
-            if not done:
-                # Input is idle: append the complete lines we hold rather than wait for more.
-                cut = buf.rfind(b"\n")
-                block = bytes(buf[: cut + 1])
-                del buf[: cut + 1]
-                await send([block])
-                continue
-            data = pending.result()
-            pending = None
-            if not data:
-                break
-            buf += data
-            await send(split_at_lines(buf, LINES_APPEND_TARGET, final=False))
-        await send(split_at_lines(buf, LINES_APPEND_TARGET, final=True))
-    finally:
-        if pending is not None:
-            pending.cancel()
-    return appends
+def _key_of(key: Any) -> bytes:
+    assert isinstance(key, bytes)
+    return key
+
+
+class _Appends:
+    """Appends queued on an AppendService; the first failure among them stops the command."""
+
+    def __init__(self, service: AppendService) -> None:
+        self.service = service
+        self.ops: list[AsyncAppend] = []
+        self.count = 0
+
+    def add(self, journal: str, data: bytes) -> None:
+        self.ops.append(self.service.append(journal, data))
+        self.count += 1
+        if len(self.ops) > 1024:
+            self.check()
+
+    def check(self) -> None:
+        for op in self.ops:
+            if op.done() and op.error(0) is not None:
+                raise op.error(0)  # type: ignore[misc]
+        self.ops = [op for op in self.ops if not op.done()]
+
+
+async def _append_records(
+    client: JournalClient,
+    partitions: WatchedList,
+    stream: IO[bytes],
+    *,
+    framing: str,
+    mapping_name: str,
+    base64_keys: bool,
+) -> int:
+    """Append the input's records, each mapped to a journal; returns the appends queued."""
+    splitter = RecordSplitter(framing)
+    mapping = _mapping(mapping_name, partitions)
+    keyed = mapping_name != "random"
+    key: bytes | None = None
+    async with AppendService(client, append_cutoff=RECORDS_APPEND_CUTOFF) as service:
+        appends = _Appends(service)
+
+        def route(records: list[bytes]) -> None:
+            nonlocal key
+            groups: dict[str, list[bytes]] = {}
+            for record in records:
+                if keyed and key is None:
+                    key = splitter.key(record, base64_keys)
+                    continue
+                journal, _ = mapping(key if key is not None else b"")
+                key = None
+                group = groups.get(journal)
+                if group is None:
+                    groups[journal] = [record]
+                else:
+                    group.append(record)
+                log.debug("mapped record", extra={"journal": journal})
+            for journal, group in groups.items():
+                appends.add(journal, b"".join(group))
+
+        async for chunk in _input_chunks(stream):
+            names = partitions.snapshot().journals
+            if not keyed and len(names) == 1:
+                # One journal: whole runs of records go as they are, without per-record work.
+                block = splitter.whole(chunk)
+                if block:
+                    appends.add(names[0].spec.name, block)
+            else:
+                route(splitter.feed(chunk))
+            appends.check()
+        rest = splitter.finish()
+        if rest:
+            log.warning("input ends without a final newline; appending it as it is")
+            route([rest])
+        if key is not None:
+            raise RecordError("input ends with a partition key but no record")
+        await service.wait_all()
+        return appends.count
 
 
 @journals.command("append")
-@click.option("-l", "--selector", required=True, help="Label selector matching ONE journal.")
+@click.option("-l", "--selector", required=True, help="Label selector of journals to append to.")
 @click.option(
     "-f",
     "--framing",
-    type=click.Choice(["none", "lines"]),
+    type=click.Choice(["none", "lines", "fixed"]),
     default="none",
     show_default=True,
-    help="none: all input is one atomic append. lines: appends end at line boundaries.",
+    help="Framing of records in the input: none (all input is one append), lines, or fixed "
+    "(Gazette's fixed framing: magic word, little-endian length, payload).",
+)
+@click.option(
+    "-m",
+    "--mapping",
+    "mapping_name",
+    type=click.Choice(["random", "modulo", "rendezvous"]),
+    default="random",
+    show_default=True,
+    help="Mapping of records to the selected journals.",
+)
+@click.option(
+    "--base64",
+    "base64_keys",
+    is_flag=True,
+    help="Partition keys of 'lines' framing are base64-encoded.",
 )
 @click.option(
     "-i", "--input", "input_path", default="-", show_default=True, help="Input file ('-': stdin)."
@@ -324,30 +370,61 @@ async def _append_lines(client: JournalClient, journal: str, stream: IO[bytes]) 
 @broker_option
 @click.pass_context
 def append_cmd(
-    ctx: click.Context, selector: str, framing: str, input_path: str, broker: str | None
+    ctx: click.Context,
+    selector: str,
+    framing: str,
+    mapping_name: str,
+    base64_keys: bool,
+    input_path: str,
+    broker: str | None,
 ) -> None:
-    """Append input to the one journal that the selector matches.
+    """Append input to the journals that the selector matches.
 
-    With --framing none the whole input commits atomically, as a single append. With
-    --framing lines the input is appended in pieces of up to about 8 MiB, each ending at a
-    newline, so readers never see a partial line.
+    With --framing none, all of the input is appended atomically to the one journal that
+    the selector matches (e.g. "-l name=my/journal").
+
+    With --framing lines or fixed, the input is read record by record, and each record is
+    appended atomically to a journal of the selector, chosen by --mapping. Records mapped to
+    the same journal keep their order there; they are batched into few appends. The set of
+    selected journals is watched, so journals created meanwhile are used too.
+
+    With --mapping modulo or rendezvous, every record must be preceded by its partition key,
+    written with the same framing (e.g. for lines: "key\\nrecord\\n"); records of equal keys
+    go to the same journal. Use --base64 for binary keys with lines framing.
     """
-    _selector(selector)
+    sel = _selector(selector)
+    if framing == "none" and mapping_name != "random":
+        raise click.UsageError("--framing none may only be used with --mapping random")
+    if base64_keys and (framing != "lines" or mapping_name == "random"):
+        raise click.UsageError("--base64 requires --framing lines and --mapping modulo|rendezvous")
     stream = _open_input(input_path)
 
     async def run(client: JournalClient) -> None:
-        journal = await _only_journal(client, selector)
-        if framing == "lines":
-            await _append_lines(client, journal, stream)
-        else:
-            resp = await append(client, journal, _input_chunks(stream))
-            log.debug(
-                "appended",
-                extra={"journal": journal, "begin": resp.commit.begin, "end": resp.commit.end},
+        async with WatchedList(client, sel) as partitions:
+            if not partitions.snapshot().journals:
+                raise _no_match(sel, selector)
+            if framing == "none":
+                journal = _only_journal(partitions.snapshot(), selector)
+                resp = await append(client, journal, _input_chunks(stream))
+                log.debug(
+                    "appended",
+                    extra={"journal": journal, "begin": resp.commit.begin, "end": resp.commit.end},
+                )
+                return
+            n = await _append_records(
+                client,
+                partitions,
+                stream,
+                framing=framing,
+                mapping_name=mapping_name,
+                base64_keys=base64_keys,
             )
+            log.debug("appended records", extra={"appends": n})
 
     try:
         run_with_client(_broker(ctx, broker), run)
+    except RecordError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
@@ -385,15 +462,24 @@ def read_cmd(
     """Copy the content of the selected journals to stdout.
 
     Without --block each journal is read up to its write head, one journal after the other.
-    With --block all selected journals are read at once, their chunks interleaved, until
-    interrupted (Ctrl-C).
+    With --block all selected journals are read at once, until interrupted (Ctrl-C). Output
+    is cut at message boundaries of each journal's framing (its content-type label: JSON
+    lines, CSV or fixed framing), so messages of different journals never interleave;
+    content of other types is copied as it is read.
     """
     sel = _selector(selector)
     out = sys.stdout.buffer
 
-    async def pump(client: JournalClient, journal: str) -> None:
-        async for chunk in read_journal(client, journal, offset=offset, block=block):
-            out.write(chunk)
+    async def pump(client: JournalClient, journal: pb.ListResponse.Journal) -> None:
+        name = journal.spec.name
+        aligner = MessageAligner(label_value(journal.spec.labels, CONTENT_TYPE_LABEL))
+        async for chunk in read_journal(client, name, offset=offset, block=block):
+            whole = aligner.feed(chunk)
+            if whole:
+                out.write(whole)
+                if block:
+                    out.flush()
+        out.write(aligner.finish())
         out.flush()
 
     async def run(client: JournalClient) -> None:
@@ -404,10 +490,10 @@ def read_cmd(
             log.warning("no journals were matched by the selector", extra={"selector": selector})
             return
         if block:
-            await asyncio.gather(*(pump(client, j.spec.name) for j in found))
+            await asyncio.gather(*(pump(client, j) for j in found))
         else:
             for j in found:
-                await pump(client, j.spec.name)
+                await pump(client, j)
 
     try:
         run_with_client(_broker(ctx, broker), run)

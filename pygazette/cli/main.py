@@ -3,6 +3,7 @@ error reporting every subcommand relies on.
 
     pygazette [--broker URL] [--log-level LEVEL] journals {list,apply,append,read,fragments}
     pygazette serve --port P --data-dir D
+    pygazette attach-uuids [--format csv|json] [FILE...]
 
 Expected failures (bad input, broker statuses, an unreachable broker) print a single line,
 `error: ...`, on stderr and exit non-zero; the Gazette status name is part of that line when
@@ -20,6 +21,7 @@ from typing import Any
 
 import click
 
+from pygazette.cli.attach_uuids_cmd import attach_uuids
 from pygazette.cli.journals_cmd import CliState, journals
 from pygazette.cli.serve_cmd import serve
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER
@@ -93,6 +95,7 @@ def cli(ctx: click.Context, broker: str, log_level: str) -> None:
 
 cli.add_command(journals)
 cli.add_command(serve)
+cli.add_command(attach_uuids)
 
 
 def _one_line(text: str) -> str:
