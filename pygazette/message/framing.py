@@ -16,10 +16,11 @@ Content types, as Gazette registers them:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
 from typing import Any, ClassVar
 
-from pygazette.message.uuid import TICK, UUIDFormatter
+from pygazette.message.envelope import Envelope
+from pygazette.message.uuid import TICK, UUIDFormatter, parse_uuid_text
 
 __all__ = [
     "CONTENT_TYPE_CSV",
@@ -110,6 +111,36 @@ class Framing(ABC):
     def split(self, data: bytes) -> tuple[list[bytes], int]:
         """The complete frames at the front of `data`: their payloads, and how many bytes
         of `data` they span. Raises `FrameDesync` if `data` does not start with a frame."""
+
+    def envelopes(
+        self,
+        payloads: list[bytes],
+        journal: str,
+        pos: int,
+        out: MutableSequence[Envelope | BaseException],
+    ) -> int:
+        """Append an Envelope (or MessageDecodeError) for each frame payload, the first
+        beginning at offset `pos`; returns the offset after the last."""
+        unmarshal = self.unmarshal
+        get_uuid = self.get_uuid
+        overhead = self.overhead
+        append = out.append
+        for payload in payloads:
+            end = pos + len(payload) + overhead
+            try:
+                msg = unmarshal(payload)
+                text = get_uuid(msg)
+                if text is None:
+                    append(Envelope(journal, pos, end, msg))
+                else:
+                    producer, clock, flags = parse_uuid_text(text)
+                    append(Envelope(journal, pos, end, msg, producer, clock, flags))
+            except MessageDecodeError as exc:
+                append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
+            except ValueError as exc:  # A malformed UUID.
+                append(MessageDecodeError(str(exc), journal=journal, begin=pos, end=end))
+            pos = end
+        return pos
 
     @abstractmethod
     def unmarshal(self, payload: bytes) -> Any:

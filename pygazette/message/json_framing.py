@@ -8,18 +8,19 @@ case), so a missing "uuid" field is also looked up as "UUID" when reading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
 
 import orjson
 
+from pygazette.message.envelope import Envelope
 from pygazette.message.framing import (
     CONTENT_TYPE_JSON_LINES,
     Framing,
     MessageDecodeError,
     register_framing,
 )
-from pygazette.message.uuid import TICK, UUIDFormatter
+from pygazette.message.uuid import TICK, UUIDFormatter, parse_uuid_text
 
 _APPEND_NEWLINE = orjson.OPT_APPEND_NEWLINE
 
@@ -116,6 +117,45 @@ class JSONFraming(Framing):
         except orjson.JSONDecodeError as exc:
             raise MessageDecodeError(f"invalid JSON: {exc}") from None
         return value if self.decode is None else self.decode(value)
+
+    def envelopes(
+        self,
+        payloads: list[bytes],
+        journal: str,
+        pos: int,
+        out: MutableSequence[Envelope | BaseException],
+    ) -> int:
+        if self.decode is not None:
+            return super().envelopes(payloads, journal, pos, out)
+        # The generic loop, specialized for JSON objects (the hot path of readers).
+        loads = orjson.loads
+        field = self.uuid_field
+        get_uuid = self.get_uuid
+        append = out.append
+        for payload in payloads:
+            end = pos + len(payload) + 1
+            try:
+                msg = loads(payload)
+                text = msg.get(field) if type(msg) is dict else None
+                if not text:
+                    text = get_uuid(msg)
+                if text is None:
+                    append(Envelope(journal, pos, end, msg))
+                else:
+                    if type(text) is not str:
+                        raise MessageDecodeError(f"UUID field is not a string: {text!r}")
+                    producer, clock, flags = parse_uuid_text(text)
+                    append(Envelope(journal, pos, end, msg, producer, clock, flags))
+            except orjson.JSONDecodeError as exc:
+                append(
+                    MessageDecodeError(f"invalid JSON: {exc}", journal=journal, begin=pos, end=end)
+                )
+            except MessageDecodeError as exc:
+                append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
+            except ValueError as exc:  # A malformed UUID.
+                append(MessageDecodeError(str(exc), journal=journal, begin=pos, end=end))
+            pos = end
+        return pos
 
     def get_uuid(self, msg: Any) -> str | None:
         if isinstance(msg, dict):

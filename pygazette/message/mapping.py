@@ -14,7 +14,7 @@ so Go and Python producers map the same key to the same journal of the same list
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, TypeAlias
 
@@ -101,20 +101,33 @@ class _Partitions:
         return self
 
 
+class _RandomMapping:
+    """Maps each message to a journal of the partitions, at random."""
+
+    def __init__(self, parts: _Partitions, rng: random.Random) -> None:
+        self._parts = parts
+        self._random = rng.random
+
+    def __call__(self, msg: Any) -> tuple[str, str]:
+        p = self._parts.current()
+        i = int(self._random() * len(p.names))
+        return p.names[i], p.content_types[i]
+
+    def map_many(self, msgs: Sequence[Any]) -> list[tuple[str, str]]:
+        """The mapping of each message of `msgs` (one listing for them all)."""
+        p = self._parts.current()
+        pairs = list(zip(p.names, p.content_types, strict=True))
+        n = len(pairs)
+        rnd = self._random
+        return [pairs[int(rnd() * n)] for _ in range(len(msgs))]
+
+
 def random_mapping(
     partitions: WatchedList | PartitionsFunc | pb.ListResponse,
     rng: random.Random | None = None,
 ) -> MappingFunc:
     """Map each message to a journal of the partitions, at random."""
-    parts = _Partitions(partitions_of(partitions))
-    choose = (rng or random.Random()).randrange
-
-    def mapping(msg: Any) -> tuple[str, str]:
-        p = parts.current()
-        i = choose(len(p.names))
-        return p.names[i], p.content_types[i]
-
-    return mapping
+    return _RandomMapping(_Partitions(partitions_of(partitions)), rng or random.Random())
 
 
 def _key_bytes(key: bytes | str) -> bytes:

@@ -19,6 +19,7 @@ in each journal in clock order even when several threads publish concurrently. T
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,9 @@ from pygazette.message.mapping import MappingFunc
 from pygazette.message.uuid import (
     ACK_TXN,
     CONTINUE_TXN,
+    G1582NS100,
     OUTSIDE_TXN,
+    TICK,
     Clock,
     UUIDFormatter,
     new_producer_id,
@@ -114,13 +117,24 @@ class Publisher:
         """Publish messages of the current transaction; see `publish_committed_many`."""
         return self._publish_many(mapping, msgs, CONTINUE_TXN)
 
+    def _ticks(self, n: int) -> int:
+        """Reserve `n` clock ticks (holding self._lock); returns the first."""
+        clock = self.clock
+        if not self.auto_update:
+            return clock.tick_many(n)
+        # The publisher's own clock: only used under self._lock, so no Clock locking.
+        now = (time.time_ns() // 100 + G1582NS100) << 4
+        value = clock.value
+        if now > value:
+            value = now
+        clock.value = value + n * TICK
+        return value + TICK
+
     def _publish(self, journal: str, framing: Framing, msg: Any, flags: int) -> AsyncAppend:
         with self._lock:
-            if self.auto_update:
-                self.clock.update()
             aa = self.service.start_append(journal)
             try:
-                framing.set_uuid(msg, self._formatter.format(self.clock.tick(), flags))
+                framing.set_uuid(msg, self._formatter.format(self._ticks(1), flags))
                 aa.write(framing.marshal(msg))
             except BaseException as exc:
                 aa.require(exc)
@@ -133,8 +147,13 @@ class Publisher:
         self, mapping: MappingFunc, msgs: Iterable[Any], flags: int
     ) -> list[AsyncAppend]:
         groups: dict[str, tuple[Framing, list[Any]]] = {}
-        for msg in msgs:
-            journal, content_type = mapping(msg)
+        map_many = getattr(mapping, "map_many", None)
+        if map_many is not None:
+            msgs = msgs if isinstance(msgs, Sequence) else list(msgs)
+            targets = map_many(msgs)
+        else:
+            targets = [mapping(msg) for msg in msgs]
+        for msg, (journal, content_type) in zip(msgs, targets, strict=True):
             group = groups.get(journal)
             if group is None:
                 group = groups[journal] = (self.framing(content_type), [])
@@ -144,11 +163,9 @@ class Publisher:
             # Clocks are taken and messages encoded before any is queued, so that a failure
             # publishes nothing. Every publish of this producer holds self._lock, so each
             # journal still receives the producer's messages in clock order.
-            if self.auto_update:
-                self.clock.update()
             frames: list[tuple[str, Framing, bytes, Any]] = []
             for journal, (framing, batch) in groups.items():
-                first = self.clock.tick_many(len(batch))
+                first = self._ticks(len(batch))
                 data = framing.marshal_sequence(batch, self._formatter, first, flags)
                 frames.append((journal, framing, data, batch[0]))
             for journal, framing, data, template in frames:
@@ -167,7 +184,7 @@ class Publisher:
             out: list[AckIntent] = []
             for intent in intents.values():
                 ack = intent.framing.new_acknowledgement(intent.template, intent.journal)
-                intent.framing.set_uuid(ack, self._formatter.format(self.clock.tick(), ACK_TXN))
+                intent.framing.set_uuid(ack, self._formatter.format(self._ticks(1), ACK_TXN))
                 out.append(AckIntent(intent.journal, intent.framing.marshal(ack)))
             return out
 

@@ -26,7 +26,7 @@ from pygazette.client.list_apply import get_journal
 from pygazette.client.retry_reader import RetryReader
 from pygazette.message.envelope import Envelope
 from pygazette.message.framing import Framing, MessageDecodeError, framing_for
-from pygazette.message.sequencer import QueueOutcome, Sequencer
+from pygazette.message.sequencer import Sequencer
 from pygazette.message.unpacker import Unpacker
 from pygazette.message.uuid import ACK_TXN
 from pygazette.protocol.errors import OffsetNotYetAvailable, Suspended
@@ -229,24 +229,43 @@ class ReadCommitted:
             file_root=file_root,
         )
         self.replays = 0
+        self._ready: deque[Envelope] = deque()
 
     def __aiter__(self) -> ReadCommitted:
         return self
 
     async def __anext__(self) -> Envelope:
+        ready = self._ready
+        while not ready:
+            await self._fill()
+        return ready.popleft()
+
+    async def next_batch(self) -> list[Envelope]:
+        """The committed messages sequenced from the next read (at least one)."""
+        ready = self._ready
+        while not ready:
+            await self._fill()
+        batch = list(ready)
+        ready.clear()
+        return batch
+
+    async def _fill(self) -> None:
+        """Sequence the next batch of read-uncommitted messages (StopAsyncIteration at the
+        end; decode errors pass through)."""
         seq = self.sequencer
-        uncommitted = self.uncommitted
-        include_acks = self.include_acks
-        while True:
-            if seq.step():
-                env = seq.dequeued
-                assert env is not None
-                if env.flags != ACK_TXN or include_acks:
-                    return env
-                continue
-            env = await uncommitted.__anext__()
-            if seq.queue_uncommitted(env) == QueueOutcome.ACK_COMMIT_REPLAY:
+        batch = await self.uncommitted.next_batch()
+        out: list[Envelope] = []
+        i, n = 0, len(batch)
+        while i < n:
+            i = seq.sequence(batch, i, out)
+            if seq.dequeuing:  # An ACK whose transaction must be replayed.
                 await self._replay()
+                while seq.step():
+                    out.append(seq.dequeued)  # type: ignore[arg-type]
+        if self.include_acks:
+            self._ready.extend(out)
+        else:
+            self._ready.extend(e for e in out if e.flags != ACK_TXN)
 
     async def _replay(self) -> None:
         journal, begin, end = self.sequencer.replay_range()

@@ -13,7 +13,6 @@ from collections.abc import MutableSequence
 
 from pygazette.message.envelope import Envelope
 from pygazette.message.framing import FrameDesync, Framing, MessageDecodeError
-from pygazette.message.uuid import parse_uuid_text
 
 __all__ = ["PartialMessage", "Unpacker"]
 
@@ -72,37 +71,22 @@ class Unpacker:
         framing = self.framing
         journal = self.journal
         split = framing.split
-        unmarshal = framing.unmarshal
-        get_uuid = framing.get_uuid
-        overhead = framing.overhead
-        append = out.append
+        envelopes = framing.envelopes
         pos = self.begin
         start = 0
         while True:
             try:
                 frames, consumed = split(data[start:] if start else data)
             except FrameDesync as exc:
-                append(MessageDecodeError(str(exc), journal=journal, begin=pos, end=pos + exc.skip))
+                out.append(
+                    MessageDecodeError(str(exc), journal=journal, begin=pos, end=pos + exc.skip)
+                )
                 pos += exc.skip
                 start += exc.skip
                 continue
-            for payload in frames:
-                end = pos + len(payload) + overhead
-                try:
-                    msg = unmarshal(payload)
-                    text = get_uuid(msg)
-                    if text is None:
-                        append(Envelope(journal, pos, end, msg))
-                    else:
-                        producer, clock, flags = parse_uuid_text(text)
-                        append(Envelope(journal, pos, end, msg, producer, clock, flags))
-                except MessageDecodeError as exc:
-                    append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
-                except ValueError as exc:  # A malformed UUID.
-                    append(MessageDecodeError(str(exc), journal=journal, begin=pos, end=end))
-                pos = end
-            start += consumed
             if not frames:
                 break
+            pos = envelopes(frames, journal, pos, out)
+            start += consumed
         self._pending = data[start:]
         self.begin = pos
