@@ -38,6 +38,7 @@ test: deps lint
 
 bench: venv
 	$(PY) bench/append_read.py
+	$(PY) bench/publish.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

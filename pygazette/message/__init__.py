@@ -42,7 +42,13 @@ from pygazette.message.mapping import (
     rendezvous_mapping,
 )
 from pygazette.message.publisher import AckIntent, Publisher, append_ack_intents
-from pygazette.message.reader import ReadCommitted, ReadUncommitted, framing_of_journal
+from pygazette.message.reader import (
+    ReadCommitted,
+    ReadUncommitted,
+    framing_of_journal,
+    read_committed,
+    read_uncommitted,
+)
 from pygazette.message.sequencer import QueueOutcome, ReplayError, Sequencer
 from pygazette.message.unpacker import PartialMessage, Unpacker
 from pygazette.message.uuid import (
@@ -104,6 +110,8 @@ __all__ = [
     "new_producer_id",
     "parse_uuid_text",
     "random_mapping",
+    "read_committed",
+    "read_uncommitted",
     "register_framing",
     "rendezvous_mapping",
 ]

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
@@ -39,6 +41,8 @@ __all__ = [
     "ReadCommitted",
     "ReadUncommitted",
     "framing_of_journal",
+    "read_committed",
+    "read_uncommitted",
 ]
 
 
@@ -310,3 +314,22 @@ class ReadCommitted:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+async def read_committed(
+    client: JournalClient, journal: str, **options: Any
+) -> AsyncGenerator[Envelope, None]:
+    """The committed messages of a journal (see `ReadCommitted` for the options). For
+    synchronous code: `sync_client.iterate(read_committed(sync_client.client, journal))`."""
+    async with ReadCommitted(client, journal, **options) as it:
+        async for env in it:
+            yield env
+
+
+async def read_uncommitted(
+    client: JournalClient, journal: str, **options: Any
+) -> AsyncGenerator[Envelope, None]:
+    """Every message of a journal as appended (see `ReadUncommitted` for the options)."""
+    async with ReadUncommitted(client, journal, **options) as it:
+        async for env in it:
+            yield env
