@@ -21,12 +21,15 @@ from typing import IO
 SPILL_SIZE = 256 << 10
 # Idle buffers kept for reuse by a pool.
 POOL_SIZE = 16
+# A reused buffer keeps the blocks of its file (overwriting them is cheaper than freeing and
+# allocating them again), unless the file grew beyond this.
+KEEP_FILE_BYTES = 16 << 20
 
 
 class AppendBuffer:
     """Append-only bytes backed by an unlinked temporary file."""
 
-    __slots__ = ("_dir", "_file", "_file_size", "_mem", "spill_size")
+    __slots__ = ("_dir", "_extent", "_file", "_file_size", "_mem", "spill_size")
 
     def __init__(self, directory: str | None = None, spill_size: int = SPILL_SIZE) -> None:
         if spill_size <= 0:
@@ -35,7 +38,8 @@ class AppendBuffer:
         self.spill_size = spill_size
         self._mem = bytearray()
         self._file: IO[bytes] | None = None
-        self._file_size = 0
+        self._file_size = 0  # Bytes of content in the file...
+        self._extent = 0  # ...which may be longer (with stale bytes after them).
 
     @property
     def size(self) -> int:
@@ -70,6 +74,7 @@ class AppendBuffer:
         finally:
             view.release()
             self._file_size += written
+            self._extent = max(self._extent, self._file_size)
             del self._mem[:written]
 
     def truncate(self, size: int) -> None:
@@ -79,10 +84,8 @@ class AppendBuffer:
         if size >= self._file_size:
             del self._mem[size - self._file_size :]
             return
-        assert self._file is not None
         self._mem.clear()
-        os.ftruncate(self._file.fileno(), size)
-        self._file_size = size
+        self._file_size = size  # Bytes after it are stale, and overwritten by later writes.
 
     def chunks(self, end: int, chunk_size: int) -> Iterator[bytes | memoryview]:
         """The first `end` bytes, in pieces of at most `chunk_size` bytes.
@@ -116,13 +119,14 @@ class AppendBuffer:
     def reset(self) -> None:
         """Empty the buffer, keeping its temporary file for reuse."""
         self._mem = bytearray()
-        if self._file is not None and self._file_size:
+        if self._file is not None and self._extent > KEEP_FILE_BYTES:
             os.ftruncate(self._file.fileno(), 0)
+            self._extent = 0
         self._file_size = 0
 
     def close(self) -> None:
         self._mem = bytearray()
-        self._file_size = 0
+        self._file_size = self._extent = 0
         if self._file is not None:
             self._file.close()
             self._file = None

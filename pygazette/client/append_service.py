@@ -352,30 +352,68 @@ class AppendService:
         request share an RPC. Writes are never reordered within a journal. `dependencies`
         must all succeed before this append's RPC starts.
         """
+        _, aa = self._hold(request, dependencies)
+        if aa._buf is None:
+            aa._buf = self._pool.get()
+        return aa
+
+    def append(
+        self,
+        journal: str | pb.AppendRequest,
+        data: bytes | bytearray | memoryview,
+        dependencies: Iterable[OpFuture] | None = None,
+    ) -> AsyncAppend:
+        """Queue `data` as one atomic write (what `start_append`, `write` and `release`
+        do, in one call). Raises OSError, queuing nothing, if the data cannot be queued."""
+        chain, aa = self._hold(journal, dependencies)
+        try:
+            buf = aa._buf
+            if buf is None:
+                buf = aa._buf = self._pool.get()
+            try:
+                buf.write(data)
+            except BaseException:
+                buf.truncate(aa.checkpoint)
+                raise
+            aa.checkpoint = buf.size
+            aa._released = True
+        finally:
+            self._unlock(chain)
+        return aa
+
+    def _hold(
+        self, request: str | pb.AppendRequest, dependencies: Iterable[OpFuture] | None
+    ) -> tuple[_Chain, AsyncAppend]:
+        """Lock the journal's chain; return it and the append that takes the write."""
+        req: pb.AppendRequest | None
         if isinstance(request, str):
-            req = pb.AppendRequest(journal=request)
-            key = None
+            journal, req, key = request, None, None
         else:
             req = pb.AppendRequest()
             req.CopyFrom(request)
             req.ClearField("content")
             key = _request_key(req)
-        journal = req.journal
+            journal = req.journal
         deps = frozenset(dependencies) if dependencies else _NO_DEPENDENCIES
         me = threading.get_ident()
 
+        new = False
+        chain = None if self._closed else self._chains.get(journal)  # Fast path: no _mu.
         while True:
-            with self._mu:
-                if self._closed:
-                    raise AppendServiceClosed(f"append to {journal}: the AppendService is closed")
-                chain = self._chains.get(journal)
-                new = chain is None
-                if chain is None:
-                    validate_journal_name(journal)
-                    chain = _Chain(journal, self._errs.get(journal))
-                    self._chains[journal] = chain
-                    self._active += 1
-                    self._idle.clear()
+            if chain is None:
+                with self._mu:
+                    if self._closed:
+                        raise AppendServiceClosed(
+                            f"append to {journal}: the AppendService is closed"
+                        )
+                    chain = self._chains.get(journal)
+                    if chain is None:
+                        validate_journal_name(journal)
+                        chain = _Chain(journal, self._errs.get(journal))
+                        self._chains[journal] = chain
+                        self._active += 1
+                        self._idle.clear()
+                        new = True
             if chain.owner == me:
                 raise RuntimeError(
                     f"an AsyncAppend of {journal} is already held by this thread; "
@@ -387,6 +425,7 @@ class AppendService:
                 break
             chain.owner = None
             chain.lock.release()  # Its dispatcher exited meanwhile; take the new chain.
+            chain = None
 
         if new:
             self._spawn(chain)
@@ -396,26 +435,14 @@ class AppendService:
             or aa.checkpoint > self.append_cutoff
             or aa._key != key
             or (key is not None and aa.request != req)
-            or not deps <= aa.dependencies
+            or (deps and not deps <= aa.dependencies)
         ):
+            if req is None:
+                req = pb.AppendRequest(journal=journal)
             aa = AsyncAppend(self, chain, req, key, deps)
             chain.queue.append(aa)
             chain.tail = aa
-        if aa._buf is None:
-            aa._buf = self._pool.get()
-        return aa
-
-    def append(
-        self,
-        journal: str | pb.AppendRequest,
-        data: bytes | bytearray | memoryview,
-        dependencies: Iterable[OpFuture] | None = None,
-    ) -> AsyncAppend:
-        """Queue `data` as one atomic write: `start_append`, `write`, `release`."""
-        aa = self.start_append(journal, dependencies)
-        aa.write(data)
-        aa.release()
-        return aa
+        return chain, aa
 
     def pending_except(self, journal: str = "") -> set[OpFuture]:
         """Operations that complete once every append queued so far to journals other than

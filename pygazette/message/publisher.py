@@ -132,13 +132,10 @@ class Publisher:
 
     def _publish(self, journal: str, framing: Framing, msg: Any, flags: int) -> AsyncAppend:
         with self._lock:
-            aa = self.service.start_append(journal)
-            try:
-                framing.set_uuid(msg, self._formatter.format(self._ticks(1), flags))
-                aa.write(framing.marshal(msg))
-            except BaseException as exc:
-                aa.require(exc)
-            aa.release()
+            # Every publish of this producer holds self._lock: each journal receives the
+            # producer's messages in clock order.
+            framing.set_uuid(msg, self._formatter.format(self._ticks(1), flags))
+            aa = self.service.append(journal, framing.marshal(msg))
             if flags == CONTINUE_TXN and journal not in self._intents:
                 self._intents[journal] = _Intent(journal, framing, msg)
         return aa

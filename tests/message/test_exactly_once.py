@@ -292,3 +292,26 @@ async def test_a_broker_restart_under_append_service_load_loses_nothing(
         seq = Sequencer()
         got = [e.message["n"] for e in await committed(client, PARTS, sequencer=seq)]
     assert len(got) == total and set(got) == set(range(total))
+
+
+async def test_a_transaction_longer_than_the_ring_is_replayed_from_the_journal(
+    client: JournalClient,
+) -> None:
+    await create(client, spec(PARTS[0]))
+    mapping = random_mapping(
+        pb.ListResponse(journals=[pb.ListResponse.Journal(spec=spec(PARTS[0]))])
+    )
+    async with AppendService(client) as svc:
+        txn, other = Publisher(svc), Publisher(svc)
+        for i in range(50):  # A long transaction, interleaved with another producer's messages.
+            txn.publish_uncommitted(mapping, {"txn": i})
+            other.publish_committed(mapping, {"other": i})
+            await asyncio.sleep(0)  # Separate appends.
+        for op in append_ack_intents(svc, txn.build_ack_intents()):
+            await op
+    async with ReadCommitted(client, PARTS[0], sequencer=Sequencer(buffer=8)) as it:
+        got = [env.message async for env in it]
+        assert it.replays == 1
+    assert [m["other"] for m in got if "other" in m] == list(range(50))
+    assert [m["txn"] for m in got if "txn" in m] == list(range(50))
+    assert got[-50:] == [{"txn": i, "uuid": m["uuid"]} for i, m in enumerate(got[-50:])]
