@@ -241,6 +241,21 @@ class AsyncAppend(OpFuture):
     def journal(self) -> str:
         return self.request.journal
 
+    def result(self, timeout: float | None = None) -> None:
+        self._check_may_block()
+        super().result(timeout)
+
+    def error(self, timeout: float | None = None) -> BaseException | None:
+        self._check_may_block()
+        return super().error(timeout)
+
+    def _check_may_block(self) -> None:
+        if not self.done() and threading.get_ident() == self._service._loop_thread:
+            raise RuntimeError(
+                f"blocking on {self!r} from the AppendService's own event loop would never "
+                "return: await it instead"
+            )
+
     def _check_held(self) -> AppendBuffer:
         buf = self._buf
         if buf is None or self._chain.owner != threading.get_ident():

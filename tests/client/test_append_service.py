@@ -193,6 +193,8 @@ async def test_misuse_is_refused(fake: FakeBroker, fake_client: JournalClient) -
     aa.release()
     with pytest.raises(RuntimeError, match="not held"):
         aa.write(b"after release")
+    with pytest.raises(RuntimeError, match="await it instead"):
+        aa.result()  # Would block the loop that must complete it.
     await svc.close()
     with pytest.raises(AppendServiceClosed):
         svc.start_append(A)

@@ -1,5 +1,7 @@
+//go:build ignore
+
 // Generates gazette_vectors.txt from Gazette's own message package:
-//   go mod init vec && go get go.gazette.dev/core@v0.103.0 && go run . > gazette_vectors.txt
+//   go mod init vec && go get go.gazette.dev/core@v0.103.0 && go run gen_vectors.go > gazette_vectors.txt
 package main
 
 import (
