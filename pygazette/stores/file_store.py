@@ -2,6 +2,8 @@
 
 `file:///a/b/` maps to `<root>/a/b/`. Puts write a temp file beside the target, fsync it and
 rename it into place, so a crash never leaves a partial fragment under a fragment name.
+Blocking file I/O runs on worker threads. Signed URLs are plain `file://` URLs of the
+absolute path (readable by any process on this machine, or a host sharing the root).
 """
 
 from __future__ import annotations
@@ -11,25 +13,32 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
-from pygazette.stores.store import FragmentStore, StoredFile, StoreError
+from pygazette.stores.store import (
+    FragmentStore,
+    ObjectRange,
+    StoredFile,
+    StoreError,
+    StoreNotFound,
+)
+from pygazette.stores.store_url import StoreURL
+
+_PUT_PREFIX = ".put-"
 
 
 class FileStore(FragmentStore):
-    def __init__(self, url: str, root: Path) -> None:
-        super().__init__(url)
-        parts = urlsplit(url)
-        if parts.scheme != "file":
-            raise StoreError(f"not a file:// store: {url}")
-        rel = unquote(parts.netloc + parts.path).lstrip("/")
+    def __init__(self, url: StoreURL, root: Path) -> None:
+        super().__init__(url.url)
+        if url.scheme != "file":
+            raise StoreError(f"not a file:// store: {url.url}")
+        self.parsed = url
         self.root = root.resolve()
-        self.base = (self.root / rel).resolve()
+        self.base = (self.root / url.prefix).resolve()
         if self.base != self.root and self.root not in self.base.parents:
-            raise StoreError(f"store {url} escapes the file root {self.root}")
+            raise StoreError(f"store {url.url} escapes the file root {self.root}")
 
     def _resolve(self, path: str) -> Path:
-        full = (self.base / path).resolve()
+        full = (self.base / self.parsed.rewrite(path)).resolve()
         if full != self.base and self.base not in full.parents:
             raise StoreError(f"path {path!r} escapes store {self.url}")
         return full
@@ -38,38 +47,51 @@ class FileStore(FragmentStore):
         return self._resolve(path)
 
     async def put_file(self, path: str, local: Path, *, content_encoding: str = "") -> None:
+        # A file system keeps no Content-Encoding: the file holds the bytes as given.
         await asyncio.to_thread(self._put_file, self._resolve(path), local)
 
     @staticmethod
     def _put_file(target: Path, local: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".put-")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_PUT_PREFIX)
+        except OSError as exc:
+            raise StoreError(f"cannot write under {target.parent}: {exc}") from exc
         try:
             with os.fdopen(fd, "wb") as out, open(local, "rb") as src:
                 shutil.copyfileobj(src, out, 1 << 20)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, target)
+            dir_fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise StoreError(f"writing {target} failed: {exc}") from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
-    async def get(self, path: str, *, start: int = 0, length: int = -1) -> bytes:
-        return await asyncio.to_thread(self._get, self._resolve(path), start, length)
+    async def exists(self, path: str) -> bool:
+        return await asyncio.to_thread(self._resolve(path).is_file)
+
+    async def read(self, path: str, *, start: int = 0, length: int = -1) -> ObjectRange:
+        return await asyncio.to_thread(self._read, self._resolve(path), start, length)
 
     @staticmethod
-    def _get(full: Path, start: int, length: int) -> bytes:
+    def _read(full: Path, start: int, length: int) -> ObjectRange:
         try:
             with open(full, "rb") as f:
-                f.seek(start)
-                return f.read() if length < 0 else f.read(length)
+                size = os.fstat(f.fileno()).st_size
+                data = os.pread(f.fileno(), size if length < 0 else length, start)
         except FileNotFoundError as exc:
-            raise StoreError(f"no such fragment file {full}") from exc
+            raise StoreNotFound(f"no such fragment file {full}") from exc
+        except OSError as exc:
+            raise StoreError(f"reading {full} failed: {exc}") from exc
+        return ObjectRange(data=data, content_encoding="", size=size)
 
     async def list_files(self, prefix: str) -> list[StoredFile]:
         return await asyncio.to_thread(self._list_files, prefix)
@@ -79,9 +101,13 @@ class FileStore(FragmentStore):
         if not top.is_dir():
             return []
         out = []
-        for dirpath, _dirs, files in os.walk(top):
+        try:
+            walk = list(os.walk(top))
+        except OSError as exc:
+            raise StoreError(f"listing {top} failed: {exc}") from exc
+        for dirpath, _dirs, files in walk:
             for name in files:
-                if name.startswith(".put-"):
+                if name.startswith(_PUT_PREFIX):
                     continue  # An in-flight or abandoned put.
                 full = Path(dirpath) / name
                 try:
@@ -93,7 +119,11 @@ class FileStore(FragmentStore):
         return out
 
     async def remove(self, path: str) -> None:
-        self._resolve(path).unlink(missing_ok=True)
+        full = self._resolve(path)
+        try:
+            await asyncio.to_thread(full.unlink, missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"removing {full} failed: {exc}") from exc
 
-    def signed_url(self, path: str, ttl_seconds: float) -> str:
+    async def signed_url(self, path: str, ttl_seconds: float) -> str:
         return self._resolve(path).as_uri()
