@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8080
 DATA ?= ./data
-PROTOS := pygazette/protocol/pb/protocol.proto
+PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
 
 .PHONY: all venv deps serve test unit lint proto bench clean
 
