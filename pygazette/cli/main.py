@@ -1,7 +1,8 @@
 """The `pygazette` command: root options, logging, subcommand registration, and the one-line
 error reporting every subcommand relies on.
 
-    pygazette [--broker URL] [--log-level LEVEL] journals {list,apply,append,read,fragments}
+    pygazette [--broker URL] [--log-level LEVEL] journals {list,apply,append,read,fragments,
+                                                            prune,store-health}
     pygazette serve --port P --data-dir D
 
 Expected failures (bad input, broker statuses, an unreachable broker) print a single line,
@@ -20,6 +21,7 @@ from typing import Any
 
 import click
 
+from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
 from pygazette.cli.journals_cmd import CliState, journals
 from pygazette.cli.serve_cmd import serve
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER

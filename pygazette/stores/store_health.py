@@ -38,6 +38,8 @@ FIRST_CHECK_PENDING = "first health check hasn't completed yet"
 
 async def run_check(store: FragmentStore, scratch_dir: Path | None = None) -> None:
     """One health check of `store`; raises StoreError saying which step failed."""
+    if scratch_dir is not None:
+        scratch_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="health-") as tmp:
         local = Path(tmp) / "health-check"
         local.write_bytes(HEALTH_CHECK_CONTENT)
