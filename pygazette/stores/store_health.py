@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import shutil
 import tempfile
 import time
 import urllib.error
@@ -38,15 +39,13 @@ FIRST_CHECK_PENDING = "first health check hasn't completed yet"
 
 async def run_check(store: FragmentStore, scratch_dir: Path | None = None) -> None:
     """One health check of `store`; raises StoreError saying which step failed."""
-    if scratch_dir is not None:
-        scratch_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="health-") as tmp:
-        local = Path(tmp) / "health-check"
-        local.write_bytes(HEALTH_CHECK_CONTENT)
-        try:
-            await store.put_file(HEALTH_CHECK_PATH, local)
-        except StoreError as exc:
-            raise StoreError(f"health check PUT failed: {exc}") from exc
+    local = await asyncio.to_thread(_write_probe, scratch_dir)
+    try:
+        await store.put_file(HEALTH_CHECK_PATH, local)
+    except StoreError as exc:
+        raise StoreError(f"health check PUT failed: {exc}") from exc
+    finally:
+        await asyncio.to_thread(shutil.rmtree, local.parent, True)
     try:
         got = await store.get(HEALTH_CHECK_PATH)
     except StoreError as exc:
@@ -67,6 +66,14 @@ async def run_check(store: FragmentStore, scratch_dir: Path | None = None) -> No
         body = await asyncio.to_thread(_fetch, url)
         if body != HEALTH_CHECK_CONTENT:
             raise StoreError(f"health check fetch of the signed URL got {body[:64]!r}")
+
+
+def _write_probe(scratch_dir: Path | None) -> Path:
+    if scratch_dir is not None:
+        scratch_dir.mkdir(parents=True, exist_ok=True)
+    local = Path(tempfile.mkdtemp(dir=scratch_dir, prefix="health-")) / "health-check"
+    local.write_bytes(HEALTH_CHECK_CONTENT)
+    return local
 
 
 def _fetch(url: str) -> bytes:

@@ -81,10 +81,10 @@ async def list_fragments(stub: pb_grpc.JournalStub, journal: str) -> list[pb.Fra
 
 
 async def wait_persisted(
-    stub: pb_grpc.JournalStub, journal: str, end: int, timeout: float = 60
+    stub: pb_grpc.JournalStub, journal: str, end: int, within: float = 60
 ) -> list[pb.Fragment]:
     """Wait until persisted fragments cover [0, end) of `journal`; returns them."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         frags = [f for f in await list_fragments(stub, journal) if f.mod_time]
         reach = 0
