@@ -92,7 +92,8 @@ async def serve_append(
         return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
     if replica.spec.replication > len(header.route.members):
         return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
-    if refusal := replica.append_refusal():  # Its store is failing and spools piled up.
+    # Refused while the journal's store fails and its spools piled up, or can't be listed.
+    if refusal := replica.append_refusal() or await replica.await_first_listing():
         return pb.AppendResponse(
             status=pb.FRAGMENT_STORE_UNHEALTHY, header=header, store_health_error=refusal
         )

@@ -49,7 +49,8 @@ async def serve_read(
     if not journal_spec_flags_allow_read(replica.spec):
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolver.header())
         return
-    await replica.index.first_refresh_done.wait()
+    if req.offset == -1 and (failure := await replica.await_first_listing()):
+        raise StoreError(failure)  # The write head isn't known without the stores.
 
     header: pb.Header | None = resolver.header()
     offset = replica.head if req.offset == -1 else req.offset
@@ -59,6 +60,11 @@ async def serve_read(
             return
         changed = replica.index.changed
         frag, spool, offset = replica.index.query(offset, begin_mod_time=req.begin_mod_time)
+        if spool is None and not replica.index.first_refresh_done.is_set():
+            # Only local spools are known yet: wait for the stores before answering.
+            if failure := await replica.await_first_listing():
+                raise StoreError(failure)
+            continue
         if frag is None:
             if not req.block:
                 resp = pb.ReadResponse(

@@ -32,6 +32,7 @@ from pygazette.stores.store import StoreRegistry
 log = logging.getLogger(__name__)
 
 _DEFAULT_REFRESH_SECONDS = 300.0
+FIRST_LISTING_ATTEMPTS = 5
 
 
 def spool_directory(root: Path, journal: str) -> Path:
@@ -63,6 +64,9 @@ class Replica:
         self.limiter = RateLimiter(spec.max_append_rate)
         self._refresh_task: asyncio.Task[None] | None = None
         self._refresh_now = asyncio.Event()
+        self.refresh_error = ""  # Why the last store listing failed ("" once one succeeds).
+        self._refresh_failures = 0  # Failed listings in a row.
+        self._refresh_failed = asyncio.Event()  # Set on each failed listing.
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_wakeup = asyncio.Event()
 
@@ -240,17 +244,46 @@ class Replica:
         for spool in self.index.replace_persisted(listing, started):
             spool.delete()  # Already persisted (by an earlier run, or another broker).
 
+    async def await_first_listing(self, failures: int = FIRST_LISTING_ATTEMPTS) -> str:
+        """Wait for the first store listing; "" once it landed, else why it keeps failing.
+
+        Appends need it (the stores may hold a larger write head than local spools) and so
+        do reads beyond local spools; rather than hang while a store is unreachable, give up
+        once `failures` listings in a row have failed (a few seconds: they retry on a
+        backoff), and at once while that is still the case.
+        """
+        done = self.index.first_refresh_done
+        while self._refresh_failures < failures:
+            if done.is_set():
+                return ""
+            failed = asyncio.ensure_future(self._refresh_failed.wait())
+            succeeded = asyncio.ensure_future(done.wait())
+            try:
+                await asyncio.wait([failed, succeeded], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                failed.cancel()
+                succeeded.cancel()
+        if done.is_set():
+            return ""
+        return f"cannot list fragments of {self.name}: {self.refresh_error}"
+
     async def _refresh_loop(self) -> None:
         backoff = 0.1
         while True:
             try:
                 await self.refresh()
+                self.refresh_error = ""
+                self._refresh_failures = 0
                 backoff = 0.1
                 delay = self.refresh_interval()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("store listing failed", extra={"journal": self.name, "error": str(exc)})
+                self.refresh_error = str(exc)
+                self._refresh_failures += 1
+                self._refresh_failed.set()
+                self._refresh_failed = asyncio.Event()
                 delay = backoff
                 backoff = min(backoff * 2, 30.0)
             self._refresh_now.clear()
