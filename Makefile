@@ -7,7 +7,7 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
 
-.PHONY: all venv deps serve test unit lint proto bench clean
+.PHONY: all venv deps serve test unit lint proto bench bench-fragments clean
 
 all: test
 
@@ -38,6 +38,9 @@ test: deps lint
 
 bench: venv
 	$(PY) bench/append_read.py
+
+bench-fragments: venv
+	$(PY) bench/fragments.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -109,7 +109,7 @@ def new_compressor(codec: int) -> StreamCompressor:
     return _SnappyFramedCompressor()
 
 
-COMPRESS_CHUNK = 4 << 20
+COMPRESS_CHUNK = 1 << 20  # Measured fastest for snappy and zstd; no worse for gzip.
 
 
 def compress_file(codec: int, src_fd: int, length: int, out: BinaryIO) -> int:

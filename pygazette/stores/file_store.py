@@ -1,7 +1,9 @@
 """The `file://` fragment store: a directory tree under a configured root.
 
 `file:///a/b/` maps to `<root>/a/b/`. Puts write a temp file beside the target, fsync it and
-rename it into place, so a crash never leaves a partial fragment under a fragment name.
+rename it into place, so a crash never leaves a partial fragment under a fragment name. When
+the source is on the same file system (a spool, or a compressed scratch file, which are
+never written again), the temp file is a hard link to it rather than a copy.
 Blocking file I/O runs on worker threads. Signed URLs are plain `file://` URLs of the
 absolute path (readable by any process on this machine, or a host sharing the root).
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 
 from pygazette.stores.store import (
@@ -54,14 +56,23 @@ class FileStore(FragmentStore):
     def _put_file(target: Path, local: Path) -> None:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_PUT_PREFIX)
         except OSError as exc:
             raise StoreError(f"cannot write under {target.parent}: {exc}") from exc
+        tmp = str(target.parent / f"{_PUT_PREFIX}{uuid.uuid4().hex}")
         try:
-            with os.fdopen(fd, "wb") as out, open(local, "rb") as src:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
+            try:
+                os.link(local, tmp)
+                # The store's mod time is when the fragment was stored, as with a copy:
+                # batch jobs select fragments persisted in a time window by it.
+                os.utime(tmp)
+            except OSError:
+                with open(tmp, "xb") as out, open(local, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, target)
             dir_fd = os.open(target.parent, os.O_RDONLY)
             try:
