@@ -66,8 +66,8 @@ def make_data(mb: int, seed: int = 7) -> bytes:
     while size < mb * MiB:
         line = (
             f'{{"seq":{i},"user":"{rng.choice(words)}","page":"/{rng.choice(words)}/'
-            f'{rng.choice(words)}","ms":{rng.randint(0, 99999)},"ok":{str(rng.random() < 0.9).lower()},'
-            f'"tag":"{rng.getrandbits(64):016x}"}}\n'
+            f'{rng.choice(words)}","ms":{rng.randint(0, 99999)},'
+            f'"ok":{str(rng.random() < 0.9).lower()},"tag":"{rng.getrandbits(64):016x}"}}\n'
         )
         lines.append(line)
         size += len(line)
