@@ -148,7 +148,8 @@ class JournalService(pb_grpc.JournalServicer):
             return pb.FragmentsResponse(
                 status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
             )
-        await replica.index.first_refresh_done.wait()
+        if failure := await replica.await_first_listing():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
         frags = replica.index.persisted() + [
             s.fragment() for s in replica.index.local_spools() if s.end > s.begin
         ]
