@@ -246,12 +246,12 @@ class Persister:
         else:
             encoding = "gzip" if frag.compression_codec == pb.GZIP_OFFLOAD_DECOMPRESSION else ""
             if frag.compression_codec == pb.NONE:
-                source = spool.content_path
+                source, disposable = spool.content_path, False
             else:
                 if job.compressed is None:
                     job.compressed = await self._in_pool(self._compress, spool)
-                source = job.compressed
-            await store.put_file(path, source, content_encoding=encoding)
+                source, disposable = job.compressed, True
+            await store.put_file(path, source, content_encoding=encoding, disposable=disposable)
             self.uploaded_bytes += source.stat().st_size
         frag.mod_time = int(time.time())
         index = job.target.index
@@ -272,6 +272,7 @@ class Persister:
         src = os.open(spool.content_path, os.O_RDONLY)
         fd, tmp = tempfile.mkstemp(dir=self.scratch_dir, prefix=_SCRATCH_PREFIX)
         try:
+            os.fchmod(fd, 0o644)  # A file store may link it in place: readable like a copy.
             with os.fdopen(fd, "wb") as out:
                 codecs.compress_file(spool.codec, src, spool.end - spool.begin, out)
         except BaseException:

@@ -1,9 +1,10 @@
 """The `file://` fragment store: a directory tree under a configured root.
 
 `file:///a/b/` maps to `<root>/a/b/`. Puts write a temp file beside the target, fsync it and
-rename it into place, so a crash never leaves a partial fragment under a fragment name. When
-the source is on the same file system (a spool, or a compressed scratch file, which are
-never written again), the temp file is a hard link to it rather than a copy.
+rename it into place, so a crash never leaves a partial fragment under a fragment name. A
+disposable source on the same file system (a compressed scratch file) is hard-linked rather
+than copied. Spool files are always copied: spool recovery may cut a spool file, which must
+never reach a persisted fragment.
 Blocking file I/O runs on worker threads. Signed URLs are plain `file://` URLs of the
 absolute path (readable by any process on this machine, or a host sharing the root).
 """
@@ -48,24 +49,31 @@ class FileStore(FragmentStore):
     def local_path(self, path: str) -> Path | None:
         return self._resolve(path)
 
-    async def put_file(self, path: str, local: Path, *, content_encoding: str = "") -> None:
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
         # A file system keeps no Content-Encoding: the file holds the bytes as given.
-        await asyncio.to_thread(self._put_file, self._resolve(path), local)
+        await asyncio.to_thread(self._put_file, self._resolve(path), local, disposable)
 
     @staticmethod
-    def _put_file(target: Path, local: Path) -> None:
+    def _put_file(target: Path, local: Path, disposable: bool) -> None:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot write under {target.parent}: {exc}") from exc
         tmp = str(target.parent / f"{_PUT_PREFIX}{uuid.uuid4().hex}")
         try:
-            try:
-                os.link(local, tmp)
-                # The store's mod time is when the fragment was stored, as with a copy:
-                # batch jobs select fragments persisted in a time window by it.
-                os.utime(tmp)
-            except OSError:
+            linked = False
+            if disposable:
+                try:
+                    os.link(local, tmp)
+                    # The store's mod time is when the fragment was stored, as with a copy:
+                    # batch jobs select fragments persisted in a time window by it.
+                    os.utime(tmp)
+                    linked = True
+                except OSError:
+                    Path(tmp).unlink(missing_ok=True)
+            if not linked:
                 with open(tmp, "xb") as out, open(local, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
             fd = os.open(tmp, os.O_RDONLY)

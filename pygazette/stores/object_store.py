@@ -94,7 +94,9 @@ class ObjectStore(FragmentStore):
             return StoreNotFound(f"{op} {where}: not found")
         return StoreError(f"{op} {where}: {describe(exc)}")
 
-    async def put_file(self, path: str, local: Path, *, content_encoding: str = "") -> None:
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
         key = self._key(path)
         attributes: dict[str, str] = dict(self._put_attributes)
         if content_encoding:

@@ -55,8 +55,15 @@ class FragmentStore(abc.ABC):
         self.url = url
 
     @abc.abstractmethod
-    async def put_file(self, path: str, local: Path, *, content_encoding: str = "") -> None:
-        """Store the local file's bytes at `path`, atomically (all or nothing)."""
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
+        """Store the local file's bytes at `path`, atomically (all or nothing).
+
+        `disposable` promises that `local` is never written again and is removed after the
+        put, so a store may take the file over (a file store hard-links it) instead of
+        copying it.
+        """
 
     @abc.abstractmethod
     async def exists(self, path: str) -> bool:

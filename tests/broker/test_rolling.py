@@ -108,6 +108,8 @@ async def test_idle_spool_rolls_at_the_flush_boundary(harness: Harness) -> None:
     assert (frag.begin, frag.end, frag.compression_codec) == (0, 9, pb.GZIP)
     path = harness.root / "fragments" / fragment_content_path(frag)
     assert codecs.decompress(pb.GZIP, path.read_bytes()) == b"one line\n"
+    assert path.stat().st_mode & 0o777 == 0o644  # Hard-linked from scratch, yet readable.
+    assert abs(path.stat().st_mtime - time.time()) < 60
     # The next append opens a new spool after the persisted fragment.
     _commit(r, b"two\n")
     assert r.spool is not None and r.spool.begin == 9
