@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_REFRESH_SECONDS = 300.0
 FIRST_LISTING_ATTEMPTS = 5
+# Failed listings retry on a backoff up to this (Gazette waits a whole refresh interval).
+MAX_LISTING_RETRY_SECONDS = 10.0
 
 
 def spool_directory(root: Path, journal: str) -> Path:
@@ -285,7 +287,7 @@ class Replica:
                 self._refresh_failed.set()
                 self._refresh_failed = asyncio.Event()
                 delay = backoff
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, MAX_LISTING_RETRY_SECONDS)
             self._refresh_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refresh_now.wait(), delay)
