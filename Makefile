@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8080
 DATA ?= ./data
-PROTOS := pygazette/protocol/pb/protocol.proto
+PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
 
-.PHONY: all venv deps serve test unit lint proto bench clean
+.PHONY: all venv deps serve test unit lint proto bench bench-fragments clean
 
 all: test
 
@@ -39,6 +39,9 @@ test: deps lint
 bench: venv
 	$(PY) bench/append_read.py
 	$(PY) bench/publish.py
+
+bench-fragments: venv
+	$(PY) bench/fragments.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # receipt of the next chunk; smaller ones are cheaper to handle inline.
 _THREAD_CHUNK = 128 * 1024
 import os as _os  # noqa: E402
+
 _MODE = _os.environ.get("PGZ_MODE", "")
 
 
@@ -91,6 +92,11 @@ async def serve_append(
         return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
     if replica.spec.replication > len(header.route.members):
         return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
+    # Refused while the journal's store fails and its spools piled up, or can't be listed.
+    if refusal := replica.append_refusal() or await replica.await_first_listing():
+        return pb.AppendResponse(
+            status=pb.FRAGMENT_STORE_UNHEALTHY, header=header, store_health_error=refusal
+        )
 
     async with replica.pipeline:
         await replica.index.first_refresh_done.wait()

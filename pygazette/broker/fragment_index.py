@@ -1,9 +1,22 @@
 """The fragment index: which fragment serves a journal offset.
 
 It unions two kinds of fragments: local spools (the open one and closed ones waiting to be
-persisted) and persisted fragments from store listings, kept as a cover set (a fragment
-wholly covered by another is dropped). Local spools win where both cover an offset, since
-they are read without touching the store.
+persisted) and persisted fragments from store listings, kept as a cover set (see
+`cover_set`). Local spools win where both cover an offset, since they are read without
+touching a store.
+
+Store listings replace the persisted set every refresh interval. A fragment this broker
+persisted after a listing began is kept across that listing's replacement, so a read never
+loses sight of it until the next refresh; and a closed spool that a listing shows is already
+persisted (a restart after the upload but before the spool was removed, or another broker
+persisting it) is dropped from the index and handed back to be deleted, as Gazette drops
+local fragments that a listing covers.
+
+Reads move forward over a gap in the offsets only under Gazette's rules: to the first
+fragment when the offset lies before every fragment of the journal (content removed by
+retention), or to the next persisted fragment once it has been in the store for
+OFFSET_JUMP_AGE_SECONDS (a younger gap may be a fragment still being persisted, which the
+read must wait for). Persisted fragments older than a read's `begin_mod_time` are skipped.
 """
 
 from __future__ import annotations
@@ -12,20 +25,21 @@ import asyncio
 import bisect
 import time
 
+from pygazette.broker.cover_set import CoverSet
 from pygazette.broker.spool import Spool
 from pygazette.protocol.pb import protocol_pb2 as pb
 
-# A read of an offset that no fragment covers skips ahead to the next fragment only if that
-# fragment was persisted at least this long ago. A younger gap may just be a fragment that is
-# still being persisted, and the read must wait for it rather than skip it (Gazette's rule).
 OFFSET_JUMP_AGE_SECONDS = 6 * 3600
 
 
 class FragmentIndex:
     def __init__(self, journal: str) -> None:
         self.journal = journal
-        self._persisted: list[pb.Fragment] = []  # Cover set, sorted on (begin, end).
+        self._persisted: CoverSet[pb.Fragment] = CoverSet()
         self._local: list[Spool] = []  # Sorted on begin.
+        # Fragments added by add_persisted, numbered, until a listing begun after them lands.
+        self._recent: list[tuple[int, pb.Fragment]] = []
+        self._seq = 0
         self.changed = asyncio.Event()
         self.first_refresh_done = asyncio.Event()
 
@@ -47,72 +61,100 @@ class FragmentIndex:
         self._signal()
 
     def add_persisted(self, frag: pb.Fragment) -> bool:
-        """Add a persisted fragment unless it is covered; drop what it covers."""
-        for other in self._persisted:
-            if other.begin <= frag.begin and frag.end <= other.end:
-                return False
-        self._persisted = [
-            f for f in self._persisted if not (frag.begin <= f.begin and f.end <= frag.end)
-        ]
-        bisect.insort(self._persisted, frag, key=lambda f: (f.begin, f.end))
+        """Add a fragment this broker just persisted (unless covered)."""
+        self._seq += 1
+        self._recent.append((self._seq, frag))
+        added = self._persisted.add(frag)
         self._signal()
-        return True
+        return added
 
-    def replace_persisted(self, frags: list[pb.Fragment]) -> None:
-        """Install a fresh store listing (keeping what was added since the listing began)."""
-        merged = FragmentIndex(self.journal)
+    def listing_started(self) -> int:
+        """A token to pass to `replace_persisted` with the listing begun now."""
+        return self._seq
+
+    def replace_persisted(
+        self, frags: list[pb.Fragment], started: int | None = None
+    ) -> list[Spool]:
+        """Install a fresh store listing; returns closed spools it shows are persisted.
+
+        With `started` (from `listing_started`), fragments added since the listing began
+        are kept even if the listing missed them.
+        """
+        cover: CoverSet[pb.Fragment] = CoverSet()
+        # Larger fragments first at each begin, so that smaller covered ones are no-ops.
         for f in sorted(frags, key=lambda f: (f.begin, -f.end)):
-            merged.add_persisted(f)
-        self._persisted = merged._persisted
+            cover.add(f)
+        if started is not None:
+            self._recent = [(seq, f) for seq, f in self._recent if seq > started]
+            for _seq, f in self._recent:
+                cover.add(f)
+        else:
+            self._recent = []
+        self._persisted = cover
+        dropped = [
+            s for s in self._local if s.closed and s.end > s.begin and cover.covers(s.begin, s.end)
+        ]
+        if dropped:
+            self._local = [s for s in self._local if not any(s is d for d in dropped)]
         self.first_refresh_done.set()
         self._signal()
+        return dropped
 
     # Queries.
     @property
     def end_offset(self) -> int:
         """The largest offset any fragment reaches."""
-        end = self._persisted[-1].end if self._persisted else 0
-        for f in self._persisted:
-            end = max(end, f.end)
+        end = self._persisted.end_offset
         for s in self._local:
             end = max(end, s.end)
         return end
 
     @property
     def begin_offset(self) -> int:
-        begins = [f.begin for f in self._persisted] + [
-            s.begin for s in self._local if s.end > s.begin
-        ]
+        begins = [s.begin for s in self._local if s.end > s.begin]
+        if len(self._persisted):
+            begins.append(self._persisted.begin_offset)
         return min(begins) if begins else 0
 
     def persisted(self) -> list[pb.Fragment]:
-        return list(self._persisted)
+        return self._persisted.items()
 
     def local_spools(self) -> list[Spool]:
         return list(self._local)
 
-    def query(self, offset: int) -> tuple[pb.Fragment | None, Spool | None, int]:
+    def query(
+        self, offset: int, *, begin_mod_time: int = 0, now: float | None = None
+    ) -> tuple[pb.Fragment | None, Spool | None, int]:
         """The fragment to read `offset` from, the spool backing it if local, and the offset.
 
-        The returned offset is larger than `offset` only for an offset jump over a gap
-        (Gazette's rule: the next fragment must be older than OFFSET_JUMP_AGE_SECONDS).
-        (None, None, offset) means nothing is readable at `offset` yet.
+        The returned offset is larger than `offset` only for an offset jump over a gap or
+        over fragments older than `begin_mod_time`. (None, None, offset) means nothing is
+        readable at `offset` yet.
         """
-        for spool in self._local:
-            if spool.begin <= offset < spool.end:
-                return spool.fragment(), spool, offset
-        best: pb.Fragment | None = None
-        i = bisect.bisect_right(self._persisted, offset, key=lambda f: f.begin)
-        for f in self._persisted[:i]:
-            if f.begin <= offset < f.end and (best is None or f.end > best.end):
-                best = f
-        if best is not None:
-            return best, None, offset
-        nxt = self._persisted[i] if i < len(self._persisted) else None
-        if (
-            nxt is not None
-            and nxt.mod_time
-            and nxt.mod_time < time.time() - OFFSET_JUMP_AGE_SECONDS
-        ):
-            return nxt, None, nxt.begin
-        return None, None, offset
+        now = time.time() if now is None else now
+        while True:
+            local = None
+            for spool in self._local:
+                if spool.begin <= offset < spool.end and (local is None or spool.end > local.end):
+                    local = spool
+            if local is not None:
+                return local.fragment(), local, offset
+
+            ind, found = self._persisted.longest_overlapping(offset)
+            if not found:
+                nxt = self._persisted[ind] if ind < len(self._persisted) else None
+                later_local = [s for s in self._local if s.begin > offset and s.end > s.begin]
+                if later_local and (nxt is None or later_local[0].begin < nxt.begin):
+                    return None, None, offset  # The next content is not persisted yet: wait.
+                if nxt is None or not nxt.mod_time:
+                    return None, None, offset
+                before_everything = offset < self.begin_offset
+                if not before_everything and nxt.mod_time >= now - OFFSET_JUMP_AGE_SECONDS:
+                    return None, None, offset
+                offset = nxt.begin  # Jump over the gap (Gazette's rules).
+                continue
+            frag = self._persisted[ind]
+            if frag.mod_time and frag.mod_time < begin_mod_time:
+                offset = frag.end  # Older than the reader asked for: skip its content.
+                continue
+            return frag, None, offset

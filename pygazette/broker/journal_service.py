@@ -14,8 +14,10 @@ from typing import Any
 import grpc
 
 from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
+from pygazette.broker.path_postfix import check_apply_request
 from pygazette.broker.read_service import serve_read
 from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver, journal_key
+from pygazette.broker.store_health_service import serve_fragment_store_health
 from pygazette.keyspace.keyspace import Compare, Delete, Put
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path
@@ -24,11 +26,12 @@ from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import journal_selected
 from pygazette.protocol.validation import (
     validate_apply_request,
+    validate_fragment_store_health_request,
     validate_fragments_request,
     validate_list_request,
     validate_read_request,
 )
-from pygazette.stores.store import StoreRegistry
+from pygazette.stores.store import StoreError, StoreRegistry
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ class JournalService(pb_grpc.JournalServicer):
 
     async def Apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)
+        await _validate(check_apply_request, request, context)  # Templates we can render.
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         for change in request.changes:
@@ -111,8 +115,11 @@ class JournalService(pb_grpc.JournalServicer):
         self, request: pb.ReadRequest, context: Context
     ) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
         await _validate(validate_read_request, request, context)
-        async for resp in serve_read(request, self.resolver, self.stores):
-            yield resp
+        try:
+            async for resp in serve_read(request, self.resolver, self.stores):
+                yield resp
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading fragment: {exc}")
 
     async def Append(
         self, request_iterator: AsyncIterator[pb.AppendRequest], context: Context
@@ -141,7 +148,8 @@ class JournalService(pb_grpc.JournalServicer):
             return pb.FragmentsResponse(
                 status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
             )
-        await replica.index.first_refresh_done.wait()
+        if failure := await replica.await_first_listing():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
         frags = replica.index.persisted() + [
             s.fragment() for s in replica.index.local_spools() if s.end > s.begin
         ]
@@ -163,9 +171,19 @@ class JournalService(pb_grpc.JournalServicer):
                 break
             entry = resp.fragments.add(spec=frag)
             if ttl is not None and frag.backing_store:
-                store = self.stores.get(frag.backing_store)
-                entry.signed_url = store.signed_url(fragment_content_path(frag), ttl)
+                try:
+                    store = self.stores.get(frag.backing_store)
+                    entry.signed_url = await store.signed_url(fragment_content_path(frag), ttl)
+                except StoreError as exc:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"signing URL: {exc}")
         return resp
+
+    async def FragmentStoreHealth(
+        self, request: pb.FragmentStoreHealthRequest, context: Context
+    ) -> pb.FragmentStoreHealthResponse:  # type: ignore[override]
+        await _validate(validate_fragment_store_health_request, request, context)
+        monitor = self.resolver.persister.health
+        return await serve_fragment_store_health(request, self.resolver, monitor)
 
 
 async def _validate(validator: object, request: object, context: Context) -> None:

@@ -1,10 +1,23 @@
-"""The persister: moves closed spools into the journal's first fragment store.
+"""The persister: moves closed spools into their journal's first fragment store.
 
-Spools persist in the order they closed. Compression runs on a worker thread, so appends
-and reads never wait on it. A spool's local files are removed only after the store holds
-the fragment durably; a failed put is retried with backoff, keeping the spool on disk (and
-readable) meanwhile. A journal without stores keeps no history: its closed spools are
+Each closed spool becomes a job queued on the store it is bound for, and each store is served
+by its own workers, so a slow or unreachable store never holds back journals on other stores.
+A job reads the journal's *current* spec at every attempt, as Gazette's persister does: the
+store is its first store now (a job moves when an operator points the journal elsewhere, e.g.
+away from a failed store) and the path postfix template is rendered then.
+
+Compression reads the spool file in bounded chunks on the persister's own worker threads
+(never the event loop, never the executor that appends write spools on); the compressed
+file is kept across retries. A fragment already in the store (a restart after the upload but
+before the spool's removal) is not uploaded again. A spool's local files are removed only
+after the store holds the fragment durably; a failed attempt is retried on a backoff that
+is cut short when the store's health check passes again, and the spool stays on disk — and
+readable — meanwhile. A journal without stores keeps no history: its closed spools are
 dropped, as Gazette does.
+
+The bytes of spools waiting for each store are its backlog. Past `backlog_limit`, appends
+to journals persisting there are refused (FRAGMENT_STORE_UNHEALTHY, see `refusal`) until
+the backlog drains, so an unreachable store cannot fill the local disk.
 """
 
 from __future__ import annotations
@@ -15,13 +28,18 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pygazette.broker.path_postfix import TemplateError, evaluate_path_postfix
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import codecs
-from pygazette.stores.store import StoreRegistry
+from pygazette.stores.store import StoreError, StoreRegistry
+from pygazette.stores.store_health import FIRST_CHECK_PENDING, StoreHealthMonitor
 
 if TYPE_CHECKING:
     from pygazette.broker.fragment_index import FragmentIndex
@@ -29,90 +47,243 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+DEFAULT_BACKLOG_LIMIT = 4 << 30
+WORKERS_PER_STORE = 4
+MAX_RETRY_SECONDS = 30.0
+_SCRATCH_PREFIX = "persist-"
+
+
+class PersistTarget(Protocol):
+    """What the persister needs of a journal: its current spec and its fragment index."""
+
+    @property
+    def spec(self) -> pb.JournalSpec: ...
+
+    @property
+    def index(self) -> FragmentIndex: ...
+
+
+@dataclass(slots=True)
+class _Job:
+    spool: Spool
+    target: PersistTarget
+    store: str  # The store URL whose queue holds the job ("" for none).
+    size: int
+    compressed: Path | None = None
+
 
 class Persister:
-    def __init__(self, stores: StoreRegistry, scratch_dir: Path) -> None:
+    def __init__(
+        self,
+        stores: StoreRegistry,
+        scratch_dir: Path,
+        *,
+        health: StoreHealthMonitor | None = None,
+        backlog_limit: int = DEFAULT_BACKLOG_LIMIT,
+        workers_per_store: int = WORKERS_PER_STORE,
+    ) -> None:
         self.stores = stores
         self.scratch_dir = scratch_dir
-        self._queue: asyncio.Queue[tuple[Spool, list[str], FragmentIndex]] = asyncio.Queue()
+        self.health = health or StoreHealthMonitor(stores, scratch_dir)
+        self.backlog_limit = backlog_limit
+        self.workers_per_store = workers_per_store
+        self._queues: dict[str, asyncio.Queue[_Job]] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self._backlog: dict[str, int] = {}
+        self._last_error: dict[str, str] = {}
+        self._pending = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
+        self._compress_pool = ThreadPoolExecutor(
+            max(1, os.cpu_count() or 1), thread_name_prefix="pygazette-compress"
+        )
         self.persisted_count = 0
+        self.persisted_bytes = 0
+        self.uploaded_bytes = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="persister")
+        """Clear compression leftovers of an earlier run (spools themselves are recovered)."""
+        if self.scratch_dir.is_dir():
+            for leftover in self.scratch_dir.glob(_SCRATCH_PREFIX + "*"):
+                leftover.unlink(missing_ok=True)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._workers:
+            task.cancel()
+        for task in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
+        self._workers.clear()
+        for queue in self._queues.values():
+            while not queue.empty():
+                job = queue.get_nowait()
+                self._discard_compressed(job)
+        self._queues.clear()
+        await self.health.stop()
+        self._compress_pool.shutdown(wait=False, cancel_futures=True)
 
-    def enqueue(self, spool: Spool, stores: list[str], index: FragmentIndex) -> None:
-        """Persist the closed `spool` to `stores[0]` (drop it if there are no stores)."""
+    # Queueing.
+    def enqueue(self, spool: Spool, target: PersistTarget) -> None:
+        """Persist the closed `spool` of `target` to the journal's first store."""
+        stores = list(target.spec.fragment.stores)
+        job = _Job(spool, target, stores[0] if stores else "", spool.end - spool.begin)
+        self._pending += 1
         self._idle.clear()
-        self._queue.put_nowait((spool, list(stores), index))
+        self._put(job)
+
+    def _put(self, job: _Job) -> None:
+        queue = self._queues.get(job.store)
+        if queue is None:
+            queue = self._queues[job.store] = asyncio.Queue()
+            for i in range(self.workers_per_store if job.store else 1):
+                self._workers.append(
+                    asyncio.create_task(self._work(queue), name=f"persist:{job.store}:{i}")
+                )
+            if job.store:
+                self.health.get(job.store)  # Start checking the store's health.
+        self._backlog[job.store] = self._backlog.get(job.store, 0) + job.size
+        queue.put_nowait(job)
+
+    def _finish(self, job: _Job) -> None:
+        self._backlog[job.store] -= job.size
+        self._discard_compressed(job)
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
 
     async def wait_idle(self) -> None:
         """Wait until everything queued has persisted."""
         await self._idle.wait()
 
-    async def _run(self) -> None:
-        while True:
-            spool, stores, index = await self._queue.get()
-            backoff = 0.1
-            while True:
-                try:
-                    await self.persist(spool, stores, index)
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.warning(
-                        "persist failed; will retry",
-                        extra={"journal": spool.journal, "begin": spool.begin, "error": str(exc)},
-                    )
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 10.0)
-            if self._queue.empty():
-                self._idle.set()
+    # Backpressure.
+    def backlog_bytes(self, store: str) -> int:
+        """Bytes of closed spools waiting to persist to `store`."""
+        return self._backlog.get(store, 0)
 
-    async def persist(self, spool: Spool, stores: list[str], index: FragmentIndex) -> None:
-        if spool.deleted:
-            return
-        if not stores or spool.end == spool.begin:
-            index.remove_local(spool)
-            spool.delete()
-            return
-        frag = spool.fragment()
-        frag.backing_store = stores[0]
-        store = self.stores.get(stores[0])
-        path = fragment_content_path(frag)
-        encoding = "gzip" if frag.compression_codec == pb.GZIP_OFFLOAD_DECOMPRESSION else ""
-        if frag.compression_codec == pb.NONE:
-            await store.put_file(path, spool.content_path, content_encoding=encoding)
-        else:
-            tmp = await asyncio.to_thread(self._compress, spool)
+    def refusal(self, spec: pb.JournalSpec) -> str:
+        """Why appends to `spec`'s journal must be refused now ("" if they need not be)."""
+        if not spec.fragment.stores:
+            return ""
+        store = spec.fragment.stores[0]
+        backlog = self._backlog.get(store, 0)
+        if backlog <= self.backlog_limit:
+            return ""
+        health = self.health.get(store)
+        reason = health.error if health.error not in (None, FIRST_CHECK_PENDING) else None
+        reason = reason or self._last_error.get(store) or "persisting is falling behind"
+        return (
+            f"fragment store {store} unhealthy: {reason}; {backlog} bytes of spools await "
+            f"persistence (limit {self.backlog_limit})"
+        )
+
+    # Work.
+    async def _work(self, queue: asyncio.Queue[_Job]) -> None:
+        while True:
+            job = await queue.get()
             try:
-                await store.put_file(path, tmp, content_encoding=encoding)
-            finally:
-                tmp.unlink(missing_ok=True)
+                moved = await self._attempt_until_done(job)
+            except asyncio.CancelledError:
+                self._discard_compressed(job)
+                raise
+            except Exception:  # A bug, not a store failure: never lose the worker.
+                log.exception("persisting a spool failed unexpectedly; dropping the job")
+                self._finish(job)
+                continue
+            if moved is not None:
+                self._backlog[job.store] -= job.size
+                job.store = moved
+                self._put(job)
+            else:
+                self._finish(job)
+
+    async def _attempt_until_done(self, job: _Job) -> str | None:
+        """Persist `job`, retrying; returns another store URL if the job must move there."""
+        backoff = 0.1
+        while True:
+            spool = job.spool
+            if spool.deleted:
+                return None  # Dropped meanwhile (a listing showed it persisted).
+            spec = job.target.spec
+            stores = list(spec.fragment.stores)
+            if not stores or spool.end == spool.begin:
+                job.target.index.remove_local(spool)
+                spool.delete()
+                return None
+            if stores[0] != job.store:
+                return stores[0]
+            try:
+                await self.persist(job, spec)
+                self._last_error.pop(job.store, None)
+                return None
+            except (StoreError, TemplateError, OSError) as exc:
+                if spool.deleted:
+                    return None
+                self._last_error[job.store] = str(exc)
+                log.warning(
+                    "persist failed; will retry",
+                    extra={"journal": spool.journal, "begin": spool.begin, "error": str(exc)},
+                )
+                health = self.health.get(job.store)
+                health.check_soon()
+                await health.wait_change(backoff)
+                backoff = min(backoff * 2, MAX_RETRY_SECONDS)
+
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._compress_pool, fn, *args)
+
+    async def persist(self, job: _Job, spec: pb.JournalSpec) -> None:
+        """One attempt at persisting `job` to `job.store`."""
+        spool = job.spool
+        frag = await self._in_pool(spool.fragment)  # Finishes hashing off the event loop.
+        frag.backing_store = job.store
+        frag.path_postfix = evaluate_path_postfix(spec, frag, spool.first_append_time)
+        path = fragment_content_path(frag)
+        store = self.stores.get(job.store)
+        if await store.exists(path):
+            log.info("fragment already persisted", extra={"journal": frag.journal, "path": path})
+        else:
+            encoding = "gzip" if frag.compression_codec == pb.GZIP_OFFLOAD_DECOMPRESSION else ""
+            if frag.compression_codec == pb.NONE:
+                source, disposable = spool.content_path, False
+            else:
+                if job.compressed is None:
+                    job.compressed = await self._in_pool(self._compress, spool)
+                source, disposable = job.compressed, True
+            await store.put_file(path, source, content_encoding=encoding, disposable=disposable)
+            self.uploaded_bytes += source.stat().st_size
         frag.mod_time = int(time.time())
+        index = job.target.index
         index.add_persisted(frag)
         index.remove_local(spool)
         spool.delete()
         self.persisted_count += 1
+        self.persisted_bytes += frag.end - frag.begin
         log.info(
             "persisted fragment",
             extra={"journal": frag.journal, "begin": frag.begin, "end": frag.end, "path": path},
         )
 
     def _compress(self, spool: Spool) -> Path:
+        """Worker thread: the spool's content compressed into a scratch file."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
-        with open(spool.content_path, "rb") as f:
-            data = f.read(spool.end - spool.begin)
-        fd, tmp = tempfile.mkstemp(dir=self.scratch_dir, prefix="persist-")
-        with os.fdopen(fd, "wb") as out:
-            out.write(codecs.compress(spool.codec, data))
+        # Our own descriptor: the spool's may be closed if it is dropped meanwhile.
+        src = os.open(spool.content_path, os.O_RDONLY)
+        fd, tmp = tempfile.mkstemp(dir=self.scratch_dir, prefix=_SCRATCH_PREFIX)
+        try:
+            os.fchmod(fd, 0o644)  # A file store may link it in place: readable like a copy.
+            with os.fdopen(fd, "wb") as out:
+                codecs.compress_file(spool.codec, src, spool.end - spool.begin, out)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(src)
         return Path(tmp)
+
+    @staticmethod
+    def _discard_compressed(job: _Job) -> None:
+        if job.compressed is not None:
+            job.compressed.unlink(missing_ok=True)
+            job.compressed = None

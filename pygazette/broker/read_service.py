@@ -3,13 +3,21 @@
 Each fragment read begins with a metadata response (offset, write head, fragment and, for a
 persisted fragment, its URL), followed by content chunks. Offset -1 reads from the write head.
 A blocking read waits for commits; a non-blocking one answers OFFSET_NOT_YET_AVAILABLE at the
-head. `do_not_proxy` reads of persisted fragments get the fragment URL and no content;
-`metadata_only` reads get one metadata response.
+head. `do_not_proxy` reads of persisted fragments get the fragment URL (a presigned store
+URL, or a file:// path) and no content; `metadata_only` reads get one metadata response.
+
+Proxied reads of persisted fragments fetch READ_CHUNK ranges from the store and decompress
+them off the event loop. A GZIP_OFFLOAD_DECOMPRESSION fragment is decompressed here when
+the store hands back gzip bytes (it says so with Content-Encoding, and file stores always
+do), and passed through when the store decompressed it already (GCS transcoding) — where
+Gazette's broker passes it through either way, serving gzip bytes as content from stores
+that don't decompress.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 from pygazette.broker.resolver import Resolver
@@ -18,9 +26,15 @@ from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import journal_spec_flags_allow_read
 from pygazette.stores import codecs
-from pygazette.stores.store import StoreRegistry
+from pygazette.stores.store import StoreError, StoreNotFound, StoreRegistry
+
+log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20
+# Raw bytes fetched from a remote store per request: fewer, larger ranges.
+STORE_RANGE = 8 << 20
+# How often a read re-lists the stores after finding a fragment gone before giving up.
+MISSING_FRAGMENT_RETRIES = 2
 # Fragment URLs in Read responses stay valid this long.
 FRAGMENT_URL_TTL_SECONDS = 3600.0
 
@@ -35,15 +49,22 @@ async def serve_read(
     if not journal_spec_flags_allow_read(replica.spec):
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolver.header())
         return
-    await replica.index.first_refresh_done.wait()
+    if req.offset == -1 and (failure := await replica.await_first_listing()):
+        raise StoreError(failure)  # The write head isn't known without the stores.
 
     header: pb.Header | None = resolver.header()
     offset = replica.head if req.offset == -1 else req.offset
+    missing = 0
     while True:
         if req.end_offset and offset >= req.end_offset:
             return
         changed = replica.index.changed
-        frag, spool, offset = replica.index.query(offset)
+        frag, spool, offset = replica.index.query(offset, begin_mod_time=req.begin_mod_time)
+        if spool is None and not replica.index.first_refresh_done.is_set():
+            # Only local spools are known yet: wait for the stores before answering.
+            if failure := await replica.await_first_listing():
+                raise StoreError(failure)
+            continue
         if frag is None:
             if not req.block:
                 resp = pb.ReadResponse(
@@ -60,13 +81,17 @@ async def serve_read(
         if header is not None:
             resp.header.CopyFrom(header)
             header = None
-        if frag.backing_store and spool is None:
-            store = stores.get(frag.backing_store)
-            resp.fragment_url = store.signed_url(
-                fragment_content_path(frag), FRAGMENT_URL_TTL_SECONDS
-            )
+        if frag.backing_store and frag.mod_time and spool is None:
+            try:
+                store = stores.get(frag.backing_store)
+                resp.fragment_url = await store.signed_url(
+                    fragment_content_path(frag), FRAGMENT_URL_TTL_SECONDS
+                )
+            except StoreError as exc:
+                # No URL to hand out: serve the content through this broker instead.
+                log.warning("cannot sign fragment URL", extra={"error": str(exc)})
         yield resp
-        if req.metadata_only or (req.do_not_proxy and spool is None):
+        if req.metadata_only or (req.do_not_proxy and resp.fragment_url):
             return
 
         until = frag.end if not req.end_offset else min(frag.end, req.end_offset)
@@ -80,6 +105,12 @@ async def serve_read(
                 offset += len(chunk)
         except FileNotFoundError:
             continue  # The spool persisted and went away mid-read: query again.
+        except StoreNotFound:
+            # Removed from the store (retention, or by hand) since the last listing.
+            missing += 1
+            if missing > MISSING_FRAGMENT_RETRIES:
+                raise
+            await replica.refresh()
 
 
 async def _spool_chunks(spool: Spool, offset: int, until: int) -> AsyncIterator[bytes]:
@@ -102,34 +133,44 @@ async def _fragment_chunks(
         pos = offset - frag.begin
         end = until - frag.begin
         while pos < end:
-            n = min(READ_CHUNK, end - pos)
             if local is not None:
-                chunk = await asyncio.to_thread(_pread_file, local, pos, n)
+                chunk = await asyncio.to_thread(_pread_file, local, pos, min(READ_CHUNK, end - pos))
             else:
-                chunk = await store.get(path, start=pos, length=n)
+                chunk = await store.get(path, start=pos, length=min(STORE_RANGE, end - pos))
             if not chunk:
-                raise OSError(f"fragment {path} is shorter than its name says")
-            yield chunk
+                raise StoreError(f"fragment {path} is shorter than its name says")
+            for i in range(0, len(chunk), READ_CHUNK):
+                yield chunk[i : i + READ_CHUNK]
             pos += len(chunk)
         return
 
-    decompressor = codecs.new_decompressor(frag.compression_codec)
+    decompressor: codecs.StreamDecompressor | None = None
     pos = frag.begin  # Journal offset of the next decompressed byte.
     raw_pos = 0
     while pos < until:
         if local is not None:
             raw = await asyncio.to_thread(_pread_file, local, raw_pos, READ_CHUNK)
+            encoding = "gzip"  # A file holds the bytes as written.
         else:
-            raw = await store.get(path, start=raw_pos, length=READ_CHUNK)
+            got = await store.read(path, start=raw_pos, length=STORE_RANGE)
+            raw, encoding = got.data, got.content_encoding
+        if decompressor is None:
+            codec = frag.compression_codec
+            if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
+                codec = pb.GZIP if encoding == "gzip" else pb.NONE
+            decompressor = codecs.new_decompressor(codec)
         raw_pos += len(raw)
-        data = await asyncio.to_thread(decompressor.feed, raw) if raw else decompressor.finish()
+        try:
+            data = await asyncio.to_thread(decompressor.feed, raw) if raw else decompressor.finish()
+        except ValueError as exc:
+            raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
         if not raw and not data:
-            raise OSError(f"fragment {path} ended at {pos}, before {until}")
+            raise StoreError(f"fragment {path} ended at {pos}, before {until}")
         if pos + len(data) > offset:
             lo = max(0, offset - pos)
             hi = min(len(data), until - pos)
-            if hi > lo:
-                yield data[lo:hi]
+            for i in range(lo, hi, READ_CHUNK):
+                yield data[i : min(hi, i + READ_CHUNK)]
         pos += len(data)
 
 

@@ -4,6 +4,11 @@ It owns the journal's spec, its open spool, its fragment index (local spools plu
 listings, refreshed every `refresh_interval`), its registers and its append pipeline (a lock:
 appends to a journal are exclusive and never interleave). It decides when the open spool
 rolls: at `fragment.length`, at a `flush_interval` boundary, or on a codec change.
+
+Flush intervals are multiples of the interval since the Unix epoch, in whole seconds, as
+Gazette computes them. Gazette rolls a spool past its boundary on the next append, or on the
+primary's once-a-minute empty "pulse" append when none arrive; here a timer rolls it at the
+boundary itself, so an idle journal's last appends persist on time.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from pygazette.stores.store import StoreRegistry
 log = logging.getLogger(__name__)
 
 _DEFAULT_REFRESH_SECONDS = 300.0
+FIRST_LISTING_ATTEMPTS = 5
+# Failed listings retry on a backoff up to this (Gazette waits a whole refresh interval).
+MAX_LISTING_RETRY_SECONDS = 10.0
 
 
 def spool_directory(root: Path, journal: str) -> Path:
@@ -58,18 +66,25 @@ class Replica:
         self.limiter = RateLimiter(spec.max_append_rate)
         self._refresh_task: asyncio.Task[None] | None = None
         self._refresh_now = asyncio.Event()
+        self.refresh_error = ""  # Why the last store listing failed ("" once one succeeds).
+        self._refresh_failures = 0  # Failed listings in a row.
+        self._refresh_failed = asyncio.Event()  # Set on each failed listing.
+        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_wakeup = asyncio.Event()
 
     # Lifecycle.
     def start(self) -> None:
         self.recover_spools()
         self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"refresh:{self.name}")
+        self._flush_task = asyncio.create_task(self._flush_loop(), name=f"flush:{self.name}")
 
     async def stop(self, *, persist: bool) -> None:
         """Stop serving; with `persist`, hand the open spool to the persister first."""
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh_task
+        for task in (self._refresh_task, self._flush_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if persist and self.spool is not None:
             async with self.pipeline:
                 self.close_spool()
@@ -81,6 +96,11 @@ class Replica:
         self.limiter.set_rate(spec.max_append_rate)
         if stores_changed:
             self._refresh_now.set()
+        self._flush_wakeup.set()  # A new codec or flush interval may roll the spool now.
+
+    def append_refusal(self) -> str:
+        """Why appends must be refused now (FRAGMENT_STORE_UNHEALTHY), or ""."""
+        return self.persister.refusal(self.spec)
 
     def recover_spools(self) -> None:
         """Reopen spools left by an earlier run: all but the newest are closed and persisted."""
@@ -113,9 +133,10 @@ class Replica:
             self.registers = recovered[-1].registers
         for spool in recovered[:-1]:
             spool.close()
-            self.persister.enqueue(spool, list(self.spec.fragment.stores), self.index)
+            self.persister.enqueue(spool, self)
         if recovered:
             self.spool = recovered[-1]
+            self._flush_wakeup.set()
 
     # Offsets.
     @property
@@ -124,19 +145,52 @@ class Replica:
         return max(self.index.end_offset, self.spool.end if self.spool else 0)
 
     # Spool rolling (callers hold the pipeline).
+    def flush_interval(self) -> int:
+        """The flush interval in whole seconds (0: none), as Gazette truncates it."""
+        return max(0, int(self.spec.fragment.flush_interval.seconds))
+
     def spool_needs_roll(self, now: float) -> bool:
         spool = self.spool
         if spool is None:
             return False
         frag = self.spec.fragment
         if spool.codec != frag.compression_codec:
-            return True
+            return True  # Even an empty spool: it must be recreated with the new codec.
+        if spool.end == spool.begin:
+            return False
         if frag.length > 0 and spool.end - spool.begin >= frag.length:
             return True
-        interval = frag.flush_interval.seconds + frag.flush_interval.nanos / 1e9
+        interval = self.flush_interval()
         if interval > 0 and spool.first_append_time is not None:
-            return int(spool.first_append_time // interval) != int(now // interval)
+            return int(spool.first_append_time) // interval != int(now) // interval
         return False
+
+    def flush_deadline(self, now: float) -> float | None:
+        """When the open spool next crosses a flush boundary (None: no interval or spool).
+
+        An empty spool's first append comes after `now`, so the boundary after `now` is the
+        earliest its content can need flushing.
+        """
+        interval = self.flush_interval()
+        if interval <= 0 or self.spool is None:
+            return None
+        first = self.spool.first_append_time
+        since = int(first if first is not None else now)
+        return float((since // interval + 1) * interval)
+
+    async def _flush_loop(self) -> None:
+        """Roll the spool when it crosses a flush boundary (or its codec changed)."""
+        while True:
+            self._flush_wakeup.clear()
+            deadline = self.flush_deadline(time.time())
+            delay = None if deadline is None else max(0.0, deadline - time.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_wakeup.wait(), delay)
+            if self.spool_needs_roll(time.time()):
+                async with self.pipeline:
+                    if self.spool_needs_roll(time.time()):
+                        log.info("rolling spool", extra={"journal": self.name})
+                        self.close_spool()
 
     def close_spool(self) -> None:
         """Close the open spool and queue it for persistence."""
@@ -145,7 +199,7 @@ class Replica:
             return
         self.spool = None
         spool.close()
-        self.persister.enqueue(spool, list(self.spec.fragment.stores), self.index)
+        self.persister.enqueue(spool, self)
 
     def open_spool(self, begin: int) -> Spool:
         """A spool to append at `begin`, rolling the current one if it doesn't fit."""
@@ -163,6 +217,7 @@ class Replica:
                 sync=self.sync,
             )
             self.index.add_local(self.spool)
+            self._flush_wakeup.set()
         return self.spool
 
     # Store listings.
@@ -186,21 +241,53 @@ class Replica:
         return seconds if seconds > 0 else _DEFAULT_REFRESH_SECONDS
 
     async def refresh(self) -> None:
-        self.index.replace_persisted(await self.list_stores())
+        started = self.index.listing_started()
+        listing = await self.list_stores()
+        for spool in self.index.replace_persisted(listing, started):
+            spool.delete()  # Already persisted (by an earlier run, or another broker).
+
+    async def await_first_listing(self, failures: int = FIRST_LISTING_ATTEMPTS) -> str:
+        """Wait for the first store listing; "" once it landed, else why it keeps failing.
+
+        Appends need it (the stores may hold a larger write head than local spools) and so
+        do reads beyond local spools; rather than hang while a store is unreachable, give up
+        once `failures` listings in a row have failed (a few seconds: they retry on a
+        backoff), and at once while that is still the case.
+        """
+        done = self.index.first_refresh_done
+        while self._refresh_failures < failures:
+            if done.is_set():
+                return ""
+            failed = asyncio.ensure_future(self._refresh_failed.wait())
+            succeeded = asyncio.ensure_future(done.wait())
+            try:
+                await asyncio.wait([failed, succeeded], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                failed.cancel()
+                succeeded.cancel()
+        if done.is_set():
+            return ""
+        return f"cannot list fragments of {self.name}: {self.refresh_error}"
 
     async def _refresh_loop(self) -> None:
         backoff = 0.1
         while True:
             try:
                 await self.refresh()
+                self.refresh_error = ""
+                self._refresh_failures = 0
                 backoff = 0.1
                 delay = self.refresh_interval()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("store listing failed", extra={"journal": self.name, "error": str(exc)})
+                self.refresh_error = str(exc)
+                self._refresh_failures += 1
+                self._refresh_failed.set()
+                self._refresh_failed = asyncio.Event()
                 delay = backoff
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, MAX_LISTING_RETRY_SECONDS)
             self._refresh_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refresh_now.wait(), delay)

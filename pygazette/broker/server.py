@@ -24,10 +24,13 @@ import grpc
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.journal_service import JournalService
-from pygazette.broker.persister import Persister
+from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT, Persister
 from pygazette.broker.resolver import BrokerIdentity, Resolver
+from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
+from pygazette.broker.retention_service import RetentionService
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.pb import retention_pb2_grpc as rpb_grpc
 from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,10 @@ class BrokerConfig:
     zone: str = "local"
     broker_id: str = ""
     advertise_url: str = ""
+    # Bytes of closed spools awaiting one store before appends to its journals are refused.
+    spool_backlog_limit: int = DEFAULT_BACKLOG_LIMIT
+    # Seconds between retention passes over every journal (0: prune only on demand).
+    retention_interval: float = DEFAULT_ENFORCE_INTERVAL_SECONDS
 
 
 class BrokerAlreadyRunning(RuntimeError):
@@ -72,7 +79,9 @@ class Broker:
 
         self.keyspace = EmbeddedKeyspace(self.data_dir / "keyspace.json")
         self.stores = StoreRegistry(self.file_root)
-        self.persister = Persister(self.stores, self.data_dir / "scratch")
+        self.persister = Persister(
+            self.stores, self.data_dir / "scratch", backlog_limit=cfg.spool_backlog_limit
+        )
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -97,8 +106,13 @@ class Broker:
         pb_grpc.add_JournalServicer_to_server(  # type: ignore[no-untyped-call]
             JournalService(self.resolver, self.stores, limits), self._server
         )
+        rpb_grpc.add_RetentionServicer_to_server(  # type: ignore[no-untyped-call]
+            RetentionService(self.resolver, self.stores), self._server
+        )
+        self.retention = RetentionEnforcer(self.resolver, self.stores, cfg.retention_interval)
         self.persister.start()
         self.resolver.start()  # Recovers spools left by an earlier run.
+        self.retention.start()
         await self._server.start()
         log.info("broker serving", extra={"endpoint": endpoint, "data_dir": str(self.data_dir)})
 
@@ -116,6 +130,7 @@ class Broker:
         """Stop serving, then persist open spools (bounded by `grace` seconds)."""
         if self._server is not None:
             await self._server.stop(grace)
+        await self.retention.stop()
         await self.resolver.stop()
         try:
             await asyncio.wait_for(self.persister.wait_idle(), grace)

@@ -186,8 +186,8 @@ class Spool:
         """Reopen a spool after a restart or crash, cutting whatever does not check out."""
         directory = log_path.parent
         with open(log_path, "rb") as f:
-            data = f.read()
-        records, good_len = _parse_records(data)
+            log_data = f.read()
+        records, good_len = _parse_records(log_data)
         if not records or records[0][0] != _KIND_HEADER:
             raise SpoolCorrupt(f"spool log {log_path} has no readable header")
         header = records[0]
@@ -240,8 +240,8 @@ class Spool:
 
         cut_content = content_size - (spool.end - spool.begin)
         os.ftruncate(spool._content_fd, spool.end - spool.begin)
-        cut_log = len(data) - kept_log
-        if cut_log or good_len != len(data):
+        cut_log = len(log_data) - kept_log
+        if cut_log or good_len != len(log_data):
             os.truncate(log_path, kept_log)
         spool._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
         if cut_content or cut_log:

@@ -1,7 +1,8 @@
 """The `pygazette` command: root options, logging, subcommand registration, and the one-line
 error reporting every subcommand relies on.
 
-    pygazette [--broker URL] [--log-level LEVEL] journals {list,apply,append,read,fragments}
+    pygazette [--broker URL] [--log-level LEVEL] journals {list,apply,append,read,fragments,
+                                                            prune,store-health}
     pygazette serve --port P --data-dir D
     pygazette attach-uuids [--format csv|json] [FILE...]
 
@@ -22,6 +23,7 @@ from typing import Any
 import click
 
 from pygazette.cli.attach_uuids_cmd import attach_uuids
+from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
 from pygazette.cli.journals_cmd import CliState, journals
 from pygazette.cli.serve_cmd import serve
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER

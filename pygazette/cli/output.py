@@ -99,7 +99,7 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _mod_time_text(mod_time: int) -> str:
+def mod_time_text(mod_time: int) -> str:
     if not mod_time:
         return "(not persisted)"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mod_time))
@@ -117,7 +117,7 @@ def fragments_table(fragments: Sequence[pb.FragmentsResponse._Fragment], with_ur
             str(spec.begin),
             str(spec.end),
             human_bytes(spec.end - spec.begin),
-            _mod_time_text(spec.mod_time),
+            mod_time_text(spec.mod_time),
             sha1sum_to_hex(spec.sum)[:12] + "...",
             pb.CompressionCodec.Name(spec.compression_codec),
         ]

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import click
 
+from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
+from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
 from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_broker
+from pygazette.cli.journalspace import parse_duration
 
 
 @click.command("serve")
@@ -58,6 +61,22 @@ from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_b
     show_default=True,
     help="Broker-wide maximum append bytes/s (0: unlimited).",
 )
+@click.option(
+    "--spool-backlog-limit",
+    type=click.IntRange(min=0),
+    default=DEFAULT_BACKLOG_LIMIT,
+    show_default=True,
+    help="Bytes of closed spools waiting for one fragment store before appends to its "
+    "journals are refused (FRAGMENT_STORE_UNHEALTHY).",
+)
+@click.option(
+    "--retention-interval",
+    default=f"{int(DEFAULT_ENFORCE_INTERVAL_SECONDS)}s",
+    show_default=True,
+    metavar="DURATION",
+    help="How often to remove fragments older than their journal's retention (0s: only on "
+    "demand, with `journals prune`).",
+)
 @click.option("--zone", default="local", show_default=True, help="Zone of this broker.")
 @click.option("--id", "broker_id", default="", help="Broker ID suffix [default: host name].")
 def serve(
@@ -68,10 +87,15 @@ def serve(
     sync: bool,
     min_append_rate: int,
     max_append_rate: int,
+    spool_backlog_limit: int,
+    retention_interval: str,
     zone: str,
     broker_id: str,
 ) -> None:
     """Serve journals from this machine (single node, embedded keyspace)."""
+    interval_ns = parse_duration(retention_interval)
+    if interval_ns < 0:
+        raise click.BadParameter("must not be negative", param_hint="--retention-interval")
     config = BrokerConfig(
         data_dir=data_dir,
         port=port,
@@ -80,6 +104,8 @@ def serve(
         sync=sync,
         min_append_rate=min_append_rate,
         max_append_rate=max_append_rate,
+        spool_backlog_limit=spool_backlog_limit,
+        retention_interval=interval_ns / 1e9,
         zone=zone,
         broker_id=broker_id,
     )

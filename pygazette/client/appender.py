@@ -253,6 +253,8 @@ class Appender:
             )
         if resp.status == pb.WRONG_APPEND_OFFSET:
             return f"{req.journal}: append offset {req.offset} is not the write head"
+        if resp.status == pb.FRAGMENT_STORE_UNHEALTHY and resp.store_health_error:
+            return f"{req.journal}: {resp.store_health_error}"
         return req.journal
 
     def _check_usable(self) -> None:

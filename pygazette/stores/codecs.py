@@ -3,14 +3,16 @@
 NONE is raw bytes; GZIP and GZIP_OFFLOAD_DECOMPRESSION are single-member gzip; ZSTANDARD is a
 zstd frame; SNAPPY is the snappy *framing* format (stream identifier, then CRC-checked chunks),
 as Gazette writes with golang/snappy's buffered writer. Whole-buffer calls release the GIL and
-are meant to run on a worker thread; the stream decompressors serve direct fragment reads.
+are meant to run on a worker thread. Stream compressors let a fragment be compressed from its
+spool file in bounded chunks (`compress_file`); stream decompressors serve fragment reads.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import cramjam
 import google_crc32c
@@ -41,6 +43,95 @@ def compress(codec: int, data: bytes | memoryview) -> bytes:
     if codec == pb.ZSTANDARD:
         return zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=True).compress(data)
     return bytes(cramjam.snappy.compress(bytes(data)))
+
+
+class StreamCompressor(Protocol):
+    """Incremental compression: feed content chunks, get compressed bytes back."""
+
+    def compress(self, chunk: bytes | memoryview) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+class _IdentityCompressor:
+    def compress(self, chunk: bytes | memoryview) -> bytes:
+        return bytes(chunk)
+
+    def finish(self) -> bytes:
+        return b""
+
+
+class _GzipCompressor:
+    def __init__(self) -> None:
+        self._c = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
+
+    def compress(self, chunk: bytes | memoryview) -> bytes:
+        return self._c.compress(chunk)
+
+    def finish(self) -> bytes:
+        return self._c.flush()
+
+
+class _ZstdCompressor:
+    def __init__(self) -> None:
+        self._c = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=True).compressobj()
+
+    def compress(self, chunk: bytes | memoryview) -> bytes:
+        return bytes(self._c.compress(chunk))
+
+    def finish(self) -> bytes:
+        return bytes(self._c.flush())
+
+
+class _SnappyFramedCompressor:
+    """The snappy framing format: the stream identifier once, then CRC-checked chunks."""
+
+    def __init__(self) -> None:
+        self._c = cramjam.snappy.Compressor()
+
+    def compress(self, chunk: bytes | memoryview) -> bytes:
+        self._c.compress(bytes(chunk))
+        return bytes(self._c.flush())
+
+    def finish(self) -> bytes:
+        return bytes(self._c.finish())
+
+
+def new_compressor(codec: int) -> StreamCompressor:
+    """A stream compressor for `codec`; its output is one valid file of the codec."""
+    _check_codec(codec)
+    if codec == pb.NONE:
+        return _IdentityCompressor()
+    if codec in (pb.GZIP, pb.GZIP_OFFLOAD_DECOMPRESSION):
+        return _GzipCompressor()
+    if codec == pb.ZSTANDARD:
+        return _ZstdCompressor()
+    return _SnappyFramedCompressor()
+
+
+COMPRESS_CHUNK = 1 << 20  # Measured fastest for snappy and zstd; no worse for gzip.
+
+
+def compress_file(codec: int, src_fd: int, length: int, out: BinaryIO) -> int:
+    """Compress bytes [0, length) of the open file `src_fd` into `out`; returns bytes written.
+
+    Blocking and CPU-bound (the codecs release the GIL): run it on a worker thread. Reads
+    with pread in COMPRESS_CHUNK pieces, so memory stays bounded whatever the length.
+    """
+    compressor = new_compressor(codec)
+    written = 0
+    pos = 0
+    while pos < length:
+        data = os.pread(src_fd, min(COMPRESS_CHUNK, length - pos), pos)
+        if not data:
+            raise OSError(f"source is shorter ({pos} bytes) than the {length} to compress")
+        pos += len(data)
+        block = compressor.compress(data)
+        out.write(block)
+        written += len(block)
+    block = compressor.finish()
+    out.write(block)
+    return written + len(block)
 
 
 def decompress(codec: int, data: bytes | memoryview) -> bytes:

@@ -1,7 +1,12 @@
 """The `file://` fragment store: a directory tree under a configured root.
 
 `file:///a/b/` maps to `<root>/a/b/`. Puts write a temp file beside the target, fsync it and
-rename it into place, so a crash never leaves a partial fragment under a fragment name.
+rename it into place, so a crash never leaves a partial fragment under a fragment name. A
+disposable source on the same file system (a compressed scratch file) is hard-linked rather
+than copied. Spool files are always copied: spool recovery may cut a spool file, which must
+never reach a persisted fragment.
+Blocking file I/O runs on worker threads. Signed URLs are plain `file://` URLs of the
+absolute path (readable by any process on this machine, or a host sharing the root).
 """
 
 from __future__ import annotations
@@ -9,27 +14,34 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
-from pygazette.stores.store import FragmentStore, StoredFile, StoreError
+from pygazette.stores.store import (
+    FragmentStore,
+    ObjectRange,
+    StoredFile,
+    StoreError,
+    StoreNotFound,
+)
+from pygazette.stores.store_url import StoreURL
+
+_PUT_PREFIX = ".put-"
 
 
 class FileStore(FragmentStore):
-    def __init__(self, url: str, root: Path) -> None:
-        super().__init__(url)
-        parts = urlsplit(url)
-        if parts.scheme != "file":
-            raise StoreError(f"not a file:// store: {url}")
-        rel = unquote(parts.netloc + parts.path).lstrip("/")
+    def __init__(self, url: StoreURL, root: Path) -> None:
+        super().__init__(url.url)
+        if url.scheme != "file":
+            raise StoreError(f"not a file:// store: {url.url}")
+        self.parsed = url
         self.root = root.resolve()
-        self.base = (self.root / rel).resolve()
+        self.base = (self.root / url.prefix).resolve()
         if self.base != self.root and self.root not in self.base.parents:
-            raise StoreError(f"store {url} escapes the file root {self.root}")
+            raise StoreError(f"store {url.url} escapes the file root {self.root}")
 
     def _resolve(self, path: str) -> Path:
-        full = (self.base / path).resolve()
+        full = (self.base / self.parsed.rewrite(path)).resolve()
         if full != self.base and self.base not in full.parents:
             raise StoreError(f"path {path!r} escapes store {self.url}")
         return full
@@ -37,39 +49,68 @@ class FileStore(FragmentStore):
     def local_path(self, path: str) -> Path | None:
         return self._resolve(path)
 
-    async def put_file(self, path: str, local: Path, *, content_encoding: str = "") -> None:
-        await asyncio.to_thread(self._put_file, self._resolve(path), local)
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
+        # A file system keeps no Content-Encoding: the file holds the bytes as given.
+        await asyncio.to_thread(self._put_file, self._resolve(path), local, disposable)
 
     @staticmethod
-    def _put_file(target: Path, local: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".put-")
+    def _put_file(target: Path, local: Path, disposable: bool) -> None:
         try:
-            with os.fdopen(fd, "wb") as out, open(local, "rb") as src:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot write under {target.parent}: {exc}") from exc
+        tmp = str(target.parent / f"{_PUT_PREFIX}{uuid.uuid4().hex}")
+        try:
+            linked = False
+            if disposable:
+                try:
+                    os.link(local, tmp)
+                    # The store's mod time is when the fragment was stored, as with a copy:
+                    # batch jobs select fragments persisted in a time window by it.
+                    os.utime(tmp)
+                    linked = True
+                except OSError:
+                    Path(tmp).unlink(missing_ok=True)
+            if not linked:
+                with open(tmp, "xb") as out, open(local, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, target)
+            dir_fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise StoreError(f"writing {target} failed: {exc}") from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
-    async def get(self, path: str, *, start: int = 0, length: int = -1) -> bytes:
-        return await asyncio.to_thread(self._get, self._resolve(path), start, length)
+    async def exists(self, path: str) -> bool:
+        return await asyncio.to_thread(self._resolve(path).is_file)
+
+    async def read(self, path: str, *, start: int = 0, length: int = -1) -> ObjectRange:
+        return await asyncio.to_thread(self._read, self._resolve(path), start, length)
 
     @staticmethod
-    def _get(full: Path, start: int, length: int) -> bytes:
+    def _read(full: Path, start: int, length: int) -> ObjectRange:
         try:
             with open(full, "rb") as f:
-                f.seek(start)
-                return f.read() if length < 0 else f.read(length)
+                size = os.fstat(f.fileno()).st_size
+                data = os.pread(f.fileno(), size if length < 0 else length, start)
         except FileNotFoundError as exc:
-            raise StoreError(f"no such fragment file {full}") from exc
+            raise StoreNotFound(f"no such fragment file {full}") from exc
+        except OSError as exc:
+            raise StoreError(f"reading {full} failed: {exc}") from exc
+        return ObjectRange(data=data, content_encoding="", size=size)
 
     async def list_files(self, prefix: str) -> list[StoredFile]:
         return await asyncio.to_thread(self._list_files, prefix)
@@ -79,9 +120,13 @@ class FileStore(FragmentStore):
         if not top.is_dir():
             return []
         out = []
-        for dirpath, _dirs, files in os.walk(top):
+        try:
+            walk = list(os.walk(top))
+        except OSError as exc:
+            raise StoreError(f"listing {top} failed: {exc}") from exc
+        for dirpath, _dirs, files in walk:
             for name in files:
-                if name.startswith(".put-"):
+                if name.startswith(_PUT_PREFIX):
                     continue  # An in-flight or abandoned put.
                 full = Path(dirpath) / name
                 try:
@@ -93,7 +138,11 @@ class FileStore(FragmentStore):
         return out
 
     async def remove(self, path: str) -> None:
-        self._resolve(path).unlink(missing_ok=True)
+        full = self._resolve(path)
+        try:
+            await asyncio.to_thread(full.unlink, missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"removing {full} failed: {exc}") from exc
 
-    def signed_url(self, path: str, ttl_seconds: float) -> str:
+    async def signed_url(self, path: str, ttl_seconds: float) -> str:
         return self._resolve(path).as_uri()

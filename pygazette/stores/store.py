@@ -1,8 +1,12 @@
 """The fragment store interface, and opening a store from its URL.
 
 A store holds fragment files under `<store URL>/<journal>/<path postfix>/<name>`. Stores move
-whole files: put a local file, get a file or a byte range, list by prefix, remove, and sign
-a URL that a batch tool can read directly.
+whole files: put a local file, check that an object exists, read an object or a byte range
+of it, list by prefix, remove, and sign a URL that a batch tool can read directly. Every
+failure is a `StoreError` carrying a one-line reason; a missing object is `StoreNotFound`.
+
+Implementations: `file://` (`file_store`), and `s3://`, `gs://`, `azure://`, `azure-ad://`
+through obstore (`object_store`, configured by `cloud_stores`).
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 
 class StoreError(Exception):
-    """A store operation failed (unreachable, permission, missing object...)."""
+    """A store operation failed (unreachable, permission, bad configuration...)."""
+
+
+class StoreNotFound(StoreError):
+    """The object does not exist."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +33,21 @@ class StoredFile:
     mod_time: int  # Unix seconds.
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectRange:
+    """Bytes of an object as the store served them.
+
+    `content_encoding` is the Content-Encoding they were served with ("gzip" when a
+    GZIP_OFFLOAD_DECOMPRESSION fragment comes back still compressed; "" for identity, or
+    when the store keeps no such metadata, as a file store). `size` is the object's total
+    size in bytes.
+    """
+
+    data: bytes
+    content_encoding: str
+    size: int
+
+
 class FragmentStore(abc.ABC):
     """One configured store (one URL). Paths are relative to the store URL."""
 
@@ -33,12 +55,30 @@ class FragmentStore(abc.ABC):
         self.url = url
 
     @abc.abstractmethod
-    async def put_file(self, path: str, local: Path, *, content_encoding: str = "") -> None:
-        """Store the local file's bytes at `path`, atomically (all or nothing)."""
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
+        """Store the local file's bytes at `path`, atomically (all or nothing).
+
+        `disposable` promises that `local` is never written again and is removed after the
+        put, so a store may take the file over (a file store hard-links it) instead of
+        copying it.
+        """
 
     @abc.abstractmethod
+    async def exists(self, path: str) -> bool:
+        """Whether an object is stored at `path`."""
+
+    @abc.abstractmethod
+    async def read(self, path: str, *, start: int = 0, length: int = -1) -> ObjectRange:
+        """Bytes [start, start + length) of the object at `path` (to its end if length < 0).
+
+        Fewer bytes than asked come back only at the end of the object; b"" past it.
+        """
+
     async def get(self, path: str, *, start: int = 0, length: int = -1) -> bytes:
         """Bytes of the object at `path`, or a range of them."""
+        return (await self.read(path, start=start, length=length)).data
 
     @abc.abstractmethod
     async def list_files(self, prefix: str) -> list[StoredFile]:
@@ -49,7 +89,7 @@ class FragmentStore(abc.ABC):
         """Remove the object at `path` (missing objects are not an error)."""
 
     @abc.abstractmethod
-    def signed_url(self, path: str, ttl_seconds: float) -> str:
+    async def signed_url(self, path: str, ttl_seconds: float) -> str:
         """A URL from which a reader without store credentials may GET the object."""
 
     @abc.abstractmethod
@@ -58,17 +98,29 @@ class FragmentStore(abc.ABC):
 
 
 def open_store(url: str, *, file_root: Path) -> FragmentStore:
-    """A store for `url`. `file://` URLs are rooted under `file_root`."""
-    scheme = urlsplit(url).scheme
-    if scheme == "file":
+    """A store for `url`. `file://` URLs are rooted under `file_root`.
+
+    Raises StoreError for a malformed URL, an unknown scheme or query argument, or a store
+    that cannot be configured (e.g. missing credentials).
+    """
+    from pygazette.stores.store_url import parse_store_url
+
+    parsed = parse_store_url(url)
+    if parsed.scheme == "file":
         from pygazette.stores.file_store import FileStore
 
-        return FileStore(url, file_root)
-    raise StoreError(f"unsupported fragment store scheme {scheme!r} ({url})")
+        return FileStore(parsed, file_root)
+    from pygazette.stores.cloud_stores import open_cloud_store
+
+    return open_cloud_store(parsed)
 
 
 class StoreRegistry:
-    """Opens each store URL once and hands out the shared instance."""
+    """Opens each store URL once and hands out the shared instance.
+
+    A URL that fails to open is not cached: the next `get` tries again (credentials may
+    have been provided meanwhile), and raises StoreError until it succeeds.
+    """
 
     def __init__(self, file_root: Path) -> None:
         self.file_root = file_root

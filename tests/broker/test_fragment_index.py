@@ -55,15 +55,65 @@ def test_local_spool_is_preferred(tmp_path: Path) -> None:
 def test_offset_jump_only_over_old_gaps() -> None:
     now = int(time.time())
     idx = FragmentIndex("a/j")
+    idx.add_persisted(_frag(0, 50, mod_time=now))
     idx.add_persisted(_frag(100, 200, mod_time=now))
     # A young fragment past a gap may be a sibling still being persisted: don't skip to it.
-    assert idx.query(0) == (None, None, 0)
+    assert idx.query(60) == (None, None, 60)
     old = FragmentIndex("a/j")
+    old.add_persisted(_frag(0, 50, mod_time=now))
     old.add_persisted(_frag(100, 200, mod_time=now - OFFSET_JUMP_AGE_SECONDS - 10))
-    frag, spool, offset = old.query(0)
+    frag, spool, offset = old.query(60)
     assert frag is not None and offset == 100 and spool is None
     # Nothing beyond the end.
     assert old.query(200) == (None, None, 200)
+
+
+def test_offset_before_every_fragment_jumps_to_the_first() -> None:
+    # Gazette's other rule: a read from before the journal's first fragment (e.g. offsets
+    # removed by retention) moves to it, however young it is -- if it is persisted.
+    now = int(time.time())
+    idx = FragmentIndex("a/j")
+    idx.add_persisted(_frag(100, 200, mod_time=now))
+    frag, spool, offset = idx.query(0)
+    assert frag is not None and (frag.begin, offset, spool) == (100, 100, None)
+    unpersisted = FragmentIndex("a/j")
+    unpersisted.add_persisted(_frag(100, 200, mod_time=0))
+    assert unpersisted.query(0) == (None, None, 0)
+
+
+def test_begin_mod_time_skips_older_fragments() -> None:
+    idx = FragmentIndex("a/j")
+    idx.add_persisted(_frag(0, 100, mod_time=1000))
+    idx.add_persisted(_frag(100, 200, mod_time=2000))
+    frag, _, offset = idx.query(10, begin_mod_time=1500)
+    assert frag is not None and (frag.begin, offset) == (100, 100)
+    assert idx.query(10, begin_mod_time=2500) == (None, None, 200)
+
+
+def test_refresh_keeps_fragments_persisted_since_the_listing_began() -> None:
+    idx = FragmentIndex("a/j")
+    idx.replace_persisted([_frag(0, 100)])
+    token = idx.listing_started()
+    idx.add_persisted(_frag(100, 200))  # Persisted while the listing ran...
+    idx.replace_persisted([_frag(0, 100)], token)  # ...which missed it.
+    assert [(f.begin, f.end) for f in idx.persisted()] == [(0, 100), (100, 200)]
+    token = idx.listing_started()
+    idx.replace_persisted([_frag(0, 100)], token)  # A later listing is authoritative.
+    assert [(f.begin, f.end) for f in idx.persisted()] == [(0, 100)]
+
+
+def test_refresh_drops_closed_spools_already_persisted(tmp_path: Path) -> None:
+    idx = FragmentIndex("a/j")
+    spool = Spool.create(tmp_path, "a/j", 0, pb.NONE, pb.LabelSet(), sync=False)
+    pending = spool.start_append()
+    pending.write(b"0123456789")
+    spool.commit(pending, None)
+    idx.add_local(spool)
+    assert idx.replace_persisted([_frag(0, 10)]) == []  # Open spools are never dropped.
+    spool.close()
+    assert idx.replace_persisted([_frag(0, 5)]) == []  # Not covered.
+    assert idx.replace_persisted([_frag(0, 5), _frag(5, 10)]) == [spool]
+    assert idx.local_spools() == []
 
 
 def test_replace_persisted_keeps_cover_set() -> None:

@@ -6,6 +6,7 @@ import gzip
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -60,3 +61,33 @@ def test_corrupt_input_is_a_value_error(codec: int) -> None:
 def test_unknown_codec() -> None:
     with pytest.raises(ValueError):
         codecs.compress(pb.INVALID, b"x")
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_compress_file_streams_in_chunks(
+    codec: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(codecs, "COMPRESS_CHUNK", 64 * 1024)
+    data = (os.urandom(50_000) + b"abc" * 100_000) * 3
+    src = tmp_path / "src"
+    src.write_bytes(data + b"trailing bytes past the length")
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with open(tmp_path / "out", "wb") as out:
+            n = codecs.compress_file(codec, fd, len(data), out)
+    finally:
+        os.close(fd)
+    z = (tmp_path / "out").read_bytes()
+    assert n == len(z)
+    assert codecs.decompress(codec, z) == data
+
+
+def test_compress_file_of_a_short_source_fails(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"short")
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with open(tmp_path / "out", "wb") as out, pytest.raises(OSError, match="shorter"):
+            codecs.compress_file(pb.GZIP, fd, 100, out)
+    finally:
+        os.close(fd)

@@ -1,9 +1,10 @@
-"""A loopback TCP proxy that can lose responses, for fault tests.
+"""A loopback TCP proxy for fault tests: it can lose responses, or cut a server off.
 
 It forwards connections to a target port. `blackhole()` makes it drop every byte the target
 sends back (requests still go through), as a network losing responses would; `reset()` then
-cuts every open connection, so clients see a transport failure and reconnect. It runs on
-its own event loop thread, usable from any test.
+cuts every open connection, so clients see a transport failure and reconnect. `cut()` resets
+every connection and refuses new ones until `restore()`, so the target looks down without
+losing its state. It runs on its own event loop thread, usable from any test.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class TcpProxy:
         self.target_port = target_port
         self.port = free_port()
         self._blackhole = False
+        self._cut = False
         self._writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -33,6 +35,10 @@ class TcpProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def endpoint(self) -> str:
+        return self.url
+
     def _call(self, coro: Any) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(30)
@@ -41,6 +47,9 @@ class TcpProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._cut:
+            _abort(client_w)
+            return
         try:
             target_r, target_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
@@ -73,18 +82,22 @@ class TcpProxy:
     def reset(self) -> None:
         """Cut every open connection, and forward normally again."""
 
-        async def cut() -> None:
-            for w in list(self._writers):
-                transport = w.transport
-                with contextlib.suppress(OSError):
-                    if isinstance(transport, asyncio.Transport):
-                        transport.abort()
-                    else:
-                        w.close()
-            self._writers.clear()
-            self._blackhole = False
+        self._call(self._abort_all(cut=False))
 
-        self._call(cut())
+    def cut(self) -> None:
+        """Reset every open connection and refuse new ones until `restore`."""
+        self._call(self._abort_all(cut=True))
+
+    def restore(self) -> None:
+        """Accept and forward connections again."""
+        self._cut = False
+
+    async def _abort_all(self, *, cut: bool) -> None:
+        self._cut = cut
+        for w in list(self._writers):
+            _abort(w)
+        self._writers.clear()
+        self._blackhole = False
 
     def close(self) -> None:
         async def stop() -> None:
@@ -97,3 +110,13 @@ class TcpProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+
+
+def _abort(w: asyncio.StreamWriter) -> None:
+    """Close with a reset, as a failed network or a dead server would."""
+    with contextlib.suppress(OSError):
+        transport = w.transport
+        if isinstance(transport, asyncio.Transport):
+            transport.abort()
+        else:
+            w.close()

@@ -1,0 +1,260 @@
+"""Benchmark: persisting fragments per codec, and reading them back proxied and directly.
+
+Figures, all measured in this run on the same journal data (JSON lines):
+
+- codecs: each codec's raw in-memory compress and decompress speed (one whole buffer,
+  `pygazette.stores.codecs`) — the baseline the persist figures are ratios to;
+- persist: MB/s of journal bytes compressed and stored by the broker's persister (spools of
+  `--fragment-mb` each, the persister's worker threads and per-store workers), to a file://
+  store and to a local S3 server (moto_server on loopback), per codec;
+- read: MB/s of a whole journal read back through a broker (proxied: the broker fetches,
+  decompresses and streams the fragments) beside a direct read (`do_not_proxy`: the client
+  fetches each fragment from its signed URL and decompresses it), per store.
+
+    python bench/fragments.py [--mb 32] [--fragment-mb 8] [--quick]
+
+Prints one JSON document. Needs the dev extras (moto[server] for the S3 server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pygazette.broker.fragment_index import FragmentIndex  # noqa: E402
+from pygazette.broker.persister import Persister  # noqa: E402
+from pygazette.broker.spool import Spool  # noqa: E402
+from pygazette.client.journal_client import JournalClient  # noqa: E402
+from pygazette.client.retry_reader import read_journal  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from pygazette.stores import codecs  # noqa: E402
+from pygazette.stores.store import StoreRegistry  # noqa: E402
+from tests.support.broker_process import BrokerProcess  # noqa: E402
+from tests.support.s3_server import S3Server, export_credentials  # noqa: E402
+
+MiB = 1 << 20
+CODECS = {
+    "NONE": pb.NONE,
+    "GZIP": pb.GZIP,
+    "ZSTANDARD": pb.ZSTANDARD,
+    "SNAPPY": pb.SNAPPY,
+}
+
+
+def make_data(mb: int, seed: int = 7) -> bytes:
+    """JSON lines resembling event data: repeated keys, varied values."""
+    rng = random.Random(seed)
+    words = [f"w{rng.getrandbits(20):x}" for _ in range(2000)]
+    lines = []
+    size = 0
+    i = 0
+    while size < mb * MiB:
+        line = (
+            f'{{"seq":{i},"user":"{rng.choice(words)}","page":"/{rng.choice(words)}/'
+            f'{rng.choice(words)}","ms":{rng.randint(0, 99999)},'
+            f'"ok":{str(rng.random() < 0.9).lower()},"tag":"{rng.getrandbits(64):016x}"}}\n'
+        )
+        lines.append(line)
+        size += len(line)
+        i += 1
+    return "".join(lines).encode()[: mb * MiB]
+
+
+def mb_s(n: int, seconds: float) -> float:
+    return round(n / MiB / seconds, 1) if seconds > 0 else float("inf")
+
+
+def best_of(runs: int, fn) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def codec_baselines(data: bytes, runs: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, codec in CODECS.items():
+        if codec == pb.NONE:
+            continue
+        z = codecs.compress(codec, data)
+        out[name] = {
+            "compress_mb_s": mb_s(
+                len(data), best_of(runs, lambda c=codec: codecs.compress(c, data))
+            ),
+            "decompress_mb_s": mb_s(
+                len(data), best_of(runs, lambda c=codec, z=z: codecs.decompress(c, z))
+            ),
+            "compression_ratio": round(len(data) / len(z), 2),
+        }
+    return out
+
+
+class _Target:
+    """What the persister needs of a journal: a spec and an index."""
+
+    def __init__(self, spec: pb.JournalSpec) -> None:
+        self.spec = spec
+        self.index = FragmentIndex(spec.name)
+
+
+async def persist_run(
+    store_url: str, file_root: Path, work: Path, codec: int, data: bytes, fragment: int
+) -> float:
+    """Seconds the persister takes to compress and store `data` as fragments."""
+    name = f"bench/persist/{pb.CompressionCodec.Name(codec).lower()}"
+    spec = pb.JournalSpec(name=name, replication=1)
+    spec.fragment.stores.append(store_url)
+    spec.fragment.compression_codec = codec
+    target = _Target(spec)
+    spools = []
+    for begin in range(0, len(data), fragment):
+        spool = Spool.create(work / "spools", name, begin, codec, pb.LabelSet(), sync=False)
+        pending = spool.start_append()
+        pending.write(data[begin : begin + fragment])
+        spool.commit(pending, None)
+        spool.fragment()  # Hashing belongs to appends, not to persisting.
+        spool.close()
+        spools.append(spool)
+    stores = StoreRegistry(file_root)
+    persister = Persister(stores, work / "scratch")
+    persister.start()
+    started = time.perf_counter()
+    for spool in spools:
+        target.index.add_local(spool)
+        persister.enqueue(spool, target)
+    await persister.wait_idle()
+    elapsed = time.perf_counter() - started
+    assert persister.persisted_bytes == len(data), persister.persisted_bytes
+    await persister.stop()
+    return elapsed
+
+
+async def read_runs(broker: BrokerProcess, journal: str, size: int, runs: int) -> dict[str, float]:
+    async with JournalClient(broker.url) as client:
+
+        async def read(direct: bool) -> float:
+            t = time.perf_counter()
+            n = 0
+            async for chunk in read_journal(client, journal, do_not_proxy=direct):
+                n += len(chunk)
+            assert n == size, (n, size)
+            return time.perf_counter() - t
+
+        proxied = min([await read(False) for _ in range(runs)])
+        direct = min([await read(True) for _ in range(runs)])
+    return {
+        "proxied_mb_s": mb_s(size, proxied),
+        "direct_mb_s": mb_s(size, direct),
+        "direct_vs_proxied": round(proxied / direct, 2),
+    }
+
+
+async def load_journal(broker: BrokerProcess, spec: pb.JournalSpec, data: bytes) -> None:
+    async with grpc.aio.insecure_channel(
+        broker.address, options=[("grpc.max_send_message_length", 64 << 20)]
+    ) as channel:
+        stub = pb_grpc.JournalStub(channel)
+        resp = await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+        assert resp.status == pb.OK, resp
+        step = 4 * MiB
+        for i in range(0, len(data), step):
+
+            async def reqs(chunk: bytes = data[i : i + step]):  # type: ignore[no-untyped-def]
+                yield pb.AppendRequest(journal=spec.name)
+                for j in range(0, len(chunk), MiB):
+                    yield pb.AppendRequest(content=chunk[j : j + MiB])
+                yield pb.AppendRequest()
+
+            out = await stub.Append(reqs(), timeout=120)
+            assert out.status == pb.OK, out
+
+
+async def main(mb: int, fragment_mb: int, quick: bool) -> dict[str, object]:
+    runs = 1 if quick else 3
+    data = make_data(mb)
+    fragment = fragment_mb * MiB
+    work = Path(tempfile.mkdtemp(prefix="pygazette-bench-fragments-"))
+    export_credentials()
+    s3 = S3Server(work)
+    s3.start()
+    result: dict[str, object] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "data_mb": mb,
+        "fragment_mb": fragment_mb,
+    }
+    try:
+        baselines = codec_baselines(data, runs)
+        result["codecs"] = baselines
+        persist: dict[str, dict[str, dict[str, float]]] = {"file": {}, "s3": {}}
+        for target in ("file", "s3"):
+            for name, codec in CODECS.items():
+                # The baseline is measured right beside each persist figure, so that load
+                # from elsewhere on the machine weighs on both alike.
+                raw = None
+                if codec != pb.NONE:
+                    raw = mb_s(len(data), best_of(runs, lambda c=codec: codecs.compress(c, data)))
+                best = float("inf")
+                for run in range(runs):
+                    root = work / f"persist-{target}-{name}-{run}"
+                    url = "file:///" if target == "file" else s3.store_url(s3.create_bucket())
+                    seconds = await persist_run(
+                        url, root / "fragments", root, codec, data, fragment
+                    )
+                    best = min(best, seconds)
+                    shutil.rmtree(root, ignore_errors=True)
+                figure: dict[str, float] = {"mb_s": mb_s(len(data), best)}
+                if raw is not None:
+                    figure["raw_compress_mb_s"] = raw
+                    figure["vs_raw_compress"] = round(figure["mb_s"] / raw, 2)
+                persist[target][name] = figure
+        result["persist"] = persist
+
+        reads: dict[str, dict[str, float]] = {}
+        broker = BrokerProcess(work / "broker", extra_args=["--retention-interval", "0s"])
+        broker.start()
+        try:
+            stores = {"file": "file:///", "s3": s3.store_url(s3.create_bucket())}
+            for target, url in stores.items():
+                spec = pb.JournalSpec(name=f"bench/read/{target}", replication=1)
+                spec.fragment.length = fragment
+                spec.fragment.compression_codec = pb.SNAPPY
+                spec.fragment.stores.append(url)
+                spec.fragment.refresh_interval.seconds = 300
+                await load_journal(broker, spec, data)
+            broker.stop()  # Persists every spool: reads come from the stores.
+            broker.start()
+            for target in stores:
+                reads[target] = await read_runs(broker, f"bench/read/{target}", len(data), runs)
+        finally:
+            broker.kill()
+        result["read_snappy"] = reads
+    finally:
+        s3.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=32, help="MiB of journal data")
+    parser.add_argument("--fragment-mb", type=int, default=8, help="MiB per fragment")
+    parser.add_argument("--quick", action="store_true", help="one run of each measurement")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.mb, args.fragment_mb, args.quick)), indent=2))

@@ -1,0 +1,166 @@
+"""Retention: removing a journal's fragments once they are older than `fragment.retention`.
+
+A fragment's age is its store modification time, an upper bound on when its content was
+appended. Retention <= 0 keeps everything (gazctl's `journals prune` would remove every
+persisted fragment of such a journal). The plan works from a fresh listing of every store of
+the journal — not the broker's cover set — so smaller overlapping copies, which gazctl leaves
+behind, expire too. Beyond age, a fragment is kept while removing it would take away the
+only copy of offsets that readers of the retained history still need:
+
+- the fragment(s) ending at the journal's largest persisted offset are kept, so that the
+  write head is never lost and never moves backwards (a broker restarting over a store
+  that retention had emptied would start the journal again at offset 0);
+- retention trims history from its beginning: an expired fragment lying after the start of
+  the retained content (out-of-order persistence, e.g. after a store outage, can leave old
+  fragments between young ones) is kept unless other kept fragments hold all its offsets —
+  removing it would leave a gap that readers of the retained content must stop at.
+
+Expired fragments wholly covered by kept ones (duplicates in another store, smaller copies)
+are removed. The broker applies the plan on a timer (`RetentionEnforcer`) and on demand
+(the Retention.Prune RPC behind `pygazette journals prune`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pygazette.broker.cover_set import CoverSet
+from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreError, StoreRegistry
+
+if TYPE_CHECKING:
+    from pygazette.broker.replica import Replica
+    from pygazette.broker.resolver import Resolver
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENFORCE_INTERVAL_SECONDS = 15 * 60.0
+
+KEPT_HEAD = "holds the journal's last persisted offsets (its write head)"
+KEPT_GAP = "only copy of offsets that retained fragments follow; removing it would leave a gap"
+
+
+def retention_seconds(spec: pb.JournalSpec) -> float:
+    r = spec.fragment.retention
+    return r.seconds + r.nanos / 1e9
+
+
+@dataclass(slots=True)
+class RetentionPlan:
+    remove: list[pb.Fragment] = field(default_factory=list)
+    kept: list[tuple[pb.Fragment, str]] = field(default_factory=list)  # Expired, yet kept.
+
+
+def plan_retention(listing: Sequence[pb.Fragment], retention: float, now: float) -> RetentionPlan:
+    """Which fragments of `listing` (one journal, every store) retention removes at `now`."""
+    plan = RetentionPlan()
+    if retention <= 0 or not listing:
+        return plan
+    cutoff = now - retention
+    expired = [f for f in listing if f.mod_time and f.mod_time <= cutoff]
+    if not expired:
+        return plan
+    head_end = max(f.end for f in listing)
+    head = min((f for f in listing if f.end == head_end), key=lambda f: f.begin)
+    kept: CoverSet[pb.Fragment] = CoverSet()
+    for f in listing:
+        if f is head or not (f.mod_time and f.mod_time <= cutoff):
+            kept.add(f)
+    retained_from = min([f.begin for f in kept] or [head.begin])
+    order = {id(f): i for i, f in enumerate(listing)}
+    for f in sorted(expired, key=lambda f: (f.begin - f.end, f.begin, order[id(f)])):
+        if f is head:
+            plan.kept.append((f, KEPT_HEAD))
+        elif f.end <= retained_from or kept.covers(f.begin, f.end):
+            plan.remove.append(f)
+        else:
+            plan.kept.append((f, KEPT_GAP))
+            kept.add(f)
+    plan.remove.sort(key=lambda f: (f.begin, f.end, f.backing_store))
+    plan.kept.sort(key=lambda k: (k[0].begin, k[0].end, k[0].backing_store))
+    return plan
+
+
+@dataclass(slots=True)
+class PruneResult:
+    removed: list[pb.Fragment]  # With dry_run, what would be removed.
+    kept: list[tuple[pb.Fragment, str]]
+    errors: list[str]
+
+
+async def prune_journal(
+    replica: Replica, stores: StoreRegistry, *, dry_run: bool, now: float | None = None
+) -> PruneResult:
+    """Apply retention to `replica`'s journal, from a fresh listing of all its stores."""
+    listing = await replica.list_stores()
+    plan = plan_retention(listing, retention_seconds(replica.spec), now or time.time())
+    if dry_run:
+        return PruneResult(plan.remove, plan.kept, [])
+    removed: list[pb.Fragment] = []
+    errors: list[str] = []
+    for frag in plan.remove:
+        path = fragment_content_path(frag)
+        try:
+            await stores.get(frag.backing_store).remove(path)
+        except StoreError as exc:
+            errors.append(f"{frag.backing_store}{path}: {exc}")
+            continue
+        removed.append(frag)
+        log.info(
+            "pruned fragment",
+            extra={"journal": frag.journal, "store": frag.backing_store, "path": path},
+        )
+    if removed:
+        with contextlib.suppress(StoreError):
+            await replica.refresh()  # Readers stop seeing what was removed.
+    return PruneResult(removed, plan.kept, errors)
+
+
+class RetentionEnforcer:
+    """Prunes every journal this broker serves, every `interval` seconds (0: never)."""
+
+    def __init__(self, resolver: Resolver, stores: StoreRegistry, interval: float) -> None:
+        self.resolver = resolver
+        self.stores = stores
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._task = asyncio.create_task(self._loop(), name="retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def run_once(self) -> int:
+        """One pass over every journal; returns how many fragments were removed."""
+        total = 0
+        for replica in list(self.resolver.replicas.values()):
+            if retention_seconds(replica.spec) <= 0 or not replica.spec.fragment.stores:
+                continue
+            try:
+                result = await prune_journal(replica, self.stores, dry_run=False)
+            except StoreError as exc:
+                log.warning(
+                    "retention pass failed", extra={"journal": replica.name, "error": str(exc)}
+                )
+                continue
+            total += len(result.removed)
+            for error in result.errors:
+                log.warning("retention could not remove a fragment", extra={"error": error})
+        return total
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.run_once()

@@ -1,0 +1,109 @@
+"""`pygazette journals prune` and `pygazette journals store-health`: fragment stores from the CLI.
+
+`prune` asks the broker to remove the selected journals' fragments older than their
+`fragment.retention` (the broker holds the store credentials and lists every store), and
+prints what was removed — or, with --dry-run, what would be. Expired fragments that retention
+keeps are noted on stderr with the reason. `store-health` reports a store's health as the
+broker sees it, like `gazctl journals store-health`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from pygazette.cli import output
+from pygazette.cli.journals_cmd import (
+    CommandError,
+    _broker,
+    _no_match,
+    _selector,
+    broker_option,
+    journals,
+    run_with_client,
+)
+from pygazette.client.journal_client import JournalClient
+from pygazette.client.list_apply import list_journals
+from pygazette.client.retention import prune_journal
+from pygazette.client.store_health import fragment_store_health
+from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.labels import label_values
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import retention_pb2 as rpb
+
+
+def _location(frag: pb.Fragment) -> str:
+    """Where the fragment lives: its store URL (without query arguments) and path."""
+    store = frag.backing_store.split("?", 1)[0]
+    return store + fragment_content_path(frag)
+
+
+@journals.command("prune")
+@click.option("-l", "--selector", required=True, help="Label selector of journals to prune.")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
+@broker_option
+@click.pass_context
+def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | None) -> None:
+    """Remove fragments older than each selected journal's retention."""
+    sel = _selector(selector)
+
+    async def run(client: JournalClient) -> list[tuple[str, rpb.PruneResponse]]:
+        found = await list_journals(client, sel)
+        if not found:
+            if label_values(sel.include, "name"):
+                raise _no_match(sel, selector)
+            raise CommandError(f"no journal matches selector {selector!r}")
+        return [
+            (j.spec.name, await prune_journal(client, j.spec.name, dry_run=dry_run)) for j in found
+        ]
+
+    results = run_with_client(_broker(ctx, broker), run)
+    removed = [f for _, resp in results for f in resp.removed]
+    if removed:
+        rows = [
+            [
+                f.journal,
+                str(f.begin),
+                str(f.end),
+                output.human_bytes(f.end - f.begin),
+                output.mod_time_text(f.mod_time),
+                _location(f),
+            ]
+            for f in removed
+        ]
+        headers = ["JOURNAL", "BEGIN", "END", "LENGTH", "PERSISTED", "FRAGMENT"]
+        click.echo(output.render_table(headers, rows), nl=False)
+    for _, resp in results:
+        for kept in resp.kept:
+            f = kept.fragment
+            click.echo(
+                f"kept expired fragment {_location(f)} [{f.begin}, {f.end}): {kept.reason}",
+                err=True,
+            )
+    verb = "would remove" if dry_run else "removed"
+    content = sum(f.end - f.begin for f in removed)
+    click.echo(
+        f"{verb} {len(removed)} fragment(s) ({output.human_bytes(content)} of journal content) "
+        f"of {len(results)} journal(s)"
+    )
+    errors = [e for _, resp in results for e in resp.errors]
+    if errors:
+        raise CommandError(f"{len(errors)} fragment(s) could not be removed: {errors[0]}")
+
+
+@journals.command("store-health")
+@click.argument("store")
+@broker_option
+@click.pass_context
+def store_health_cmd(ctx: click.Context, store: str, broker: str | None) -> None:
+    """Check the health of fragment store STORE (e.g. s3://bucket/prefix/) via the broker."""
+
+    async def run(client: JournalClient) -> pb.FragmentStoreHealthResponse:
+        return await fragment_store_health(client, store)
+
+    resp = run_with_client(_broker(ctx, broker), run)
+    if resp.status == pb.OK:
+        click.echo(f"fragment store {store} is healthy")
+        return
+    if resp.status == pb.FRAGMENT_STORE_UNHEALTHY:
+        raise CommandError(f"fragment store {store} is unhealthy: {resp.store_health_error}")
+    raise CommandError(f"fragment store {store} health check failed: {pb.Status.Name(resp.status)}")

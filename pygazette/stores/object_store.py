@@ -1,0 +1,186 @@
+"""Fragment stores on cloud object storage, through obstore (S3, GCS, Azure).
+
+`ObjectStore` adapts one configured obstore store (bucket and prefix already applied) to the
+`FragmentStore` interface. Calls use obstore's blocking API on a dedicated pool of worker
+threads (STORE_THREADS): obstore releases the GIL while its Rust runtime does the I/O, and —
+unlike its asyncio API, whose runtime threads may still hold Python objects when the
+interpreter exits, aborting the process — nothing of it outlives the call. A dedicated pool
+keeps slow store calls from starving the default executor that appends write spools on.
+Its errors — long, multi-line reports — become `StoreError`s with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import obstore
+from obstore.exceptions import BaseError
+
+from pygazette.stores.store import (
+    FragmentStore,
+    ObjectRange,
+    StoredFile,
+    StoreError,
+    StoreNotFound,
+)
+from pygazette.stores.store_url import StoreURL
+
+if TYPE_CHECKING:
+    from obstore.store import AzureStore, GCSStore, S3Store
+
+    CloudStore = S3Store | GCSStore | AzureStore
+
+T = TypeVar("T")
+
+STORE_THREADS = 16
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking obstore call on the store thread pool."""
+    global _executor
+    if _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="pygazette-store")
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_executor, functools.partial(fn, *args, **kwargs))
+
+
+# A signed URL is valid for at least this long and at most this long (S3's limit is 7 days).
+MIN_SIGNED_TTL_SECONDS = 1
+MAX_SIGNED_TTL_SECONDS = 7 * 24 * 3600
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of an obstore error."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    return first[:500]
+
+
+class ObjectStore(FragmentStore):
+    """A `FragmentStore` over an obstore store whose prefix is the store URL's path."""
+
+    def __init__(
+        self,
+        url: StoreURL,
+        store: CloudStore,
+        *,
+        put_attributes: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(url.url)
+        self.parsed = url
+        self._store = store
+        self._put_attributes = dict(put_attributes or {})
+
+    def _key(self, path: str) -> str:
+        key = self.parsed.rewrite(path)
+        if key.startswith("/") or "//" in key or any(p in (".", "..") for p in key.split("/")):
+            raise StoreError(f"invalid object path {path!r} in store {self.url}")
+        return key
+
+    def _error(self, op: str, key: str, exc: BaseException) -> StoreError:
+        where = f"{self.url}{key}"
+        if isinstance(exc, FileNotFoundError):
+            return StoreNotFound(f"{op} {where}: not found")
+        return StoreError(f"{op} {where}: {describe(exc)}")
+
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
+        key = self._key(path)
+        attributes: dict[str, str] = dict(self._put_attributes)
+        if content_encoding:
+            attributes["Content-Encoding"] = content_encoding
+        try:
+            await _run(obstore.put, self._store, key, Path(local), attributes=attributes or None)
+        except (BaseError, OSError, ValueError) as exc:
+            raise self._error("put", key, exc) from exc
+
+    async def exists(self, path: str) -> bool:
+        key = self._key(path)
+        try:
+            await _run(obstore.head, self._store, key)
+        except FileNotFoundError:
+            return False
+        except (BaseError, OSError, ValueError) as exc:
+            raise self._error("head", key, exc) from exc
+        return True
+
+    async def read(self, path: str, *, start: int = 0, length: int = -1) -> ObjectRange:
+        key = self._key(path)
+        options: dict[str, Any] = {}
+        if length == 0:
+            return ObjectRange(b"", "", -1)
+        if start or length > 0:
+            options["range"] = (start, start + length) if length > 0 else {"offset": start}
+        try:
+            data, encoding, size = await _run(self._get, key, options)
+        except (BaseError, OSError, ValueError) as exc:
+            if start and not isinstance(exc, FileNotFoundError) and _past_end(exc):
+                return ObjectRange(b"", "", -1)  # A range starting at or past the end.
+            raise self._error("get", key, exc) from exc
+        return ObjectRange(data=data, content_encoding=encoding.lower(), size=size)
+
+    def _get(self, key: str, options: dict[str, Any]) -> tuple[bytes, str, int]:
+        result = obstore.get(self._store, key, options=options or None)  # type: ignore[arg-type]
+        data = bytes(result.bytes())
+        encoding = str(result.attributes.get("Content-Encoding", "") or "")
+        return data, encoding, int(result.meta["size"])
+
+    async def list_files(self, prefix: str) -> list[StoredFile]:
+        key = self._key(prefix)
+        try:
+            return await _run(self._list, key)
+        except (BaseError, OSError, ValueError) as exc:
+            raise self._error("list", key, exc) from exc
+
+    def _list(self, key: str) -> list[StoredFile]:
+        out: list[StoredFile] = []
+        for chunk in obstore.list(self._store, prefix=key, chunk_size=1000):
+            for meta in chunk:
+                obj_path = str(meta["path"])
+                if obj_path.endswith("/") or not obj_path.startswith(key):
+                    continue  # Directory markers.
+                out.append(
+                    StoredFile(
+                        path=obj_path[len(key) :],
+                        size=int(meta["size"]),
+                        mod_time=int(meta["last_modified"].timestamp()),
+                    )
+                )
+        return out
+
+    async def remove(self, path: str) -> None:
+        key = self._key(path)
+        try:
+            await _run(obstore.delete, self._store, key)
+        except FileNotFoundError:
+            return
+        except (BaseError, OSError, ValueError) as exc:
+            raise self._error("delete", key, exc) from exc
+
+    async def signed_url(self, path: str, ttl_seconds: float) -> str:
+        key = self._key(path)
+        ttl = min(max(ttl_seconds, MIN_SIGNED_TTL_SECONDS), MAX_SIGNED_TTL_SECONDS)
+        try:
+            return await _run(obstore.sign, self._store, "GET", key, timedelta(seconds=ttl))
+        except (BaseError, OSError, ValueError) as exc:
+            raise self._error("sign", key, exc) from exc
+
+    def local_path(self, path: str) -> Path | None:
+        return None
+
+
+def _past_end(exc: BaseException) -> bool:
+    text = str(exc)
+    return "416" in text or "Range Not Satisfiable" in text or "InvalidRange" in text

@@ -1,0 +1,193 @@
+"""Rolling spools (by length, at UTC flush-interval boundaries even without appends, on codec
+change) and the persister's handling of stores (moves, duplicates, templates, backlog)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pygazette.broker.persister import Persister
+from pygazette.broker.replica import Replica
+from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores import codecs
+from pygazette.stores.store import StoreRegistry
+from tests.broker.rpc_helpers import journal_spec
+
+
+async def _until(predicate, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def _commit(replica: Replica, data: bytes) -> None:
+    """Commit one append straight into the replica's spool (what the append RPC does)."""
+    spool = replica.open_spool(replica.head)
+    pending = spool.start_append()
+    pending.write(data)
+    spool.commit(pending, None)
+    replica.index.spool_committed()
+    if replica.spool_needs_roll(time.time()):
+        replica.close_spool()
+
+
+class Harness:
+    def __init__(self, root: Path, backlog_limit: int = 1 << 30) -> None:
+        self.root = root
+        self.stores = StoreRegistry(root / "fragments")
+        (root / "fragments").mkdir(parents=True, exist_ok=True)
+        self.persister = Persister(self.stores, root / "scratch", backlog_limit=backlog_limit)
+        self.replicas: list[Replica] = []
+
+    def replica(self, spec: pb.JournalSpec) -> Replica:
+        r = Replica(
+            spec,
+            1,
+            spool_root=self.root / "spools",
+            stores=self.stores,
+            persister=self.persister,
+            sync=False,
+        )
+        r.start()
+        self.replicas.append(r)
+        return r
+
+    async def close(self) -> None:
+        for r in self.replicas:
+            await r.stop(persist=False)
+        await self.persister.stop()
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+def test_flush_boundaries_are_utc_multiples_of_whole_seconds(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    spec = journal_spec("roll/utc")
+    spec.fragment.flush_interval.seconds = 3600
+    spec.fragment.flush_interval.nanos = 900_000_000  # Truncated, as Gazette does.
+    r = Replica(spec, 1, spool_root=tmp_path, stores=h.stores, persister=h.persister, sync=False)
+    assert r.flush_interval() == 3600
+    r.spool = r.open_spool(0)
+    assert r.flush_deadline(7000.0) == 7200.0  # Empty: the boundary after now.
+    r.spool.first_append_time = 3599.9
+    assert r.flush_deadline(7000.0) == 3600.0
+    pending = r.spool.start_append()
+    pending.write(b"x")
+    r.spool.commit(pending, None)
+    r.spool.first_append_time = 3599.9
+    assert r.spool_needs_roll(3600.0)
+    r.spool.first_append_time = 3600.0
+    assert not r.spool_needs_roll(7199.99) and r.spool_needs_roll(7200.0)
+    r.spool.delete()
+
+
+async def test_idle_spool_rolls_at_the_flush_boundary(harness: Harness) -> None:
+    spec = journal_spec("roll/flush", codec=pb.GZIP)
+    spec.fragment.flush_interval.seconds = 1  # Below Apply's minimum; fine in-process.
+    r = harness.replica(spec)
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"one line\n")
+    assert r.spool is not None
+    # No more appends: the timer rolls the spool at the next whole second, and it persists.
+    await _until(lambda: harness.persister.persisted_count == 1)
+    assert r.spool is None
+    [frag] = r.index.persisted()
+    assert (frag.begin, frag.end, frag.compression_codec) == (0, 9, pb.GZIP)
+    path = harness.root / "fragments" / fragment_content_path(frag)
+    assert codecs.decompress(pb.GZIP, path.read_bytes()) == b"one line\n"
+    assert path.stat().st_mode & 0o777 == 0o644  # Hard-linked from scratch, yet readable.
+    assert abs(path.stat().st_mtime - time.time()) < 60
+    # The next append opens a new spool after the persisted fragment.
+    _commit(r, b"two\n")
+    assert r.spool is not None and r.spool.begin == 9
+
+
+async def test_roll_by_length_and_on_codec_change(harness: Harness) -> None:
+    spec = journal_spec("roll/codec", codec=pb.SNAPPY, length=1024)
+    r = harness.replica(spec)
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"a" * 1500)  # Past the length: rolls right after the commit.
+    assert r.spool is None
+    _commit(r, b"b" * 100)
+    new = pb.JournalSpec()
+    new.CopyFrom(spec)
+    new.fragment.compression_codec = pb.ZSTANDARD
+    r.update_spec(new, 2)  # The open spool rolls at once, keeping its codec.
+    await _until(lambda: harness.persister.persisted_count == 2)
+    _commit(r, b"c" * 10)
+    assert r.spool is not None and r.spool.codec == pb.ZSTANDARD
+    assert [f.compression_codec for f in r.index.persisted()] == [pb.SNAPPY, pb.SNAPPY]
+
+
+async def test_persister_moves_jobs_to_the_current_first_store(harness: Harness) -> None:
+    # The first store is a file store outside every root: unwritable.
+    broken = "file:///broken/"
+    (harness.root / "fragments" / "broken").write_text("a file, not a directory")
+    spec = journal_spec("roll/move", stores=[broken], length=1024)
+    r = harness.replica(spec)
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"x" * 2000)
+    await _until(lambda: harness.persister.backlog_bytes(broken) == 2000)
+    await _until(lambda: bool(harness.persister._last_error.get(broken)))
+    assert harness.persister.persisted_count == 0
+    moved = pb.JournalSpec()
+    moved.CopyFrom(spec)
+    moved.fragment.stores[:] = ["file:///fixed/"]
+    r.update_spec(moved, 2)
+    await _until(lambda: harness.persister.persisted_count == 1)
+    assert harness.persister.backlog_bytes(broken) == 0
+    assert list((harness.root / "fragments" / "fixed" / "roll" / "move").iterdir())
+
+
+async def test_backlog_past_the_bound_refuses_with_the_store_error(tmp_path: Path) -> None:
+    h = Harness(tmp_path, backlog_limit=3000)
+    try:
+        (h.root / "fragments" / "broken").write_text("not a directory")
+        spec = journal_spec("roll/bound", stores=["file:///broken/"], length=1024)
+        r = h.replica(spec)
+        await r.index.first_refresh_done.wait()
+        _commit(r, b"x" * 2000)
+        assert r.append_refusal() == ""
+        _commit(r, b"y" * 2000)
+        refusal = r.append_refusal()
+        assert refusal.startswith("fragment store file:///broken/ unhealthy: ")
+        assert "4000 bytes of spools await persistence (limit 3000)" in refusal
+        # Without stores the spools are dropped: a journal without stores keeps no history.
+        dropped = pb.JournalSpec()
+        dropped.CopyFrom(spec)
+        del dropped.fragment.stores[:]
+        r.update_spec(dropped, 2)
+        await _until(lambda: h.persister.backlog_bytes("file:///broken/") == 0)
+        assert r.append_refusal() == ""
+    finally:
+        await h.close()
+
+
+async def test_fragment_already_in_the_store_is_not_uploaded_again(harness: Harness) -> None:
+    spec = journal_spec("roll/dupe", length=1024)
+    r = harness.replica(spec)
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"z" * 1024)
+    await _until(lambda: harness.persister.persisted_count == 1)
+    assert harness.persister.uploaded_bytes == 1024
+    # The same spool again (as if a crash came after the upload, before its removal).
+    spool = r.open_spool(0)
+    pending = spool.start_append()
+    pending.write(b"z" * 1024)
+    spool.commit(pending, None)
+    r.close_spool()
+    await _until(lambda: harness.persister.persisted_count == 2)
+    assert harness.persister.uploaded_bytes == 1024

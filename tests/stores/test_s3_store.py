@@ -1,0 +1,146 @@
+"""The S3 store against a local S3-compatible server (moto_server) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pygazette.stores.store import StoreError, StoreNotFound, open_store
+from pygazette.stores.store_health import HEALTH_CHECK_PATH, run_check
+from tests.support.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tests.support.tcp_proxy import TcpProxy
+
+
+def _open(url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    return open_store(url, file_root=tmp_path)
+
+
+async def test_round_trip(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.create_bucket()
+    store = _open(s3_server.store_url(bucket, "pre/fix"), tmp_path)
+    local = tmp_path / "f"
+    local.write_bytes(b"0123456789" * 1000)
+
+    assert not await store.exists("j/a/0-1-x.raw")
+    await store.put_file("j/a/date=2024-01-02/0-1-x.raw", local)
+    await store.put_file("j/a/0-2-y.raw", local)
+    assert await store.exists("j/a/0-2-y.raw")
+    assert s3_server.object_keys(bucket) == [
+        "pre/fix/j/a/0-2-y.raw",
+        "pre/fix/j/a/date=2024-01-02/0-1-x.raw",
+    ]
+
+    assert await store.get("j/a/0-2-y.raw") == local.read_bytes()
+    rng = await store.read("j/a/0-2-y.raw", start=5, length=7)
+    assert (rng.data, rng.size) == (b"5678901", 10_000)
+    assert await store.get("j/a/0-2-y.raw", start=9_995) == b"56789"
+    assert await store.get("j/a/0-2-y.raw", start=10_000) == b""
+
+    listed = sorted((f.path, f.size) for f in await store.list_files("j/a/"))
+    assert listed == [("0-2-y.raw", 10_000), ("date=2024-01-02/0-1-x.raw", 10_000)]
+    now = time.time()
+    assert all(abs(f.mod_time - now) < 120 for f in await store.list_files("j/a/"))
+    assert await store.list_files("j/b/") == []
+
+    url = await store.signed_url("j/a/0-2-y.raw", 60)
+    assert url.startswith(s3_server.endpoint + f"/{bucket}/pre/fix/j/a/0-2-y.raw?")
+    assert "X-Amz-Signature=" in url
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+    assert body == local.read_bytes()
+
+    await store.remove("j/a/0-2-y.raw")
+    await store.remove("j/a/0-2-y.raw")  # Missing objects are not an error.
+    assert not await store.exists("j/a/0-2-y.raw")
+    with pytest.raises(StoreNotFound):
+        await store.get("j/a/0-2-y.raw")
+
+
+async def test_content_encoding_is_stored_and_reported(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.create_bucket()
+    store = _open(s3_server.store_url(bucket), tmp_path)
+    local = tmp_path / "f"
+    local.write_bytes(gzip.compress(b"hello\n" * 100))
+    await store.put_file("j/0-1-x", local, content_encoding="gzip")
+    body, encoding = s3_server.get_object(bucket, "j/0-1-x")
+    assert (body, encoding) == (local.read_bytes(), "gzip")
+    rng = await store.read("j/0-1-x")
+    assert (rng.data, rng.content_encoding) == (local.read_bytes(), "gzip")
+
+
+async def test_find_replace_rewrites_object_keys(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.create_bucket()
+    url = s3_server.store_url(bucket, "root") + "&find=/bar/v1/&replace=/old/"
+    store = _open(url, tmp_path)
+    local = tmp_path / "f"
+    local.write_bytes(b"x")
+    await store.put_file("foo/bar/v1/views/0-1-x.raw", local)
+    assert s3_server.object_keys(bucket) == ["root/foo/old/views/0-1-x.raw"]
+    assert [f.path for f in await store.list_files("foo/bar/v1/views/")] == ["0-1-x.raw"]
+
+
+async def test_health_check_passes_and_leaves_gazettes_test_object(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    bucket = s3_server.create_bucket()
+    store = _open(s3_server.store_url(bucket, "p"), tmp_path)
+    await run_check(store)
+    assert s3_server.object_keys(bucket) == [f"p/{HEALTH_CHECK_PATH}"]
+
+
+async def test_missing_bucket_fails_the_health_check(s3_server: S3Server, tmp_path: Path) -> None:
+    store = _open(s3_server.store_url("no-such-bucket-here"), tmp_path)
+    with pytest.raises(StoreError, match="health check PUT failed"):
+        await run_check(store)
+
+
+async def test_unreachable_endpoint_fails_fast(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.create_bucket()
+    proxy = TcpProxy(s3_server.port)
+    try:
+        store = _open(s3_server.store_url(bucket, endpoint=proxy.endpoint), tmp_path)
+        await run_check(store)
+        proxy.cut()
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=r"^list s3://"):
+            await store.list_files("j/")
+        assert time.monotonic() - started < 15
+        proxy.restore()
+        await run_check(store)
+    finally:
+        proxy.close()
+
+
+async def test_profile_reads_the_shared_aws_files(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[gazette]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+    )
+    config = tmp_path / "config"
+    config.write_text(f"[profile gazette]\nregion = {REGION}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    bucket = s3_server.create_bucket()
+    store = _open(f"s3://{bucket}/?endpoint={s3_server.endpoint}&profile=gazette", tmp_path)
+    await run_check(store)
+
+    with pytest.raises(StoreError, match="no credentials for AWS profile 'nope'"):
+        _open(f"s3://{bucket}/?endpoint={s3_server.endpoint}&profile=nope", tmp_path)
+
+
+async def test_storage_class_and_sse_args_are_accepted(s3_server: S3Server, tmp_path: Path) -> None:
+    bucket = s3_server.create_bucket()
+    url = s3_server.store_url(bucket) + "&storageClass=STANDARD_IA&SSE=AES256"
+    store = _open(url, tmp_path)
+    local = tmp_path / "f"
+    local.write_bytes(b"x")
+    await store.put_file("j/0-1-x.raw", local)
+    assert await store.get("j/0-1-x.raw") == b"x"
