@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
-from pygazette.cli.attach_uuids_cmd import attach_uuids
 from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
+from pygazette.cli.attach_uuids_cmd import attach_uuids
 from pygazette.cli.journals_cmd import CliState, journals
 from pygazette.cli.serve_cmd import serve
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER
