@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # receipt of the next chunk; smaller ones are cheaper to handle inline.
 _THREAD_CHUNK = 128 * 1024
 import os as _os  # noqa: E402
+
 _MODE = _os.environ.get("PGZ_MODE", "")
 
 
