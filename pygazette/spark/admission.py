@@ -113,6 +113,8 @@ class _Boundaries:
         """The largest record boundary in (start, cut], or start if there is none."""
         if cut >= head:
             return head
+        if cut <= start:
+            return start
         if self.framing is Framing.RAW:
             ends = [e for e in self._fragment_ends(journal, start, head) if e <= cut]
             return ends[-1] if ends else start
@@ -146,6 +148,8 @@ class _Boundaries:
 
     async def _read(self, journal: str, begin: int, end: int) -> tuple[bytes, int]:
         """Bytes of [begin, end) (after any removed span: then from where content resumes)."""
+        if end <= begin:
+            return b"", begin
         rr = RetryReader(self.client, journal, offset=begin, end_offset=end, block=False)
         parts: list[bytes] = []
         at = begin
@@ -170,6 +174,8 @@ class _Boundaries:
     ) -> tuple[int, int]:
         """Scan records from the boundary `start`: (the end of the last whole record within
         stop, or of record number `limit`; the records counted)."""
+        if stop <= start:
+            return start, 0
         rr = RetryReader(self.client, journal, offset=start, end_offset=stop, block=False)
         buf = b""
         base = start

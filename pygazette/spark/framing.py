@@ -138,7 +138,8 @@ def _spans_from_ends(
     ends: np.ndarray[Any, np.dtype[np.int64]], size: int, final: bool
 ) -> RecordSpans:
     """Records delimited by newlines at `ends` (plus a trailing partial one when final)."""
-    if final and (len(ends) == 0 or ends[-1] + 1 < size):
+    tail = int(ends[-1]) + 1 if len(ends) else 0
+    if final and tail < size:
         value_ends = np.append(ends, size).astype(np.int64)
         consumed = size
     else:

@@ -3,8 +3,9 @@
 JSON types are inferred by Arrow's JSON reader over up to `SAMPLE_BYTES` of whole records
 per journal (at most `SAMPLE_JOURNALS` journals), unified across journals, and mapped to
 Spark types as Spark's own JSON inference would: strings stay strings (Arrow would turn
-ISO-8601 strings into timestamps), all-null fields are strings. CSV columns are `_c0`,
-`_c1`, ... strings, as Spark's CSV reader names them without a header.
+ISO-8601 strings into timestamps), all-null fields are strings, fields are sorted by name.
+CSV columns are `_c0`, `_c1`, ... strings, as Spark's CSV reader names them without a
+header.
 
 Streams should pass an explicit schema: an inferred one can change between restarts.
 """
@@ -95,7 +96,8 @@ def infer_json(samples: list[bytes]) -> StructType:
         unified = pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise SchemaError(f"JSON records of the journals disagree on types: {exc}") from None
-    return StructType([StructField(f.name, arrow_to_spark(f.type), True) for f in unified])
+    fields = sorted(unified, key=lambda f: f.name)  # Sorted, as Spark's JSON inference does.
+    return StructType([StructField(f.name, arrow_to_spark(f.type), True) for f in fields])
 
 
 def arrow_to_spark(t: pa.DataType) -> DataType:
@@ -112,8 +114,8 @@ def arrow_to_spark(t: pa.DataType) -> DataType:
     if pt.is_struct(t):
         return StructType(
             [
-                StructField(t.field(i).name, arrow_to_spark(t.field(i).type), True)
-                for i in range(t.num_fields)
+                StructField(f.name, arrow_to_spark(f.type), True)
+                for f in sorted((t.field(i) for i in range(t.num_fields)), key=lambda f: f.name)
             ]
         )
     if pt.is_list(t) or pt.is_large_list(t):

@@ -7,6 +7,7 @@ the option, raised before any job runs.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -113,9 +114,11 @@ def _lookup(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str
                     "the gazette data source takes no path: name journals with the "
                     "'journals' or 'selector' option"
                 )
+            close = difflib.get_close_matches(lower, list(canonical), n=1)
+            hint = f"did you mean {canonical[close[0]]}? " if close else ""
             raise OptionError(
                 f"unknown option {key!r} of the gazette data source "
-                f"(valid options: {', '.join(known)})"
+                f"({hint}valid options: {', '.join(known)})"
             )
     return out
 
