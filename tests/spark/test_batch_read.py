@@ -223,3 +223,22 @@ def test_data_loss_at_planning_and_clear_errors(
         reader(spark, spark_broker, journals=prefix + "missing").collect()
     with pytest.raises(PySparkException, match=r"column n must be|cannot be read with framing"):
         spark.read.format("gazette").schema("n LONG").option("journals", j).load().collect()
+
+
+def test_the_format_registers_itself_and_by_hand(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    import pkgutil
+
+    import pyspark_gazette
+    from pygazette.spark import GazetteDataSource, register
+
+    # PySpark's lookup: top-level modules named pyspark_* with a DefaultSource.
+    assert "pyspark_gazette" in {m.name for m in pkgutil.iter_modules()}
+    assert pyspark_gazette.DefaultSource is GazetteDataSource
+    assert GazetteDataSource.name() == "gazette"
+    j = prefix + "registered"
+    create_journals(gz, journal_spec(j))
+    gz.append(j, b"one\ntwo\n")
+    register(spark)  # Registering by hand replaces the found one: same class, same results.
+    assert reader(spark, spark_broker, journals=j, framing="lines").count() == 2

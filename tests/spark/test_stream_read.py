@@ -292,5 +292,5 @@ def test_data_loss_fails_the_query_or_is_skipped(
         framing="json",
         startingOffsets=json.dumps({j: 10**9}),
     )
-    with pytest.raises(PySparkException, match="write head .* is below the offset"):
+    with pytest.raises(PySparkException, match=r"write head .* is below the offset"):
         drain(beyond, tmp_path / "beyond")

@@ -2,9 +2,11 @@
 
 Reads JSON records {"n", "user"} from an input journal and writes them, keyed by user, over
 the journals of a selector, with Trigger.AvailableNow. Run it as
-``python -m tests.support.spark_stream_job BROKER INPUT SELECTOR CHECKPOINT FAULTS SCRATCH``; the test kills
-its whole process group (driver, JVM and Python workers) and restarts the query from the
-same checkpoint (`run_query`, in-process or here).
+
+    python -m tests.support.spark_stream_job BROKER INPUT SELECTOR CHECKPOINT FAULTS SCRATCH
+
+The test kills its whole process group (driver, JVM and Python workers) and restarts the
+query from the same checkpoint (`run_query`, in-process or here).
 """
 
 from __future__ import annotations
