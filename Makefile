@@ -7,19 +7,22 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
 
-.PHONY: all venv deps serve test unit lint proto bench bench-fragments clean
+.PHONY: all venv deps serve test unit lint proto bench bench-fragments bench-spark demo clean
 
 all: test
 
+# The `spark` extra is part of the development install. editable_mode=compat puts the checkout
+# on sys.path, where PySpark finds the top-level module pyspark_gazette and so registers the
+# `gazette` format by itself.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,spark]' --config-settings editable_mode=compat
 	touch $@
 
 venv: $(VENV)/.installed
 
-# System dependencies that the integration tests run for real.
+# System dependencies that the integration tests run for real (etcd; Java 17 for Spark).
 deps: venv
 	@./.ci/install-system-deps
 
@@ -30,8 +33,8 @@ proto: venv
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 
 lint: venv
-	$(VENV)/bin/ruff check pygazette tests bench
-	$(VENV)/bin/mypy pygazette
+	$(VENV)/bin/ruff check pygazette pyspark_gazette tests bench examples
+	$(VENV)/bin/mypy pygazette pyspark_gazette
 
 test: deps lint
 	$(VENV)/bin/pytest -q
@@ -42,6 +45,15 @@ bench: venv
 
 bench-fragments: venv
 	$(PY) bench/fragments.py
+
+# The Spark connector's benchmark (needs Java 17, see `make deps`).
+bench-spark: deps
+	$(PY) bench/spark_read.py
+
+# End to end: a local broker, a streaming aggregation journal -> journal on Spark, and a batch
+# job turning a journal's fragments into Parquet.
+demo: deps
+	$(PY) examples/spark_demo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

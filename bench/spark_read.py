@@ -1,0 +1,325 @@
+"""Benchmark: the Spark connector against Spark's own sources, in the same run.
+
+- batch: rows/s reading small JSON records from a journal's fragments with
+  ``spark.read.format("gazette")``, beside Spark's native ``spark.read.json`` over the very
+  same fragment files (uncompressed, so Spark can read them), both with the same schema and
+  materialised into Spark's no-op sink;
+- streaming: rows/s of ``readStream.format("gazette")`` with Trigger.AvailableNow, beside
+  Spark's file stream source over the same files;
+- latency: append-to-sink p50/p90 of a running journal -> journal query (the time from an
+  append's commit until its record is readable in the output journal), beside the broker's
+  own append-to-read latency (a blocking reader of the input journal).
+
+    python bench/spark_read.py [--quick] [--records N]
+
+Prints one JSON document. Runs Spark local[2] and a broker on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+
+from pygazette.client import SyncJournalClient  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+
+SCHEMA = "id LONG, user STRING, page STRING, ms INT, ok BOOLEAN"
+MiB = 1 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Broker:
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pygazette.cli.main",
+                "serve",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError("broker did not start")
+
+    def stop(self) -> None:
+        """SIGTERM: the broker persists its open spools before exiting."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+
+
+def spec(name: str, codec: int = pb.NONE, length: int = 16 * MiB) -> pb.JournalSpec:
+    s = pb.JournalSpec(name=name, replication=1)
+    s.fragment.length = length
+    s.fragment.compression_codec = codec  # type: ignore[assignment]
+    s.fragment.stores.append("file:///")
+    s.fragment.refresh_interval.seconds = 1
+    return s
+
+
+def create(client: SyncJournalClient, *specs: pb.JournalSpec) -> None:
+    client.apply_journals([pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs])
+
+
+def records(first: int, count: int) -> bytes:
+    pages = ["/", "/docs", "/pricing", "/blog"]
+    return b"".join(
+        b'{"id":%d,"user":"user-%03d","page":"%s","ms":%d,"ok":%s}\n'
+        % (i, i % 997, pages[i % 4].encode(), i % 1000, b"true" if i % 3 else b"false")
+        for i in range(first, first + count)
+    )
+
+
+def timed(fn: object) -> float:
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def noop(df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def best_of(runs: int, fn: object) -> float:
+    return min(timed(fn) for _ in range(runs))
+
+
+def bench_batch(
+    spark: SparkSession, url: str, journal: str, files: list[str], rows: int, runs: int
+) -> dict[str, float]:
+    ours = (
+        spark.read.format("gazette")
+        .schema(SCHEMA)
+        .option("broker", url)
+        .option("journals", journal)
+        .option("framing", "json")
+        .load()
+    )
+    native = spark.read.schema(SCHEMA).json(files)
+    assert ours.count() == rows and native.count() == rows
+    noop(ours)
+    noop(native)  # Warm both up.
+    t_ours, t_native = [], []
+    for _ in range(runs):  # Interleaved, so both see the same machine load.
+        t_ours.append(timed(lambda: noop(ours)))
+        t_native.append(timed(lambda: noop(native)))
+    ours_rps, native_rps = rows / min(t_ours), rows / min(t_native)
+    return {
+        "gazette_rows_per_s": round(ours_rps),
+        "spark_json_rows_per_s": round(native_rps),
+        "ratio": round(ours_rps / native_rps, 3),
+    }
+
+
+def bench_stream(
+    spark: SparkSession, url: str, journal: str, fragment_dir: str, rows: int, scratch: Path
+) -> dict[str, float]:
+    def run(df: DataFrame, name: str) -> float:
+        query = (
+            df.writeStream.format("noop")
+            .option("checkpointLocation", str(scratch / f"ck-{name}-{time.monotonic_ns()}"))
+            .trigger(availableNow=True)
+        )
+        return timed(lambda: query.start().awaitTermination())
+
+    ours = (
+        spark.readStream.format("gazette")
+        .schema(SCHEMA)
+        .option("broker", url)
+        .option("journals", journal)
+        .option("framing", "json")
+        .option("startingOffsets", "earliest")
+        .option("maxBytesPerTrigger", str(32 * MiB))
+        .option("minPartitions", "2")  # Streams are not split by core count (see planning).
+        .load()
+    )
+    native = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxBytesPerTrigger", str(32 * MiB))
+        .option("pathGlobFilter", "*.raw")
+        .json(fragment_dir)
+    )
+    run(ours, "warm-gazette")
+    run(native, "warm-files")
+    t_ours = run(ours, "gazette")
+    t_native = run(native, "files")
+    return {
+        "gazette_rows_per_s": round(rows / t_ours),
+        "spark_file_stream_rows_per_s": round(rows / t_native),
+        "ratio": round(t_native / t_ours, 3),
+    }
+
+
+def bench_latency(spark: SparkSession, url: str, samples: int, scratch: Path) -> dict[str, float]:
+    src, out = "bench/spark/latency/in", "bench/spark/latency/out"
+    with SyncJournalClient(url) as client:
+        create(client, spec(src, pb.SNAPPY), spec(out, pb.SNAPPY))
+        query = (
+            spark.readStream.format("gazette")
+            .option("broker", url)
+            .option("journals", src)
+            .option("framing", "lines")
+            .option("startingOffsets", "earliest")
+            .load()
+            .select("value")
+            .writeStream.format("gazette")
+            .option("broker", url)
+            .option("journal", out)
+            .option("framing", "lines")
+            .option("checkpointLocation", str(scratch / "ck-latency"))
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
+        try:
+            sink = arrivals(client, out, samples + 1)
+            direct = arrivals(client, src, samples + 1)
+            client.append(src, b"warm-up\n")
+            sink.wait_for(1, 120)
+            sent: dict[int, float] = {}
+            for i in range(samples):
+                sent[i] = time.perf_counter()
+                client.append(src, b"%d\n" % i)
+                sink.wait_for(i + 2, 30)
+            sink_lat = [sink.times[i + 1] - sent[i] for i in range(samples)]
+            direct_lat = [direct.times[i + 1] - sent[i] for i in range(samples)]
+        finally:
+            query.stop()
+    sink_lat.sort()
+    direct_lat.sort()
+    return {
+        "append_to_sink_p50_ms": round(1000 * statistics.median(sink_lat), 1),
+        "append_to_sink_p90_ms": round(1000 * sink_lat[int(0.9 * (len(sink_lat) - 1))], 1),
+        "append_to_read_p50_ms": round(1000 * statistics.median(direct_lat), 1),
+        "ratio": round(statistics.median(sink_lat) / statistics.median(direct_lat), 1),
+    }
+
+
+class arrivals:
+    """A blocking reader on its own thread, noting when each line arrives."""
+
+    def __init__(self, client: SyncJournalClient, journal: str, expect: int) -> None:
+        self.times: list[float] = []
+        self.cond = threading.Condition()
+        self.reader = SyncJournalClient(client.address)
+        thread = threading.Thread(target=self._run, args=(journal, expect), daemon=True)
+        thread.start()
+
+    def _run(self, journal: str, expect: int) -> None:
+        pending = b""
+        for chunk in self.reader.read(journal, offset=0, block=True):
+            now = time.perf_counter()
+            pending += chunk
+            lines = pending.count(b"\n")
+            pending = pending[pending.rfind(b"\n") + 1 :]
+            with self.cond:
+                self.times.extend([now] * lines)
+                self.cond.notify_all()
+            if len(self.times) >= expect:
+                return
+
+    def wait_for(self, count: int, timeout: float) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.times) >= count, timeout):
+                raise TimeoutError(f"{count} records did not arrive")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small data, fewer runs")
+    parser.add_argument("--records", type=int, default=0)
+    args = parser.parse_args()
+    rows = args.records or (200_000 if args.quick else 1_000_000)
+    runs = 2 if args.quick else 3
+
+    with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-") as tmp:
+        scratch = Path(tmp)
+        broker = Broker(scratch / "data")
+        broker.start()
+        journal = "bench/spark/events"
+        with SyncJournalClient(broker.url) as client:
+            create(client, spec(journal))
+            step = 50_000
+            for first in range(0, rows, step):
+                client.append(journal, records(first, min(step, rows - first)))
+        broker.stop()  # Persists the last spool: every record is in a fragment file.
+        broker.start()
+        fragment_dir = scratch / "data" / "fragments" / journal
+        files = sorted(str(p) for p in fragment_dir.glob("*.raw"))
+        content_bytes = sum(os.path.getsize(f) for f in files)
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("pygazette-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.local.dir", str(scratch / "spark"))
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            result = {
+                "benchmark": "spark_read",
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "data": {
+                    "records": rows,
+                    "bytes": content_bytes,
+                    "fragments": len(files),
+                    "record_bytes": round(content_bytes / rows, 1),
+                },
+                "batch_read": bench_batch(spark, broker.url, journal, files, rows, runs),
+                "streaming_read": bench_stream(
+                    spark, broker.url, journal, str(fragment_dir), rows, scratch
+                ),
+                "latency": bench_latency(spark, broker.url, 15 if args.quick else 40, scratch),
+            }
+        finally:
+            spark.stop()
+            broker.stop()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

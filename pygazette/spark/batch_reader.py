@@ -1,0 +1,83 @@
+"""`spark.read.format("gazette")`: a batch read of journal ranges fixed at planning time.
+
+Planning (on the driver) resolves the journals, their write heads and fragment listings,
+turns startingOffsets / startingTimestamp and endingOffsets into a range per journal, and
+plans partitions from the listings (`planning`). Executors read the partitions
+(`partition_reader`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from pygazette.client.journal_client import JournalClient
+from pygazette.spark import journals as jn
+from pygazette.spark import runtime
+from pygazette.spark.options import OptionError, ReadOptions
+from pygazette.spark.partition_reader import data_loss, read_partition
+from pygazette.spark.planning import GazettePartition, plan
+from pygazette.spark.schema import Layout
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+
+async def batch_ranges(
+    client: JournalClient, opts: ReadOptions
+) -> tuple[dict[str, tuple[int, int]], dict[str, list[jn.FragmentInfo]]]:
+    """Each journal's [start, end) and fragment listing."""
+    journals = await jn.resolve_journals(client, opts.journals, opts.selector)
+    heads = await jn.write_heads(client, journals)
+    listings = await jn.all_fragments(client, journals)  # After the heads: covers them.
+    ranges: dict[str, tuple[int, int]] = {}
+    for j in journals:
+        head, listing = heads[j], listings[j]
+        start = jn.resolve_offset(
+            opts.starting, j, listing, head, timestamp_ms=opts.starting_timestamp_ms
+        )
+        end = jn.resolve_offset(opts.ending, j, listing, head)
+        if end > head:
+            raise OptionError(f"endingOffsets of {j} is {end}, past its write head {head}")
+        if start > end:
+            raise OptionError(
+                f"startingOffsets of {j} ({start}) is after its ending offset ({end})"
+            )
+        ranges[j] = (start, end)
+    return ranges, listings
+
+
+class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, opts: ReadOptions, layout: Layout) -> None:
+        self.opts = opts
+        self.layout = layout
+
+    def partitions(self) -> list[InputPartition]:
+        opts = self.opts
+        ranges, listings = runtime.call(opts.broker, lambda c: batch_ranges(c, opts))
+        parts, losses = plan(
+            ranges,
+            listings,
+            opts.framing,
+            min_partitions=opts.min_partitions,
+            streaming=False,
+        )
+        for loss in losses:
+            data_loss(loss, opts.fail_on_data_loss)
+        log.info(
+            "planned %d partitions over %d journals (%d bytes)",
+            len(parts),
+            len(ranges),
+            sum(p.size for p in parts),
+        )
+        return list(parts)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, GazettePartition):
+            return iter(())  # Spark's stand-in partition when the plan is empty.
+        return read_partition(self.opts.broker, partition, self.layout, self.opts.fail_on_data_loss)

@@ -1,0 +1,196 @@
+"""Exactly-once appends of a sink task, fenced by journal registers.
+
+Every (writer, Spark partition) owns one register label of each journal it writes, e.g.
+``spark.q/3f1c9a0b2d4e6f70/7``. A task writes all of its rows for a journal in ONE atomic
+append, whose request checks the label (`check_registers`) and, when the append commits,
+sets it (`union_registers`) in the same step. So the rows and the mark that they were
+written commit together, or neither does.
+
+- Streams: the label holds the micro-batch id of the last batch the partition committed.
+  An attempt of batch N appends only if the label is below N; if it is N or more, the
+  rows are already there (an earlier attempt, or a replay after a restart from the
+  checkpoint), and the attempt skips the journal.
+- Batch writes: the label holds the commit time; any value means "already written".
+
+The check is a compare-and-swap: an append asserts the exact value it believes current
+(``label = V``, or ``!label`` when absent). A broker answering REGISTER_MISMATCH returns
+the current registers, from which the attempt decides to skip or to retry against the
+actual value. Speculative or retried attempts of a task therefore commit at most once,
+and a late (zombie) attempt of an older batch never overwrites a newer one.
+
+Batch-write labels are removed (piggybacked on later sink appends to the same journal)
+once older than `BATCH_LABEL_TTL_SECONDS`; stream labels stay (one per partition).
+Gazette treats a journal with no registers at all as matching any check; the protocol is
+correct under that rule and without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from pygazette.client.appender import Appender
+from pygazette.client.journal_client import JournalClient
+from pygazette.protocol.errors import GazetteError, RegisterMismatch
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+STREAM_LABEL = "spark.q"
+BATCH_LABEL = "spark.w"
+BATCH_LABEL_TTL_SECONDS = 24 * 3600
+MAX_ATTEMPTS = 16
+CHUNK = 1 << 20
+
+# Registers last seen per journal in this process: guesses for the next append's check.
+_registers: dict[str, pb.LabelSet] = {}
+
+
+class FenceError(GazetteError):
+    """The register fence of a sink journal holds something the sink did not write."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The register label of one writer's partition, and what this attempt sets it to."""
+
+    name: str
+    epoch: int | None  # Stream micro-batch id; None for a batch write.
+
+    @staticmethod
+    def for_stream(identity: str, partition: int, batch_id: int) -> Fence:
+        return Fence(_label(STREAM_LABEL, identity, partition), batch_id)
+
+    @staticmethod
+    def for_batch(identity: str, partition: int) -> Fence:
+        return Fence(_label(BATCH_LABEL, identity, partition), None)
+
+    def value(self) -> str:
+        return str(self.epoch) if self.epoch is not None else str(int(time.time()))
+
+    def committed(self, current: str | None) -> bool:
+        """Whether the label's current value says this attempt's rows are already written."""
+        if current is None:
+            return False
+        if self.epoch is None:
+            return True
+        try:
+            return int(current) >= self.epoch
+        except ValueError:
+            raise FenceError(
+                f"register {self.name} holds {current!r}, not a micro-batch id"
+            ) from None
+
+    def guess(self) -> str | None:
+        """The value to expect when nothing is known: the previous micro-batch."""
+        if self.epoch is not None and self.epoch > 0:
+            return str(self.epoch - 1)
+        return None
+
+
+def _label(kind: str, identity: str, partition: int) -> str:
+    digest = hashlib.sha1(identity.encode()).hexdigest()[:16]
+    return f"{kind}/{digest}/{partition}"
+
+
+def _value(registers: pb.LabelSet, name: str) -> str | None:
+    for label in registers.labels:
+        if label.name == name:
+            return str(label.value)
+    return None
+
+
+def _expired(registers: pb.LabelSet, now: float) -> pb.LabelSet:
+    """Batch-write labels older than the TTL."""
+    out = pb.LabelSet()
+    for label in registers.labels:
+        if not label.name.startswith(BATCH_LABEL + "/"):
+            continue
+        try:
+            written = int(label.value)
+        except ValueError:
+            continue
+        if written < now - BATCH_LABEL_TTL_SECONDS:
+            out.labels.add(name=label.name, value=label.value)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    journal: str
+    appended: bool  # False: skipped, the rows were already written.
+    begin: int = 0
+    end: int = 0
+
+
+async def fenced_append(
+    client: JournalClient,
+    journal: str,
+    content: BinaryIO,
+    fence: Fence,
+    *,
+    on_commit: Callable[[str], None] | None = None,
+) -> AppendOutcome:
+    """Append `content` (a seekable file) to `journal` unless its fence says it is there."""
+    known = _registers.get(journal)
+    current = _value(known, fence.name) if known is not None else fence.guess()
+    for _attempt in range(MAX_ATTEMPTS):
+        if fence.committed(current):
+            log.info("%s: %s already holds these rows; skipping", journal, fence.name)
+            return AppendOutcome(journal, appended=False)
+        check = pb.LabelSelector()
+        check.include.SetInParent()
+        check.exclude.SetInParent()
+        if current is None:
+            check.exclude.labels.add(name=fence.name, value="")
+        else:
+            check.include.labels.add(name=fence.name, value=current)
+        subtract = _expired(known, time.time()) if known is not None else pb.LabelSet()
+        appender = Appender(
+            client,
+            journal,
+            check_registers=check,
+            union_registers=label_set({fence.name: fence.value()}),
+            subtract_registers=subtract if subtract.labels else None,
+        )
+        content.seek(0)
+        try:
+            await appender.start()
+            for chunk in _chunks(content):
+                await appender.write(chunk)
+            resp = await appender.commit()
+        except RegisterMismatch:
+            await appender.abort()
+            resp_now = appender.response
+            if resp_now is None:
+                raise
+            known = pb.LabelSet()
+            known.CopyFrom(resp_now.registers)
+            _registers[journal] = known
+            current = _value(known, fence.name)
+            continue
+        except BaseException:
+            await appender.abort()
+            raise
+        registers = pb.LabelSet()
+        registers.CopyFrom(resp.registers)
+        _registers[journal] = registers
+        if on_commit is not None:
+            on_commit(journal)
+        return AppendOutcome(journal, True, resp.commit.begin, resp.commit.end)
+    raise FenceError(
+        f"{journal}: register {fence.name} kept changing under {MAX_ATTEMPTS} attempts to append"
+    )
+
+
+def _chunks(content: BinaryIO) -> Iterator[bytes]:
+    while True:
+        chunk = content.read(CHUNK)
+        if not chunk:
+            return
+        yield chunk

@@ -1,0 +1,371 @@
+"""Record framing of journal content, as the Spark connector reads and writes it.
+
+A journal is a byte stream; a framing says where its records begin and end:
+
+- ``lines`` and ``json``: records end with ``\\n`` (JSON lines: one JSON value per line;
+  blank lines are not records, as for Gazette's JSON framing and Spark's JSON reader).
+- ``csv``: RFC 4180 rows ending with ``\\n`` outside quotes (a quoted field may hold
+  newlines); blank lines are not records, as for Go's ``encoding/csv`` that Gazette uses.
+- ``protobuf-fixed``: Gazette's fixed framing, an 8-byte header (the magic word
+  ``66 33 93 36`` and a little-endian uint32 length) before each message.
+- ``raw`` has no records: rows are append-aligned chunks (see `partition_reader`).
+
+Scanning works on a buffer that begins at a record boundary and finds whole records with
+vectorised numpy passes, never a per-byte Python loop. Content that ends without a final
+delimiter (an append that did not end in ``\\n``) is a last record ending at the range end.
+
+This module is the connector's own copy of the record rules while `pygazette.message`
+(framing, UUIDs) is being built; the record boundaries are the same as Gazette's, and the
+scanning functions are the seam at which `pygazette.message` framing can be swapped in.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pygazette.protocol.errors import GazetteError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+FIXED_FRAME_WORD = b"\x66\x33\x93\x36"
+FIXED_HEADER = struct.Struct("<4sI")
+FIXED_HEADER_LENGTH = 8
+
+_NEWLINE = 0x0A
+_QUOTE = 0x22
+_CR = 0x0D
+
+
+class Framing(enum.Enum):
+    RAW = "raw"
+    LINES = "lines"
+    JSON = "json"
+    CSV = "csv"
+    PROTOBUF_FIXED = "protobuf-fixed"
+
+    @classmethod
+    def parse(cls, text: str) -> Framing:
+        value = text.strip().lower()
+        for framing in cls:
+            if framing.value == value:
+                return framing
+        choices = ", ".join(f.value for f in cls)
+        raise ValueError(f"unknown framing {text!r} (expected one of: {choices})")
+
+    @property
+    def resyncs(self) -> bool:
+        """Whether a record boundary can be found from any offset (the byte before it is a
+        newline), rather than only by scanning from a known boundary."""
+        return self in (Framing.LINES, Framing.JSON)
+
+    @property
+    def has_records(self) -> bool:
+        return self is not Framing.RAW
+
+
+class RecordError(GazetteError, ValueError):
+    """Journal content that does not follow its framing (desync, truncation, bad JSON/CSV)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpans:
+    """Whole records found in a buffer. Arrays index into the buffer.
+
+    `starts[i]` is where record i begins, `[value_starts[i], value_ends[i])` is its payload
+    (without delimiter or header), and `consumed` is the offset just past the last whole
+    record: the next scan starts there.
+    """
+
+    starts: np.ndarray[Any, np.dtype[np.int64]]
+    value_starts: np.ndarray[Any, np.dtype[np.int64]]
+    value_ends: np.ndarray[Any, np.dtype[np.int64]]
+    consumed: int
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def select(self, lo: int, hi: int) -> RecordSpans:
+        """Records lo..hi-1 (consumed is then the end of record hi-1, or unchanged if empty)."""
+        if lo == 0 and hi == len(self.starts):
+            return self
+        return RecordSpans(
+            self.starts[lo:hi],
+            self.value_starts[lo:hi],
+            self.value_ends[lo:hi],
+            self.consumed,
+        )
+
+    def mask(self, keep: np.ndarray[Any, np.dtype[np.bool_]]) -> RecordSpans:
+        return RecordSpans(
+            self.starts[keep], self.value_starts[keep], self.value_ends[keep], self.consumed
+        )
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def empty_spans(consumed: int = 0) -> RecordSpans:
+    return RecordSpans(_EMPTY, _EMPTY, _EMPTY, consumed)
+
+
+def scan(framing: Framing, buf: bytes, *, final: bool) -> RecordSpans:
+    """Whole records of `buf`, which begins at a record boundary.
+
+    With `final`, `buf` ends at a record boundary too: trailing content without a delimiter
+    is a last record (or, for fixed framing, a truncation error).
+    """
+    if framing in (Framing.LINES, Framing.JSON):
+        return _scan_newlines(buf, final)
+    if framing is Framing.CSV:
+        return _scan_csv(buf, final)
+    if framing is Framing.PROTOBUF_FIXED:
+        return _scan_fixed(buf, final)
+    raise ValueError(f"framing {framing.value} has no records")
+
+
+def _as_array(buf: bytes) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+def _spans_from_ends(
+    ends: np.ndarray[Any, np.dtype[np.int64]], size: int, final: bool
+) -> RecordSpans:
+    """Records delimited by newlines at `ends` (plus a trailing partial one when final)."""
+    tail = int(ends[-1]) + 1 if len(ends) else 0
+    if final and tail < size:
+        value_ends = np.append(ends, size).astype(np.int64)
+        consumed = size
+    else:
+        value_ends = ends.astype(np.int64, copy=False)
+        consumed = int(ends[-1]) + 1 if len(ends) else 0
+    starts = np.empty(len(value_ends), dtype=np.int64)
+    if len(value_ends):
+        starts[0] = 0
+        starts[1:] = value_ends[:-1] + 1
+    return RecordSpans(starts, starts, value_ends, consumed)
+
+
+def _scan_newlines(buf: bytes, final: bool) -> RecordSpans:
+    ends = np.flatnonzero(_as_array(buf) == _NEWLINE)
+    return _spans_from_ends(ends, len(buf), final)
+
+
+def _scan_csv(buf: bytes, final: bool) -> RecordSpans:
+    arr = _as_array(buf)
+    newlines = np.flatnonzero(arr == _NEWLINE)
+    if len(newlines):
+        quotes = np.cumsum(arr == _QUOTE, dtype=np.int64)
+        # A newline ends a record when the quotes before it are balanced.
+        ends = newlines[(quotes[newlines] & 1) == 0]
+    else:
+        ends = newlines
+    if final:
+        tail = int(ends[-1]) + 1 if len(ends) else 0
+        if tail < len(buf) and np.count_nonzero(arr[tail:] == _QUOTE) % 2:
+            raise RecordError("CSV record ends inside a quoted field")
+    return _spans_from_ends(ends, len(buf), final)
+
+
+def _scan_fixed(buf: bytes, final: bool) -> RecordSpans:
+    starts: list[int] = []
+    ends: list[int] = []
+    pos = 0
+    size = len(buf)
+    unpack = FIXED_HEADER.unpack_from
+    while pos + FIXED_HEADER_LENGTH <= size:
+        word, length = unpack(buf, pos)
+        if word != FIXED_FRAME_WORD:
+            raise RecordError(
+                f"fixed framing desynchronised at +{pos}: expected frame word "
+                f"{FIXED_FRAME_WORD.hex()}, found {bytes(word).hex()}"
+            )
+        end = pos + FIXED_HEADER_LENGTH + length
+        if end > size:
+            break
+        starts.append(pos)
+        ends.append(end)
+        pos = end
+    if final and pos != size:
+        raise RecordError(
+            f"truncated fixed-framed record at +{pos}: {size - pos} bytes remain of a frame"
+        )
+    s = np.asarray(starts, dtype=np.int64)
+    return RecordSpans(s, s + FIXED_HEADER_LENGTH, np.asarray(ends, dtype=np.int64), pos)
+
+
+def resync(buf: bytes) -> int:
+    """For newline framings: where the first record begins in `buf`, whose first byte is the
+    one just before a possible boundary (one past the first newline), or -1 if none is
+    in `buf` yet."""
+    nl = buf.find(b"\n")
+    return -1 if nl < 0 else nl + 1
+
+
+def blank_records(buf: bytes, spans: RecordSpans) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Which records are blank lines (empty, or a lone carriage return)."""
+    lengths = spans.value_ends - spans.value_starts
+    blank: np.ndarray[Any, np.dtype[np.bool_]] = lengths == 0
+    ones = np.flatnonzero(lengths == 1)
+    if len(ones):
+        arr = _as_array(buf)
+        blank[ones] = arr[spans.value_starts[ones]] == _CR
+    return blank
+
+
+def whitespace_records(buf: bytes, spans: RecordSpans) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Which records are whitespace only (the slow, exact test behind `blank_records`)."""
+    out = np.zeros(len(spans), dtype=np.bool_)
+    for i, (lo, hi) in enumerate(
+        zip(spans.value_starts.tolist(), spans.value_ends.tolist(), strict=True)
+    ):
+        out[i] = not buf[lo:hi].strip()
+    return out
+
+
+def binary_values(buf: bytes, spans: RecordSpans) -> pa.Array:
+    """The records' payloads as an Arrow binary array (one copy of the bytes)."""
+    import pyarrow as pa
+
+    n = len(spans)
+    if n == 0:
+        return pa.array([], type=pa.binary())
+    arr = _as_array(buf)
+    starts, ends = spans.value_starts, spans.value_ends
+    lengths = ends - starts
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total >= 1 << 31:
+        raise RecordError(f"{total} bytes of records do not fit one Arrow batch")
+    gaps = starts[1:] - ends[:-1]
+    if n == 1 or bool(np.all(gaps == gaps[0])):
+        # Evenly spaced payloads (newline or header gaps): drop the gap bytes in one pass.
+        lo, hi = int(starts[0]), int(ends[-1])
+        if n == 1 or gaps[0] == 0:
+            data = arr[lo:hi]
+        else:
+            keep = np.ones(hi - lo, dtype=np.bool_)
+            gap = int(gaps[0])
+            for k in range(gap):
+                keep[(ends[:-1] - lo) + k] = False
+            data = arr[lo:hi][keep]
+    else:
+        delta = np.zeros(len(buf) + 1, dtype=np.int8)
+        np.add.at(delta, starts, 1)
+        np.add.at(delta, ends, -1)
+        data = arr[np.cumsum(delta[:-1], dtype=np.int8) > 0]
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data.tobytes())],
+    )
+
+
+def block(buf: bytes, spans: RecordSpans) -> bytes:
+    """The bytes from the first record's start to the last record's end (with delimiter)."""
+    if not len(spans):
+        return b""
+    last_end = int(spans.value_ends[-1])
+    if last_end < len(buf) and buf[last_end] == _NEWLINE:
+        last_end += 1
+    return buf[int(spans.starts[0]) : last_end]
+
+
+def parse_json(
+    buf: bytes, spans: RecordSpans, schema: pa.Schema | None, *, describe: Any = None
+) -> pa.Table:
+    """Parse JSON-lines records (no blank ones) into a table of `schema` (inferred if None)."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    data = block(buf, spans)
+    read_options = pj.ReadOptions(use_threads=False, block_size=max(1 << 20, len(data) + 1))
+    if schema is not None:
+        parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    else:
+        parse_options = pj.ParseOptions()
+    try:
+        table = pj.read_json(
+            io.BytesIO(data), read_options=read_options, parse_options=parse_options
+        )
+    except pa.ArrowInvalid as exc:
+        raise _locate_json_error(buf, spans, exc, describe) from None
+    if table.num_rows != len(spans):
+        raise RecordError(
+            f"JSON parser found {table.num_rows} records where the framing found {len(spans)}"
+        )
+    if schema is not None and len(schema):
+        table = table.select(schema.names)
+    return table
+
+
+def _locate_json_error(
+    buf: bytes, spans: RecordSpans, exc: Exception, describe: Any
+) -> RecordError:
+    import json
+
+    for start, lo, hi in zip(
+        spans.starts.tolist(), spans.value_starts.tolist(), spans.value_ends.tolist(), strict=True
+    ):
+        text = buf[lo:hi]
+        try:
+            value = json.loads(text)
+        except ValueError as err:
+            return RecordError(
+                _where(describe, start) + f"invalid JSON record: {err}: {text[:80]!r}"
+            )
+        if not isinstance(value, dict):
+            return RecordError(
+                _where(describe, start) + f"JSON record is not an object: {text[:80]!r}"
+            )
+    return RecordError(_where(describe, None) + f"JSON records do not match the schema: {exc}")
+
+
+def parse_csv(
+    buf: bytes, spans: RecordSpans, names: list[str], schema: pa.Schema, *, describe: Any = None
+) -> pa.Table:
+    """Parse CSV records (no blank ones) into columns `names` of types from `schema`."""
+    import pyarrow as pa
+    import pyarrow.csv as pc
+
+    data = block(buf, spans)
+    read_options = pc.ReadOptions(
+        column_names=names, use_threads=False, block_size=max(1 << 20, len(data) + 1)
+    )
+    parse_options = pc.ParseOptions(newlines_in_values=True)
+    convert_options = pc.ConvertOptions(
+        column_types={f.name: f.type for f in schema}, strings_can_be_null=False
+    )
+    try:
+        table = pc.read_csv(
+            io.BytesIO(data),
+            read_options=read_options,
+            parse_options=parse_options,
+            convert_options=convert_options,
+        )
+    except pa.ArrowInvalid as exc:
+        raise RecordError(_where(describe, int(spans.starts[0])) + f"invalid CSV: {exc}") from None
+    if table.num_rows != len(spans):
+        raise RecordError(
+            _where(describe, int(spans.starts[0]))
+            + f"CSV parser found {table.num_rows} records where the framing found {len(spans)}"
+        )
+    return table
+
+
+def _where(describe: Any, start: int | None) -> str:
+    if describe is None:
+        return ""
+    return f"{describe(start)}: "
+
+
+def encode_fixed(payload: bytes) -> bytes:
+    """One message in Gazette's fixed framing."""
+    return FIXED_HEADER.pack(FIXED_FRAME_WORD, len(payload)) + payload

@@ -1,0 +1,157 @@
+"""What the driver asks brokers: which journals to read, their write heads, their fragments.
+
+All functions are coroutines over a `JournalClient`; `pygazette.spark.runtime` runs them from
+Spark's synchronous code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from pygazette.client.errors import ProtocolViolation
+from pygazette.client.fragments import list_all_fragments
+from pygazette.client.journal_client import JournalClient
+from pygazette.client.list_apply import list_journals
+from pygazette.client.reader import read_request
+from pygazette.protocol.errors import JournalNotFound, error_for_status
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import parse_selector
+from pygazette.spark.options import EARLIEST, LATEST, OffsetSpec
+
+# Signed fragment URLs handed to executors stay valid this long; an executor that finds one
+# expired (or unreachable) reads the fragment through a broker instead.
+SIGNATURE_TTL_SECONDS = 6 * 3600.0
+# Journals whose heads / fragments are fetched at once.
+CONCURRENCY = 32
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentInfo:
+    """One fragment of a listing, as executors need it (picklable)."""
+
+    journal: str
+    begin: int
+    end: int
+    mod_time: int  # Unix seconds; 0 for a broker's local spool (not yet persisted).
+    url: str  # Signed URL of the persisted file, or "" (read it through a broker).
+    spec: bytes  # The serialized pb.Fragment.
+
+    def fragment(self) -> pb.Fragment:
+        frag = pb.Fragment()
+        frag.ParseFromString(self.spec)
+        return frag
+
+
+async def resolve_journals(
+    client: JournalClient, journals: tuple[str, ...], selector: str, *, must_exist: bool = True
+) -> list[str]:
+    """The journals to read, sorted: those named (each must exist) or those selected."""
+    if selector:
+        listed = await list_journals(client, parse_selector(selector))
+        return sorted(j.spec.name for j in listed)
+    listed = await list_journals(
+        client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels(journals)))
+    )
+    found = {j.spec.name for j in listed}
+    missing = [j for j in journals if j not in found]
+    if missing and must_exist:
+        raise JournalNotFound(detail=", ".join(missing))
+    return sorted(j for j in journals if j in found)
+
+
+def _name_labels(journals: tuple[str, ...]) -> list[pb.Label]:
+    return [pb.Label(name="name", value=j) for j in sorted(journals)]
+
+
+async def write_head(client: JournalClient, journal: str) -> int:
+    """The journal's write head: the offset its next append will begin at."""
+    call = client.rpc_read(read_request(journal, offset=LATEST, metadata_only=True))
+    try:
+        resp = await call.read()
+    finally:
+        call.cancel()
+    if not isinstance(resp, pb.ReadResponse):
+        raise ProtocolViolation(f"broker closed the read of {journal} without a response")
+    if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
+        raise error_for_status(
+            resp.status, journal, resp.header if resp.HasField("header") else None
+        )
+    return int(resp.write_head)
+
+
+async def write_heads(client: JournalClient, journals: list[str]) -> dict[str, int]:
+    heads = await _gather(write_head(client, j) for j in journals)
+    return dict(zip(journals, heads, strict=True))  # type: ignore[arg-type]
+
+
+async def fragments(client: JournalClient, journal: str) -> list[FragmentInfo]:
+    """The journal's fragments in offset order, with signed URLs of persisted ones."""
+    listed = await list_all_fragments(client, journal, signature_ttl=SIGNATURE_TTL_SECONDS)
+    out = []
+    for entry in listed:
+        frag = entry.spec
+        out.append(
+            FragmentInfo(
+                journal=journal,
+                begin=frag.begin,
+                end=frag.end,
+                mod_time=frag.mod_time,
+                url=entry.signed_url if frag.backing_store else "",
+                spec=frag.SerializeToString(),
+            )
+        )
+    out.sort(key=lambda f: (f.begin, -f.end))
+    return out
+
+
+async def all_fragments(
+    client: JournalClient, journals: list[str]
+) -> dict[str, list[FragmentInfo]]:
+    listings = await _gather(fragments(client, j) for j in journals)
+    return dict(zip(journals, listings, strict=True))  # type: ignore[arg-type]
+
+
+async def _gather(coros: object) -> list[object]:
+    sem = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(coro: object) -> object:
+        async with sem:
+            return await coro  # type: ignore[misc]
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))  # type: ignore[attr-defined]
+
+
+def earliest_offset(listing: list[FragmentInfo], head: int) -> int:
+    """The first readable offset: the first fragment's begin (the head if there is none)."""
+    return min((f.begin for f in listing if f.end > f.begin), default=head)
+
+
+def offset_at_timestamp(listing: list[FragmentInfo], head: int, timestamp_ms: int) -> int:
+    """The begin of the first fragment modified at or after `timestamp_ms` (a local spool,
+    not yet persisted, counts as modified now); the head if there is none."""
+    for frag in listing:
+        if frag.end <= frag.begin:
+            continue
+        if frag.mod_time == 0 or frag.mod_time * 1000 >= timestamp_ms:
+            return frag.begin
+    return head
+
+
+def resolve_offset(
+    spec: OffsetSpec,
+    journal: str,
+    listing: list[FragmentInfo],
+    head: int,
+    *,
+    timestamp_ms: int | None = None,
+) -> int:
+    """A concrete offset for `journal` from an offset spec (or a starting timestamp)."""
+    if timestamp_ms is not None:
+        return offset_at_timestamp(listing, head, timestamp_ms)
+    offset = spec.for_journal(journal)
+    if offset == EARLIEST:
+        return earliest_offset(listing, head)
+    if offset == LATEST:
+        return head
+    return offset

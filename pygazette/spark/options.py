@@ -1,0 +1,353 @@
+"""The connector's options: parsed and validated once, on the driver, into frozen dataclasses.
+
+Option names are case-insensitive (Spark hands them over lower-cased). A misspelt or unknown
+option, a malformed value, or a combination that cannot work is an `OptionError` naming
+the option, raised before any job runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pygazette.client.journal_client import broker_address_from_env, channel_target
+from pygazette.protocol.errors import GazetteError, ValidationError
+from pygazette.protocol.selector import format_selector, parse_selector
+from pygazette.protocol.validation import validate_journal_name
+from pygazette.spark.framing import Framing
+
+EARLIEST = -2
+LATEST = -1
+
+# Options Spark itself passes to sources and sinks; accepted and ignored.
+_SPARK_OPTIONS = frozenset({"checkpointlocation"})
+
+READ_OPTIONS = (
+    "broker",
+    "journals",
+    "selector",
+    "framing",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "maxBytesPerTrigger",
+    "maxRecordsPerTrigger",
+    "failOnDataLoss",
+    "minPartitions",
+)
+WRITE_OPTIONS = (
+    "broker",
+    "journal",
+    "journals",
+    "selector",
+    "framing",
+    "keyColumn",
+    "partitioner",
+    "writerId",
+)
+
+
+class OptionError(GazetteError, ValueError):
+    """An option of the gazette data source is missing, unknown or malformed."""
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where to start or end: earliest, latest, or per-journal offsets (EARLIEST/LATEST
+    allowed as values); journals not named use `default`."""
+
+    default: int
+    per_journal: tuple[tuple[str, int], ...] = ()
+
+    def for_journal(self, journal: str) -> int:
+        for name, offset in self.per_journal:
+            if name == journal:
+                return offset
+        return self.default
+
+    @property
+    def journals(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.per_journal)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    broker: str
+    journals: tuple[str, ...]
+    selector: str  # Canonical selector text, or "" when `journals` names the journals.
+    framing: Framing
+    starting: OffsetSpec
+    ending: OffsetSpec
+    starting_timestamp_ms: int | None
+    max_bytes_per_trigger: int | None
+    max_records_per_trigger: int | None
+    fail_on_data_loss: bool
+    min_partitions: int | None
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    broker: str
+    journal: str | None  # A fixed target journal (overrides a `journal` column).
+    journals: tuple[str, ...]  # Journals to map keys over ...
+    selector: str  # ... or a selector of them.
+    framing: Framing | None  # None: `lines` when there is a `value` column, else `json`.
+    key_column: str | None
+    partitioner: str  # "modulo" | "rendezvous"
+    writer_id: str | None
+    checkpoint_location: str | None = field(default=None)
+
+
+def _lookup(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
+    """Options by their canonical names; unknown ones are an error."""
+    canonical = {name.lower(): name for name in known}
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        lower = key.lower()
+        if lower in canonical:
+            out[canonical[lower]] = str(value)
+        elif lower not in _SPARK_OPTIONS:
+            if lower == "path":
+                raise OptionError(
+                    "the gazette data source takes no path: name journals with the "
+                    "'journals' or 'selector' option"
+                )
+            close = difflib.get_close_matches(lower, list(canonical), n=1)
+            hint = f"did you mean {canonical[close[0]]}? " if close else ""
+            raise OptionError(
+                f"unknown option {key!r} of the gazette data source "
+                f"({hint}valid options: {', '.join(known)})"
+            )
+    return out
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OptionError(f"option {name} must be a positive integer, not {text!r}") from None
+    if value <= 0:
+        raise OptionError(f"option {name} must be a positive integer, not {text!r}")
+    return value
+
+
+def _bool(name: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name} must be true or false, not {text!r}")
+
+
+def _broker(opts: dict[str, str]) -> str:
+    broker = opts.get("broker", "").strip() or broker_address_from_env()
+    try:
+        channel_target(broker)
+    except ValueError as exc:
+        raise OptionError(f"option broker: {exc}") from None
+    return broker
+
+
+def _journal_name(option: str, name: str) -> str:
+    name = name.strip()
+    try:
+        validate_journal_name(name, allow_meta=False)
+    except ValidationError as exc:
+        raise OptionError(f"option {option}: invalid journal name {name!r}: {exc}") from None
+    return name
+
+
+def _journal_list(option: str, text: str) -> tuple[str, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise OptionError(f"option {option} names no journals")
+    out = tuple(sorted({_journal_name(option, n) for n in names}))
+    return out
+
+
+def _selector(text: str) -> str:
+    try:
+        sel = parse_selector(text.strip())
+    except ValidationError as exc:
+        raise OptionError(f"option selector: {exc}") from None
+    canonical = format_selector(sel)
+    if not canonical:
+        raise OptionError("option selector is empty (it would select every journal)")
+    return canonical
+
+
+def _framing(text: str) -> Framing:
+    try:
+        return Framing.parse(text)
+    except ValueError as exc:
+        raise OptionError(f"option framing: {exc}") from None
+
+
+def parse_offset_spec(name: str, text: str) -> OffsetSpec:
+    """`earliest`, `latest`, or JSON {"journal": offset} with -2 / -1 for earliest / latest."""
+    value = text.strip()
+    if value.lower() == "earliest":
+        return OffsetSpec(EARLIEST)
+    if value.lower() == "latest":
+        return OffsetSpec(LATEST)
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        raise OptionError(
+            f'option {name} must be earliest, latest or JSON like {{"journal/name": 1234}}, '
+            f"not {text!r}"
+        ) from None
+    if not isinstance(doc, dict) or not doc:
+        raise OptionError(f"option {name}: expected a non-empty JSON object of journal offsets")
+    pairs: list[tuple[str, int]] = []
+    for journal, offset in doc.items():
+        journal = _journal_name(name, journal)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
+            raise OptionError(
+                f"option {name}: offset of {journal} must be an integer >= 0, "
+                f"or -2 (earliest) / -1 (latest), not {offset!r}"
+            )
+        pairs.append((journal, offset))
+    return OffsetSpec(LATEST if name == "endingOffsets" else EARLIEST, tuple(sorted(pairs)))
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
+    """Read options of a batch read, a stream, or (`streaming` None) either: the checks and
+    defaults that differ between them are then left out."""
+    opts = _lookup(options, READ_OPTIONS)
+    journals: tuple[str, ...] = ()
+    selector = ""
+    if "journals" in opts and "selector" in opts:
+        raise OptionError("set either option journals or option selector, not both")
+    if "journals" in opts:
+        journals = _journal_list("journals", opts["journals"])
+    elif "selector" in opts:
+        selector = _selector(opts["selector"])
+    else:
+        raise OptionError(
+            "name the journals to read with option journals (comma-separated names) "
+            "or option selector (a label selector)"
+        )
+
+    framing = _framing(opts.get("framing", "raw"))
+
+    if "startingOffsets" in opts and "startingTimestamp" in opts:
+        raise OptionError("set either option startingOffsets or startingTimestamp, not both")
+    starting = parse_offset_spec("startingOffsets", opts.get("startingOffsets", "earliest"))
+    if streaming and "startingOffsets" not in opts and "startingTimestamp" not in opts:
+        starting = OffsetSpec(LATEST)  # As Spark's Kafka source: streams start at the end.
+    ending = parse_offset_spec("endingOffsets", opts.get("endingOffsets", "latest"))
+    if streaming and "endingOffsets" in opts:
+        raise OptionError("option endingOffsets applies to batch reads only, not to streams")
+    if streaming is False:
+        if starting.default == LATEST or LATEST in dict(starting.per_journal).values():
+            raise OptionError("startingOffsets cannot be latest in a batch read (nothing to read)")
+        if ending.default == EARLIEST or EARLIEST in dict(ending.per_journal).values():
+            raise OptionError("endingOffsets cannot be earliest in a batch read (nothing to read)")
+
+    starting_timestamp: int | None = None
+    if "startingTimestamp" in opts:
+        text = opts["startingTimestamp"].strip()
+        try:
+            starting_timestamp = int(text)
+        except ValueError:
+            raise OptionError(
+                f"option startingTimestamp must be milliseconds since the Unix epoch, not {text!r}"
+            ) from None
+        if starting_timestamp < 0:
+            raise OptionError(f"option startingTimestamp must not be negative ({text})")
+
+    max_bytes = max_records = None
+    if "maxBytesPerTrigger" in opts:
+        max_bytes = _positive_int("maxBytesPerTrigger", opts["maxBytesPerTrigger"])
+    if "maxRecordsPerTrigger" in opts:
+        max_records = _positive_int("maxRecordsPerTrigger", opts["maxRecordsPerTrigger"])
+    if streaming is False and (max_bytes or max_records):
+        raise OptionError("maxBytesPerTrigger and maxRecordsPerTrigger apply to streams only")
+
+    min_partitions = None
+    if "minPartitions" in opts:
+        min_partitions = _positive_int("minPartitions", opts["minPartitions"])
+
+    if journals:
+        for spec in (starting, ending):
+            unknown = sorted(set(spec.journals) - set(journals))
+            if unknown:
+                raise OptionError(
+                    f"offsets name journals that are not read: {', '.join(unknown)} "
+                    f"(option journals is {','.join(journals)})"
+                )
+
+    return ReadOptions(
+        broker=_broker(opts),
+        journals=journals,
+        selector=selector,
+        framing=framing,
+        starting=starting,
+        ending=ending,
+        starting_timestamp_ms=starting_timestamp,
+        max_bytes_per_trigger=max_bytes,
+        max_records_per_trigger=max_records,
+        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failOnDataLoss", "true")),
+        min_partitions=min_partitions,
+    )
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    opts = _lookup(options, WRITE_OPTIONS)
+    journal = _journal_name("journal", opts["journal"]) if "journal" in opts else None
+    journals: tuple[str, ...] = ()
+    selector = ""
+    if "journals" in opts and "selector" in opts:
+        raise OptionError("set either option journals or option selector, not both")
+    if "journals" in opts:
+        journals = _journal_list("journals", opts["journals"])
+    if "selector" in opts:
+        selector = _selector(opts["selector"])
+    if journal is not None and (journals or selector):
+        raise OptionError(
+            "option journal names the one journal to write; it excludes options journals "
+            "and selector (which map rows over several journals by keyColumn)"
+        )
+    if len(journals) == 1 and "keyColumn" not in opts:
+        journal, journals = journals[0], ()
+
+    key_column = opts.get("keyColumn", "").strip() or None
+    if (journals or selector) and key_column is None:
+        raise OptionError(
+            "writing over several journals (option journals or selector) needs option "
+            "keyColumn, the column whose value maps each row to a journal"
+        )
+    if key_column is not None and not (journals or selector):
+        raise OptionError("option keyColumn needs option journals or selector to map over")
+
+    partitioner = opts.get("partitioner", "modulo").strip().lower()
+    if partitioner not in ("modulo", "rendezvous"):
+        raise OptionError(
+            f"option partitioner must be modulo or rendezvous, not {opts['partitioner']!r}"
+        )
+
+    framing = _framing(opts["framing"]) if "framing" in opts else None
+
+    writer_id = opts.get("writerId", "").strip() or None
+    if writer_id is not None and (len(writer_id) > 256 or not writer_id.isprintable()):
+        raise OptionError("option writerId must be printable text of at most 256 characters")
+
+    checkpoint = None
+    for key, value in options.items():
+        if key.lower() == "checkpointlocation":
+            checkpoint = str(value)
+    return WriteOptions(
+        broker=_broker(opts),
+        journal=journal,
+        journals=journals,
+        selector=selector,
+        framing=framing,
+        key_column=key_column,
+        partitioner=partitioner,
+        writer_id=writer_id,
+        checkpoint_location=checkpoint,
+    )

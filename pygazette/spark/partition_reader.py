@@ -1,0 +1,383 @@
+"""Executor side of reads: a partition's pieces into Arrow record batches.
+
+Each piece's bytes come from its fragment file when the executor can open the fragment's
+URL, else (or when that read fails part-way) from a broker, from the offset reached. Bytes
+are cut into records by the framing; a piece emits the records that begin in its owned
+range and stops reading once a record begins past it.
+
+Bytes that turn out to be missing while reading (a broker reports an offset jump, or no
+longer has a planned range) are a data loss: an error with `failOnDataLoss`, else logged
+and skipped. Raw rows are the bytes between append boundaries the reader knows: its piece's
+ends, and the ends of a skipped span.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pygazette.client.errors import FragmentReadError, OffsetJump
+from pygazette.client.fragment_reader import open_fragment_url
+from pygazette.client.journal_client import JournalClient
+from pygazette.client.retry_reader import RetryReader
+from pygazette.protocol.errors import GazetteError, OffsetNotYetAvailable
+from pygazette.spark import framing as fr
+from pygazette.spark import runtime
+from pygazette.spark.framing import Framing, RecordError, RecordSpans
+from pygazette.spark.planning import DataLoss, GazettePartition, Piece
+from pygazette.spark.schema import FRAGMENT_MOD_TIME, JOURNAL, OFFSET, VALUE, Layout
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+# Bytes of whole records parsed into one record batch.
+BLOCK_BYTES = 4 << 20
+
+
+class DataLossError(GazetteError):
+    """Journal content a read needs is gone (and failOnDataLoss is true)."""
+
+
+def data_loss(loss: DataLoss, fail: bool) -> None:
+    """Fail the read on a data loss, or log it and carry on."""
+    if fail:
+        raise DataLossError(
+            f"{loss}. Set option failOnDataLoss to false to skip lost data and continue."
+        )
+    log.warning("%s; skipping it (failOnDataLoss is false)", loss)
+
+
+async def piece_bytes(
+    client: JournalClient, *, piece: Piece
+) -> AsyncIterator[tuple[int, bytes] | DataLoss]:
+    """The bytes of [piece.scan_from, piece.read_end), as (offset, chunk) in order, with a
+    `DataLoss` item wherever bytes are missing (reading resumes after them)."""
+    offset = piece.scan_from
+    end = piece.read_end
+    frag = piece.fragment
+    if frag is not None and frag.url:
+        try:
+            reader = await open_fragment_url(frag.fragment(), offset, frag.url)
+        except FragmentReadError as exc:
+            log.info("reading %s through a broker: %s", piece.journal, exc)
+        else:
+            try:
+                while offset < end:
+                    chunk = await reader.read(end - offset)
+                    if not chunk:
+                        break
+                    yield offset, chunk
+                    offset += len(chunk)
+            except FragmentReadError as exc:
+                log.warning(
+                    "direct read of %s failed at %d; continuing through a broker: %s",
+                    piece.journal,
+                    offset,
+                    exc,
+                )
+            finally:
+                await reader.aclose()
+    if offset >= end:
+        return
+    rr = RetryReader(client, piece.journal, offset=offset, end_offset=end, block=False)
+    try:
+        while offset < end:
+            try:
+                chunk = await rr.read()
+            except OffsetJump as jump:
+                yield DataLoss(piece.journal, jump.requested, min(jump.offset, end))
+                offset = rr.offset
+                continue
+            except OffsetNotYetAvailable:
+                # Planned bytes are below the head, so they were readable: they are gone.
+                yield DataLoss(piece.journal, offset, end)
+                return
+            if not chunk:
+                return
+            yield offset, chunk
+            offset += len(chunk)
+    finally:
+        await rr.aclose()
+
+
+def read_partition(
+    broker: str, partition: GazettePartition, layout: Layout, fail_on_data_loss: bool
+) -> Iterator[pa.RecordBatch]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(layout.schema, timezone="UTC")
+    data_schema = to_arrow_schema(layout.data, timezone="UTC") if layout.has_data else None
+    for piece in partition.pieces:
+        decoder = PieceDecoder(piece, layout, arrow_schema, data_schema)
+        items = runtime.iterate(broker, functools.partial(piece_bytes, piece=piece))
+        try:
+            for item in items:
+                if isinstance(item, DataLoss):
+                    data_loss(item, fail_on_data_loss)
+                    yield from decoder.skip_to(item.end)
+                else:
+                    yield from decoder.feed(*item)
+                if decoder.done:
+                    break
+            else:
+                yield from decoder.finish()
+        finally:
+            items.close()
+
+
+class PieceDecoder:
+    """Cuts one piece's bytes into records and builds record batches of the owned ones."""
+
+    def __init__(
+        self,
+        piece: Piece,
+        layout: Layout,
+        arrow_schema: pa.Schema,
+        data_schema: pa.Schema | None,
+    ) -> None:
+        self.piece = piece
+        self.layout = layout
+        self.framing = layout.framing
+        self.arrow_schema = arrow_schema
+        self.data_schema = data_schema
+        self.done = False
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._base = piece.scan_from  # Journal offset of the first pending byte.
+        self._resync = piece.resync
+
+    # Input ---------------------------------------------------------------------------------
+
+    def feed(self, offset: int, chunk: bytes) -> Iterator[pa.RecordBatch]:
+        if offset != self._base + self._size:
+            raise RecordError(
+                f"{self.piece.journal}: read returned offset {offset}, expected "
+                f"{self._base + self._size}"
+            )
+        if self.framing is Framing.RAW:
+            yield from self._feed_raw(chunk)
+            return
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._resync and not self._do_resync():
+            return
+        end = self._base + self._size
+        if self._size >= BLOCK_BYTES or (end > self.piece.own_end and self._may_end(chunk)):
+            yield from self._process(final=False)
+
+    def skip_to(self, offset: int) -> Iterator[pa.RecordBatch]:
+        """Bytes up to `offset` are lost: finish what was read before them, restart after."""
+        if self.framing is Framing.RAW:
+            yield from self._flush_raw()
+        # Whole records already read are kept; a partial one before the hole is lost.
+        elif not self._resync:
+            yield from self._process(final=False)
+        self._chunks, self._size = [], 0
+        self._base = offset
+        self._resync = False  # Content after a hole begins a fragment: a record boundary.
+        if offset >= self.piece.own_end:
+            self.done = True
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        if self.framing is Framing.RAW:
+            yield from self._flush_raw()
+        elif not self._resync:
+            yield from self._process(final=True)
+        self.done = True
+
+    # Raw -------------------------------------------------------------------------------------
+
+    def _feed_raw(self, chunk: bytes) -> Iterator[pa.RecordBatch]:
+        room = self.piece.own_end - (self._base + self._size)
+        if room <= 0:
+            self.done = True
+            return
+        chunk = chunk[:room]
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._base + self._size >= self.piece.own_end:
+            yield from self._flush_raw()
+            self.done = True
+        yield from ()
+
+    def _flush_raw(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        if not self._size:
+            return
+        data = b"".join(self._chunks)
+        offsets = np.asarray([self._base], dtype=np.int64)
+        value = pa.array([data], type=pa.binary())
+        self._base += self._size
+        self._chunks, self._size = [], 0
+        yield self._batch(offsets, value=value)
+
+    # Records ---------------------------------------------------------------------------------
+
+    def _may_end(self, chunk: bytes) -> bool:
+        """Whether `chunk` may complete the record that crosses own_end."""
+        if self.framing in (Framing.LINES, Framing.JSON, Framing.CSV):
+            return b"\n" in chunk
+        return True
+
+    def _do_resync(self) -> bool:
+        """Drop the partial record before the first boundary at or after scan_from + 1."""
+        buf = self._joined()
+        start = fr.resync(buf)
+        if start < 0:
+            self._base += len(buf)
+            self._chunks, self._size = [], 0
+            if self._base >= self.piece.own_end:
+                self.done = True
+            return False
+        self._chunks = [buf[start:]] if start < len(buf) else []
+        self._size = len(buf) - start
+        self._base += start
+        self._resync = False
+        if self._base >= self.piece.own_end:
+            self.done = True
+            return False
+        return True
+
+    def _joined(self) -> bytes:
+        if len(self._chunks) == 1:
+            return self._chunks[0]
+        buf = b"".join(self._chunks)
+        self._chunks = [buf]
+        return buf
+
+    def _process(self, *, final: bool) -> Iterator[pa.RecordBatch]:
+        if not self._size:
+            return
+        buf = self._joined()
+        try:
+            spans = fr.scan(self.framing, buf, final=final)
+        except RecordError as exc:
+            raise RecordError(f"{self._describe(None)}: {exc}") from None
+        begins = spans.starts + self._base
+        own_end = self.piece.own_end
+        lo = int(np.searchsorted(begins, self.piece.own_begin, side="left"))
+        hi = int(np.searchsorted(begins, own_end, side="left"))
+        if hi < len(spans) or (spans.consumed and self._base + spans.consumed >= own_end):
+            self.done = True
+        owned = spans.select(lo, hi)
+        if len(owned):
+            yield from self._records(buf, owned)
+        rest = buf[spans.consumed :]
+        self._base += spans.consumed
+        self._chunks = [rest] if rest else []
+        self._size = len(rest)
+
+    def _describe(self, start: int | None) -> str:
+        where = f"journal {self.piece.journal}"
+        if start is not None:
+            where += f" at offset {self._base + start}"
+        return where
+
+    def _records(self, buf: bytes, spans: RecordSpans) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        framing = self.framing
+        if framing in (Framing.JSON, Framing.CSV):
+            blank = fr.blank_records(buf, spans)
+            if framing is Framing.JSON:
+                blank |= self._whitespace_if_needed(buf, spans, blank)
+            if blank.any():
+                spans = spans.mask(~blank)
+            if not len(spans):
+                return
+            offsets = spans.starts + self._base
+            assert self.data_schema is not None
+            if framing is Framing.JSON:
+                table = fr.parse_json(buf, spans, self.data_schema, describe=self._describe)
+            else:
+                table = fr.parse_csv(
+                    buf,
+                    spans,
+                    [f.name for f in self.data_schema],
+                    self.data_schema,
+                    describe=self._describe,
+                )
+            yield self._batch(offsets, table=table)
+            return
+        offsets = spans.starts + self._base
+        value: pa.Array | None = None
+        if self.layout.value_type is not None:
+            value = fr.binary_values(buf, spans)
+            if self.layout.value_type == "string":
+                try:
+                    value = value.cast(pa.string())
+                except pa.ArrowInvalid:
+                    raise RecordError(
+                        f"{self._describe(None)}: a line is not valid UTF-8; "
+                        "read column value as binary"
+                    ) from None
+        yield self._batch(offsets, value=value)
+
+    def _whitespace_if_needed(
+        self, buf: bytes, spans: RecordSpans, blank: np.ndarray[Any, np.dtype[np.bool_]]
+    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Whitespace-only lines are blank too; they are rare, so look only if any line
+        could be one (no non-space byte in its first position)."""
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        nonempty = ~blank
+        firsts = np.zeros(len(spans), dtype=np.uint8)
+        firsts[nonempty] = arr[spans.value_starts[nonempty]]
+        suspicious = nonempty & np.isin(firsts, (0x20, 0x09, 0x0D, 0x0A))
+        if not suspicious.any():
+            return np.zeros(len(spans), dtype=np.bool_)
+        out = np.zeros(len(spans), dtype=np.bool_)
+        idx = np.flatnonzero(suspicious)
+        out[idx] = fr.whitespace_records(buf, spans.mask(suspicious))
+        return out
+
+    # Batches ---------------------------------------------------------------------------------
+
+    def _batch(
+        self,
+        offsets: np.ndarray[Any, np.dtype[np.int64]],
+        *,
+        value: pa.Array | None = None,
+        table: pa.Table | None = None,
+    ) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        n = len(offsets)
+        columns = []
+        for field in self.arrow_schema:
+            name = field.name
+            if name == JOURNAL:
+                columns.append(_repeat_string(self.piece.journal, n))
+            elif name == OFFSET:
+                columns.append(pa.array(offsets, type=pa.int64()))
+            elif name == FRAGMENT_MOD_TIME:
+                mod_time = self.piece.mod_time
+                if mod_time:
+                    columns.append(
+                        pa.array(np.full(n, mod_time * 1_000_000, dtype=np.int64), type=field.type)
+                    )
+                else:
+                    columns.append(pa.nulls(n, type=field.type))
+            elif table is not None:
+                columns.append(table.column(name).combine_chunks())
+            elif name == VALUE and value is not None:
+                columns.append(value)
+            else:
+                columns.append(pa.nulls(n, type=field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
+
+
+def _repeat_string(text: str, n: int) -> pa.Array:
+    import pyarrow as pa
+
+    data = text.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)]
+    )

@@ -1,0 +1,205 @@
+"""Planning reads: journal offset ranges and fragment listings into Spark input partitions.
+
+A journal range [begin, end) is walked through its fragment listing into segments, each read
+from one fragment (directly from its store when the executor can reach it, else through a
+broker) or, past the last listed fragment, through a broker. A listing that leaves a hole
+with fragments after it means bytes were removed (retention, a deleted file): a data loss.
+
+Segments become pieces. A piece owns the records that *begin* in its [own_begin, own_end)
+and reads past own_end to finish its last one, never past its segment's end (a fragment
+never splits an append, so fragment ends are record boundaries). Large segments are split
+into pieces of about the partition target size; raw segments are never split, as raw rows
+are append-aligned. Pieces are then packed in (journal, offset) order into partitions of up
+to the target size. The plan depends only on the ranges, the listing and the options, so a
+micro-batch replanned after a restart gets the same partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from pygazette.spark.framing import Framing
+from pygazette.spark.journals import FragmentInfo
+
+MAX_PARTITION_BYTES = 128 << 20  # As Spark's spark.sql.files.maxPartitionBytes.
+MIN_PARTITION_BYTES = 4 << 20  # As Spark's spark.sql.files.openCostInBytes.
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Records of `journal` that begin in [own_begin, own_end).
+
+    Reading starts at `scan_from` — a record boundary, or for newline framings (`resync`)
+    the byte before `own_begin`, so that the first newline found marks the first owned
+    record — and never goes past `read_end`, a record boundary. `fragment` is the one
+    fragment that covers [scan_from, read_end), or None to read through a broker.
+    """
+
+    journal: str
+    own_begin: int
+    own_end: int
+    scan_from: int
+    read_end: int
+    resync: bool
+    fragment: FragmentInfo | None
+
+    @property
+    def size(self) -> int:
+        return self.own_end - self.own_begin
+
+    @property
+    def mod_time(self) -> int:
+        return self.fragment.mod_time if self.fragment is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class DataLoss:
+    """Bytes [begin, end) of a journal that no fragment holds any longer."""
+
+    journal: str
+    begin: int
+    end: int
+
+    def __str__(self) -> str:
+        return (
+            f"data loss in journal {self.journal}: offsets [{self.begin}, {self.end}) are no "
+            f"longer in any fragment ({self.end - self.begin} bytes removed, e.g. by retention)"
+        )
+
+
+class GazettePartition(InputPartition):  # type: ignore[misc]
+    """One Spark input partition: pieces read in order by one task."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
+        self.pieces = pieces
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.pieces)
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    begin: int
+    end: int
+    fragment: FragmentInfo | None
+
+
+def segments(
+    journal: str, begin: int, end: int, listing: list[FragmentInfo]
+) -> tuple[list[_Segment], list[DataLoss]]:
+    """Walk [begin, end) through the listing; holes followed by a fragment are data loss."""
+    out: list[_Segment] = []
+    losses: list[DataLoss] = []
+    frags = sorted((f for f in listing if f.end > f.begin), key=lambda f: (f.begin, -f.end))
+    cursor = begin
+    best: FragmentInfo | None = None  # Reaching furthest of the fragments beginning <= cursor.
+    i = 0
+    while cursor < end:
+        while i < len(frags) and frags[i].begin <= cursor:
+            if best is None or _better(frags[i], best):
+                best = frags[i]
+            i += 1
+        if best is not None and best.end > cursor:
+            stop = min(best.end, end)
+            out.append(_Segment(cursor, stop, best))
+            cursor = stop
+            continue
+        if i < len(frags):
+            stop = min(frags[i].begin, end)
+            losses.append(DataLoss(journal, cursor, stop))
+            cursor = stop
+            continue
+        # Past the last listed fragment: content committed since the listing; a broker has it.
+        out.append(_Segment(cursor, end, None))
+        cursor = end
+    return out, losses
+
+
+def _better(f: FragmentInfo, best: FragmentInfo) -> bool:
+    """Prefer the fragment reaching further; on a tie, one readable directly from a store."""
+    if f.end != best.end:
+        return f.end > best.end
+    return bool(f.url) and not best.url
+
+
+def split_segment(journal: str, seg: _Segment, framing: Framing, target: int) -> list[Piece]:
+    size = seg.end - seg.begin
+    count = 1 if framing is Framing.RAW else max(1, math.ceil(size / target))
+    bounds = [seg.begin + (size * i) // count for i in range(count)] + [seg.end]
+    pieces = []
+    for lo, hi in itertools.pairwise(bounds):
+        if hi <= lo:
+            continue
+        resync = framing.resyncs and lo > seg.begin
+        pieces.append(
+            Piece(
+                journal=journal,
+                own_begin=lo,
+                own_end=hi,
+                scan_from=lo - 1 if resync else seg.begin,
+                read_end=seg.end,
+                resync=resync,
+                fragment=seg.fragment,
+            )
+        )
+    return pieces
+
+
+def partition_target(total: int, min_partitions: int | None, *, streaming: bool) -> int:
+    """Bytes per partition: at least `min_partitions` of them, each at most 128 MiB.
+
+    Batch reads also aim for one partition per driver core (at least 4 MiB each), as Spark's
+    file sources do; streams do not, so their plans never depend on the machine.
+    """
+    if min_partitions:
+        return max(1, min(MAX_PARTITION_BYTES, math.ceil(total / min_partitions)))
+    if streaming:
+        return MAX_PARTITION_BYTES
+    cores = os.cpu_count() or 1
+    return min(MAX_PARTITION_BYTES, max(MIN_PARTITION_BYTES, math.ceil(total / cores)))
+
+
+def plan(
+    ranges: dict[str, tuple[int, int]],
+    listings: dict[str, list[FragmentInfo]],
+    framing: Framing,
+    *,
+    min_partitions: int | None,
+    streaming: bool,
+) -> tuple[list[GazettePartition], list[DataLoss]]:
+    """Partitions reading every journal's [begin, end), and the data losses found."""
+    all_segments: list[tuple[str, _Segment]] = []
+    losses: list[DataLoss] = []
+    for journal in sorted(ranges):
+        begin, end = ranges[journal]
+        if end <= begin:
+            continue
+        segs, lost = segments(journal, begin, end, listings.get(journal, []))
+        all_segments.extend((journal, s) for s in segs)
+        losses.extend(lost)
+    total = sum(s.end - s.begin for _, s in all_segments)
+    target = partition_target(total, min_partitions, streaming=streaming)
+    pieces = [p for j, s in all_segments for p in split_segment(j, s, framing, target)]
+    return pack(pieces, target), losses
+
+
+def pack(pieces: list[Piece], target: int) -> list[GazettePartition]:
+    """Greedily pack pieces, in order, into partitions of up to `target` bytes."""
+    out: list[GazettePartition] = []
+    current: list[Piece] = []
+    size = 0
+    for piece in pieces:
+        if current and size + piece.size > target:
+            out.append(GazettePartition(current))
+            current, size = [], 0
+        current.append(piece)
+        size += piece.size
+    if current:
+        out.append(GazettePartition(current))
+    return out

@@ -1,0 +1,363 @@
+"""`df.write.format("gazette")` and `writeStream.format("gazette")`: rows into journals.
+
+Each row goes to the journal named by option `journal`, else by its `journal` column, else
+(options `journals` or `selector` with `keyColumn`) to the journal its key maps to
+(`routing`). Its bytes are the `value` column (binary or string) under framing `raw`
+(verbatim), `lines` (newline-terminated, the default with a value column) or
+`protobuf-fixed` (Gazette's fixed frame), or the whole row (less a routing `journal`
+column) under `json` (the default without a value column) or `csv`.
+
+A task encodes its rows per journal into a spooled temporary file, then writes each
+journal's rows in one atomic append fenced by the task's register label
+(`exactly_once`): every row lands in its journal exactly once across task retries,
+speculative attempts and restarts of a stream from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime
+import decimal
+import functools
+import io
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from pygazette.client.journal_client import JournalClient
+from pygazette.protocol.errors import GazetteError, JournalNotFound
+from pygazette.spark import faults, runtime
+from pygazette.spark import journals as jn
+from pygazette.spark.exactly_once import AppendOutcome, Fence, fenced_append
+from pygazette.spark.framing import Framing, encode_fixed
+from pygazette.spark.options import OptionError, WriteOptions
+from pygazette.spark.routing import route
+from pygazette.spark.schema import JOURNAL, VALUE
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+# Rows of a task for one journal are held in memory up to this size, then on local disk.
+SPOOL_MEMORY_BYTES = 16 << 20
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+class SinkError(GazetteError, ValueError):
+    """Rows that cannot be written as asked (a bad value, an unknown journal...)."""
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """What every task of one write needs; made on the driver."""
+
+    opts: WriteOptions
+    framing: Framing
+    columns: tuple[str, ...]  # Columns of the input, in order.
+    targets: tuple[str, ...]  # Journals to map keys over (sorted), when mapping.
+    route_by_column: bool  # Rows name their journal in a `journal` column.
+    body_columns: tuple[str, ...]  # Columns written by json/csv framing.
+    identity: str  # Writer identity for register labels.
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
+    partition: int
+    attempt: int
+    outcomes: list[AppendOutcome] = field(default_factory=list)
+    rows: int = 0
+
+
+def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> SinkPlan:
+    """Check the input schema against the options, and resolve the journals to map over."""
+    names = tuple(f.name for f in schema.fields)
+    types = {f.name: f.dataType for f in schema.fields}
+    framing = opts.framing
+    if framing is None:
+        framing = Framing.LINES if VALUE in types else Framing.JSON
+    if framing in (Framing.RAW, Framing.LINES, Framing.PROTOBUF_FIXED):
+        if VALUE not in types:
+            raise OptionError(f"framing {framing.value} writes the value column, which is missing")
+        if not isinstance(types[VALUE], (BinaryType, StringType)):
+            raise OptionError(
+                f"column value must be binary or string, not {types[VALUE].simpleString()}"
+            )
+    route_by_column = opts.journal is None and not (opts.journals or opts.selector)
+    if route_by_column:
+        if JOURNAL not in types:
+            raise OptionError(
+                "name the journal to write: option journal, a journal column, or options "
+                "journals/selector with keyColumn"
+            )
+        if not isinstance(types[JOURNAL], StringType):
+            raise OptionError("column journal must be a string")
+    if opts.key_column is not None and opts.key_column not in types:
+        raise OptionError(f"keyColumn {opts.key_column!r} is not a column of the rows")
+    body = tuple(n for n in names if not (route_by_column and n == JOURNAL))
+
+    targets: tuple[str, ...] = ()
+    if opts.journals or opts.selector:
+        found = runtime.call(
+            opts.broker,
+            lambda c: jn.resolve_journals(c, opts.journals, opts.selector),
+        )
+        if not found:
+            raise OptionError(
+                f"no journals to write: {opts.selector or ','.join(opts.journals)} matches none"
+            )
+        targets = tuple(found)
+    elif opts.journal is not None:
+        journal = opts.journal
+        runtime.call(opts.broker, lambda c: jn.resolve_journals(c, (journal,), ""))
+
+    if opts.writer_id is not None:
+        identity = opts.writer_id
+    elif streaming:
+        identity = ""  # The query id, known in tasks (see _identity).
+    else:
+        identity = f"write-{uuid.uuid4()}"
+    return SinkPlan(opts, framing, names, targets, route_by_column, body, identity)
+
+
+# Encoding -------------------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    import orjson
+
+    if isinstance(value, decimal.Decimal):
+        return orjson.Fragment(str(value).encode())
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def encode(plan: SinkPlan, batch: pa.RecordBatch, rows: list[int] | None) -> bytes:
+    """The bytes of `rows` of `batch` (all rows if None) under the plan's framing."""
+    if rows is not None:
+        import pyarrow as pa
+
+        batch = batch.take(pa.array(rows, type=pa.int64()))
+    framing = plan.framing
+    if framing in (Framing.RAW, Framing.LINES, Framing.PROTOBUF_FIXED):
+        values = batch.column(VALUE).to_pylist()
+        encoded = []
+        for v in values:
+            if v is None:
+                raise SinkError("column value is null; a record needs bytes")
+            encoded.append(v.encode() if isinstance(v, str) else bytes(v))
+        if framing is Framing.RAW:
+            return b"".join(encoded)
+        if framing is Framing.PROTOBUF_FIXED:
+            return b"".join(encode_fixed(v) for v in encoded)
+        lines = [v[:-1] if v.endswith(b"\n") else v for v in encoded]
+        data = b"\n".join(lines) + b"\n"
+        if data.count(b"\n") != len(lines):
+            bad = next(v for v in lines if b"\n" in v)
+            raise SinkError(
+                f"a value holds a newline inside it ({bad[:60]!r}...): framing lines writes one "
+                "line per row; use framing raw to write values verbatim"
+            )
+        return data
+    body = batch.select(list(plan.body_columns))
+    if framing is Framing.JSON:
+        import orjson
+
+        opt = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+        return b"".join(
+            orjson.dumps(r, default=_json_default, option=opt) for r in body.to_pylist()
+        )
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in body.to_pylist():
+        writer.writerow(["" if v is None else _csv_text(v) for v in row.values()])
+    return out.getvalue().encode()
+
+
+def _csv_text(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+# Tasks ----------------------------------------------------------------------------------------
+
+
+def _task_context() -> tuple[int, int, Any]:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise SinkError("the gazette sink runs in Spark tasks only")
+    return tc.partitionId(), tc.attemptNumber(), tc
+
+
+def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any) -> SinkCommit:
+    """Encode this task's rows per journal, then append each journal's rows, fenced."""
+    partition, attempt, _tc = _task_context()
+    spools: dict[str, tempfile.SpooledTemporaryFile[bytes]] = {}
+    rows = 0
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            rows += batch.num_rows
+            for journal, idx in _route(plan, batch):
+                data = encode(plan, batch, idx)
+                if not data:
+                    continue
+                spool = spools.get(journal)
+                if spool is None:
+                    spool = spools[journal] = tempfile.SpooledTemporaryFile(
+                        max_size=SPOOL_MEMORY_BYTES
+                    )
+                spool.write(data)
+        commit = SinkCommit(partition, attempt, rows=rows)
+        fence: Fence = fence_of(partition)
+        for journal in sorted(spools):
+            outcome = runtime.call(
+                plan.opts.broker,
+                functools.partial(_append, journal=journal, spool=spools[journal], fence=fence),
+            )
+            commit.outcomes.append(outcome)
+        return commit
+    finally:
+        for spool in spools.values():
+            spool.close()
+
+
+async def _append(
+    client: JournalClient, *, journal: str, spool: Any, fence: Fence
+) -> AppendOutcome:
+    try:
+        return await fenced_append(client, journal, spool, fence, on_commit=faults.after_append)
+    except JournalNotFound:
+        raise SinkError(f"journal {journal} does not exist") from None
+
+
+def _route(plan: SinkPlan, batch: pa.RecordBatch) -> Iterator[tuple[str, list[int] | None]]:
+    """(journal, row indices) of the batch's rows (None: all of them)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    opts = plan.opts
+    if opts.journal is not None:
+        yield opts.journal, None
+        return
+    if plan.route_by_column:
+        column = batch.column(JOURNAL)
+        if column.null_count:
+            raise SinkError("column journal is null for some rows; every row needs a journal")
+        encoded = pc.dictionary_encode(column)
+        names = encoded.dictionary.to_pylist()
+        indices = np.asarray(encoded.indices)
+        for i, name in enumerate(names):
+            jn_valid = _check_journal(name)
+            yield jn_valid, np.flatnonzero(indices == i).tolist()
+        return
+    assert opts.key_column is not None
+    which = route(batch.column(opts.key_column), list(plan.targets), opts.partitioner)
+    for i in np.unique(which).tolist():
+        yield plan.targets[i], np.flatnonzero(which == i).tolist()
+
+
+def _check_journal(name: str) -> str:
+    from pygazette.protocol.errors import ValidationError
+    from pygazette.protocol.validation import validate_journal_name
+
+    try:
+        validate_journal_name(name, allow_meta=False)
+    except ValidationError as exc:
+        raise SinkError(f"column journal holds an invalid journal name {name!r}: {exc}") from None
+    return name
+
+
+# Spark writers -------------------------------------------------------------------------------
+
+
+class GazetteBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    def __init__(self, plan: SinkPlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        identity = self.plan.identity
+        return write_task(self.plan, iterator, lambda p: Fence.for_batch(identity, p))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _log_outcomes("batch write", messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        committed = [m for m in messages if isinstance(m, SinkCommit)]
+        log.warning(
+            "batch write %s failed; %d tasks had committed their rows (journals are "
+            "append-only). Re-run it with option writerId=%s to write the rest exactly once.",
+            self.plan.identity,
+            len(committed),
+            self.plan.identity,
+        )
+
+
+class GazetteStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    def __init__(self, plan: SinkPlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        plan = self.plan
+        _p, _a, tc = _task_context()
+        batch_id = tc.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch_id is None:
+            raise SinkError("the gazette stream sink found no micro-batch id in its task")
+        identity = plan.identity or _stream_identity(tc, plan)
+        epoch = int(batch_id)
+        return write_task(plan, iterator, lambda p: Fence.for_stream(identity, p, epoch))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _log_outcomes(f"micro-batch {batchId}", messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning(
+            "micro-batch %d failed; it is retried from the checkpoint, and journals already "
+            "holding its rows are skipped",
+            batchId,
+        )
+
+
+def _stream_identity(tc: Any, plan: SinkPlan) -> str:
+    query_id = tc.getLocalProperty(QUERY_ID_PROPERTY)
+    if query_id:
+        return f"query-{query_id}"
+    if plan.opts.checkpoint_location:
+        return f"checkpoint-{os.path.abspath(plan.opts.checkpoint_location)}"
+    raise SinkError("the gazette stream sink cannot tell its query apart: set option writerId")
+
+
+def _log_outcomes(what: str, messages: list[WriterCommitMessage | None]) -> None:
+    appended = skipped = rows = 0
+    for m in messages:
+        if isinstance(m, SinkCommit):
+            rows += m.rows
+            for o in m.outcomes:
+                if o.appended:
+                    appended += 1
+                else:
+                    skipped += 1
+    log.info("%s committed: %d rows, %d appends, %d already written", what, rows, appended, skipped)

@@ -1,0 +1,105 @@
+"""Register-fenced appends of the sink against a real broker: each write commits once."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pygazette.client import JournalClient, append, apply_journals, read_journal
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.spark import exactly_once as eo
+from pygazette.spark.exactly_once import Fence, FenceError, fenced_append
+from tests.support.broker_process import BrokerProcess
+from tests.support.spark_session import journal_spec
+
+J = "spark/fence/journal"
+
+
+@pytest.fixture
+async def client(spark_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    eo._registers.clear()  # Start each test without this process's register guesses.
+    async with JournalClient(spark_broker.url) as c:
+        yield c
+
+
+async def fresh(client: JournalClient, name: str) -> str:
+    await apply_journals(
+        client, [pb.ApplyRequest.Change(upsert=journal_spec(name), expect_mod_revision=0)]
+    )
+    return name
+
+
+async def content(client: JournalClient, journal: str) -> bytes:
+    return b"".join([c async for c in read_journal(client, journal)])
+
+
+async def test_stream_fence_commits_each_batch_once_and_fends_off_zombies(
+    client: JournalClient,
+) -> None:
+    j = await fresh(client, J + "/stream")
+    rows = io.BytesIO(b"b0\n")
+    first = await fenced_append(client, j, rows, Fence.for_stream("q", 0, 0))
+    assert first.appended and (first.begin, first.end) == (0, 3)
+    # A retry of the same batch and partition (after a crash past the commit) skips.
+    eo._registers.clear()
+    again = await fenced_append(client, j, io.BytesIO(b"b0\n"), Fence.for_stream("q", 0, 0))
+    assert not again.appended
+    # Another partition of the same batch has its own label.
+    other = await fenced_append(client, j, io.BytesIO(b"p1\n"), Fence.for_stream("q", 1, 0))
+    assert other.appended
+    # The next batches advance the label; a partition may skip batches.
+    assert (
+        await fenced_append(client, j, io.BytesIO(b"b1\n"), Fence.for_stream("q", 0, 1))
+    ).appended
+    assert (
+        await fenced_append(client, j, io.BytesIO(b"b5\n"), Fence.for_stream("q", 0, 5))
+    ).appended
+    # A zombie attempt of an older batch never writes, whatever this process guessed.
+    eo._registers.clear()
+    zombie = await fenced_append(client, j, io.BytesIO(b"b3\n"), Fence.for_stream("q", 0, 3))
+    assert not zombie.appended
+    assert await content(client, j) == b"b0\np1\nb1\nb5\n"
+
+
+async def test_concurrent_attempts_commit_once(client: JournalClient) -> None:
+    j = await fresh(client, J + "/racing")
+    fence = Fence.for_stream("q", 7, 3)
+    outcomes = await asyncio.gather(
+        *(fenced_append(client, j, io.BytesIO(b"row\n"), fence) for _ in range(6))
+    )
+    assert sum(o.appended for o in outcomes) == 1
+    assert await content(client, j) == b"row\n"
+
+
+async def test_batch_fence_and_expiry_of_old_batch_labels(client: JournalClient) -> None:
+    j = await fresh(client, J + "/batch")
+    fence = Fence.for_batch("write-1", 2)
+    assert (await fenced_append(client, j, io.BytesIO(b"x\n"), fence)).appended
+    eo._registers.clear()
+    assert not (await fenced_append(client, j, io.BytesIO(b"x\n"), fence)).appended
+
+    # A batch-write label older than the TTL is dropped by a later sink append.
+    stale = eo._label(eo.BATCH_LABEL, "write-0", 0)
+    await append(client, j, b"y\n", union_registers=label_set({stale: "1"}))
+    eo._registers.clear()
+    later = Fence.for_batch("write-2", 0)
+    assert (await fenced_append(client, j, io.BytesIO(b"z\n"), later)).appended  # Learns regs.
+    final = await fenced_append(client, j, io.BytesIO(b"w\n"), Fence.for_batch("write-3", 0))
+    assert final.appended
+    registers = eo._registers[j]
+    names = {label.name for label in registers.labels}
+    assert stale not in names
+    assert {fence.name, later.name} <= names
+    assert await content(client, j) == b"x\ny\nz\nw\n"
+
+
+async def test_a_foreign_value_in_a_stream_label_is_an_error(client: JournalClient) -> None:
+    j = await fresh(client, J + "/foreign")
+    fence = Fence.for_stream("q", 0, 4)
+    await append(client, j, b"-\n", union_registers=label_set({fence.name: "not-a-batch"}))
+    with pytest.raises(FenceError, match="not a micro-batch id"):
+        await fenced_append(client, j, io.BytesIO(b"r\n"), fence)

@@ -1,0 +1,115 @@
+"""Options of the gazette data source: names, values, combinations, and their errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pygazette.spark.framing import Framing
+from pygazette.spark.options import (
+    EARLIEST,
+    LATEST,
+    OptionError,
+    parse_read_options,
+    parse_write_options,
+)
+
+
+def test_read_options_parse_case_insensitively() -> None:
+    opts = parse_read_options(
+        {
+            "broker": "http://127.0.0.1:9",
+            "journals": "in/x, in/y",
+            "framing": "JSON",
+            "startingoffsets": '{"in/y": 42, "in/x": -2}',
+            "maxBytesPerTrigger": "1000",
+            "maxrecordspertrigger": "10",
+            "failOnDataLoss": "false",
+            "minPartitions": "3",
+            "checkpointLocation": "/tmp/ignored",
+        },
+        streaming=True,
+    )
+    assert opts.journals == ("in/x", "in/y")
+    assert opts.framing is Framing.JSON
+    assert opts.starting.for_journal("in/y") == 42
+    assert opts.starting.for_journal("in/x") == EARLIEST
+    assert (opts.max_bytes_per_trigger, opts.max_records_per_trigger) == (1000, 10)
+    assert opts.fail_on_data_loss is False and opts.min_partitions == 3
+
+
+def test_defaults_follow_the_kafka_source() -> None:
+    batch = parse_read_options({"selector": "topic=x"}, streaming=False)
+    assert (batch.starting.default, batch.ending.default) == (EARLIEST, LATEST)
+    assert batch.framing is Framing.RAW and batch.fail_on_data_loss is True
+    assert batch.selector == "topic=x"
+    stream = parse_read_options({"selector": "topic=x"}, streaming=True)
+    assert stream.starting.default == LATEST
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({}, False, "name the journals to read"),
+        ({"journals": "in/b", "selector": "topic=y"}, False, "not both"),
+        (
+            {"journals": "in/b", "startingOffset": "earliest"},
+            False,
+            "unknown option 'startingOffset'.*did you mean startingOffsets",
+        ),
+        ({"journals": "in/b", "path": "x"}, False, "takes no path"),
+        ({"journals": "in//b"}, False, "invalid journal name"),
+        ({"selector": "!!"}, False, "option selector"),
+        ({"journals": "in/b", "framing": "xml"}, False, "unknown framing"),
+        ({"journals": "in/b", "startingOffsets": "soon"}, False, "earliest, latest or JSON"),
+        ({"journals": "in/b", "startingOffsets": '{"in/b": -3}'}, False, "must be an integer"),
+        ({"journals": "in/b", "startingOffsets": '{"in/d": 1}'}, False, "not read: in/d"),
+        ({"journals": "in/b", "startingOffsets": "latest"}, False, "cannot be latest"),
+        ({"journals": "in/b", "endingOffsets": "earliest"}, False, "cannot be earliest"),
+        ({"journals": "in/b", "endingOffsets": "latest"}, True, "batch reads only"),
+        ({"journals": "in/b", "maxBytesPerTrigger": "1"}, False, "streams only"),
+        ({"journals": "in/b", "maxBytesPerTrigger": "0"}, True, "positive integer"),
+        ({"journals": "in/b", "failOnDataLoss": "maybe"}, True, "true or false"),
+        ({"journals": "in/b", "startingTimestamp": "yesterday"}, True, "milliseconds"),
+        (
+            {"journals": "in/b", "startingTimestamp": "1", "startingOffsets": "earliest"},
+            True,
+            "not both",
+        ),
+        ({"journals": "in/b", "broker": "ftp://x"}, True, "unsupported broker address"),
+    ],
+)
+def test_bad_read_options_are_clear_errors(
+    options: dict[str, str], streaming: bool, message: str
+) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_read_options(options, streaming=streaming)
+
+
+def test_write_options() -> None:
+    one = parse_write_options({"journals": "out/a"})
+    assert one.journal == "out/a" and one.journals == ()
+    mapped = parse_write_options(
+        {"selector": "topic=out", "keyColumn": "user", "partitioner": "Rendezvous"}
+    )
+    assert mapped.key_column == "user" and mapped.partitioner == "rendezvous"
+    by_column = parse_write_options({"framing": "json", "writerId": "load-1"})
+    assert by_column.journal is None and by_column.framing is Framing.JSON
+    assert by_column.writer_id == "load-1"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"journal": "in/b", "selector": "topic=y", "keyColumn": "k"}, "excludes options"),
+        ({"journals": "in/b,in/d"}, "needs option keyColumn"),
+        ({"keyColumn": "k"}, "needs option journals or selector"),
+        (
+            {"selector": "topic=y", "keyColumn": "k", "partitioner": "random"},
+            "modulo or rendezvous",
+        ),
+        ({"journal": "in/b", "topic": "x"}, "unknown option 'topic'"),
+    ],
+)
+def test_bad_write_options_are_clear_errors(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_write_options(options)

@@ -1,0 +1,139 @@
+"""Read planning: fragment listings into pieces and partitions (unit and property tests)."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.spark.framing import Framing
+from pygazette.spark.journals import FragmentInfo, earliest_offset, offset_at_timestamp
+from pygazette.spark.planning import DataLoss, pack, plan, segments
+
+J = "a/journal"
+
+
+def frag(begin: int, end: int, *, url: str = "", mod_time: int = 0) -> FragmentInfo:
+    spec = pb.Fragment(journal=J, begin=begin, end=end).SerializeToString()
+    return FragmentInfo(J, begin, end, mod_time, url, spec)
+
+
+def test_segments_follow_the_furthest_fragment_and_prefer_direct_reads() -> None:
+    listing = [frag(0, 100), frag(0, 100, url="file:///x"), frag(50, 300), frag(300, 400)]
+    segs, losses = segments(J, 10, 350, listing)
+    assert losses == []
+    assert [(s.begin, s.end) for s in segs] == [(10, 100), (100, 300), (300, 350)]
+    assert segs[0].fragment is not None and segs[0].fragment.url == "file:///x"
+
+
+def test_holes_before_a_fragment_are_data_loss_and_a_tail_is_read_through_a_broker() -> None:
+    listing = [frag(100, 200), frag(300, 400)]
+    segs, losses = segments(J, 0, 500, listing)
+    assert losses == [DataLoss(J, 0, 100), DataLoss(J, 200, 300)]
+    assert [(s.begin, s.end, s.fragment is None) for s in segs] == [
+        (100, 200, False),
+        (300, 400, False),
+        (400, 500, True),
+    ]
+    assert "offsets [0, 100)" in str(losses[0])
+
+
+def test_raw_segments_are_never_split_and_record_pieces_resync() -> None:
+    listing = [frag(0, 1000)]
+    parts, _ = plan({J: (0, 1000)}, {J: listing}, Framing.RAW, min_partitions=4, streaming=True)
+    assert [[(p.own_begin, p.own_end) for p in part.pieces] for part in parts] == [[(0, 1000)]]
+
+    parts, _ = plan({J: (0, 1000)}, {J: listing}, Framing.LINES, min_partitions=4, streaming=True)
+    pieces = [p for part in parts for p in part.pieces]
+    assert [(p.own_begin, p.own_end) for p in pieces] == [
+        (0, 250),
+        (250, 500),
+        (500, 750),
+        (750, 1000),
+    ]
+    assert [(p.scan_from, p.resync) for p in pieces] == [
+        (0, False),
+        (249, True),
+        (499, True),
+        (749, True),
+    ]
+    assert all(p.read_end == 1000 for p in pieces)
+
+    parts, _ = plan({J: (0, 1000)}, {J: listing}, Framing.CSV, min_partitions=2, streaming=True)
+    pieces = [p for part in parts for p in part.pieces]
+    assert [(p.scan_from, p.resync) for p in pieces] == [(0, False), (0, False)]
+
+
+def test_pack_keeps_order_and_size() -> None:
+    listing = [frag(i * 10, i * 10 + 10) for i in range(10)]
+    parts, _ = plan({J: (0, 100)}, {J: listing}, Framing.LINES, min_partitions=3, streaming=True)
+    assert [[(p.own_begin, p.own_end) for p in part.pieces] for part in parts] == [
+        [(0, 10), (10, 20), (20, 30)],
+        [(30, 40), (40, 50), (50, 60)],
+        [(60, 70), (70, 80), (80, 90)],
+        [(90, 100)],
+    ]
+    assert pack([], 10) == []
+
+
+@st.composite
+def listings(draw: st.DrawFn) -> tuple[list[FragmentInfo], int, int]:
+    bounds = sorted(set(draw(st.lists(st.integers(0, 2000), min_size=2, max_size=12))))
+    frags = [
+        frag(a, b, url=draw(st.sampled_from(["", "file:///f"])))
+        for a, b in itertools.pairwise(bounds)
+        if draw(st.integers(0, 3))  # Now and then a hole: a removed fragment.
+    ]
+    begin = draw(st.integers(bounds[0], bounds[-1]))
+    end = draw(st.integers(begin, bounds[-1] + 100))
+    return frags, begin, end
+
+
+@settings(deadline=None)
+@given(
+    listings(),
+    st.sampled_from(list(Framing)),
+    st.one_of(st.none(), st.integers(1, 9)),
+    st.booleans(),
+)
+def test_pieces_own_every_offset_exactly_once(
+    case: tuple[list[FragmentInfo], int, int],
+    framing: Framing,
+    min_partitions: int | None,
+    streaming: bool,
+) -> None:
+    listing, begin, end = case
+    ranges = {J: (begin, end)}
+    parts, losses = plan(
+        ranges, {J: listing}, framing, min_partitions=min_partitions, streaming=streaming
+    )
+    owned = sorted(
+        [(p.own_begin, p.own_end) for part in parts for p in part.pieces]
+        + [(loss.begin, loss.end) for loss in losses]
+    )
+    cursor = begin
+    for lo, hi in owned:
+        assert lo == cursor and hi > lo
+        cursor = hi
+    assert cursor == max(begin, end)
+    for part in parts:
+        for p in part.pieces:
+            assert p.scan_from <= p.own_begin < p.own_end <= p.read_end
+            if p.fragment is not None:
+                assert p.fragment.begin <= p.scan_from and p.read_end <= p.fragment.end
+    # Planning again gives the same partitions: replays of a micro-batch see the same plan.
+    again, _ = plan(ranges, {J: listing}, framing, min_partitions=min_partitions, streaming=True)
+    if streaming:
+        assert [part.pieces for part in again] == [part.pieces for part in parts]
+
+
+def test_earliest_and_timestamp_offsets() -> None:
+    listing = [frag(0, 10, mod_time=100), frag(10, 20, mod_time=200), frag(20, 30)]
+    assert earliest_offset(listing, 30) == 0
+    assert earliest_offset([], 42) == 42
+    assert offset_at_timestamp(listing, 30, 150_000) == 10
+    assert offset_at_timestamp(listing, 30, 100_000) == 0
+    assert offset_at_timestamp(listing, 30, 10**12) == 20  # The spool (mod time 0) is "now".
+    assert offset_at_timestamp(listing[:2], 20, 10**12) == 20  # None: the head.

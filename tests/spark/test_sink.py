@@ -1,0 +1,225 @@
+"""The gazette sink: batch and streaming writes, routing, and exactly-once output under
+injected task failures and a query killed mid-batch and restarted from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pygazette.client import SyncJournalClient
+from pygazette.spark.faults import token_name
+from pygazette.spark.routing import fnv1a32
+from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import append_each, json_records, wait_for
+from tests.support.spark_session import create_journals, journal_spec, spark_env
+from tests.support.spark_stream_job import run_query
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lines_of(gz: SyncJournalClient, journal: str) -> list[bytes]:
+    return b"".join(gz.read(journal)).splitlines()
+
+
+def jsons_of(gz: SyncJournalClient, journal: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in lines_of(gz, journal)]
+
+
+def out_journals(gz: SyncJournalClient, prefix: str, n: int, topic: str) -> list[str]:
+    names = [f"{prefix}out-{i}" for i in range(n)]
+    create_journals(gz, *(journal_spec(j, labels={"topic": topic}) for j in names))
+    return names
+
+
+def arm(faults_dir: Path, kind: str, journal: str) -> Path:
+    token = faults_dir / token_name(kind, journal)
+    token.touch()
+    return token
+
+
+def test_batch_writes_by_option_column_and_key(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    single = prefix + "single"
+    create_journals(gz, journal_spec(single))
+    df = spark.createDataFrame([(f"line {i}",) for i in range(50)], "value STRING")
+    df.write.format("gazette").mode("append").option("broker", spark_broker.url).option(
+        "journal", single
+    ).save()
+    assert sorted(lines_of(gz, single)) == sorted(f"line {i}".encode() for i in range(50))
+
+    # A journal column names each row's journal; rows are written as JSON lines.
+    a, b = prefix + "col-a", prefix + "col-b"
+    create_journals(gz, journal_spec(a), journal_spec(b))
+    rows = [(a if i % 3 else b, i, f"u{i % 5}") for i in range(90)]
+    spark.createDataFrame(rows, "journal STRING, n LONG, user STRING").repartition(3).write.format(
+        "gazette"
+    ).mode("append").option("broker", spark_broker.url).save()
+    assert sorted(d["n"] for d in jsons_of(gz, a)) == [i for i in range(90) if i % 3]
+    assert sorted(d["n"] for d in jsons_of(gz, b)) == [i for i in range(90) if not i % 3]
+    assert set(jsons_of(gz, a)[0]) == {"n", "user"}  # The routing column is not written.
+
+    # Keys map over a selector's journals as Gazette's mappings do.
+    topic = prefix.strip("/").replace("/", ".")
+    outs = out_journals(gz, prefix, 3, topic)
+    keyed = spark.createDataFrame([(i, f"user-{i}") for i in range(200)], "n LONG, user STRING")
+    for partitioner in ("modulo", "rendezvous"):
+        keyed.write.format("gazette").mode("append").option("broker", spark_broker.url).option(
+            "selector", f"topic={topic}"
+        ).option("keyColumn", "user").option("partitioner", partitioner).save()
+    for index, j in enumerate(outs):
+        got = Counter(d["user"] for d in jsons_of(gz, j))
+        for user, count in got.items():
+            h = fnv1a32(str(user).encode())
+            hrw = max(range(3), key=lambda i: (h ^ fnv1a32(outs[i].encode()), -i))
+            assert count == (h % 3 == index) + (hrw == index)
+
+    with pytest.raises(PySparkException, match="append-only"):
+        df.write.format("gazette").mode("overwrite").option("journal", single).save()
+    bad = spark.createDataFrame([("two\nlines",)], "value STRING")
+    with pytest.raises(PySparkException, match="newline inside it"):
+        bad.write.format("gazette").mode("append").option("broker", spark_broker.url).option(
+            "journal", single
+        ).save()
+
+
+def test_batch_write_is_exactly_once_when_a_task_fails_between_appends(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    faults_dir: Path,
+) -> None:
+    topic = prefix.strip("/").replace("/", ".")
+    outs = out_journals(gz, prefix, 2, topic)
+    token = arm(faults_dir, "fail-after-append", outs[0])
+    df = spark.createDataFrame([(i, f"user-{i % 11}") for i in range(400)], "n LONG, user STRING")
+    df.repartition(4).write.format("gazette").mode("append").option(
+        "broker", spark_broker.url
+    ).option("selector", f"topic={topic}").option("keyColumn", "user").save()
+    assert not token.exists()  # The fault fired: a task died after appending to outs[0].
+    written = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
+    assert written == Counter(range(400))
+
+
+def test_stream_write_is_exactly_once_when_a_task_fails_between_appends(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    faults_dir: Path,
+    tmp_path: Path,
+) -> None:
+    source = prefix + "in"
+    create_journals(gz, journal_spec(source))
+    append_each(gz, source, [b"".join(json_records(i, 100)) for i in range(0, 300, 100)])
+    topic = prefix.strip("/").replace("/", ".")
+    outs = out_journals(gz, prefix, 2, topic)
+    token = arm(faults_dir, "fail-after-append", outs[0])
+    run_query(spark, spark_broker.url, source, f"topic={topic}", str(tmp_path / "checkpoint"))
+    assert not token.exists()
+    written = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
+    assert written == Counter(range(300))
+
+
+def test_query_killed_mid_batch_and_restarted_writes_each_row_once(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    source = prefix + "in"
+    create_journals(gz, journal_spec(source))
+    append_each(gz, source, [b"".join(json_records(i, 50)) for i in range(0, 250, 50)])
+    topic = prefix.strip("/").replace("/", ".")
+    outs = out_journals(gz, prefix, 2, topic)
+    checkpoint = str(tmp_path / "checkpoint")
+    job_faults = tmp_path / "job-faults"
+    job_faults.mkdir()
+    arm(job_faults, "hang-after-append", outs[0])
+
+    env = dict(os.environ, **spark_env(job_faults))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    log = open(tmp_path / "job.log", "wb")
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.spark_stream_job",
+            spark_broker.url,
+            source,
+            f"topic={topic}",
+            checkpoint,
+            str(job_faults),
+            str(tmp_path / "job-scratch"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        hung = job_faults / token_name("hung", outs[0])
+        wait_for(
+            lambda: hung.exists() or job.poll() is not None,
+            timeout=120,
+            what="the job to hang in the middle of a micro-batch",
+        )
+        assert job.poll() is None, (tmp_path / "job.log").read_text(errors="replace")[-3000:]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+        log.close()
+    partial = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
+    assert partial and sum(partial.values()) < 250  # Killed mid-batch, rows half written.
+
+    run_query(spark, spark_broker.url, source, f"topic={topic}", checkpoint)
+    written = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
+    assert written == Counter(range(250))
+
+
+def test_stream_sink_of_an_aggregation(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    source, sink = prefix + "clicks", prefix + "counts"
+    create_journals(gz, journal_spec(source), journal_spec(sink))
+    append_each(gz, source, [b"".join(json_records(0, 140))])
+    counts = (
+        spark.readStream.format("gazette")
+        .schema("n LONG, user STRING")
+        .option("broker", spark_broker.url)
+        .option("journals", source)
+        .option("framing", "json")
+        .option("startingOffsets", "earliest")
+        .load()
+        .groupBy("user")
+        .agg(F.count("*").alias("clicks"))
+    )
+    query = (
+        counts.writeStream.format("gazette")
+        .outputMode("complete")
+        .option("broker", spark_broker.url)
+        .option("journal", sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    latest = {d["user"]: d["clicks"] for d in jsons_of(gz, sink)}
+    assert latest == {f"u{k}": 20 for k in range(7)}

@@ -1,0 +1,296 @@
+"""`spark.readStream.format("gazette")`: framings, admission control, Trigger.AvailableNow,
+restarts from checkpoints, journal discovery and data loss."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+
+from pygazette.client import SyncJournalClient
+from pygazette.spark.framing import encode_fixed
+from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import append_each, json_records, wait_for, wait_persisted
+from tests.support.spark_session import create_journals, journal_spec
+
+
+def stream(
+    spark: SparkSession, broker: BrokerProcess, schema: str | None = None, **options: str
+) -> DataFrame:
+    r = spark.readStream.format("gazette").option("broker", broker.url)
+    if schema is not None:
+        r = r.schema(schema)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+class Batches:
+    """A foreachBatch sink that keeps every micro-batch's rows (driver side)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.batches.append(df.collect())
+
+    @property
+    def rows(self) -> list[Any]:
+        return [r for b in self.batches for r in b]
+
+
+def drain(df: DataFrame, checkpoint: Path, sink: Batches | None = None) -> Batches:
+    """Run the query with Trigger.AvailableNow until it stops by itself."""
+    sink = sink if sink is not None else Batches()
+    query = (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(timeout=180)
+    assert not query.isActive, "Trigger.AvailableNow did not stop"
+    if query.exception() is not None:
+        raise query.exception()  # type: ignore[misc]
+    return sink
+
+
+def offsets_of(records: list[bytes], base: int = 0) -> list[int]:
+    out, offset = [], base
+    for r in records:
+        out.append(offset)
+        offset += len(r)
+    return out
+
+
+def test_framings_and_admission_control(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    lines, fixed, table = prefix + "lines", prefix + "fixed", prefix + "csv"
+    create_journals(
+        gz, journal_spec(lines, fragment_length=2048), journal_spec(fixed), journal_spec(table)
+    )
+    records = json_records(0, 300, pad=8)
+    append_each(gz, lines, [b"".join(records[i : i + 25]) for i in range(0, 300, 25)])
+    wait_persisted(gz, lines, 2048)  # Some of it is read straight from fragment files.
+
+    # Bytes per trigger: every batch within budget, ending on a record boundary.
+    budget = 4000
+    got = drain(
+        stream(
+            spark,
+            spark_broker,
+            journals=lines,
+            framing="lines",
+            startingOffsets="earliest",
+            maxBytesPerTrigger=str(budget),
+        ),
+        tmp_path / "bytes",
+    )
+    assert [r.offset for r in sorted(got.rows, key=lambda r: r.offset)] == offsets_of(records)
+    sizes = [sum(len(r.value) + 1 for r in b) for b in got.batches]
+    assert all(size <= budget for size in sizes)
+    assert len([s for s in sizes if s]) >= sum(map(len, records)) // budget
+
+    # Records per trigger, JSON with a schema.
+    got = drain(
+        stream(
+            spark,
+            spark_broker,
+            "offset LONG, n LONG",
+            journals=lines,
+            framing="json",
+            startingOffsets="earliest",
+            maxRecordsPerTrigger="70",
+        ),
+        tmp_path / "records",
+    )
+    assert [len(b) for b in got.batches if b] == [70, 70, 70, 70, 20]
+    assert sorted(r.n for r in got.rows) == list(range(300))
+
+    payloads = [b"p%d" % i * (i % 4 + 1) for i in range(120)]
+    append_each(
+        gz,
+        fixed,
+        [b"".join(encode_fixed(p) for p in payloads[i : i + 30]) for i in range(0, 120, 30)],
+    )
+    got = drain(
+        stream(
+            spark,
+            spark_broker,
+            journals=fixed,
+            framing="protobuf-fixed",
+            startingOffsets="earliest",
+            maxBytesPerTrigger="400",
+        ),
+        tmp_path / "fixed",
+    )
+    assert [r.value for r in sorted(got.rows, key=lambda r: r.offset)] == payloads
+    assert max(len(b) for b in got.batches) < 120
+
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([[i, f"a\nb{i}"] for i in range(40)])
+    append_each(gz, table, [buf.getvalue().encode()])
+    got = drain(
+        stream(
+            spark,
+            spark_broker,
+            "id INT, text STRING",
+            journals=table,
+            framing="csv",
+            startingOffsets="earliest",
+            maxRecordsPerTrigger="15",
+        ),
+        tmp_path / "csv",
+    )
+    assert sorted((r.id, r.text) for r in got.rows) == [(i, f"a\nb{i}") for i in range(40)]
+    assert [len(b) for b in got.batches if b] == [15, 15, 10]
+
+
+def test_restart_from_checkpoint_without_gaps_or_duplicates(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    j = prefix + "events"
+    create_journals(gz, journal_spec(j, fragment_length=4096))
+    first = json_records(0, 100)
+    append_each(gz, j, [b"".join(first)])
+    checkpoint = tmp_path / "checkpoint"
+    out = tmp_path / "out"
+
+    def run() -> None:
+        df = stream(
+            spark,
+            spark_broker,
+            "journal STRING, offset LONG, n LONG",
+            journals=j,
+            framing="json",
+            startingOffsets="earliest",
+            maxRecordsPerTrigger="30",
+        )
+        query = (
+            df.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(timeout=180)
+        assert query.exception() is None
+
+    run()
+    second = json_records(100, 150)
+    append_each(gz, j, [b"".join(second[i : i + 50]) for i in range(0, 150, 50)])
+    run()
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted(r.n for r in rows) == list(range(250))
+    assert sorted(r.offset for r in rows) == offsets_of(first + second)
+
+
+def test_new_journals_are_discovered(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    topic = prefix.strip("/").replace("/", ".")
+    a, b = prefix + "a", prefix + "b"
+    create_journals(gz, journal_spec(a, labels={"topic": topic}))
+    append_each(gz, a, [b"".join(json_records(0, 10))])
+    sink = Batches()
+    query = (
+        stream(
+            spark,
+            spark_broker,
+            "journal STRING, n LONG",
+            selector=f"topic={topic}",
+            framing="json",
+            startingOffsets="earliest",
+        )
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        assert sorted(r.n for r in sink.rows) == list(range(10))
+        create_journals(gz, journal_spec(b, labels={"topic": topic}))
+        append_each(gz, b, [b"".join(json_records(10, 5))])
+        append_each(gz, a, [b"".join(json_records(15, 5))])
+        query.processAllAvailable()
+        wait_for(lambda: len(sink.rows) >= 20, what="rows of the new journal")
+    finally:
+        query.stop()
+    assert sorted((r.journal, r.n) for r in sink.rows) == sorted(
+        [(a, n) for n in [*range(10), *range(15, 20)]] + [(b, n) for n in range(10, 15)]
+    )
+
+
+def test_data_loss_fails_the_query_or_is_skipped(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    from tests.spark.test_batch_read import fragment_file
+
+    j = prefix + "lossy"
+    create_journals(gz, journal_spec(j, fragment_length=1024))
+    append_each(gz, j, [b"".join(json_records(0, 20, pad=40))])
+    checkpoint = tmp_path / "checkpoint"
+
+    def query(fail: str) -> DataFrame:
+        return stream(
+            spark,
+            spark_broker,
+            "n LONG",
+            journals=j,
+            framing="json",
+            startingOffsets="earliest",
+            failOnDataLoss=fail,
+        )
+
+    first = drain(query("true"), checkpoint)
+    assert sorted(r.n for r in first.rows) == list(range(20))
+    # Two more fragments; the first of them is removed before the query reads it.
+    append_each(
+        gz, j, [b"".join(json_records(20, 20, pad=40)), b"".join(json_records(40, 20, pad=40))]
+    )
+    frags = wait_persisted(gz, j, gz.list_all_fragments(j)[-1].spec.end)
+    lost = fragment_file(gz, j, 1)
+    lost.unlink()
+    wait_for(
+        lambda: frags[1].begin not in {f.spec.begin for f in gz.list_all_fragments(j)},
+        what="the broker to drop the removed fragment",
+    )
+    with pytest.raises(PySparkException, match=r"data loss in journal .*lossy: offsets \["):
+        drain(query("true"), checkpoint)
+    rest = drain(query("false"), checkpoint)
+    assert sorted(r.n for r in rest.rows) == list(range(40, 60))
+
+    # A write head below the offset a query starts from (or has read up to).
+    beyond = stream(
+        spark,
+        spark_broker,
+        "n LONG",
+        journals=j,
+        framing="json",
+        startingOffsets=json.dumps({j: 10**9}),
+    )
+    with pytest.raises(PySparkException, match=r"write head .* is below the offset"):
+        drain(beyond, tmp_path / "beyond")

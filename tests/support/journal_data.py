@@ -1,0 +1,45 @@
+"""Writing test records to journals and waiting for their fragments to persist."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+
+from pygazette.client import SyncJournalClient
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+
+def json_records(first: int, count: int, *, pad: int = 0) -> list[bytes]:
+    """JSON lines {"n": i, "user": "u<i % 7>", "pad": "..."}."""
+    return [
+        json.dumps({"n": i, "user": f"u{i % 7}", "pad": "x" * pad}).encode() + b"\n"
+        for i in range(first, first + count)
+    ]
+
+
+def append_each(client: SyncJournalClient, journal: str, appends: Iterable[bytes]) -> list[int]:
+    """Append each item atomically; returns the begin offset of each append."""
+    return [client.append(journal, data).commit.begin for data in appends]
+
+
+def persisted(client: SyncJournalClient, journal: str) -> list[pb.Fragment]:
+    return [f.spec for f in client.list_all_fragments(journal) if f.spec.backing_store]
+
+
+def wait_for(predicate: object, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll `predicate()` until it is true (brokers persist and refresh in the background)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def wait_persisted(client: SyncJournalClient, journal: str, upto: int) -> list[pb.Fragment]:
+    """Wait until persisted fragments cover the journal up to offset `upto`."""
+    wait_for(
+        lambda: max((f.end for f in persisted(client, journal)), default=0) >= upto,
+        what=f"{journal} persisted up to {upto}",
+    )
+    return persisted(client, journal)

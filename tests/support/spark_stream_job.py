@@ -1,0 +1,58 @@
+"""A streaming job for tests that kill Spark mid-query: journal -> journals, exactly once.
+
+Reads JSON records {"n", "user"} from an input journal and writes them, keyed by user, over
+the journals of a selector, with Trigger.AvailableNow. Run it as
+
+    python -m tests.support.spark_stream_job BROKER INPUT SELECTOR CHECKPOINT FAULTS SCRATCH
+
+The test kills its whole process group (driver, JVM and Python workers) and restarts the
+query from the same checkpoint (`run_query`, in-process or here).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+
+def run_query(
+    spark: SparkSession, broker: str, journal: str, selector: str, checkpoint: str
+) -> None:
+    source = (
+        spark.readStream.format("gazette")
+        .schema("journal STRING, offset LONG, n LONG, user STRING")
+        .option("broker", broker)
+        .option("journals", journal)
+        .option("framing", "json")
+        .option("startingOffsets", "earliest")
+        .option("minPartitions", "2")
+        .option("maxRecordsPerTrigger", "60")
+        .load()
+    )
+    query = (
+        source.writeStream.format("gazette")
+        .option("broker", broker)
+        .option("selector", selector)
+        .option("keyColumn", "user")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def main(argv: list[str]) -> None:
+    from tests.support.spark_session import new_session
+
+    broker, journal, selector, checkpoint, faults, scratch = argv
+    spark = new_session(Path(faults), Path(scratch))
+    try:
+        run_query(spark, broker, journal, selector, checkpoint)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
