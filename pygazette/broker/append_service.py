@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # receipt of the next chunk; smaller ones are cheaper to handle inline.
 _THREAD_CHUNK = 128 * 1024
 import os as _os  # noqa: E402
+
 _MODE = _os.environ.get("PGZ_MODE", "")
 
 
@@ -105,8 +106,11 @@ async def _append_locked(
     limits: AppendLimits,
 ) -> pb.AppendResponse:
     header = resolver.header()
-    if first.HasField("check_registers") and not selector_matches(
-        first.check_registers, replica.registers
+    # As Gazette: a journal without registers passes any check (nothing has claimed it yet).
+    if (
+        first.HasField("check_registers")
+        and replica.registers.labels
+        and not selector_matches(first.check_registers, replica.registers)
     ):
         return pb.AppendResponse(
             status=pb.REGISTER_MISMATCH, header=header, registers=replica.registers
@@ -156,6 +160,7 @@ async def _append_locked(
             content = req.content  # Each access of a bytes field copies it: take it once.
             size = len(content)
             if not size:
+                total_chunks += 1  # Gazette counts the commit chunk too.
                 break
             total_chunks += 1
             policer.received(size)
@@ -204,10 +209,11 @@ async def _append_locked(
     if pending.length:
         registers = pb.LabelSet()
         registers.CopyFrom(replica.registers)
-        if first.HasField("union_registers"):
-            registers = union_label_sets(first.union_registers, registers)
+        # Subtract, then union, in Gazette's order (they differ when both name a label).
         if first.HasField("subtract_registers"):
             registers = subtract_label_sets(registers, first.subtract_registers)
+        if first.HasField("union_registers"):
+            registers = union_label_sets(first.union_registers, registers)
         changed = registers if registers != replica.registers else None
         if spool.sync:
             await asyncio.to_thread(spool.commit, pending, changed)
@@ -223,6 +229,11 @@ async def _append_locked(
             replica.spool = None
             replica.index.remove_local(spool)
             spool.delete()
+        if first.HasField("union_registers") or first.HasField("subtract_registers"):
+            raise AppendAborted(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "append stream: register modification requires non-empty Append",
+            )
     return pb.AppendResponse(
         status=pb.OK,
         header=header,

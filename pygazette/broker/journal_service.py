@@ -19,6 +19,7 @@ from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver, journal_key
 from pygazette.keyspace.keyspace import Compare, Delete, Put
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.gazette_encoding import canonical_journal_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import journal_selected
@@ -93,7 +94,8 @@ class JournalService(pb_grpc.JournalServicer):
         for change in request.changes:
             if change.HasField("upsert"):
                 key = journal_key(change.upsert.name)
-                ops.append(Put(key, change.upsert.SerializeToString(deterministic=True)))
+                spec = canonical_journal_spec(change.upsert)
+                ops.append(Put(key, spec.SerializeToString(deterministic=True)))
             else:
                 key = journal_key(change.delete)
                 ops.append(Delete(key))

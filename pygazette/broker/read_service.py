@@ -40,7 +40,9 @@ async def serve_read(
     header: pb.Header | None = resolver.header()
     offset = replica.head if req.offset == -1 else req.offset
     while True:
-        if req.end_offset and offset >= req.end_offset:
+        # As Gazette: a read whose offset is already at its end offset still gets the
+        # fragment's metadata (checked below) before the stream ends.
+        if req.end_offset and offset >= req.end_offset and header is None:
             return
         changed = replica.index.changed
         frag, spool, offset = replica.index.query(offset)
@@ -67,6 +69,8 @@ async def serve_read(
             )
         yield resp
         if req.metadata_only or (req.do_not_proxy and spool is None):
+            return
+        if req.end_offset and offset >= req.end_offset:
             return
 
         until = frag.end if not req.end_offset else min(frag.end, req.end_offset)

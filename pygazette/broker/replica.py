@@ -131,7 +131,12 @@ class Replica:
         frag = self.spec.fragment
         if spool.codec != frag.compression_codec:
             return True
-        if frag.length > 0 and spool.end - spool.begin >= frag.length:
+        # As Gazette: a spool rolls once it holds more than fragment.length (an append that
+        # reaches the length exactly still shares it), and the spool holding the journal's
+        # first write rolls after it, so a recovering broker can tell the journal was written.
+        if frag.length > 0 and spool.end - spool.begin > frag.length:
+            return True
+        if spool.end > spool.begin and spool.begin == self.index.begin_offset:
             return True
         interval = frag.flush_interval.seconds + frag.flush_interval.nanos / 1e9
         if interval > 0 and spool.first_append_time is not None:

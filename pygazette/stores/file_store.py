@@ -23,6 +23,7 @@ class FileStore(FragmentStore):
         if parts.scheme != "file":
             raise StoreError(f"not a file:// store: {url}")
         rel = unquote(parts.netloc + parts.path).lstrip("/")
+        self.prefix = rel  # The store's directory under the root: "" or "a/b/".
         self.root = root.resolve()
         self.base = (self.root / rel).resolve()
         if self.base != self.root and self.root not in self.base.parents:
@@ -96,4 +97,10 @@ class FileStore(FragmentStore):
         self._resolve(path).unlink(missing_ok=True)
 
     def signed_url(self, path: str, ttl_seconds: float) -> str:
-        return self._resolve(path).as_uri()
+        """`file:///<store prefix><path>`, relative to the file root, exactly as Gazette signs.
+
+        Readers map it under their own file root (Gazette's client: InstallFileTransport;
+        ours: `file_root`), so a store shared over NFS works wherever it is mounted.
+        """
+        self._resolve(path)  # Refuse paths escaping the store.
+        return f"file:///{self.prefix}{path}"

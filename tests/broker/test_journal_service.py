@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import grpc
 import pytest
 
 from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_from_digest
+from pygazette.protocol.gazette_encoding import canonical_journal_spec
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -44,7 +44,9 @@ async def test_apply_list_and_headers(stub: pb_grpc.JournalStub) -> None:
 
     listing = await list_once(stub, pb.ListRequest(selector=parse_selector("team=x")))
     assert [j.spec.name for j in listing.journals] == ["svc/apply/a"]
-    assert listing.journals[0].spec == a
+    # Listed as Gazette lists it: its non-nullable sub-messages (durations) always present.
+    assert listing.journals[0].spec == canonical_journal_spec(a)
+    assert listing.journals[0].spec.fragment.HasField("flush_interval")
     assert listing.header.process_id.zone
     assert listing.journals[0].route.primary == 0
     assert len(listing.journals[0].route.endpoints) == 1
@@ -107,7 +109,7 @@ async def test_append_and_read(stub: pb_grpc.JournalStub) -> None:
     assert r1.status == pb.OK
     assert (r1.commit.begin, r1.commit.end) == (0, 13)
     assert r1.commit.sum == sha1sum_from_digest(hashlib.sha1(b"hello, world\n").digest())
-    assert r1.total_chunks == 2
+    assert r1.total_chunks == 3  # Two content chunks and the commit chunk, as Gazette counts.
     r2 = await append(stub, "svc/rw", b"second\n")
     assert (r2.commit.begin, r2.commit.end) == (13, 20)
 
@@ -233,7 +235,8 @@ async def test_fragments_persist_with_gazette_names(
         assert (await append(stub, name, rec)).status == pb.OK
     want = b"".join(records)
 
-    # Every 8th append crosses 1024 bytes, closing a fragment that then persists.
+    # The first append closes its fragment alone (Gazette's rule for a journal's first write);
+    # after that, every append that takes a fragment past 1024 bytes closes it.
     async def persisted() -> list[pb.FragmentsResponse._Fragment]:
         while True:
             resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
@@ -261,8 +264,9 @@ async def test_fragments_persist_with_gazette_names(
     assert content == want
     # ...or, with do_not_proxy, answered with the fragment's URL.
     _, meta = await read_all(stub, name, offset=0, do_not_proxy=True)
-    assert meta[0].fragment_url.startswith("file://")
-    assert os.path.exists(meta[0].fragment_url.removeprefix("file://"))
+    # A file:// URL is relative to the broker's file root, as Gazette signs it.
+    assert meta[0].fragment_url.startswith(f"file:///{name}/")
+    assert (root / meta[0].fragment_url.removeprefix("file:///")).exists()
 
     # Signed URLs and paging.
     page1 = await stub.ListFragments(
