@@ -26,7 +26,9 @@ def binaries() -> GazetteBinaries:
 
 
 @pytest.fixture(scope="session")
-def etcd(binaries: GazetteBinaries, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+def etcd(
+    binaries: GazetteBinaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EtcdServer]:
     server = EtcdServer(binaries.etcd, tmp_path_factory.mktemp("etcd") / "data")
     server.start()
     try:

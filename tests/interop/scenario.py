@@ -243,7 +243,9 @@ class Scenario:
         self.record(name, out)
         return out
 
-    async def fragments(self, name: str, request: pb.FragmentsRequest) -> pb.FragmentsResponse | None:
+    async def fragments(
+        self, name: str, request: pb.FragmentsRequest
+    ) -> pb.FragmentsResponse | None:
         try:
             resp = await self.client.rpc_list_fragments(request)
         except grpc.aio.AioRpcError as exc:
@@ -407,9 +409,7 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
         # next store listing; pygazette lists it at once. Wait for both to agree.
         for journal in BULK_APPENDS:
             # Every fragment but the open spool has been rolled.
-            listing = await client.rpc_list_fragments(
-                pb.FragmentsRequest(journal=PREFIX + journal)
-            )
+            listing = await client.rpc_list_fragments(pb.FragmentsRequest(journal=PREFIX + journal))
             await s.wait_persisted(PREFIX + journal, len(listing.fragments) - 1)
         head = 0
         resp = await client.rpc_list_fragments(pb.FragmentsRequest(journal=PREFIX + "a"))
@@ -434,7 +434,9 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
         await s.read("read: end before offset", reading("a", offset=10, end_offset=5))
 
         for journal in BULK_APPENDS:
-            await s.fragments(f"fragments: {journal}", pb.FragmentsRequest(journal=PREFIX + journal))
+            await s.fragments(
+                f"fragments: {journal}", pb.FragmentsRequest(journal=PREFIX + journal)
+            )
         await s.read("read: do not proxy", reading("a", offset=2, do_not_proxy=True))
         token = 0
         for page in range(10):
@@ -448,7 +450,9 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
         signed = pb.FragmentsRequest(journal=PREFIX + "c")
         signed.signatureTTL.seconds = 60
         await s.fragments("fragments: signed urls", signed)
-        await s.fragments("fragments: unknown journal", pb.FragmentsRequest(journal=PREFIX + "nope"))
+        await s.fragments(
+            "fragments: unknown journal", pb.FragmentsRequest(journal=PREFIX + "nope")
+        )
         await s.fragments(
             "fragments: invalid mod times",
             pb.FragmentsRequest(journal=PREFIX + "a", begin_mod_time=20, end_mod_time=10),
