@@ -121,10 +121,10 @@ async def _append_locked(
     persisted_end = max((f.end for f in replica.index.persisted()), default=0)
     local_end = max((s.end for s in replica.index.local_spools()), default=0)
     head = replica.head
-    if replica.spool is not None and persisted_end > local_end and first.offset != persisted_end:
-        return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
     if first.offset and first.offset != head:
         return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header)
+    if replica.spool is not None and persisted_end > local_end and not first.offset:
+        return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
 
     spool = replica.open_spool(head)
     pending = spool.start_append()

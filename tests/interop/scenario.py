@@ -64,10 +64,15 @@ def scenario_journals() -> list[pb.JournalSpec]:
 
 
 def record_content(journal: str, n: int, size: int) -> bytes:
-    """Deterministic newline-terminated records of `size` bytes in all."""
-    line = f"{journal} record {n:04d} ".encode()
-    body = (line * (size // len(line) + 1))[: size - 1]
-    return body + b"\n"
+    """Deterministic, varied, newline-terminated records of `size` bytes in all."""
+    lines = []
+    total, i = 0, 0
+    while total < size:
+        line = f"{journal} append {n:04d} line {i:06d} {i * 7919 % 100003:05x}\n".encode()
+        lines.append(line)
+        total += len(line)
+        i += 1
+    return b"".join(lines)[: size - 1] + b"\n"
 
 
 # --- normalization ---------------------------------------------------------------------
@@ -303,7 +308,7 @@ def reading(journal: str, **kwargs: Any) -> pb.ReadRequest:
 # spool rolls once it holds more than fragment.length, and never splits an append.
 BULK_APPENDS: dict[str, list[int]] = {
     "a": [700, 300, 24, 1, 1500, 200, 600, 100],
-    "b": [1024, 1024, 1, 4000, 10, 20],
+    "b": [1024, 1024, 1, 4000, 150_000, 10, 20],
     "c": [100, 2000, 3000, 50],
 }
 
