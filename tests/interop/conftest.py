@@ -19,6 +19,9 @@ from tests.support.gazette_process import (
     gazette_binaries,
 )
 
+# Both brokers under comparison go by the same process id, so that listings match verbatim.
+BROKER_ID = "interop-broker"
+
 
 @pytest.fixture(scope="session")
 def binaries() -> GazetteBinaries:
@@ -39,7 +42,7 @@ def etcd(
 
 @pytest.fixture
 def gazette(binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path) -> Iterator[GazetteBroker]:
-    broker = GazetteBroker(binaries.gazette, etcd, tmp_path / "gazette")
+    broker = GazetteBroker(binaries.gazette, etcd, tmp_path / "gazette", broker_id=BROKER_ID)
     broker.start()
     try:
         yield broker
@@ -51,7 +54,7 @@ def gazette(binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path) -> Iter
 
 @pytest.fixture
 def pygazette(tmp_path: Path) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path / "pygazette" / "data")
+    broker = BrokerProcess(tmp_path / "pygazette" / "data", extra_args=["--id", BROKER_ID])
     broker.data_dir.parent.mkdir(parents=True, exist_ok=True)
     broker.start()
     try:
