@@ -89,9 +89,11 @@ def mask(text: str) -> str:
     fields = r"(revision|mod_revision|create_revision|mod_time|cluster_id|member_id|raft_term)"
     text = re.sub(fields + r"(\"?:\s*\"?)\d+", r"\1\2N", text)
     text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
-    # The fragments table's PERSISTED column: "now", "3 seconds ago", ...
+    # The fragments table's PERSISTED column ("now", "3 seconds ago"...), and the column
+    # widths that follow from it.
     text = re.sub(r"│ (now|\d+ \w+ ago)\s*│", "│ AGE │", text)
-    return text
+    text = re.sub(r"─+", "─", text)
+    return re.sub(r" +", " ", text)
 
 
 def mask_errors(text: str) -> str:
