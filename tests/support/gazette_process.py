@@ -150,6 +150,11 @@ class GazetteBroker:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def data_dir(self) -> Path:
+        """As `BrokerProcess.data_dir`: `data_dir / "fragments"` roots file:// stores."""
+        return self.file_root.parent
+
     def command(self) -> list[str]:
         return [
             str(self.binary),
