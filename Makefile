@@ -7,7 +7,7 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto
 
-.PHONY: all venv deps serve test unit lint proto bench clean
+.PHONY: all venv deps serve test unit lint proto bench clean interop interop-bin interop-go bench-gazette
 
 all: test
 
@@ -34,10 +34,30 @@ lint: venv
 	$(VENV)/bin/mypy pygazette
 
 test: deps lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --ignore=tests/interop
+	$(MAKE) interop
+
+# Interoperability with Gazette itself (interop/README.md): the released gazette, gazctl and
+# etcd are built once from the Go module proxy into interop/bin/; then pygazette's tests
+# against them, and the Go conformance suite (Gazette's client against both brokers).
+INTEROP_GO_ENV := CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
+
+interop-bin:
+	./interop/build-binaries
+
+interop-go: venv interop-bin
+	cd interop && PYGAZETTE="$(abspath $(VENV))/bin/pygazette" $(INTEROP_GO_ENV) \
+	  "$$(./find-go)" test -tags nozstd -count=1 ./...
+
+interop: venv interop-bin
+	$(VENV)/bin/pytest -q tests/interop
+	$(MAKE) interop-go
 
 bench: venv
 	$(PY) bench/append_read.py
+
+bench-gazette: venv interop-bin
+	$(PY) bench/vs_gazette.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
