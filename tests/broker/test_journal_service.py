@@ -307,3 +307,63 @@ async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
             assert r.commit.begin == len(want)
     finally:
         broker.kill()
+
+
+# Rules checked against Gazette's broker by tests/interop; here against pygazette alone.
+
+
+async def test_registers_follow_gazettes_rules(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/registers"))
+    name = "svc/registers"
+    # A journal without registers passes any check: nothing has claimed it yet.
+    resp = await append(stub, name, b"a", check_registers=parse_selector("owner=bob"))
+    assert resp.status == pb.OK
+    # Subtract applies before union, so a label named by both ends up set.
+    resp = await append(
+        stub,
+        name,
+        b"b",
+        union_registers=label_set({"owner": "alice"}),
+        subtract_registers=label_set({"owner": "alice"}),
+    )
+    assert resp.registers == label_set({"owner": "alice"})
+    resp = await append(stub, name, b"c", check_registers=parse_selector("owner=bob"))
+    assert resp.status == pb.REGISTER_MISMATCH
+    # Registers change only with content.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(stub, name, union_registers=label_set({"owner": "carol"}))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "register modification requires non-empty Append" in (err.value.details() or "")
+    resp = await append(stub, name)  # An empty append without registers commits nothing.
+    assert resp.status == pb.OK and resp.commit.begin == resp.commit.end == 2
+    assert resp.total_chunks == 1  # The commit chunk.
+
+
+async def test_fragments_roll_where_gazettes_do(stub: pb_grpc.JournalStub) -> None:
+    name = "svc/rolls"
+    await apply_specs(stub, journal_spec(name, length=1024))
+    # The first append sits alone in its fragment; a fragment rolls once it holds more than
+    # fragment.length (an append reaching the length exactly still shares it).
+    for size in [100, 924, 100, 1, 10]:
+        assert (await append(stub, name, b"x" * size)).status == pb.OK
+    resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
+    assert [(f.spec.begin, f.spec.end) for f in resp.fragments] == [
+        (0, 100),
+        (100, 1125),
+        (1125, 1135),
+    ]
+
+
+async def test_read_starting_at_its_end_offset_gets_metadata(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/empty-range"))
+    await append(stub, "svc/empty-range", b"0123456789")
+    content, meta = await read_all(stub, "svc/empty-range", offset=5, end_offset=5)
+    assert content == b""
+    assert [(m.status, m.offset, m.fragment.end) for m in meta] == [(pb.OK, 5, 10)]
+
+
+async def test_wrong_append_offset_comes_first(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/offsets"))
+    await append(stub, "svc/offsets", b"abc")
+    assert (await append(stub, "svc/offsets", b"x", offset=1)).status == pb.WRONG_APPEND_OFFSET
+    assert (await append(stub, "svc/offsets", b"x", offset=3)).status == pb.OK
