@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	pb "go.gazette.dev/core/broker/protocol"
@@ -143,6 +144,8 @@ func (b *Broker) spawn(logPath, exe string, args ...string) error {
 	var cmd = exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Dir = RepoRoot()
+	// Should the test binary die without stopping its brokers, they die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err = cmd.Start(); err != nil {
 		return fmt.Errorf("running %s: %w", exe, err)
 	}
