@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -44,7 +45,12 @@ from append_read import (  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
 from tests.support.broker_process import BrokerProcess  # noqa: E402
-from tests.support.gazette_process import EtcdServer, GazetteBroker, gazette_binaries  # noqa: E402
+from tests.support.gazette_process import (  # noqa: E402
+    EtcdServer,
+    GazetteBinaries,
+    GazetteBroker,
+    gazette_binaries,
+)
 
 GAZETTE_VERSION = "go.gazette.dev/core v0.103.0"
 
@@ -102,7 +108,15 @@ async def main(quick: bool) -> dict[str, object]:
     sizes = (50, 500, 64, 48) if quick else (300, 3000, 256, 128)
     binaries = gazette_binaries()
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-vs-gazette-"))
+    try:
+        return await run_both(binaries, tmp, sizes)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
+
+async def run_both(
+    binaries: GazetteBinaries, tmp: Path, sizes: tuple[int, int, int, int]
+) -> dict[str, object]:
     ours = BrokerProcess(tmp / "pygazette" / "data")
     ours.data_dir.parent.mkdir(parents=True)
     ours.start()

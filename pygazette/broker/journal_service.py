@@ -80,12 +80,12 @@ class JournalService(pb_grpc.JournalServicer):
             for spec, rev, created in matched:
                 if len(resp.journals) == LIST_CHUNK:
                     yield resp
-                    resp = pb.ListResponse()
+                    resp = _list_chunk()
                 resp.journals.add(spec=spec, mod_revision=rev, create_revision=created, route=route)
             yield resp
             if not request.watch:
                 return
-            yield pb.ListResponse()
+            yield _list_chunk()
 
     async def Apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)
@@ -168,6 +168,16 @@ class JournalService(pb_grpc.JournalServicer):
                 store = self.stores.get(frag.backing_store)
                 entry.signed_url = store.signed_url(fragment_content_path(frag), ttl)
         return resp
+
+
+def _list_chunk() -> pb.ListResponse:
+    """A continuation (or end-of-snapshot) ListResponse, encoded as Gazette encodes it: its
+    header is zero-valued, but present down to its own non-nullable parts."""
+    resp = pb.ListResponse()
+    resp.header.process_id.SetInParent()
+    resp.header.route.SetInParent()
+    resp.header.etcd.SetInParent()
+    return resp
 
 
 async def _validate(validator: object, request: object, context: Context) -> None:

@@ -185,7 +185,7 @@ class Scenario:
             self.record(name, self.rpc_error(exc))
             return
         for resp in responses:
-            if resp.status or resp.HasField("header"):
+            if resp.header.etcd.revision:  # A snapshot's first response (Gazette checks those).
                 self.check(name, validate_list_response, resp)
         # A snapshot may span several responses: compare the journals it lists.
         journals = [self.norm(j) for r in responses for j in r.journals]
@@ -193,6 +193,22 @@ class Scenario:
         if head is not None:
             head.pop("journals", None)
         self.record(name, {"first": head, "journals": journals})
+
+    async def watch_snapshot(self, name: str, selector: str) -> None:
+        """A watched List's first snapshot, through the empty response that ends it."""
+        req = pb.ListRequest(selector=parse_selector(selector), watch=True)
+        call = self.client.rpc_list(req, timeout=WAIT_SECONDS)
+        out = []
+        try:
+            async for resp in call:
+                if resp.header.etcd.revision:  # A snapshot's first response.
+                    self.check(name, validate_list_response, resp)
+                out.append(self.norm(resp))
+                if not resp.journals and not resp.header.etcd.revision:
+                    break  # The end of the snapshot: no journals, a zero-valued header.
+        finally:
+            call.cancel()
+        self.record(name, out)
 
     async def append(
         self, name: str, request: pb.AppendRequest, chunks: list[bytes], *, commit: bool = True
@@ -346,6 +362,7 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
             f"prefix={PREFIX}, topic notin (clicks)",
         ]:
             await s.list(f"list: {selector}", selector)
+        await s.watch_snapshot("list: watch", "topic=logs")
 
         # Appends: offsets, registers, refusals.
         await s.append("append: first", appending("a"), [b"hello, "])
