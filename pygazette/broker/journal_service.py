@@ -156,13 +156,17 @@ class JournalService(pb_grpc.JournalServicer):
         for frag in frags:
             if frag.begin < request.next_page_token:
                 continue
-            if request.begin_mod_time and frag.mod_time < request.begin_mod_time:
-                continue
-            if request.end_mod_time and frag.mod_time >= request.end_mod_time:
-                continue
             if len(resp.fragments) == limit:
+                # As Gazette: the next page starts at the next fragment, in range or not.
                 resp.next_page_token = frag.begin
                 break
+            # Gazette's time range is inclusive, and a fragment not yet persisted (mod_time
+            # 0) passes its lower bound and fails its upper one.
+            if (frag.mod_time and frag.mod_time < request.begin_mod_time) or (
+                request.end_mod_time
+                and (not frag.mod_time or frag.mod_time > request.end_mod_time)
+            ):
+                continue
             entry = resp.fragments.add(spec=frag)
             if ttl is not None and frag.backing_store:
                 store = self.stores.get(frag.backing_store)

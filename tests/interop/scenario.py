@@ -469,6 +469,25 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
             if resp is None or not resp.next_page_token:
                 break
             token = resp.next_page_token
+        now = int(time.time())
+        await s.fragments(
+            "fragments: persisted since an hour ago",
+            pb.FragmentsRequest(journal=PREFIX + "a", begin_mod_time=now - 3600),
+        )
+        await s.fragments(
+            "fragments: persisted until in an hour",
+            pb.FragmentsRequest(journal=PREFIX + "a", end_mod_time=now + 3600),
+        )
+        await s.fragments(
+            "fragments: persisted before an hour ago",
+            pb.FragmentsRequest(journal=PREFIX + "a", end_mod_time=now - 3600),
+        )
+        await s.fragments(
+            "fragments: a time range, paged",
+            pb.FragmentsRequest(
+                journal=PREFIX + "b", begin_mod_time=1, end_mod_time=now + 3600, page_limit=2
+            ),
+        )
         signed = pb.FragmentsRequest(journal=PREFIX + "c")
         signed.signatureTTL.seconds = 60
         await s.fragments("fragments: signed urls", signed)
