@@ -278,9 +278,12 @@ async def test_fragments_persist_with_gazette_names(
         pb.FragmentsRequest(journal=name, next_page_token=page1.next_page_token)
     )
     assert page2.fragments[0].spec.begin == page1.fragments[-1].spec.end
-    # Mod-time range: nothing persisted in the far future.
+    # Mod-time ranges, as Gazette bounds them: nothing was persisted in the far future, and
+    # the fragment not yet persisted (mod_time 0) passes a lower bound, fails an upper one.
     future = await stub.ListFragments(pb.FragmentsRequest(journal=name, begin_mod_time=2**40))
-    assert list(future.fragments) == []
+    assert [f.spec.mod_time for f in future.fragments] == [0]
+    until_now = await stub.ListFragments(pb.FragmentsRequest(journal=name, end_mod_time=2**40))
+    assert until_now.fragments and all(f.spec.mod_time for f in until_now.fragments)
 
 
 async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
