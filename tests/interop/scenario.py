@@ -348,6 +348,18 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
             [pb.ApplyRequest.Change(delete=PREFIX + "nope", expect_mod_revision=0)],
         )
         await s.apply("apply: no changes", [])
+        short = pb.JournalSpec()
+        short.CopyFrom(specs[0])
+        short.fragment.length = 100
+        await s.apply("apply: fragment too short", [change(short)])
+        gzod = pb.JournalSpec()
+        gzod.CopyFrom(specs[0])
+        gzod.fragment.compression_codec = pb.GZIP_OFFLOAD_DECOMPRESSION
+        await s.apply("apply: offloaded gzip in a file store", [change(gzod)])
+        unlabelled = pb.JournalSpec()
+        unlabelled.CopyFrom(specs[0])
+        unlabelled.labels.labels.add(name="name", value="x")
+        await s.apply("apply: reserved label", [change(unlabelled)])
 
         # List with selectors.
         for selector in [
@@ -363,6 +375,13 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
         ]:
             await s.list(f"list: {selector}", selector)
         await s.watch_snapshot("list: watch", "topic=logs")
+        bad_selector = pb.ListRequest()
+        bad_selector.selector.include.labels.add(name="bad label!", value="x")
+        try:
+            resp = await client.rpc_list(bad_selector).read()
+            s.record("list: invalid selector", s.norm(resp) if resp else None)
+        except grpc.aio.AioRpcError as exc:
+            s.record("list: invalid selector", s.rpc_error(exc))
 
         # Appends: offsets, registers, refusals.
         await s.append("append: first", appending("a"), [b"hello, "])
@@ -493,6 +512,10 @@ async def run_scenario(address: str, ident: Identity) -> Recording:
         await s.fragments("fragments: signed urls", signed)
         await s.fragments(
             "fragments: unknown journal", pb.FragmentsRequest(journal=PREFIX + "nope")
+        )
+        await s.fragments(
+            "fragments: page limit too large",
+            pb.FragmentsRequest(journal=PREFIX + "a", page_limit=100_000),
         )
         await s.fragments(
             "fragments: invalid mod times",
