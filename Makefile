@@ -7,7 +7,7 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
 
-.PHONY: all venv deps serve test unit lint proto bench bench-fragments bench-spark demo clean
+.PHONY: all venv deps serve test unit lint proto bench bench-fragments bench-spark demo clean interop interop-bin interop-go bench-gazette
 
 all: test
 
@@ -37,7 +37,24 @@ lint: venv
 	$(VENV)/bin/mypy pygazette pyspark_gazette
 
 test: deps lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --ignore=tests/interop
+	$(MAKE) interop
+
+# Interoperability with Gazette itself (interop/README.md): the released gazette, gazctl and
+# etcd are built once from the Go module proxy into interop/bin/; then pygazette's tests
+# against them, and the Go conformance suite (Gazette's client against both brokers).
+INTEROP_GO_ENV := CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
+
+interop-bin:
+	./interop/build-binaries
+
+interop-go: venv interop-bin
+	cd interop && PYGAZETTE="$(abspath $(VENV))/bin/pygazette" $(INTEROP_GO_ENV) \
+	  "$$(./find-go)" test -tags nozstd -count=1 ./...
+
+interop: venv interop-bin
+	$(VENV)/bin/pytest -q tests/interop
+	$(MAKE) interop-go
 
 bench: venv
 	$(PY) bench/append_read.py
@@ -54,6 +71,9 @@ bench-spark: deps
 # job turning a journal's fragments into Parquet.
 demo: deps
 	$(PY) examples/spark_demo.py
+
+bench-gazette: venv interop-bin
+	$(PY) bench/vs_gazette.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -111,8 +111,11 @@ async def _append_locked(
     limits: AppendLimits,
 ) -> pb.AppendResponse:
     header = resolver.header()
-    if first.HasField("check_registers") and not selector_matches(
-        first.check_registers, replica.registers
+    # As Gazette: a journal without registers passes any check (nothing has claimed it yet).
+    if (
+        first.HasField("check_registers")
+        and replica.registers.labels
+        and not selector_matches(first.check_registers, replica.registers)
     ):
         return pb.AppendResponse(
             status=pb.REGISTER_MISMATCH, header=header, registers=replica.registers
@@ -123,10 +126,10 @@ async def _append_locked(
     persisted_end = max((f.end for f in replica.index.persisted()), default=0)
     local_end = max((s.end for s in replica.index.local_spools()), default=0)
     head = replica.head
-    if replica.spool is not None and persisted_end > local_end and first.offset != persisted_end:
-        return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
     if first.offset and first.offset != head:
         return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header)
+    if replica.spool is not None and persisted_end > local_end and not first.offset:
+        return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
 
     spool = replica.open_spool(head)
     pending = spool.start_append()
@@ -162,6 +165,7 @@ async def _append_locked(
             content = req.content  # Each access of a bytes field copies it: take it once.
             size = len(content)
             if not size:
+                total_chunks += 1  # Gazette counts the commit chunk too.
                 break
             total_chunks += 1
             policer.received(size)
@@ -210,10 +214,11 @@ async def _append_locked(
     if pending.length:
         registers = pb.LabelSet()
         registers.CopyFrom(replica.registers)
-        if first.HasField("union_registers"):
-            registers = union_label_sets(first.union_registers, registers)
+        # Subtract, then union, in Gazette's order (they differ when both name a label).
         if first.HasField("subtract_registers"):
             registers = subtract_label_sets(registers, first.subtract_registers)
+        if first.HasField("union_registers"):
+            registers = union_label_sets(first.union_registers, registers)
         changed = registers if registers != replica.registers else None
         if spool.sync:
             await asyncio.to_thread(spool.commit, pending, changed)
@@ -229,6 +234,11 @@ async def _append_locked(
             replica.spool = None
             replica.index.remove_local(spool)
             spool.delete()
+        if first.HasField("union_registers") or first.HasField("subtract_registers"):
+            raise AppendAborted(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "append stream: register modification requires non-empty Append",
+            )
     return pb.AppendResponse(
         status=pb.OK,
         header=header,

@@ -21,6 +21,7 @@ from pygazette.broker.store_health_service import serve_fragment_store_health
 from pygazette.keyspace.keyspace import Compare, Delete, Put
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.gazette_encoding import canonical_journal_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import journal_selected
@@ -82,12 +83,12 @@ class JournalService(pb_grpc.JournalServicer):
             for spec, rev, created in matched:
                 if len(resp.journals) == LIST_CHUNK:
                     yield resp
-                    resp = pb.ListResponse()
+                    resp = _list_chunk()
                 resp.journals.add(spec=spec, mod_revision=rev, create_revision=created, route=route)
             yield resp
             if not request.watch:
                 return
-            yield pb.ListResponse()
+            yield _list_chunk()
 
     async def Apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)
@@ -97,7 +98,8 @@ class JournalService(pb_grpc.JournalServicer):
         for change in request.changes:
             if change.HasField("upsert"):
                 key = journal_key(change.upsert.name)
-                ops.append(Put(key, change.upsert.SerializeToString(deterministic=True)))
+                spec = canonical_journal_spec(change.upsert)
+                ops.append(Put(key, spec.SerializeToString(deterministic=True)))
             else:
                 key = journal_key(change.delete)
                 ops.append(Delete(key))
@@ -162,13 +164,17 @@ class JournalService(pb_grpc.JournalServicer):
         for frag in frags:
             if frag.begin < request.next_page_token:
                 continue
-            if request.begin_mod_time and frag.mod_time < request.begin_mod_time:
-                continue
-            if request.end_mod_time and frag.mod_time >= request.end_mod_time:
-                continue
             if len(resp.fragments) == limit:
+                # As Gazette: the next page starts at the next fragment, in range or not.
                 resp.next_page_token = frag.begin
                 break
+            # Gazette's time range is inclusive, and a fragment not yet persisted (mod_time
+            # 0) passes its lower bound and fails its upper one.
+            if (frag.mod_time and frag.mod_time < request.begin_mod_time) or (
+                request.end_mod_time
+                and (not frag.mod_time or frag.mod_time > request.end_mod_time)
+            ):
+                continue
             entry = resp.fragments.add(spec=frag)
             if ttl is not None and frag.backing_store:
                 try:
@@ -184,6 +190,16 @@ class JournalService(pb_grpc.JournalServicer):
         await _validate(validate_fragment_store_health_request, request, context)
         monitor = self.resolver.persister.health
         return await serve_fragment_store_health(request, self.resolver, monitor)
+
+
+def _list_chunk() -> pb.ListResponse:
+    """A continuation (or end-of-snapshot) ListResponse, encoded as Gazette encodes it: its
+    header is zero-valued, but present down to its own non-nullable parts."""
+    resp = pb.ListResponse()
+    resp.header.process_id.SetInParent()
+    resp.header.route.SetInParent()
+    resp.header.etcd.SetInParent()
+    return resp
 
 
 async def _validate(validator: object, request: object, context: Context) -> None:

@@ -56,7 +56,9 @@ async def serve_read(
     offset = replica.head if req.offset == -1 else req.offset
     missing = 0
     while True:
-        if req.end_offset and offset >= req.end_offset:
+        # As Gazette: a read whose offset is already at its end offset still gets the
+        # fragment's metadata (checked below) before the stream ends.
+        if req.end_offset and offset >= req.end_offset and header is None:
             return
         changed = replica.index.changed
         frag, spool, offset = replica.index.query(offset, begin_mod_time=req.begin_mod_time)
@@ -92,6 +94,8 @@ async def serve_read(
                 log.warning("cannot sign fragment URL", extra={"error": str(exc)})
         yield resp
         if req.metadata_only or (req.do_not_proxy and resp.fragment_url):
+            return
+        if req.end_offset and offset >= req.end_offset:
             return
 
         until = frag.end if not req.end_offset else min(frag.end, req.end_offset)

@@ -158,7 +158,12 @@ class Replica:
             return True  # Even an empty spool: it must be recreated with the new codec.
         if spool.end == spool.begin:
             return False
-        if frag.length > 0 and spool.end - spool.begin >= frag.length:
+        # As Gazette: a spool rolls once it holds more than fragment.length (an append that
+        # reaches the length exactly still shares it), and the spool holding the journal's
+        # first write rolls after it, so a recovering broker can tell the journal was written.
+        if frag.length > 0 and spool.end - spool.begin > frag.length:
+            return True
+        if spool.begin == self.index.begin_offset:
             return True
         interval = self.flush_interval()
         if interval > 0 and spool.first_append_time is not None:

@@ -29,8 +29,11 @@ from pygazette.broker.resolver import BrokerIdentity, Resolver
 from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.retention_service import RetentionService
 from pygazette.keyspace.embedded import EmbeddedKeyspace
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.pb import retention_pb2_grpc as rpb_grpc
+from pygazette.protocol.validation import validate_process_id
 from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,21 @@ class BrokerConfig:
 
 class BrokerAlreadyRunning(RuntimeError):
     pass
+
+
+def default_broker_id() -> str:
+    """The host name, if Gazette accepts it as a process ID suffix, else a name built from it.
+
+    Gazette's clients validate every response Header, and a suffix must be a token of 4 to
+    128 characters: a short host name such as "vm" would make every response invalid to them.
+    """
+    host = socket.gethostname()
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone="local", suffix=host))
+        return host
+    except ValidationError:
+        cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in host)
+        return f"pygazette-{cleaned}"[:128]
 
 
 class Broker:
@@ -93,7 +111,7 @@ class Broker:
         if self.port == 0:
             raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
         endpoint = cfg.advertise_url or f"http://{cfg.host}:{self.port}"
-        identity = BrokerIdentity(cfg.zone, cfg.broker_id or socket.gethostname(), endpoint)
+        identity = BrokerIdentity(cfg.zone, cfg.broker_id or default_broker_id(), endpoint)
         self.resolver = Resolver(
             self.keyspace,
             identity,

@@ -11,6 +11,29 @@ from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
 from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
 from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_broker
 from pygazette.cli.journalspace import parse_duration
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.validation import (
+    MAX_BROKER_SUFFIX_LEN,
+    MAX_ZONE_LEN,
+    MIN_BROKER_SUFFIX_LEN,
+    MIN_ZONE_LEN,
+    TOKEN_SYMBOLS,
+    validate_token,
+)
+
+
+def _process_token(field: str, min_len: int, max_len: int) -> object:
+    """A click callback checking a zone or ID the way Gazette checks a ProcessSpec.ID."""
+
+    def check(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+        if value:
+            try:
+                validate_token(value, field, TOKEN_SYMBOLS, min_len, max_len)
+            except ValidationError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
+
+    return check
 
 
 @click.command("serve")
@@ -77,8 +100,20 @@ from pygazette.cli.journalspace import parse_duration
     help="How often to remove fragments older than their journal's retention (0s: only on "
     "demand, with `journals prune`).",
 )
-@click.option("--zone", default="local", show_default=True, help="Zone of this broker.")
-@click.option("--id", "broker_id", default="", help="Broker ID suffix [default: host name].")
+@click.option(
+    "--zone",
+    default="local",
+    show_default=True,
+    callback=_process_token("Zone", MIN_ZONE_LEN, MAX_ZONE_LEN),
+    help="Zone of this broker.",
+)
+@click.option(
+    "--id",
+    "broker_id",
+    default="",
+    callback=_process_token("Suffix", MIN_BROKER_SUFFIX_LEN, MAX_BROKER_SUFFIX_LEN),
+    help="Broker ID suffix, 4-128 characters [default: host name].",
+)
 def serve(
     port: int,
     host: str,

@@ -27,6 +27,7 @@ import grpc.aio
 from pygazette.client.errors import (
     CorruptFragment,
     DidNotReadExpectedEOF,
+    FragmentOpenError,
     FragmentReadError,
     OffsetJump,
     ProtocolViolation,
@@ -167,8 +168,20 @@ class RetryReader:
                     raise
                 self._log_retry(exc, attempt, squelch=False)
                 await self._restart()
+            except FragmentOpenError as exc:
+                # A fragment URL this process cannot open (a file:// store without
+                # `file_root`, an unreachable store): read through the broker instead.
+                if reader.request.do_not_proxy:
+                    log.warning(
+                        "reading through the broker: fragment URL cannot be opened here",
+                        extra={"journal": self.journal, "err": str(exc)},
+                    )
+                    reader.request.do_not_proxy = False
+                else:
+                    self._log_retry(exc, attempt, squelch=False)
+                await self._restart()
             except FragmentReadError as exc:
-                # A fragment URL that failed to open or was cut short: ask a broker again.
+                # A fragment URL that was cut short or corrupt: ask a broker again.
                 self._log_retry(exc, attempt, squelch=False)
                 await self._restart()
             else:

@@ -145,4 +145,9 @@ class FileStore(FragmentStore):
             raise StoreError(f"removing {full} failed: {exc}") from exc
 
     async def signed_url(self, path: str, ttl_seconds: float) -> str:
-        return self._resolve(path).as_uri()
+        """`file:///<path under the file root>`, relative to the root, exactly as Gazette signs.
+
+        Readers map it under their own file root (Gazette's client: InstallFileTransport;
+        ours: `file_root`), so a store shared over NFS works wherever it is mounted.
+        """
+        return "file:///" + self._resolve(path).relative_to(self.root).as_posix()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import grpc
 import pytest
 
 from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_from_digest
+from pygazette.protocol.gazette_encoding import canonical_journal_spec
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -44,7 +44,9 @@ async def test_apply_list_and_headers(stub: pb_grpc.JournalStub) -> None:
 
     listing = await list_once(stub, pb.ListRequest(selector=parse_selector("team=x")))
     assert [j.spec.name for j in listing.journals] == ["svc/apply/a"]
-    assert listing.journals[0].spec == a
+    # Listed as Gazette lists it: its non-nullable sub-messages (durations) always present.
+    assert listing.journals[0].spec == canonical_journal_spec(a)
+    assert listing.journals[0].spec.fragment.HasField("flush_interval")
     assert listing.header.process_id.zone
     assert listing.journals[0].route.primary == 0
     assert len(listing.journals[0].route.endpoints) == 1
@@ -107,7 +109,7 @@ async def test_append_and_read(stub: pb_grpc.JournalStub) -> None:
     assert r1.status == pb.OK
     assert (r1.commit.begin, r1.commit.end) == (0, 13)
     assert r1.commit.sum == sha1sum_from_digest(hashlib.sha1(b"hello, world\n").digest())
-    assert r1.total_chunks == 2
+    assert r1.total_chunks == 3  # Two content chunks and the commit chunk, as Gazette counts.
     r2 = await append(stub, "svc/rw", b"second\n")
     assert (r2.commit.begin, r2.commit.end) == (13, 20)
 
@@ -233,7 +235,8 @@ async def test_fragments_persist_with_gazette_names(
         assert (await append(stub, name, rec)).status == pb.OK
     want = b"".join(records)
 
-    # Every 8th append crosses 1024 bytes, closing a fragment that then persists.
+    # The first append closes its fragment alone (Gazette's rule for a journal's first write);
+    # after that, every append that takes a fragment past 1024 bytes closes it.
     async def persisted() -> list[pb.FragmentsResponse._Fragment]:
         while True:
             resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
@@ -261,8 +264,9 @@ async def test_fragments_persist_with_gazette_names(
     assert content == want
     # ...or, with do_not_proxy, answered with the fragment's URL.
     _, meta = await read_all(stub, name, offset=0, do_not_proxy=True)
-    assert meta[0].fragment_url.startswith("file://")
-    assert os.path.exists(meta[0].fragment_url.removeprefix("file://"))
+    # A file:// URL is relative to the broker's file root, as Gazette signs it.
+    assert meta[0].fragment_url.startswith(f"file:///{name}/")
+    assert (root / meta[0].fragment_url.removeprefix("file:///")).exists()
 
     # Signed URLs and paging.
     page1 = await stub.ListFragments(
@@ -274,9 +278,12 @@ async def test_fragments_persist_with_gazette_names(
         pb.FragmentsRequest(journal=name, next_page_token=page1.next_page_token)
     )
     assert page2.fragments[0].spec.begin == page1.fragments[-1].spec.end
-    # Mod-time range: nothing persisted in the far future.
+    # Mod-time ranges, as Gazette bounds them: nothing was persisted in the far future, and
+    # the fragment not yet persisted (mod_time 0) passes a lower bound, fails an upper one.
     future = await stub.ListFragments(pb.FragmentsRequest(journal=name, begin_mod_time=2**40))
-    assert list(future.fragments) == []
+    assert [f.spec.mod_time for f in future.fragments] == [0]
+    until_now = await stub.ListFragments(pb.FragmentsRequest(journal=name, end_mod_time=2**40))
+    assert until_now.fragments and all(f.spec.mod_time for f in until_now.fragments)
 
 
 async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
@@ -303,3 +310,63 @@ async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
             assert r.commit.begin == len(want)
     finally:
         broker.kill()
+
+
+# Rules checked against Gazette's broker by tests/interop; here against pygazette alone.
+
+
+async def test_registers_follow_gazettes_rules(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/registers"))
+    name = "svc/registers"
+    # A journal without registers passes any check: nothing has claimed it yet.
+    resp = await append(stub, name, b"a", check_registers=parse_selector("owner=bob"))
+    assert resp.status == pb.OK
+    # Subtract applies before union, so a label named by both ends up set.
+    resp = await append(
+        stub,
+        name,
+        b"b",
+        union_registers=label_set({"owner": "alice"}),
+        subtract_registers=label_set({"owner": "alice"}),
+    )
+    assert resp.registers == label_set({"owner": "alice"})
+    resp = await append(stub, name, b"c", check_registers=parse_selector("owner=bob"))
+    assert resp.status == pb.REGISTER_MISMATCH
+    # Registers change only with content.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(stub, name, union_registers=label_set({"owner": "carol"}))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "register modification requires non-empty Append" in (err.value.details() or "")
+    resp = await append(stub, name)  # An empty append without registers commits nothing.
+    assert resp.status == pb.OK and resp.commit.begin == resp.commit.end == 2
+    assert resp.total_chunks == 1  # The commit chunk.
+
+
+async def test_fragments_roll_where_gazettes_do(stub: pb_grpc.JournalStub) -> None:
+    name = "svc/rolls"
+    await apply_specs(stub, journal_spec(name, length=1024))
+    # The first append sits alone in its fragment; a fragment rolls once it holds more than
+    # fragment.length (an append reaching the length exactly still shares it).
+    for size in [100, 924, 100, 1, 10]:
+        assert (await append(stub, name, b"x" * size)).status == pb.OK
+    resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
+    assert [(f.spec.begin, f.spec.end) for f in resp.fragments] == [
+        (0, 100),
+        (100, 1125),
+        (1125, 1135),
+    ]
+
+
+async def test_read_starting_at_its_end_offset_gets_metadata(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/empty-range"))
+    await append(stub, "svc/empty-range", b"0123456789")
+    content, meta = await read_all(stub, "svc/empty-range", offset=5, end_offset=5)
+    assert content == b""
+    assert [(m.status, m.offset, m.fragment.end) for m in meta] == [(pb.OK, 5, 10)]
+
+
+async def test_wrong_append_offset_comes_first(stub: pb_grpc.JournalStub) -> None:
+    await apply_specs(stub, journal_spec("svc/offsets"))
+    await append(stub, "svc/offsets", b"abc")
+    assert (await append(stub, "svc/offsets", b"x", offset=1)).status == pb.WRONG_APPEND_OFFSET
+    assert (await append(stub, "svc/offsets", b"x", offset=3)).status == pb.OK

@@ -306,3 +306,10 @@ def test_usage_errors_are_one_line() -> None:
 def test_help(args: list[str]) -> None:
     out = ok(cli("http://127.0.0.1:1", *args)).decode()
     assert "Usage:" in out
+
+
+def test_serve_refuses_an_id_gazette_would_reject(tmp_path: Path) -> None:
+    err = one_line_error(
+        cli("http://127.0.0.1:1", "serve", "--id", "ab", "--data-dir", str(tmp_path))
+    )
+    assert "Suffix: invalid length (2; expected 4 <= length <= 128)" in err

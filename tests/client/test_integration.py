@@ -208,7 +208,9 @@ async def test_fragments_cover_the_journal(client: JournalClient) -> None:
         assert prev.spec.end == nxt.spec.begin
 
 
-async def test_do_not_proxy_reads_persisted_fragments_directly(client: JournalClient) -> None:
+async def test_do_not_proxy_reads_persisted_fragments_directly(
+    broker: BrokerProcess, client: JournalClient
+) -> None:
     spec = journal_spec("tests/client/small-fragments")
     spec.fragment.length = 1024  # Every append below closes (and persists) its fragment.
     await create(client, spec)
@@ -222,14 +224,22 @@ async def test_do_not_proxy_reads_persisted_fragments_directly(client: JournalCl
         await asyncio.sleep(0.1)
     assert fragments[0].spec.backing_store == "file:///"
 
-    rr = RetryReader(client, spec.name, do_not_proxy=True)
+    # Fragment URLs of file:// stores are relative to the broker's file root, as Gazette's.
+    file_root = broker.data_dir / "fragments"
+    rr = RetryReader(client, spec.name, do_not_proxy=True, file_root=file_root)
     assert await rr.read() == first
-    assert rr.reader.fragment_url.startswith("file://")  # Read from the store, not the broker.
+    assert rr.reader.fragment_url.startswith("file:///tests/client/small-fragments/")
+    assert rr.reader.direct is not None  # Read from the store, not through the broker.
     rest = b""
     with pytest.raises(OffsetNotYetAvailable):
         while True:
             rest += await rr.read()
     assert rest == second
+
+    # Without the file root the URL can't be opened here: the read goes through the broker.
+    fallback = RetryReader(client, spec.name, do_not_proxy=True)
+    assert await fallback.read() == first
+    assert not fallback.request.do_not_proxy
 
 
 async def test_retry_reader_continues_across_a_broker_crash(

@@ -1,0 +1,162 @@
+"""Benchmark: pygazette against the released Gazette broker (Go), in the same run.
+
+The workloads of `bench/append_read.py` — 1 MiB appends (throughput), 4 KiB appends (commit
+latency), a read of spooled content and a read of persisted fragments — run against a
+pygazette broker and against Gazette's own broker (with etcd, built by
+interop/build-binaries), each on a fresh data directory, one after the other. Figures are
+given for both, with pygazette/Gazette ratios (above 1: pygazette is faster, or for
+latencies, slower).
+
+    python bench/vs_gazette.py [--quick]
+
+Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from append_read import (  # noqa: E402
+    OPTIONS,
+    MiB,
+    append_once,
+    append_run,
+    ratio,
+    read_run,
+    spec,
+)
+
+from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.broker_process import BrokerProcess  # noqa: E402
+from tests.support.gazette_process import (  # noqa: E402
+    EtcdServer,
+    GazetteBinaries,
+    GazetteBroker,
+    gazette_binaries,
+)
+
+GAZETTE_VERSION = "go.gazette.dev/core v0.103.0"
+
+
+async def wait_assigned(stub: pb_grpc.JournalStub, names: list[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        routes = {
+            j.spec.name: j.route.primary
+            async for r in stub.List(pb.ListRequest())
+            for j in r.journals
+        }
+        if all(routes.get(n, -1) >= 0 for n in names):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("journals not assigned")
+
+
+async def workloads(address: str, sizes: tuple[int, int, int, int]) -> dict[str, Any]:
+    n_big, n_small, read_mib, persist_mib = sizes
+    async with grpc.aio.insecure_channel(address, options=OPTIONS) as channel:
+        stub = pb_grpc.JournalStub(channel)
+        persisted_spec = spec("bench/persisted", 16 * MiB, pb.NONE)
+        persisted_spec.fragment.refresh_interval.seconds = 1  # Learn of persisted fragments.
+        specs = [
+            spec("bench/tail", 1 << 34, pb.NONE),
+            spec("bench/small", 1 << 34, pb.NONE),
+            persisted_spec,
+        ]
+        await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s) for s in specs]))
+        await wait_assigned(stub, [s.name for s in specs])
+
+        big = await append_run(stub, "bench/tail", MiB, n_big)
+        small = await append_run(stub, "bench/small", 4096, n_small)
+        tail_read = await read_run(stub, "bench/tail", 0, read_mib * MiB)
+
+        chunk = os.urandom(MiB)
+        for _ in range(persist_mib):
+            await append_once(stub, "bench/persisted", chunk)
+        await append_once(stub, "bench/persisted", b"roll\n")  # Gazette rolls on an append.
+        deadline = time.monotonic() + 120
+        while True:  # Until every full fragment is listed as persisted.
+            resp = await stub.ListFragments(pb.FragmentsRequest(journal="bench/persisted"))
+            stored = [f.spec for f in resp.fragments if f.spec.backing_store]
+            if sum(f.end - f.begin for f in stored) >= (persist_mib - 16) * MiB:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("fragments were not persisted")
+            await asyncio.sleep(0.1)
+        persisted_read = await read_run(stub, "bench/persisted", 0, max(f.end for f in stored))
+    return {"big": big, "small": small, "tail_read": tail_read, "persisted_read": persisted_read}
+
+
+async def main(quick: bool) -> dict[str, object]:
+    sizes = (50, 500, 64, 48) if quick else (300, 3000, 256, 128)
+    binaries = gazette_binaries()
+    tmp = Path(tempfile.mkdtemp(prefix="pygazette-vs-gazette-"))
+    try:
+        return await run_both(binaries, tmp, sizes)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def run_both(
+    binaries: GazetteBinaries, tmp: Path, sizes: tuple[int, int, int, int]
+) -> dict[str, object]:
+    ours = BrokerProcess(tmp / "pygazette" / "data")
+    ours.data_dir.parent.mkdir(parents=True)
+    ours.start()
+    try:
+        py = await workloads(ours.address, sizes)
+    finally:
+        ours.stop()
+
+    etcd = EtcdServer(binaries.etcd, tmp / "etcd" / "data")
+    etcd.data_dir.parent.mkdir(parents=True)
+    etcd.start()
+    theirs = GazetteBroker(binaries.gazette, etcd, tmp / "gazette")
+    try:
+        theirs.start()
+        go = await workloads(theirs.address, sizes)
+    finally:
+        theirs.kill()
+        etcd.stop()
+
+    def both(key: str, field: str | None = None) -> dict[str, Any]:
+        p = py[key] if field is None else py[key][field]
+        g = go[key] if field is None else go[key][field]
+        return {"pygazette": p, "gazette": g, "ratio": ratio(p, g)}
+
+    return {
+        "benchmark": "vs_gazette",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "baseline": f"Gazette broker ({GAZETTE_VERSION}, etcd 3.6), same run, same workloads",
+        "append_1mib_mb_per_s": both("big", "mb_per_s"),
+        "append_4kib_per_s": both("small", "appends_per_s"),
+        "commit_latency_4kib_p50_ms": both("small", "p50_ms"),
+        "commit_latency_4kib_p99_ms": both("small", "p99_ms"),
+        "tail_read_mb_per_s": both("tail_read"),
+        "persisted_read_mb_per_s": both("persisted_read"),
+        "details": {"pygazette": py, "gazette": go},
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick)), indent=2))

@@ -1,0 +1,74 @@
+"""Fixtures of the interoperability tests: Gazette's own broker (with etcd) and pygazette's.
+
+The Gazette programs are built once from the Go module proxy (interop/build-binaries); etcd
+runs once per session and every Gazette broker gets its own etcd prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker_process import BrokerProcess
+from tests.support.gazette_process import (
+    EtcdServer,
+    GazetteBinaries,
+    GazetteBroker,
+    gazette_binaries,
+)
+
+# Both brokers under comparison go by the same process id, so that listings match verbatim.
+BROKER_ID = "interop-broker"
+
+
+_BINARIES = pytest.StashKey[GazetteBinaries]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the Gazette programs before any test runs (once; minutes on a fresh machine),
+    so that the build counts against no test's timeout."""
+    here = Path(__file__).parent
+    if any(here in item.path.parents for item in items):
+        config.stash[_BINARIES] = gazette_binaries()
+
+
+@pytest.fixture(scope="session")
+def binaries(pytestconfig: pytest.Config) -> GazetteBinaries:
+    return pytestconfig.stash.get(_BINARIES, None) or gazette_binaries()
+
+
+@pytest.fixture(scope="session")
+def etcd(
+    binaries: GazetteBinaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EtcdServer]:
+    server = EtcdServer(binaries.etcd, tmp_path_factory.mktemp("etcd") / "data")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gazette(binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path) -> Iterator[GazetteBroker]:
+    broker = GazetteBroker(binaries.gazette, etcd, tmp_path / "gazette", broker_id=BROKER_ID)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        # A lone Gazette broker never finishes a graceful exit (it waits to hand its journals
+        # to another broker), so it is killed.
+        broker.kill()
+
+
+@pytest.fixture
+def pygazette(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "pygazette" / "data", extra_args=["--id", BROKER_ID])
+    broker.data_dir.parent.mkdir(parents=True, exist_ok=True)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.kill()

@@ -1,0 +1,217 @@
+"""The released Gazette broker (Go) and the etcd it coordinates through, as real processes.
+
+The binaries come from `interop/build-binaries` (built once from the Go module proxy into
+interop/bin/). `GazetteBroker` has the `url`/`address` interface of `BrokerProcess`, so tests
+written against a pygazette broker run against Gazette's unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+INTEROP_DIR = REPO / "interop"
+BUILD_SCRIPT = INTEROP_DIR / "build-binaries"
+
+
+@dataclass(frozen=True)
+class GazetteBinaries:
+    gazette: Path
+    gazctl: Path
+    etcd: Path
+
+
+def gazette_binaries() -> GazetteBinaries:
+    """Build (once; later calls return at once) and locate gazette, gazctl and etcd."""
+    bin_dir = Path(os.environ.get("INTEROP_BIN") or INTEROP_DIR / "bin")
+    proc = subprocess.run(
+        [str(BUILD_SCRIPT)],
+        env=dict(os.environ, INTEROP_BIN=str(bin_dir)),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"interop/build-binaries failed:\n{proc.stderr[-4000:]}")
+    return GazetteBinaries(bin_dir / "gazette", bin_dir / "gazctl", bin_dir / "etcd")
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-4000:]
+    except FileNotFoundError:
+        return ""
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+class EtcdServer:
+    """A single-member etcd (3.5 or newer, as Gazette's client requires) on loopback."""
+
+    def __init__(self, binary: Path, data_dir: Path) -> None:
+        self.binary = binary
+        self.data_dir = data_dir
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"etcd-{self.client_port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        cmd = [
+            str(self.binary),
+            "--name=interop",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=interop={peer}",
+            "--log-level=warn",
+            "--heartbeat-interval=200",
+            "--election-timeout=2000",
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited early:\n{_tail(self.log_path)}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                    if b'"true"' in resp.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"etcd did not become healthy:\n{_tail(self.log_path)}")
+
+    def stop(self) -> None:
+        _terminate(self.proc, 10)
+
+
+class GazetteBroker:
+    """One `gazette serve` process on loopback, in its own etcd prefix.
+
+    Each broker gets a fresh prefix, so brokers of different tests share one etcd without
+    seeing each other's journals. `file:///` stores are rooted at `file_root`.
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        etcd: EtcdServer,
+        work_dir: Path,
+        *,
+        file_root: Path | None = None,
+        port: int | None = None,
+        prefix: str | None = None,
+        broker_id: str = "gazette-broker",
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.binary = binary
+        self.etcd = etcd
+        self.work_dir = work_dir
+        self.file_root = file_root or work_dir / "fragments"
+        self.port = port or free_port()
+        self.prefix = prefix or f"/gazette/interop-{uuid.uuid4().hex[:12]}"
+        self.broker_id = broker_id
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = work_dir / f"gazette-{self.port}.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        """As `BrokerProcess.data_dir`: `data_dir / "fragments"` roots file:// stores."""
+        return self.file_root.parent
+
+    def command(self) -> list[str]:
+        return [
+            str(self.binary),
+            "serve",
+            "--broker.host=127.0.0.1",
+            f"--broker.port={self.port}",
+            f"--broker.id={self.broker_id}",
+            "--broker.zone=local",
+            f"--broker.file-root={self.file_root}",
+            f"--etcd.address={self.etcd.url}",
+            f"--etcd.prefix={self.prefix}",
+            "--broker.watch-delay=0s",
+            "--log.level=warn",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 60.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.file_root.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        self._wait_serving(timeout)
+
+    def _wait_serving(self, timeout: float) -> None:
+        """Wait until the broker answers List: it then has joined etcd and is the allocator."""
+        import grpc
+
+        from pygazette.protocol.pb import protocol_pb2 as pb
+        from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gazette exited early:\n{self.log()}")
+            try:
+                with grpc.insecure_channel(self.address) as channel:
+                    stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+                    for resp in stub.List(pb.ListRequest(), timeout=2):
+                        if resp.status == pb.OK and resp.header.process_id.suffix:
+                            return
+                        last = pb.Status.Name(resp.status)
+            except grpc.RpcError as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        raise TimeoutError(f"gazette did not serve ({last}):\n{self.log()}")
+
+    def log(self) -> str:
+        return _tail(self.log_path)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM: the broker hands off its journals, persists its spools and exits."""
+        _terminate(self.proc, timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
