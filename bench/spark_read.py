@@ -127,7 +127,13 @@ def best_of(runs: int, fn: object) -> float:
 
 
 def bench_batch(
-    spark: SparkSession, url: str, journal: str, files: list[str], rows: int, runs: int
+    spark: SparkSession,
+    url: str,
+    journal: str,
+    files: list[str],
+    rows: int,
+    runs: int,
+    file_root: str,
 ) -> dict[str, float]:
     ours = (
         spark.read.format("gazette")
@@ -135,6 +141,7 @@ def bench_batch(
         .option("broker", url)
         .option("journals", journal)
         .option("framing", "json")
+        .option("fileRoot", file_root)  # Fragment files are read directly, as Spark's are.
         .load()
     )
     native = spark.read.schema(SCHEMA).json(files)
@@ -154,7 +161,13 @@ def bench_batch(
 
 
 def bench_stream(
-    spark: SparkSession, url: str, journal: str, fragment_dir: str, rows: int, scratch: Path
+    spark: SparkSession,
+    url: str,
+    journal: str,
+    fragment_dir: str,
+    rows: int,
+    scratch: Path,
+    file_root: str,
 ) -> dict[str, float]:
     def run(df: DataFrame, name: str) -> float:
         query = (
@@ -173,6 +186,7 @@ def bench_stream(
         .option("startingOffsets", "earliest")
         .option("maxBytesPerTrigger", str(32 * MiB))
         .option("minPartitions", "2")  # Streams are not split by core count (see planning).
+        .option("fileRoot", file_root)
         .load()
     )
     native = (
@@ -285,6 +299,7 @@ def main() -> None:
                 client.append(journal, records(first, min(step, rows - first)))
         broker.stop()  # Persists the last spool: every record is in a fragment file.
         broker.start()
+        file_root = str(scratch / "data" / "fragments")
         fragment_dir = scratch / "data" / "fragments" / journal
         files = sorted(str(p) for p in fragment_dir.glob("*.raw"))
         content_bytes = sum(os.path.getsize(f) for f in files)
@@ -309,9 +324,11 @@ def main() -> None:
                     "fragments": len(files),
                     "record_bytes": round(content_bytes / rows, 1),
                 },
-                "batch_read": bench_batch(spark, broker.url, journal, files, rows, runs),
+                "batch_read": bench_batch(
+                    spark, broker.url, journal, files, rows, runs, file_root
+                ),
                 "streaming_read": bench_stream(
-                    spark, broker.url, journal, str(fragment_dir), rows, scratch
+                    spark, broker.url, journal, str(fragment_dir), rows, scratch, file_root
                 ),
                 "latency": bench_latency(spark, broker.url, 15 if args.quick else 40, scratch),
             }

@@ -169,7 +169,7 @@ def run(url: str, tmp: str, rng: random.Random) -> None:
             f"{fragments} fragments, {stored} of them persisted files read straight from the store"
         )
         out = f"{tmp}/clicks.parquet"
-        rows = export(spark, url, out)
+        rows = export(spark, url, out, f"{tmp}/data/fragments")
         print(f"wrote {rows} rows to {out}")
         clicks(spark, url).groupBy("journal").count().orderBy("journal").show(truncate=False)
     spark.stop()

@@ -80,4 +80,7 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, GazettePartition):
             return iter(())  # Spark's stand-in partition when the plan is empty.
-        return read_partition(self.opts.broker, partition, self.layout, self.opts.fail_on_data_loss)
+        opts = self.opts
+        return read_partition(
+            opts.broker, partition, self.layout, opts.fail_on_data_loss, opts.file_root
+        )

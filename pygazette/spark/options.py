@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ READ_OPTIONS = (
     "maxRecordsPerTrigger",
     "failOnDataLoss",
     "minPartitions",
+    "fileRoot",
 )
 WRITE_OPTIONS = (
     "broker",
@@ -85,6 +87,9 @@ class ReadOptions:
     max_records_per_trigger: int | None
     fail_on_data_loss: bool
     min_partitions: int | None
+    # The brokers' file store root as mounted on executors: `file://` fragment URLs (signed
+    # relative to it, as Gazette signs them) are read directly under it. None: through brokers.
+    file_root: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,17 @@ def _selector(text: str) -> str:
     if not canonical:
         raise OptionError("option selector is empty (it would select every journal)")
     return canonical
+
+
+def _file_root(text: str) -> str:
+    """An absolute directory path (executors run in directories of Spark's choosing)."""
+    root = text.strip()
+    if not root or "\x00" in root or not posixpath.isabs(root):
+        raise OptionError(
+            f"option fileRoot must be the absolute path of the brokers' file store root "
+            f"(their --file-root) as executors see it, not {text!r}"
+        )
+    return posixpath.normpath(root)
 
 
 def _framing(text: str) -> Framing:
@@ -293,6 +309,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
         max_records_per_trigger=max_records,
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failOnDataLoss", "true")),
         min_partitions=min_partitions,
+        file_root=_file_root(opts["fileRoot"]) if "fileRoot" in opts else None,
     )
 
 

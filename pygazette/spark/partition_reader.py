@@ -1,7 +1,10 @@
 """Executor side of reads: a partition's pieces into Arrow record batches.
 
 Each piece's bytes come from its fragment file when the executor can open the fragment's
-URL, else (or when that read fails part-way) from a broker, from the offset reached. Bytes
+URL, else (or when that read fails part-way) from a broker, from the offset reached.
+`file://` URLs are signed relative to the brokers' file root (as Gazette signs them), so
+they are read directly only under the `fileRoot` option's directory; without it, through
+a broker. Bytes
 are cut into records by the framing; a piece emits the records that begin in its owned
 range and stops reading once a record begins past it.
 
@@ -53,17 +56,26 @@ def data_loss(loss: DataLoss, fail: bool) -> None:
     log.warning("%s; skipping it (failOnDataLoss is false)", loss)
 
 
+def _direct_readable(url: str, file_root: str | None) -> bool:
+    """Whether to try reading a fragment URL directly (a `file://` URL needs a file root)."""
+    if not url:
+        return False
+    return file_root is not None or not url.startswith("file:")
+
+
 async def piece_bytes(
-    client: JournalClient, *, piece: Piece
+    client: JournalClient, *, piece: Piece, file_root: str | None = None
 ) -> AsyncIterator[tuple[int, bytes] | DataLoss]:
     """The bytes of [piece.scan_from, piece.read_end), as (offset, chunk) in order, with a
     `DataLoss` item wherever bytes are missing (reading resumes after them)."""
     offset = piece.scan_from
     end = piece.read_end
     frag = piece.fragment
-    if frag is not None and frag.url:
+    if frag is not None and _direct_readable(frag.url, file_root):
         try:
-            reader = await open_fragment_url(frag.fragment(), offset, frag.url)
+            reader = await open_fragment_url(
+                frag.fragment(), offset, frag.url, file_root=file_root
+            )
         except FragmentReadError as exc:
             log.info("reading %s through a broker: %s", piece.journal, exc)
         else:
@@ -107,7 +119,11 @@ async def piece_bytes(
 
 
 def read_partition(
-    broker: str, partition: GazettePartition, layout: Layout, fail_on_data_loss: bool
+    broker: str,
+    partition: GazettePartition,
+    layout: Layout,
+    fail_on_data_loss: bool,
+    file_root: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -115,7 +131,9 @@ def read_partition(
     data_schema = to_arrow_schema(layout.data, timezone="UTC") if layout.has_data else None
     for piece in partition.pieces:
         decoder = PieceDecoder(piece, layout, arrow_schema, data_schema)
-        items = runtime.iterate(broker, functools.partial(piece_bytes, piece=piece))
+        items = runtime.iterate(
+            broker, functools.partial(piece_bytes, piece=piece, file_root=file_root)
+        )
         try:
             for item in items:
                 if isinstance(item, DataLoss):

@@ -176,7 +176,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, GazettePartition):
             return iter(())
-        return read_partition(self.opts.broker, partition, self.layout, self.opts.fail_on_data_loss)
+        opts = self.opts
+        return read_partition(
+            opts.broker, partition, self.layout, opts.fail_on_data_loss, opts.file_root
+        )
 
     def stop(self) -> None:
         log.debug("stream reader stopped")

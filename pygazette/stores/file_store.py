@@ -5,8 +5,8 @@ rename it into place, so a crash never leaves a partial fragment under a fragmen
 disposable source on the same file system (a compressed scratch file) is hard-linked rather
 than copied. Spool files are always copied: spool recovery may cut a spool file, which must
 never reach a persisted fragment.
-Blocking file I/O runs on worker threads. Signed URLs are plain `file://` URLs of the
-absolute path (readable by any process on this machine, or a host sharing the root).
+Blocking file I/O runs on worker threads. Signed URLs are `file:///<path under the root>`,
+relative to the root as Gazette signs them: readers resolve them under their own file root.
 """
 
 from __future__ import annotations

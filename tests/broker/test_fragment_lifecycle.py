@@ -209,13 +209,16 @@ async def test_prune_removes_exactly_the_expired_fragments(broker_proc: BrokerPr
     spec.fragment.retention.seconds = 3600
     spec.fragment.refresh_interval.seconds = 1
     keep_all = journal_spec(forever, length=1024)  # No retention: kept forever.
+    size = 1025
     async with grpc.aio.insecure_channel(broker_proc.address) as channel:
         stub = pb_grpc.JournalStub(channel)
         assert (await apply_specs(stub, spec, keep_all)).status == pb.OK
         for journal in (name, forever):
-            for i in range(4):  # Each append fills a fragment, which rolls and persists.
-                assert (await append(stub, journal, bytes([65 + i]) * 1024)).status == pb.OK
-            await wait_persisted(stub, journal, 4096)
+            # Each append overfills a fragment, which rolls and persists (as in Gazette, a
+            # fragment rolls once it holds more than fragment.length).
+            for i in range(4):
+                assert (await append(stub, journal, bytes([65 + i]) * size)).status == pb.OK
+            await wait_persisted(stub, journal, 4 * size)
     files = sorted((root / name).iterdir())
     assert len(files) == 4
     f1, f2, f3, f4 = files
@@ -254,10 +257,10 @@ async def test_prune_removes_exactly_the_expired_fragments(broker_proc: BrokerPr
         stub = pb_grpc.JournalStub(channel)
         # A read from offset 0 now starts at the first remaining fragment (Gazette's jump).
         content, meta = await read_all(stub, name)
-        assert meta[0].offset == 3072 and content == b"D" * 1024
+        assert meta[0].offset == 3 * size and content == b"D" * size
         # The write head did not move: the next append lands after it.
         resp = await append(stub, name, b"E")
-        assert resp.commit.begin == 4096
+        assert resp.commit.begin == 4 * size
 
 
 def test_prune_of_unknown_journals(broker_proc: BrokerProcess) -> None:

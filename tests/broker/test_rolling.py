@@ -80,7 +80,17 @@ def test_flush_boundaries_are_utc_multiples_of_whole_seconds(tmp_path: Path) -> 
     spec.fragment.flush_interval.nanos = 900_000_000  # Truncated, as Gazette does.
     r = Replica(spec, 1, spool_root=tmp_path, stores=h.stores, persister=h.persister, sync=False)
     assert r.flush_interval() == 3600
-    r.spool = r.open_spool(0)
+    # The spool holding the journal's first write rolls right after it (Gazette's rule), so
+    # flush boundaries are checked on the spool after it.
+    first = r.open_spool(0)
+    pending = first.start_append()
+    pending.write(b"x")
+    first.commit(pending, None)
+    first.first_append_time = 3600.0
+    assert r.spool_needs_roll(3600.0)
+    first.close()
+    r.spool = None  # Rolled (not queued for persistence: this replica has no event loop).
+    r.spool = r.open_spool(1)
     assert r.flush_deadline(7000.0) == 7200.0  # Empty: the boundary after now.
     r.spool.first_append_time = 3599.9
     assert r.flush_deadline(7000.0) == 3600.0
@@ -92,6 +102,7 @@ def test_flush_boundaries_are_utc_multiples_of_whole_seconds(tmp_path: Path) -> 
     r.spool.first_append_time = 3600.0
     assert not r.spool_needs_roll(7199.99) and r.spool_needs_roll(7200.0)
     r.spool.delete()
+    first.delete()
 
 
 async def test_idle_spool_rolls_at_the_flush_boundary(harness: Harness) -> None:
@@ -99,20 +110,24 @@ async def test_idle_spool_rolls_at_the_flush_boundary(harness: Harness) -> None:
     spec.fragment.flush_interval.seconds = 1  # Below Apply's minimum; fine in-process.
     r = harness.replica(spec)
     await r.index.first_refresh_done.wait()
+    # The journal's first write rolls right after it (Gazette's rule): flush on a later spool.
+    _commit(r, b"first\n")
+    assert r.spool is None
+    await _until(lambda: harness.persister.persisted_count == 1)
     _commit(r, b"one line\n")
     assert r.spool is not None
     # No more appends: the timer rolls the spool at the next whole second, and it persists.
-    await _until(lambda: harness.persister.persisted_count == 1)
+    await _until(lambda: harness.persister.persisted_count == 2)
     assert r.spool is None
-    [frag] = r.index.persisted()
-    assert (frag.begin, frag.end, frag.compression_codec) == (0, 9, pb.GZIP)
+    [_, frag] = r.index.persisted()
+    assert (frag.begin, frag.end, frag.compression_codec) == (6, 15, pb.GZIP)
     path = harness.root / "fragments" / fragment_content_path(frag)
     assert codecs.decompress(pb.GZIP, path.read_bytes()) == b"one line\n"
     assert path.stat().st_mode & 0o777 == 0o644  # Hard-linked from scratch, yet readable.
     assert abs(path.stat().st_mtime - time.time()) < 60
     # The next append opens a new spool after the persisted fragment.
     _commit(r, b"two\n")
-    assert r.spool is not None and r.spool.begin == 9
+    assert r.spool is not None and r.spool.begin == 15
 
 
 async def test_roll_by_length_and_on_codec_change(harness: Harness) -> None:

@@ -9,7 +9,6 @@ import json
 import os
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import pytest
 from pyspark.errors import PySparkException
@@ -21,6 +20,7 @@ from pygazette.spark.framing import encode_fixed
 from tests.support.broker_process import BrokerProcess
 from tests.support.journal_data import (
     append_each,
+    fragment_path,
     json_records,
     persisted,
     wait_for,
@@ -36,15 +36,21 @@ def reader(spark: SparkSession, broker: BrokerProcess, **options: str) -> DataFr
     return r.load()
 
 
-def fragment_file(gz: SyncJournalClient, journal: str, index: int) -> Path:
+def fragment_file(
+    broker: BrokerProcess, gz: SyncJournalClient, journal: str, index: int
+) -> Path:
     """The file of the journal's index-th fragment in the broker's file store."""
     url = gz.list_all_fragments(journal, signature_ttl=60)[index].signed_url
-    assert url.startswith("file://"), url
-    return Path(unquote(urlsplit(url).path))
+    return fragment_path(broker.file_root, url)
 
 
 def fill(gz: SyncJournalClient, journal: str, appends: list[bytes]) -> None:
-    """Append; all but the last append end up in persisted fragments (1 KiB each)."""
+    """Append; all but the last append end up in persisted fragments of 1 KiB length.
+
+    A fragment rolls after the journal's first append and once it holds more than its
+    length (Gazette's rules), so each append but the last must be larger than 1 KiB.
+    """
+    assert all(len(a) > 1024 for a in appends[:-1]), [len(a) for a in appends]
     create_journals(gz, journal_spec(journal, fragment_length=1024, codec=pb.GZIP))
     append_each(gz, journal, appends)
     wait_persisted(gz, journal, sum(map(len, appends[:-1])))
@@ -122,7 +128,7 @@ def test_csv_and_protobuf_fixed(
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerow(row)
         encoded.append(buf.getvalue().encode())
-    fill(gz, jc, [b"".join(encoded[i : i + 25]) for i in range(0, 150, 25)])
+    fill(gz, jc, [b"".join(encoded[i : i + 60]) for i in range(0, 150, 60)])
 
     typed = (
         spark.read.format("gazette")
@@ -159,7 +165,7 @@ def test_selector_offsets_and_timestamps(
     wait_persisted(gz, a, sum(map(len, old)))
     hour_ago = time.time() - 3600
     # Age a's fragment by an hour; the broker sees that when it next lists its store.
-    path = fragment_file(gz, a, 0)
+    path = fragment_file(spark_broker, gz, a, 0)
     os.utime(path, (hour_ago - 60, hour_ago - 60))
     wait_for(
         lambda: any(0 < f.mod_time < hour_ago for f in persisted(gz, a)),
@@ -202,12 +208,17 @@ def test_data_loss_at_planning_and_clear_errors(
     appends = [b"".join(records[i : i + 20]) for i in range(0, 60, 20)]
     fill(gz, j, appends)
     first = gz.list_all_fragments(j)[0]
-    fragment_file(gz, j, 0).unlink()
+    fragment_file(spark_broker, gz, j, 0).unlink()
     wait_for(
         lambda: first.spec.begin not in {f.spec.begin for f in gz.list_all_fragments(j)},
         what="the broker to drop the removed fragment",
     )
-    from_zero = {"journals": j, "framing": "json", "startingOffsets": json.dumps({j: 0})}
+    from_zero = {
+        "journals": j,
+        "framing": "json",
+        "startingOffsets": json.dumps({j: 0}),
+        "fileRoot": str(spark_broker.file_root),  # The remaining fragments are read directly.
+    }
     with pytest.raises(PySparkException, match=r"data loss in journal .*offsets \[0, "):
         reader(spark, spark_broker, **from_zero).collect()
     skipped = reader(spark, spark_broker, failOnDataLoss="false", **from_zero)

@@ -25,6 +25,7 @@ def test_read_options_parse_case_insensitively() -> None:
             "maxrecordspertrigger": "10",
             "failOnDataLoss": "false",
             "minPartitions": "3",
+            "FILEROOT": "/mnt/gazette//fragments/",
             "checkpointLocation": "/tmp/ignored",
         },
         streaming=True,
@@ -35,13 +36,14 @@ def test_read_options_parse_case_insensitively() -> None:
     assert opts.starting.for_journal("in/x") == EARLIEST
     assert (opts.max_bytes_per_trigger, opts.max_records_per_trigger) == (1000, 10)
     assert opts.fail_on_data_loss is False and opts.min_partitions == 3
+    assert opts.file_root == "/mnt/gazette/fragments"
 
 
 def test_defaults_follow_the_kafka_source() -> None:
     batch = parse_read_options({"selector": "topic=x"}, streaming=False)
     assert (batch.starting.default, batch.ending.default) == (EARLIEST, LATEST)
     assert batch.framing is Framing.RAW and batch.fail_on_data_loss is True
-    assert batch.selector == "topic=x"
+    assert batch.selector == "topic=x" and batch.file_root is None
     stream = parse_read_options({"selector": "topic=x"}, streaming=True)
     assert stream.starting.default == LATEST
 
@@ -76,6 +78,8 @@ def test_defaults_follow_the_kafka_source() -> None:
             "not both",
         ),
         ({"journals": "in/b", "broker": "ftp://x"}, True, "unsupported broker address"),
+        ({"journals": "in/b", "fileRoot": "data/fragments"}, False, "fileRoot must be the abs"),
+        ({"journals": "in/b", "fileRoot": " "}, True, "fileRoot must be the absolute path"),
     ],
 )
 def test_bad_read_options_are_clear_errors(

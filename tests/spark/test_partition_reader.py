@@ -8,7 +8,6 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -21,7 +20,13 @@ from pygazette.spark.partition_reader import DataLossError, read_partition
 from pygazette.spark.planning import GazettePartition, plan
 from pygazette.spark.schema import default_schema, layout
 from tests.support.broker_process import BrokerProcess
-from tests.support.journal_data import append_each, json_records, wait_for, wait_persisted
+from tests.support.journal_data import (
+    append_each,
+    fragment_path,
+    json_records,
+    wait_for,
+    wait_persisted,
+)
 from tests.support.spark_session import create_journals, journal_spec
 
 LINES = layout(default_schema(Framing.LINES), Framing.LINES)
@@ -52,10 +57,13 @@ def planned(
     return parts, listing
 
 
-def rows(url: str, parts: list[GazettePartition], fail: bool = True) -> list[tuple[int, bytes]]:
+def rows(
+    url: str, parts: list[GazettePartition], fail: bool = True, file_root: Path | None = None
+) -> list[tuple[int, bytes]]:
     out = []
+    root = None if file_root is None else str(file_root)
     for part in parts:
-        for batch in read_partition(url, part, LINES, fail):
+        for batch in read_partition(url, part, LINES, fail, root):
             out.extend(
                 zip(
                     batch.column("offset").to_pylist(),
@@ -86,8 +94,8 @@ def test_persisted_fragments_are_read_directly_without_brokers(
     wait_persisted(client, j, sum(map(len, appends)))
     parts, listing = planned(broker.url, j, Framing.LINES, min_partitions=5)
     assert all(f.url.startswith("file://") for f in listing)
-    broker.kill()  # Only the fragment files remain.
-    assert rows(broker.url, parts) == expected_lines(records)
+    broker.kill()  # Only the fragment files remain, under the broker's file root.
+    assert rows(broker.url, parts, file_root=broker.file_root) == expected_lines(records)
 
 
 def test_unreachable_fragment_urls_fall_back_to_brokers_and_splits_keep_records_whole(
@@ -116,7 +124,8 @@ def test_unreachable_fragment_urls_fall_back_to_brokers_and_splits_keep_records_
             pieces.append(p.__class__(**{**_fields(p), "fragment": frag}))
         broken.append(GazettePartition(pieces))
     assert len([p for part in broken for p in part.pieces]) >= 7
-    assert rows(spark_broker.url, broken) == expected_lines(records)
+    got = rows(spark_broker.url, broken, file_root=spark_broker.file_root)
+    assert got == expected_lines(records)
 
 
 def _fields(piece: object) -> dict[str, object]:
@@ -136,7 +145,7 @@ def test_data_removed_after_planning_is_a_data_loss(
     parts, listing = planned(broker.url, j, Framing.LINES)
     # Remove the middle fragment's file; make the others old enough for the broker to skip
     # the hole (Gazette only jumps over holes next to fragments older than six hours).
-    files = {f.begin: Path(unquote(urlsplit(f.url).path)) for f in listing}
+    files = {f.begin: fragment_path(broker.file_root, f.url) for f in listing}
     middle = sorted(files)[1]
     files[middle].unlink()
     old = time.time() - 7 * 3600
@@ -150,8 +159,8 @@ def test_data_removed_after_planning_is_a_data_loss(
     # The plan still points at the removed file: the reader falls back to the broker,
     # which reports the hole.
     with pytest.raises(DataLossError, match=r"offsets \[\d+, \d+\)"):
-        rows(broker.url, parts)
-    kept = rows(broker.url, parts, fail=False)
+        rows(broker.url, parts, file_root=broker.file_root)
+    kept = rows(broker.url, parts, fail=False, file_root=broker.file_root)
     lost = {r[0] for r in expected_lines(records) if frags[1].begin <= r[0] < frags[1].end}
     assert kept == [r for r in expected_lines(records) if r[0] not in lost]
     assert [json.loads(v)["n"] for _, v in kept] == list(range(30)) + list(range(60, 90))

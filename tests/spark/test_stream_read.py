@@ -263,6 +263,7 @@ def test_data_loss_fails_the_query_or_is_skipped(
             framing="json",
             startingOffsets="earliest",
             failOnDataLoss=fail,
+            fileRoot=str(spark_broker.file_root),
         )
 
     first = drain(query("true"), checkpoint)
@@ -272,7 +273,7 @@ def test_data_loss_fails_the_query_or_is_skipped(
         gz, j, [b"".join(json_records(20, 20, pad=40)), b"".join(json_records(40, 20, pad=40))]
     )
     frags = wait_persisted(gz, j, gz.list_all_fragments(j)[-1].spec.end)
-    lost = fragment_file(gz, j, 1)
+    lost = fragment_file(spark_broker, gz, j, 1)
     lost.unlink()
     wait_for(
         lambda: frags[1].begin not in {f.spec.begin for f in gz.list_all_fragments(j)},

@@ -33,6 +33,17 @@ class BrokerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def file_root(self) -> Path:
+        """Where the broker roots `file://` stores (`--file-root`, else DATA_DIR/fragments)."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            if arg == "--file-root" and i + 1 < len(args):
+                return Path(args[i + 1])
+            if arg.startswith("--file-root="):
+                return Path(arg.split("=", 1)[1])
+        return self.data_dir / "fragments"
+
     def start(self, timeout: float = 30.0) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         log = open(self.log_path, "ab")

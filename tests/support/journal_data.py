@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from pygazette.client import SyncJournalClient
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -43,3 +45,9 @@ def wait_persisted(client: SyncJournalClient, journal: str, upto: int) -> list[p
         what=f"{journal} persisted up to {upto}",
     )
     return persisted(client, journal)
+
+
+def fragment_path(file_root: Path, url: str) -> Path:
+    """The file of a `file://` fragment URL, signed relative to the broker's file root."""
+    assert url.startswith("file://"), url
+    return file_root / unquote(urlsplit(url).path).lstrip("/")
