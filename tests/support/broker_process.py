@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+
 from tests.support.ports import free_port
 
 
@@ -72,10 +74,19 @@ class BrokerProcess:
                 raise RuntimeError(f"broker exited early ({self.proc.returncode}):\n{self.log()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                    pass
             except OSError:
                 time.sleep(0.02)
-        raise TimeoutError(f"broker did not listen on {self.address}:\n{self.log()}")
+                continue
+            # Something listens; make sure it is our broker speaking HTTP/2 (not a stray
+            # process that grabbed the port), and that it answers.
+            with grpc.insecure_channel(self.address) as channel:
+                try:
+                    grpc.channel_ready_future(channel).result(max(0.1, deadline - time.monotonic()))
+                    return
+                except grpc.FutureTimeoutError:
+                    break
+        raise TimeoutError(f"broker did not serve on {self.address}:\n{self.log()}")
 
     def log(self) -> str:
         try:
