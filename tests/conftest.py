@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.broker_process import BrokerProcess
+from tests.support.etcd_process import EtcdProcess, etcd_binary
 
 
 @pytest.fixture
@@ -18,3 +20,22 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         yield proc
     finally:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    """One etcd for the whole run; tests isolate themselves under their own key roots."""
+    if etcd_binary() is None:
+        pytest.fail("etcd is not installed; run .ci/install-system-deps")
+    proc = EtcdProcess(tmp_path_factory.mktemp("etcd") / "data")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def etcd_root(request: pytest.FixtureRequest) -> str:
+    """A key root of this test's own, so tests sharing the etcd never see each other."""
+    return f"/test-{uuid.uuid4().hex[:12]}/gazette/cluster"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
 from pygazette.broker.spool import Spool
 from pygazette.protocol.fragment_name import fragment_content_path
@@ -35,15 +36,26 @@ async def serve_read(
     if not journal_spec_flags_allow_read(replica.spec):
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolver.header())
         return
+    async for resp in serve_local_read(req, replica, resolver.header(), stores):
+        yield resp
+
+
+async def serve_local_read(
+    req: pb.ReadRequest, replica: Replica, first_header: pb.Header, stores: StoreRegistry
+) -> AsyncIterator[pb.ReadResponse]:
+    """Serve a read from this broker's replica of the journal (`first_header` goes first)."""
     await replica.index.first_refresh_done.wait()
 
-    header: pb.Header | None = resolver.header()
+    header: pb.Header | None = first_header
     offset = replica.head if req.offset == -1 else req.offset
     while True:
         if req.end_offset and offset >= req.end_offset:
             return
         changed = replica.index.changed
         frag, spool, offset = replica.index.query(offset)
+        limit = replica.readable_limit(spool) if spool is not None else None
+        if limit is not None and offset >= limit:
+            frag = spool = None  # Committed here, but not yet readable (cluster mode).
         if frag is None:
             if not req.block:
                 resp = pb.ReadResponse(
@@ -70,6 +82,8 @@ async def serve_read(
             return
 
         until = frag.end if not req.end_offset else min(frag.end, req.end_offset)
+        if limit is not None:
+            until = min(until, limit)
         if spool is not None:
             chunks = _spool_chunks(spool, offset, until)
         else:

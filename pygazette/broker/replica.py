@@ -4,6 +4,11 @@ It owns the journal's spec, its open spool, its fragment index (local spools plu
 listings, refreshed every `refresh_interval`), its registers and its append pipeline (a lock:
 appends to a journal are exclusive and never interleave). It decides when the open spool
 rolls: at `fragment.length`, at a `flush_interval` boundary, or on a codec change.
+
+In cluster mode the cluster resolver also gives it a role (primary or replica) and the
+journal's assignments; the open spool is then driven through `rspool` (a ReplicatedSpool,
+owned by whoever holds `spool_lock`: the primary's replication pipeline, or a peer's
+Replicate stream), and readers see content only up to `readable_end`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
@@ -24,9 +30,14 @@ from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 
+if TYPE_CHECKING:
+    from pygazette.broker.replicated_spool import ReplicatedSpool
+
 log = logging.getLogger(__name__)
 
 _DEFAULT_REFRESH_SECONDS = 300.0
+# How long a stopping replica waits for an in-flight append or Replicate stream.
+STOP_WAIT_SECONDS = 10.0
 
 
 def spool_directory(root: Path, journal: str) -> Path:
@@ -58,6 +69,16 @@ class Replica:
         self.limiter = RateLimiter(spec.max_append_rate)
         self._refresh_task: asyncio.Task[None] | None = None
         self._refresh_now = asyncio.Event()
+        # Cluster mode (see the module docstring).
+        self.clustered = False
+        self.primary = False
+        self.assignments: list[Any] = []  # allocator.state.Assignment, in key order.
+        self.invalidated = asyncio.Event()  # Set (and replaced) when assignments change.
+        self.spool_lock = asyncio.Lock()
+        self.rspool: ReplicatedSpool | None = None
+        self.replication: Any = None  # The primary's broker.pipeline.Pipeline, if open.
+        self.readable_end: int | None = None
+        self.stopping = False
 
     # Lifecycle.
     def start(self) -> None:
@@ -70,9 +91,48 @@ class Replica:
             self._refresh_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh_task
+        if self.clustered:
+            await self._stop_clustered()
+            return
         if persist and self.spool is not None:
             async with self.pipeline:
                 self.close_spool()
+
+    async def _stop_clustered(self) -> None:
+        """Close the pipeline (confirming what it can), then complete and persist the spool.
+
+        In-flight appends and Replicate streams see the replica stopping and end; if one
+        doesn't within STOP_WAIT_SECONDS, it is cut off.
+        """
+        from pygazette.broker.append_fsm import close_replication
+
+        self.stopping = True
+        self.invalidate()
+        holds_pipeline = False
+        try:
+            async with asyncio.timeout(STOP_WAIT_SECONDS):
+                await self.pipeline.acquire()
+                holds_pipeline = True
+        except TimeoutError:
+            log.warning("append still running at stop", extra={"journal": self.name})
+        try:
+            await close_replication(self, graceful=holds_pipeline)
+            holds_spool = False
+            try:
+                async with asyncio.timeout(STOP_WAIT_SECONDS):
+                    await self.spool_lock.acquire()
+                    holds_spool = True
+            except TimeoutError:
+                log.warning("replication still running at stop", extra={"journal": self.name})
+            try:
+                if self.rspool is not None:
+                    self.rspool.complete(primary=self.primary)
+            finally:
+                if holds_spool:
+                    self.spool_lock.release()
+        finally:
+            if holds_pipeline:
+                self.pipeline.release()
 
     def update_spec(self, spec: pb.JournalSpec, mod_revision: int) -> None:
         stores_changed = list(spec.fragment.stores) != list(self.spec.fragment.stores)
@@ -117,11 +177,59 @@ class Replica:
         if recovered:
             self.spool = recovered[-1]
 
+    def start_clustered(self) -> None:
+        """Start in cluster mode: recover spools, then put the open one under replication."""
+        from pygazette.broker.replicated_spool import ReplicatedSpool
+
+        self.clustered = True
+        self.recover_spools()
+        self.rspool = ReplicatedSpool(self)
+        self.readable_end = self.rspool.confirmed
+        self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"refresh:{self.name}")
+
+    def set_assignments(self, primary: bool, assignments: list[Any]) -> bool:
+        """Take the journal's current assignments; wake waiters if anything changed."""
+        before = [(a.kv.key, a.kv.mod_revision) for a in self.assignments]
+        after = [(a.kv.key, a.kv.mod_revision) for a in assignments]
+        changed = before != after or primary != self.primary
+        self.primary = primary
+        self.assignments = list(assignments)
+        if changed:
+            self.invalidate()
+        return changed
+
+    def invalidate(self) -> None:
+        self.invalidated.set()
+        self.invalidated = asyncio.Event()
+
+    def set_readable(self, offset: int) -> None:
+        """Let readers see content up to `offset` (cluster mode; it never moves back)."""
+        if self.readable_end is None or offset > self.readable_end:
+            self.readable_end = offset
+            self.index.spool_committed()
+
     # Offsets.
     @property
     def head(self) -> int:
-        """The journal's write head: the offset the next append begins at."""
-        return max(self.index.end_offset, self.spool.end if self.spool else 0)
+        """The journal's write head: the offset the next append begins at.
+
+        In cluster mode, the head readers see: content of the open spool counts only up to
+        `readable_end`.
+        """
+        raw = max(self.index.end_offset, self.spool.end if self.spool else 0)
+        if self.readable_end is None:
+            return raw
+        settled = max((f.end for f in self.index.persisted()), default=0)
+        for s in self.index.local_spools():
+            if s is not self.spool:
+                settled = max(settled, s.end)
+        return min(raw, max(settled, self.readable_end))
+
+    def readable_limit(self, spool: Spool) -> int:
+        """How far readers may read `spool`."""
+        if self.readable_end is None or spool is not self.spool:
+            return spool.end
+        return min(spool.end, max(self.readable_end, spool.begin))
 
     # Spool rolling (callers hold the pipeline).
     def spool_needs_roll(self, now: float) -> bool:

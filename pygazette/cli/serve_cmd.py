@@ -1,13 +1,63 @@
-"""`pygazette serve`: run a single-node broker on an embedded keyspace."""
+"""`pygazette serve`: run a broker, single-node on an embedded keyspace or in a cluster on etcd.
+
+pygazette serve --port P --data-dir D
+pygazette serve --etcd URL --zone Z --id SUFFIX --port P --data-dir D
+                [--advertise URL] [--lease-ttl 20s] [--journal-limit N]
+"""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 from pathlib import Path
 
 import click
 
+from pygazette.broker.cluster_member import MemberFailed
 from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_broker
+from pygazette.keyspace.etcd import parse_etcd_url
+from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import MAX_BROKER_JOURNAL_LIMIT, validate_process_id
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration ("20s", "1m30s", "500ms"); a bare number is seconds."""
+    value = text.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    while pos < len(value):
+        m = _DURATION_PART.match(value, pos)
+        if m is None:
+            raise ValueError(f"invalid duration {text!r} (e.g. 20s, 1m30s, 500ms)")
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if not value:
+        raise ValueError("empty duration")
+    return total
+
+
+def _duration_option(ctx: click.Context, param: click.Parameter, value: object) -> float:
+    try:
+        return parse_duration(str(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 @click.command("serve")
@@ -60,6 +110,48 @@ from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_b
 )
 @click.option("--zone", default="local", show_default=True, help="Zone of this broker.")
 @click.option("--id", "broker_id", default="", help="Broker ID suffix [default: host name].")
+@click.option(
+    "--etcd",
+    "etcd_url",
+    default="",
+    metavar="URL",
+    help="Join the cluster on this etcd (e.g. http://127.0.0.1:2379) instead of running "
+    "single-node.",
+)
+@click.option(
+    "--etcd-prefix",
+    default=DEFAULT_ROOT,
+    show_default=True,
+    help="Key prefix of the cluster's state in etcd.",
+)
+@click.option(
+    "--advertise",
+    "advertise_url",
+    default="",
+    metavar="URL",
+    help="URL peers and clients reach this broker at [default: http://ADDRESS:PORT].",
+)
+@click.option(
+    "--lease-ttl",
+    default="20s",
+    callback=_duration_option,
+    show_default=True,
+    help="TTL of this broker's etcd lease: a failed broker's journals move after this long.",
+)
+@click.option(
+    "--journal-limit",
+    type=click.IntRange(0, MAX_BROKER_JOURNAL_LIMIT),
+    default=1024,
+    show_default=True,
+    help="Most journal replicas this broker takes.",
+)
+@click.option(
+    "--drain-timeout",
+    default="60s",
+    callback=_duration_option,
+    show_default=True,
+    help="On SIGTERM, how long to wait for journals to move to other brokers.",
+)
 def serve(
     port: int,
     host: str,
@@ -70,8 +162,32 @@ def serve(
     max_append_rate: int,
     zone: str,
     broker_id: str,
+    etcd_url: str,
+    etcd_prefix: str,
+    advertise_url: str,
+    lease_ttl: float,
+    journal_limit: int,
+    drain_timeout: float,
 ) -> None:
-    """Serve journals from this machine (single node, embedded keyspace)."""
+    """Serve journals: single-node (embedded keyspace), or as a cluster member with --etcd."""
+    broker_id = broker_id or socket.gethostname()
+    if etcd_url:
+        try:
+            parse_etcd_url(etcd_url)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--etcd") from None
+        try:
+            validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=broker_id))
+        except ValidationError as exc:
+            raise click.UsageError(f"invalid --zone/--id: {exc}") from None
+        if lease_ttl < 1:
+            raise click.BadParameter("must be at least 1s", param_hint="--lease-ttl")
+        if not etcd_prefix.startswith("/") or etcd_prefix.endswith("/"):
+            raise click.BadParameter(
+                "must start with '/' and not end with one", param_hint="--etcd-prefix"
+            )
+    if advertise_url and not re.match(r"^https?://[^/]+", advertise_url):
+        raise click.BadParameter("expected http://host:port", param_hint="--advertise")
     config = BrokerConfig(
         data_dir=data_dir,
         port=port,
@@ -82,6 +198,18 @@ def serve(
         max_append_rate=max_append_rate,
         zone=zone,
         broker_id=broker_id,
+        advertise_url=advertise_url,
+        etcd_url=etcd_url,
+        etcd_prefix=etcd_prefix,
+        lease_ttl=lease_ttl,
+        journal_limit=journal_limit,
+        drain_timeout=drain_timeout,
     )
-    click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir})", err=True)
-    asyncio.run(run_broker(config))
+    where = f" (cluster on {etcd_url} as {zone}#{broker_id})" if etcd_url else ""
+    click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}", err=True)
+    try:
+        asyncio.run(run_broker(config))
+    except MemberFailed as exc:
+        raise click.ClickException(f"left the cluster: {exc}") from None
+    except KeyspaceUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
