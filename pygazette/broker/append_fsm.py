@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -82,8 +83,25 @@ class ReplicationFailed(Exception):
     pass
 
 
+def _abandon(acquire: asyncio.Future[Any], lock: asyncio.Lock) -> None:
+    """Give up a pending `lock.acquire()`, releasing the lock if it is granted anyway."""
+
+    def release_if_granted(f: asyncio.Future[Any]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            lock.release()
+
+    if acquire.done():
+        release_if_granted(acquire)
+    else:
+        acquire.cancel()
+        acquire.add_done_callback(release_if_granted)
+
+
 async def acquire_or_invalidated(lock: asyncio.Lock, invalidated: asyncio.Event | None) -> bool:
-    """Take `lock`, unless `invalidated` is set first (then return False, not holding it)."""
+    """Take `lock`, unless `invalidated` is set first (then return False, not holding it).
+
+    Cancellation-safe: if the caller is cancelled, the lock is not left held.
+    """
     if invalidated is None:
         await lock.acquire()
         return True
@@ -93,18 +111,15 @@ async def acquire_or_invalidated(lock: asyncio.Lock, invalidated: asyncio.Event 
     wait = asyncio.ensure_future(invalidated.wait())
     try:
         await asyncio.wait([acquire, wait], return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    except BaseException:
         wait.cancel()
-        if not acquire.done():
-            acquire.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acquire
-    if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
-        if invalidated.is_set():
-            lock.release()
-            return False
-        return True
-    return False
+        _abandon(acquire, lock)
+        raise
+    wait.cancel()
+    if not acquire.done() or invalidated.is_set():
+        _abandon(acquire, lock)
+        return False
+    return not acquire.cancelled() and acquire.exception() is None
 
 
 async def _one_empty_chunk() -> AsyncIterator[pb.AppendRequest]:

@@ -114,6 +114,7 @@ class ClusterMember:
         self.peers = Peers()
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
         self.resolver.on_primary = self.appends.pulse_loop
+        self.resolver.lease_alive = self.session.lease_alive
         self.services = ClusterServices(self.resolver, self.appends, self.peers)
 
     async def join(self) -> None:

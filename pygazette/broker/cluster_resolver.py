@@ -103,6 +103,10 @@ class ClusterResolver(Resolver):
         self._endpoints: dict[tuple[str, int], str] = {}
         # Called with each replica this broker becomes primary of (starts its pulses).
         self.on_primary: Callable[[Replica], Coroutine[Any, Any, None]] | None = None
+        # Whether this broker's etcd lease is surely alive. When it may not be (the broker
+        # was frozen, or cut off from etcd), its view of the cluster can't be trusted: it
+        # resolves nothing until it knows again.
+        self.lease_alive: Callable[[], bool] = lambda: True
         self._role_tasks: dict[str, asyncio.Task[None]] = {}
 
     # Replicas.
@@ -227,6 +231,8 @@ class ClusterResolver(Resolver):
         proxy_header: pb.Header | None = None,
     ) -> Resolution:
         local_id = self.local_id
+        if not self.lease_alive():
+            raise ResolveError("this broker's etcd lease may have expired")
         if proxy_header is not None:
             etcd = proxy_header.etcd
             if etcd.cluster_id and etcd.cluster_id != self.keyspace.identity.cluster_id:

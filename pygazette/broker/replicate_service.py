@@ -165,8 +165,8 @@ async def _next(
     finally:
         if not receive.done():
             receive.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
-                await receive
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+            await receive  # Retrieve its outcome, whatever it was.
 
 
 def _validate(req: pb.ReplicateRequest) -> None:
