@@ -10,6 +10,7 @@ head. `do_not_proxy` reads of persisted fragments get the fragment URL and no co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from pygazette.broker.replica import Replica
@@ -22,6 +23,10 @@ from pygazette.stores import codecs
 from pygazette.stores.store import StoreRegistry
 
 READ_CHUNK = 1 << 20
+# In cluster mode, how often and how long a read waits for the index to fill a gap below the
+# write head (a fragment a peer persisted) before answering without it.
+GAP_WAITS = 3
+GAP_WAIT_SECONDS = 5.0
 # Fragment URLs in Read responses stay valid this long.
 FRAGMENT_URL_TTL_SECONDS = 3600.0
 
@@ -48,6 +53,7 @@ async def serve_local_read(
 
     header: pb.Header | None = first_header
     offset = replica.head if req.offset == -1 else req.offset
+    gap_waits = 0
     while True:
         if req.end_offset and offset >= req.end_offset:
             return
@@ -57,6 +63,14 @@ async def serve_local_read(
         if limit is not None and offset >= limit:
             frag = spool = None  # Committed here, but not yet readable (cluster mode).
         if frag is None:
+            if replica.clustered and offset < replica.head and gap_waits < GAP_WAITS:
+                # A gap below the head: a peer persisted a fragment this broker hasn't
+                # listed yet. List the stores again and look once more.
+                gap_waits += 1
+                replica.request_refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
+                continue
             if not req.block:
                 resp = pb.ReadResponse(
                     status=pb.OFFSET_NOT_YET_AVAILABLE, offset=offset, write_head=replica.head

@@ -196,7 +196,13 @@ class Replica:
         self.assignments = list(assignments)
         if changed:
             self.invalidate()
+            # Peers may have persisted fragments this broker's index hasn't listed yet.
+            self.request_refresh()
         return changed
+
+    def request_refresh(self) -> None:
+        """List the stores again soon (the index signals `changed` when it has)."""
+        self._refresh_now.set()
 
     def invalidate(self) -> None:
         self.invalidated.set()

@@ -14,9 +14,15 @@ from tests.support.etcd_process import EtcdProcess
 pytestmark = pytest.mark.slow
 
 
-async def test_three_brokers_replicate_and_proxy(tmp_path: Path, etcd: EtcdProcess, etcd_root: str) -> None:
+async def test_three_brokers_replicate_and_proxy(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
     cluster = Cluster(tmp_path, etcd, etcd_root)
-    b1, b2, b3 = cluster.add("zone-a", "broker-1"), cluster.add("zone-b", "broker-2"), cluster.add("zone-a", "broker-3")
+    b1, b2, b3 = (
+        cluster.add("zone-a", "broker-1"),
+        cluster.add("zone-b", "broker-2"),
+        cluster.add("zone-a", "broker-3"),
+    )
     try:
         await cluster.start()
         specs = [journal_spec(f"cluster/j{i}", replication=3, length=1 << 16) for i in range(2)]
@@ -74,10 +80,12 @@ async def test_three_brokers_replicate_and_proxy(tmp_path: Path, etcd: EtcdProce
             assert resp.header.process_id.suffix == other.suffix
             assert resp.header.route.members[0].suffix == r1_member.suffix
             break
+
         async def one_request():  # type: ignore[no-untyped-def]
             yield pb.AppendRequest(journal="cluster/r1", do_not_proxy=True)
             yield pb.AppendRequest(content=b"x")
             yield pb.AppendRequest()
+
         resp = await cluster.stub(other).Append(one_request(), timeout=10)
         assert resp.status == pb.NOT_JOURNAL_PRIMARY_BROKER
         resp = await append_once(cluster.stub(other), "cluster/nope", b"x")
@@ -86,8 +94,12 @@ async def test_three_brokers_replicate_and_proxy(tmp_path: Path, etcd: EtcdProce
         # A replication beyond the cluster's size: INSUFFICIENT_JOURNAL_BROKERS... only once
         # no broker could be assigned; with some assigned but fewer than wanted, appends
         # are refused with the same status.
-        assert (await apply_specs(cluster.stub(b1), journal_spec("cluster/r5", replication=5))).status == pb.OK
-        await cluster.wait_for(lambda: len(cluster.route("cluster/r5")[0].members) == 3, "r5 gets 3")
+        assert (
+            await apply_specs(cluster.stub(b1), journal_spec("cluster/r5", replication=5))
+        ).status == pb.OK
+        await cluster.wait_for(
+            lambda: len(cluster.route("cluster/r5")[0].members) == 3, "r5 gets 3"
+        )
         resp = await append_once(cluster.stub(b1), "cluster/r5", b"x")
         assert resp.status == pb.INSUFFICIENT_JOURNAL_BROKERS
     finally:

@@ -80,7 +80,7 @@ class Workload:
             seq += 1
             self.sent.add(data)
             try:
-                resp = await append_once(self.cluster.stub(broker), self.journal, data, timeout=10)
+                resp = await append_once(self.cluster.stub(broker), self.journal, data, within=10)
             except (grpc.aio.AioRpcError, TimeoutError):
                 broker = None
                 await asyncio.sleep(0.05)
@@ -120,24 +120,24 @@ class Workload:
             if rng.random() < 0.2:
                 broker = None  # Move between brokers too.
 
-    async def wait_acks(self, more: int, timeout: float = 60.0) -> None:
+    async def wait_acks(self, more: int, within: float = 60.0) -> None:
         target = len(self.acked) + more
         try:
-            async with asyncio.timeout(timeout), self.progress:
+            async with asyncio.timeout(within), self.progress:
                 await self.progress.wait_for(lambda: len(self.acked) >= target)
         except TimeoutError:
             raise AssertionError(
                 f"appends stalled at {len(self.acked)} acks\n{self.cluster.log_tail()}"
             ) from None
 
-    async def wait_ack_after(self, t: float, timeout: float) -> float:
+    async def wait_ack_after(self, t: float, within: float) -> float:
         """Seconds from `t` to the first acknowledgement after it."""
         try:
-            async with asyncio.timeout(timeout), self.progress:
+            async with asyncio.timeout(within), self.progress:
                 await self.progress.wait_for(lambda: self.last_ack > t)
         except TimeoutError:
             raise AssertionError(
-                f"no append acknowledged within {timeout}s of the fault\n{self.cluster.log_tail()}"
+                f"no append acknowledged within {within}s of the fault\n{self.cluster.log_tail()}"
             ) from None
         return self.last_ack - t
 
@@ -148,15 +148,24 @@ class Workload:
             content, head = await read_range(self.cluster.stub(b), self.journal)
             assert head == len(content), f"{b.member_key}: head {head} != {len(content)}"
             contents[b.member_key] = content
-        assert len(set(contents.values())) == 1, "brokers disagree on the journal's content"
-        content = next(iter(contents.values()))
+        content = max(contents.values(), key=len)
+        for who, other in contents.items():
+            if other != content:
+                differ = next(
+                    (i for i, (a, b) in enumerate(zip(other, content, strict=False)) if a != b),
+                    min(len(other), len(content)),
+                )
+                raise AssertionError(
+                    f"{who} reads {len(other)} bytes, others {len(content)}; they differ at "
+                    f"{differ}\n{self.cluster.log_tail()}"
+                )
         assert len(content) >= self.heads_seen, "the journal is shorter than a head readers saw"
         for data, (begin, end) in self.acked.items():
             assert content[begin:end] == data, f"acknowledged append lost at [{begin}, {end})"
         pos, seen = 0, set()
         while pos < len(content):
             m = _RECORD.match(content, pos)
-            assert m is not None, f"garbage at offset {pos}: {content[pos:pos + 40]!r}"
+            assert m is not None, f"garbage at offset {pos}: {content[pos : pos + 40]!r}"
             record = m.group(0)
             assert record in self.sent, f"unknown record at {pos}"
             assert record not in seen, f"record at {pos} appears twice"
@@ -176,7 +185,9 @@ async def _cluster(tmp_path: Path, etcd: EtcdProcess, root: str, n: int = 3) -> 
     return cluster
 
 
-async def test_kill_primary_under_appends(tmp_path: Path, etcd: EtcdProcess, etcd_root: str) -> None:
+async def test_kill_primary_under_appends(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
     cluster = await _cluster(tmp_path, etcd, etcd_root)
     work = Workload(cluster)
     try:

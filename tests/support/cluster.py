@@ -162,32 +162,40 @@ class Cluster:
         route, consistent = self.route(journal)
         return consistent and len(route.members) == replication and route.primary >= 0
 
-    async def wait_for(self, cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    async def wait_for(self, cond: Callable[[], bool], what: str, within: float = 60.0) -> None:
         ks = await self.observe()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 while not cond():
                     await ks.wait_for_change(ks.revision)
         except TimeoutError:
             raise AssertionError(f"timed out waiting until {what}\n{self.log_tail()}") from None
 
-    async def wait_ready(self, journals: Sequence[str], replication: int, timeout: float = 60) -> None:
+    async def wait_ready(
+        self, journals: Sequence[str], replication: int, within: float = 60
+    ) -> None:
         await self.wait_for(
             lambda: all(self.ready(j, replication) for j in journals),
             f"{list(journals)} have {replication} consistent replicas",
-            timeout,
+            within,
         )
 
     def advertised(self, journal: str) -> list[pb.Route]:
         assert self.ks is not None
-        return [decode_route(kv) for kv in self.ks.range(self.layout.item_assignments_prefix(journal))]
+        return [
+            decode_route(kv) for kv in self.ks.range(self.layout.item_assignments_prefix(journal))
+        ]
 
 
 # Raw RPC helpers that fail over between brokers.
 
 
 async def append_once(
-    stub: pb_grpc.JournalStub, journal: str, data: bytes, timeout: float = 20.0, chunk: int = 1 << 16
+    stub: pb_grpc.JournalStub,
+    journal: str,
+    data: bytes,
+    within: float = 20.0,
+    chunk: int = 1 << 16,
 ) -> pb.AppendResponse:
     async def requests() -> AsyncIterator[pb.AppendRequest]:
         yield pb.AppendRequest(journal=journal)
@@ -195,19 +203,19 @@ async def append_once(
             yield pb.AppendRequest(content=data[i : i + chunk])
         yield pb.AppendRequest()
 
-    resp: pb.AppendResponse = await stub.Append(requests(), timeout=timeout)
+    resp: pb.AppendResponse = await stub.Append(requests(), timeout=within)
     return resp
 
 
 async def read_range(
-    stub: pb_grpc.JournalStub, journal: str, offset: int = 0, end: int = 0, timeout: float = 30.0
+    stub: pb_grpc.JournalStub, journal: str, offset: int = 0, end: int = 0, within: float = 30.0
 ) -> tuple[bytes, int]:
     """Content from `offset` up to the write head (non-blocking); and the head."""
     out = bytearray()
     head = 0
     async for resp in stub.Read(
         pb.ReadRequest(journal=journal, offset=offset, block=False, end_offset=end),
-        timeout=timeout,
+        timeout=within,
         wait_for_ready=True,  # The broker may have just restarted.
     ):
         if resp.content:
