@@ -83,11 +83,20 @@ def plan_item(
     want = {(d.zone, d.suffix) for d in desired}
     have = {a.member for a in current}
     next_slot = max((a.slot + 1 for a in current), default=0)
+    new = [d for d in desired if (d.zone, d.suffix) not in have]
+    if not current:
+        # A new item: its primary (slot 0) goes to the member with the fewest primaries.
+        def primary_load(d: DesiredAssignment) -> tuple[float, str, str]:
+            m = state.member_index.get((d.zone, d.suffix))
+            if m is None or state.effective_limit(m) <= 0:
+                return (float("inf"), d.zone, d.suffix)
+            return (state.member_primary[m] / state.effective_limit(m), d.zone, d.suffix)
+
+        new.sort(key=primary_load)
     add: list[AssignmentKey] = []
-    for d in desired:
-        if (d.zone, d.suffix) not in have:
-            add.append(AssignmentKey(item.id, d.zone, d.suffix, next_slot))
-            next_slot += 1
+    for d in new:
+        add.append(AssignmentKey(item.id, d.zone, d.suffix, next_slot))
+        next_slot += 1
     remove = [a for a in current if a.member not in want]
     keep = [a for a in current if a.member in want]
 

@@ -68,8 +68,9 @@ PULSE_INTERVAL_SECONDS = 60.0
 PULSE_RETRY_SECONDS = 1.0
 # Rounds of roll-forward synchronisation before giving up on a pipeline.
 MAX_SYNC_ROUNDS = 8
-# How long stopping waits for an in-flight append before cutting it off.
-STOP_WAIT_SECONDS = 10.0
+# After an append, how long the primary waits for another before it runs a round of its own
+# to confirm the append everywhere (readers see the append only once it is confirmed).
+CONFIRM_DELAY_SECONDS = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -565,7 +566,10 @@ class ClusterAppends:
 
     async def _confirm(self, replica: Replica) -> None:
         try:
-            # Appends waiting for the lock go first; each of their rounds confirms too.
+            # Give the next append a moment: its round confirms this one's commit anyway.
+            await asyncio.sleep(CONFIRM_DELAY_SECONDS)
+            if not _needs_confirm(replica):
+                return
             async with replica.pipeline:
                 if _needs_confirm(replica):
                     await confirm_round(replica)

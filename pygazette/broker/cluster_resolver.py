@@ -148,8 +148,12 @@ class ClusterResolver(Resolver):
             elif replica.mod_revision != li.item.kv.mod_revision:
                 replica.update_spec(spec, li.item.kv.mod_revision)
                 replica.invalidate()
-            if replica.set_assignments(primary, li.assignments) and primary:
-                self._start_primary(replica)
+            was_primary = replica.primary
+            if replica.set_assignments(primary, li.assignments):
+                if primary:
+                    self._start_primary(replica)
+                elif was_primary:
+                    self._demote(replica)
         for name in [n for n in self.replicas if n not in seen]:
             replica = self.replicas.pop(name)
             replica.stopping = True
@@ -167,6 +171,19 @@ class ClusterResolver(Resolver):
             return
         task = asyncio.create_task(self.on_primary(replica), name=f"pulse:{replica.name}")
         self._role_tasks[replica.name] = task
+
+    def _demote(self, replica: Replica) -> None:
+        """No longer primary: close the pipeline, freeing the spool for the new primary."""
+        from pygazette.broker.append_fsm import close_replication
+
+        async def demote() -> None:
+            async with replica.pipeline:
+                if not replica.primary:
+                    await close_replication(replica)
+
+        task = asyncio.create_task(demote(), name=f"demote:{replica.name}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def stop_serving(self) -> None:
         """Stop every local replica now and refuse to resolve to any (shutting down)."""
