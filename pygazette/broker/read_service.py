@@ -27,6 +27,9 @@ READ_CHUNK = 1 << 20
 # write head (a fragment a peer persisted) before answering without it.
 GAP_WAITS = 3
 GAP_WAIT_SECONDS = 5.0
+# In cluster mode, how long a non-blocking read waits for committed content to be confirmed
+# by every replica (normally a round trip) before answering without it.
+CONFIRM_WAIT_SECONDS = 2.0
 # Fragment URLs in Read responses stay valid this long.
 FRAGMENT_URL_TTL_SECONDS = 3600.0
 
@@ -52,6 +55,10 @@ async def serve_local_read(
     await replica.index.first_refresh_done.wait()
 
     header: pb.Header | None = first_header
+    if req.offset == -1 and replica.rspool is not None:
+        # Cluster mode: a just-acknowledged append is committed but shown to readers only
+        # once every replica confirmed it (a moment later). Let the head include it.
+        await _await_readable(replica, replica.rspool.end)
     offset = replica.head if req.offset == -1 else req.offset
     gap_waits = 0
     while True:
@@ -62,6 +69,8 @@ async def serve_local_read(
         limit = replica.readable_limit(spool) if spool is not None else None
         if limit is not None and offset >= limit:
             frag = spool = None  # Committed here, but not yet readable (cluster mode).
+            if not req.block and await _await_readable(replica, offset + 1):
+                continue
         if frag is None:
             if replica.clustered and offset < replica.head and gap_waits < GAP_WAITS:
                 # A gap below the head: a peer persisted a fragment this broker hasn't
@@ -108,6 +117,17 @@ async def serve_local_read(
                 offset += len(chunk)
         except FileNotFoundError:
             continue  # The spool persisted and went away mid-read: query again.
+
+
+async def _await_readable(replica: Replica, offset: int) -> bool:
+    """Wait (briefly) until readers may see `offset`; whether they may."""
+    try:
+        async with asyncio.timeout(CONFIRM_WAIT_SECONDS):
+            while replica.readable_end is not None and replica.readable_end < offset:
+                await replica.index.changed.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def _spool_chunks(spool: Spool, offset: int, until: int) -> AsyncIterator[bytes]:
