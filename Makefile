@@ -7,7 +7,7 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto
 
-.PHONY: all venv deps serve test unit lint proto bench clean
+.PHONY: all venv deps serve test test-faults unit lint proto bench bench-cluster clean
 
 all: test
 
@@ -36,8 +36,18 @@ lint: venv
 test: deps lint
 	$(VENV)/bin/pytest -q
 
+# The long version of the cluster fault tests (kills, restarts, freezes, scaling; many
+# rounds of each). `make test` runs one round of each.
+FAULT_ROUNDS ?= 10
+test-faults: deps
+	PYGAZETTE_FAULT_ROUNDS=$(FAULT_ROUNDS) $(VENV)/bin/pytest -q \
+		tests/broker/test_cluster_faults.py --timeout=3600
+
 bench: venv
 	$(PY) bench/append_read.py
+
+bench-cluster: deps
+	$(PY) bench/cluster.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

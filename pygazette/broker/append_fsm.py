@@ -308,8 +308,7 @@ class ClusterAppends:
             return ReadThrough(await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, rs.end))
         if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
             return pb.AppendResponse(status=pb.NOT_ALLOWED, header=res.header)
-        indexed = [f.begin for f in replica.index.persisted()]
-        if not roll_to and rs.end > rs.begin and rs.begin <= min(indexed, default=rs.begin):
+        if not roll_to and rs.end > rs.begin and rs.begin == replica.index.begin_offset:
             # The spool holds the journal's first known write: roll it, so the store shows
             # that writes happened (Gazette's guard against reusing offsets).
             roll_to = rs.end

@@ -105,6 +105,7 @@ class ReplicatedSpool:
         self.delta = 0
         self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
         self._confirmed_path = replica.spool_dir / CONFIRMED_FILE
+        self._confirmed_fd = -1
         self.confirmed = self._load_confirmed()
         spool = replica.spool
         if spool is not None and self.confirmed is not None and spool.end < self.confirmed:
@@ -145,14 +146,17 @@ class ReplicatedSpool:
         if offset == self.confirmed:
             return
         self.confirmed = offset
-        self.replica.spool_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._confirmed_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, _U64.pack(offset))
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._confirmed_path)
+        if self._confirmed_fd < 0:
+            self.replica.spool_dir.mkdir(parents=True, exist_ok=True)
+            self._confirmed_fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        # One aligned 8-byte write: it lands whole (the page cache survives a process kill).
+        os.pwrite(self._confirmed_fd, _U64.pack(offset), 0)
+
+    def close(self) -> None:
+        """Release the confirmed-offset file."""
+        if self._confirmed_fd >= 0:
+            os.close(self._confirmed_fd)
+            self._confirmed_fd = -1
 
     @property
     def unconfirmed(self) -> bool:
@@ -339,6 +343,7 @@ class ReplicatedSpool:
         self.rollback()
         self._complete_spool(primary=primary)
         self.begin = self.end
+        self.close()
 
 
 def _write_and_hash(pending: PendingAppend, running: hashlib._Hash, content: bytes) -> None:
