@@ -16,7 +16,9 @@ it. The resolution's header names the broker that serves: this one, or the peer 
 Reads are served by the primary (a non-primary proxies them there), which keeps the write
 head readers see from ever moving backwards: a primary shows only content every replica has
 confirmed (see `replicated_spool`), and a newly promoted primary starts from a frontier at
-least as far. Without a primary, a member serves reads, preferring this broker's zone.
+least as far. Replicas may be a round apart, so they serve reads only when asked directly
+(`do_not_proxy`); a read of a journal that has members but no primary waits for one
+(`journal_service`).
 """
 
 from __future__ import annotations

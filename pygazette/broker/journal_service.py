@@ -12,7 +12,9 @@ served here or proxied to the broker that serves them, Replicate is served
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 DEFAULT_FRAGMENTS_PAGE_LIMIT = 1000
+# In cluster mode, how long a read waits for a journal without a primary to get one.
+NO_PRIMARY_WAIT_SECONDS = 10.0
 LIST_CHUNK = 1000  # Journals per List response, as Gazette chunks them.
 
 
@@ -210,15 +214,34 @@ class JournalService(pb_grpc.JournalServicer):
         may_proxy: bool,
         proxy_header: pb.Header | None,
     ) -> Resolution:
+        """Resolve a read: to the primary (or, with do_not_proxy, this member).
+
+        Reads are served by a journal's primary, so the head readers see never moves back
+        (see `cluster_resolver`). While a journal has members but no primary (the allocator
+        is promoting one), wait for it, up to NO_PRIMARY_WAIT_SECONDS.
+        """
         assert self.cluster is not None
+        resolver = self.cluster.resolver
+        deadline = time.monotonic() + NO_PRIMARY_WAIT_SECONDS
         try:
-            return await self.cluster.resolver.resolve_journal(
-                journal,
-                require_primary=False,
-                may_proxy=may_proxy,
-                prefer_primary=True,
-                proxy_header=proxy_header,
-            )
+            while True:
+                res = await resolver.resolve_journal(
+                    journal,
+                    require_primary=False,
+                    may_proxy=may_proxy,
+                    prefer_primary=True,
+                    proxy_header=proxy_header,
+                )
+                if res.status != pb.OK or res.route.primary >= 0 or not may_proxy:
+                    return res
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    res.status = pb.NO_JOURNAL_PRIMARY_BROKER
+                    res.header.process_id.CopyFrom(res.local_id)
+                    res.replica = None
+                    return res
+                with contextlib.suppress(TimeoutError):
+                    await resolver.keyspace.wait_for_change(res.header.etcd.revision, remaining)
         except ResolveError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # Not reached: abort raises.

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.broker.rpc_helpers import apply_specs, journal_spec, list_once
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once
 from tests.support.cluster import Cluster, append_once, read_range
 from tests.support.etcd_process import EtcdProcess
 
@@ -102,5 +104,26 @@ async def test_three_brokers_replicate_and_proxy(
         )
         resp = await append_once(cluster.stub(b1), "cluster/r5", b"x")
         assert resp.status == pb.INSUFFICIENT_JOURNAL_BROKERS
+
+        # Registers replicate with content: they survive the loss of the primary.
+        union = label_set({"writer": "one"})
+        resp = await append(cluster.stub(b2), "cluster/j1", b"reg\n", union_registers=union)
+        assert resp.status == pb.OK and resp.registers == union
+        primary = cluster.primary_of("cluster/j1")
+        assert primary is not None
+        primary.kill()
+        await cluster.wait_for(lambda: not cluster.is_member(primary), "the lease expires")
+        await asyncio.to_thread(primary.start, 60.0)
+        await cluster.wait_ready(["cluster/j1"], 3)
+        assert cluster.primary_of("cluster/j1") is not primary
+        sel = pb.LabelSelector(include=label_set({"writer": "one"}))
+        resp = await append(cluster.stub(b1), "cluster/j1", b"more\n", check_registers=sel)
+        assert resp.status == pb.OK, resp
+        assert resp.registers == union
+        sel = pb.LabelSelector(include=label_set({"writer": "two"}))
+        resp = await append(cluster.stub(b3), "cluster/j1", b"nope\n", check_registers=sel)
+        assert resp.status == pb.REGISTER_MISMATCH and resp.registers == union
+        content, _ = await read_range(cluster.stub(b2), "cluster/j1")
+        assert content == big + b"reg\nmore\n"
     finally:
         await cluster.close()

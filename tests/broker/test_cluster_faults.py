@@ -46,6 +46,7 @@ class Workload:
     acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     sent: set[bytes] = field(default_factory=set)
     heads_seen: int = 0
+    heads_from: str = ""
     regressions: list[str] = field(default_factory=list)
     last_ack: float = 0.0
     progress: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -110,9 +111,13 @@ class Workload:
                         head = resp.write_head
                         if head < self.heads_seen:
                             self.regressions.append(
-                                f"head {head} < {self.heads_seen} via {broker.member_key}"
+                                f"head {head} < {self.heads_seen} ({self.heads_from}) via "
+                                f"{broker.member_key} from {resp.header.process_id.suffix} "
+                                f"at {time.time():.3f}"
                             )
-                        self.heads_seen = max(self.heads_seen, head)
+                        if head > self.heads_seen:
+                            self.heads_seen = head
+                            self.heads_from = f"{resp.header.process_id.suffix} {time.time():.3f}"
                     break
             except (grpc.aio.AioRpcError, TimeoutError):
                 broker = None
