@@ -61,6 +61,7 @@ class Resolution:
     assignments: list[Assignment] = field(default_factory=list)
     replica: Replica | None = None
     invalidated: asyncio.Event | None = None
+    named: bool = False  # A peer's proxy header named this broker to serve the request.
 
     @property
     def local(self) -> bool:
@@ -292,7 +293,14 @@ class ClusterResolver(Resolver):
 
         target: pb.ProcessSpec.ID | None = None
         is_member = any(_same(m, local_id) for m in members)
-        if require_primary:
+        res.named = (
+            proxy_header is not None
+            and bool(proxy_header.process_id.zone or proxy_header.process_id.suffix)
+            and is_member
+        )
+        if res.named and not require_primary:
+            target = local_id  # A peer picked this member to serve it.
+        elif require_primary:
             if route.primary >= 0:
                 target = members[route.primary]
         elif prefer_primary and route.primary >= 0 and (may_proxy or is_member):

@@ -25,7 +25,7 @@ from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution, ResolveError
 from pygazette.broker.peers import Peers, PeerUnavailable
-from pygazette.broker.read_service import serve_local_read, serve_read
+from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read
 from pygazette.broker.replicate_service import ReplicateAborted, serve_replicate
 from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver
 from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
@@ -50,6 +50,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FRAGMENTS_PAGE_LIMIT = 1000
 # In cluster mode, how long a read waits for a journal without a primary to get one.
 NO_PRIMARY_WAIT_SECONDS = 10.0
+PEER_READ_TIMEOUT_SECONDS = 60.0
 LIST_CHUNK = 1000  # Journals per List response, as Gazette chunks them.
 
 
@@ -203,8 +204,52 @@ class JournalService(pb_grpc.JournalServicer):
                 await context.abort(exc.code(), exc.details() or "proxied read failed")
             return
         assert res.replica is not None
-        async for resp in serve_local_read(request, res.replica, res.header, self.stores):
+        async for resp in serve_local_read(
+            request, res.replica, res.header, self.stores, self._peer_reader(res)
+        ):
             yield resp
+
+    def _peer_reader(self, res: Resolution) -> PeerRead:
+        """Reads of content this broker lacks, from the journal's other members."""
+        assert self.cluster is not None
+        peers = self.cluster.peers
+        route, local = res.route, res.local_id
+        order = sorted(
+            (
+                i
+                for i, m in enumerate(route.members)
+                if (m.zone, m.suffix) != (local.zone, local.suffix)
+            ),
+            key=lambda i: route.members[i].zone != local.zone,
+        )
+
+        async def read(offset: int, end: int) -> AsyncIterator[pb.ReadResponse]:
+            pos = offset
+            for i in order:
+                if pos >= end or i >= len(route.endpoints):
+                    return
+                header = pb.Header()
+                header.CopyFrom(res.header)
+                header.process_id.CopyFrom(route.members[i])
+                req = pb.ReadRequest(
+                    journal=res.replica.name if res.replica else "",
+                    offset=pos,
+                    end_offset=end,
+                    block=False,
+                    header=header,
+                )
+                try:
+                    stub = peers.stub(route.endpoints[i])
+                    async for resp in stub.Read(req, timeout=PEER_READ_TIMEOUT_SECONDS):
+                        if resp.status != pb.OK:
+                            break
+                        if resp.content:
+                            pos = resp.offset + len(resp.content)
+                        yield resp
+                except (grpc.aio.AioRpcError, PeerUnavailable) as exc:
+                    log.info("reading a gap from a peer failed", extra={"error": str(exc)})
+
+        return read
 
     async def _resolve(
         self,
@@ -232,7 +277,7 @@ class JournalService(pb_grpc.JournalServicer):
                     prefer_primary=True,
                     proxy_header=proxy_header,
                 )
-                if res.status != pb.OK or res.route.primary >= 0 or not may_proxy:
+                if res.status != pb.OK or res.route.primary >= 0 or not may_proxy or res.named:
                     return res
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

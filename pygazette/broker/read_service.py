@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
@@ -22,11 +23,13 @@ from pygazette.protocol.validation import journal_spec_flags_allow_read
 from pygazette.stores import codecs
 from pygazette.stores.store import StoreRegistry
 
+log = logging.getLogger(__name__)
+
 READ_CHUNK = 1 << 20
 # In cluster mode, how often and how long a read waits for the index to fill a gap below the
 # write head (a fragment a peer persisted) before answering without it.
 GAP_WAITS = 3
-GAP_WAIT_SECONDS = 5.0
+GAP_WAIT_SECONDS = 2.0
 # In cluster mode, how long a non-blocking read waits for committed content to be confirmed
 # by every replica (normally a round trip) before answering without it.
 CONFIRM_WAIT_SECONDS = 2.0
@@ -48,10 +51,23 @@ async def serve_read(
         yield resp
 
 
+# Reads [offset, end) of the journal from a peer broker that holds it (cluster mode).
+PeerRead = Callable[[int, int], AsyncIterator[pb.ReadResponse]]
+
+
 async def serve_local_read(
-    req: pb.ReadRequest, replica: Replica, first_header: pb.Header, stores: StoreRegistry
+    req: pb.ReadRequest,
+    replica: Replica,
+    first_header: pb.Header,
+    stores: StoreRegistry,
+    peer_read: PeerRead | None = None,
 ) -> AsyncIterator[pb.ReadResponse]:
-    """Serve a read from this broker's replica of the journal (`first_header` goes first)."""
+    """Serve a read from this broker's replica of the journal (`first_header` goes first).
+
+    In cluster mode, a gap below the head (content this broker never held, and whose
+    fragment its store listing doesn't show yet) is first looked for by listing the stores
+    again, then read from a peer that holds it (`peer_read`).
+    """
     await replica.index.first_refresh_done.wait()
 
     header: pb.Header | None = first_header
@@ -61,6 +77,7 @@ async def serve_local_read(
         await _await_readable(replica, replica.rspool.end)
     offset = replica.head if req.offset == -1 else req.offset
     gap_waits = 0
+    peer_gap = -1
     while True:
         if req.end_offset and offset >= req.end_offset:
             return
@@ -71,15 +88,43 @@ async def serve_local_read(
             frag = spool = None  # Committed here, but not yet readable (cluster mode).
             if not req.block and await _await_readable(replica, offset + 1):
                 continue
-        if frag is None:
-            if replica.clustered and offset < replica.head and gap_waits < GAP_WAITS:
-                # A gap below the head: a peer persisted a fragment this broker hasn't
-                # listed yet. List the stores again and look once more.
+        if frag is None and replica.clustered and offset < replica.head:
+            # A gap below the head: content a peer holds or persisted that this broker's
+            # index doesn't show. List the stores again; then ask the peers.
+            if gap_waits == 0:
                 gap_waits += 1
                 replica.request_refresh()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
                 continue
+            usable = peer_read is not None and not (req.metadata_only or req.do_not_proxy)
+            if usable and peer_gap != offset:
+                assert peer_read is not None
+                peer_gap = offset
+                gap_end = replica.index.next_begin(offset) or replica.head
+                if req.end_offset:
+                    gap_end = min(gap_end, req.end_offset)
+                log.info(
+                    "reading a gap from peers",
+                    extra={"journal": replica.name, "begin": offset, "end": gap_end},
+                )
+                async for resp in peer_read(offset, gap_end):
+                    resp.ClearField("header")
+                    resp.write_head = max(resp.write_head, replica.head)
+                    if header is not None:
+                        resp.header.CopyFrom(header)
+                        header = None
+                    if resp.content:
+                        offset = resp.offset + len(resp.content)
+                    yield resp
+                continue
+            if gap_waits < GAP_WAITS:
+                gap_waits += 1
+                replica.request_refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
+                continue
+        if frag is None:
             if not req.block:
                 resp = pb.ReadResponse(
                     status=pb.OFFSET_NOT_YET_AVAILABLE, offset=offset, write_head=replica.head

@@ -179,8 +179,10 @@ class Workload:
         assert set(self.acked) <= seen
 
 
-async def _cluster(tmp_path: Path, etcd: EtcdProcess, root: str, n: int = 3) -> Cluster:
-    cluster = Cluster(tmp_path, etcd, root)
+async def _cluster(
+    tmp_path: Path, etcd: EtcdProcess, root: str, n: int = 3, *, shared_store: bool = True
+) -> Cluster:
+    cluster = Cluster(tmp_path, etcd, root, shared_store=shared_store)
     for i in range(n):
         cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
     await cluster.start()
@@ -208,6 +210,31 @@ async def test_kill_primary_under_appends(
             print(f"appends resumed {resumed:.1f}s after kill -9 of the primary")
             await cluster.wait_ready([JOURNAL], 3)
             await work.wait_acks(50)
+        await work.finish()
+        await work.verify()
+    finally:
+        await cluster.close()
+
+
+async def test_kill_any_broker_without_a_shared_store(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """Brokers each keep `file:///` in their own data directory, as three brokers started
+    with nothing but the `serve` flags do: what a broker never held, it reads from a peer."""
+    cluster = await _cluster(tmp_path, etcd, etcd_root, shared_store=False)
+    work = Workload(cluster)
+    rng = random.Random(7)
+    try:
+        work.start()
+        for _ in range(max(2, ROUNDS)):
+            await work.wait_acks(60)
+            victim = rng.choice(cluster.brokers)
+            killed_at = time.monotonic()
+            victim.kill()
+            await asyncio.to_thread(victim.start, 60.0)
+            await work.wait_ack_after(killed_at, RESUME_BOUND_SECONDS)
+            await cluster.wait_ready([JOURNAL], 3)
+        await work.wait_acks(30)
         await work.finish()
         await work.verify()
     finally:

@@ -31,25 +31,24 @@ class ClusterBroker(BrokerProcess):
     def __init__(self, cluster: Cluster, zone: str, suffix: str) -> None:
         self.zone = zone
         self.suffix = suffix
+        args = [
+            "--etcd",
+            cluster.etcd.url,
+            "--etcd-prefix",
+            cluster.root,
+            "--zone",
+            zone,
+            "--id",
+            suffix,
+            "--lease-ttl",
+            cluster.lease_ttl,
+            "--drain-timeout",
+            "20s",
+        ]
+        if cluster.shared_store:
+            args += ["--file-root", str(cluster.file_root)]
         super().__init__(
-            cluster.tmp / f"data-{suffix}",
-            extra_args=[
-                "--etcd",
-                cluster.etcd.url,
-                "--etcd-prefix",
-                cluster.root,
-                "--zone",
-                zone,
-                "--id",
-                suffix,
-                "--lease-ttl",
-                cluster.lease_ttl,
-                "--file-root",
-                str(cluster.file_root),
-                "--drain-timeout",
-                "20s",
-            ],
-            env={"PYGAZETTE_LOG_LEVEL": "info"},
+            cluster.tmp / f"data-{suffix}", extra_args=args, env={"PYGAZETTE_LOG_LEVEL": "info"}
         )
 
     @property
@@ -59,12 +58,20 @@ class ClusterBroker(BrokerProcess):
 
 class Cluster:
     def __init__(
-        self, tmp: Path, etcd: EtcdProcess, root: str, *, lease_ttl: str = LEASE_TTL
+        self,
+        tmp: Path,
+        etcd: EtcdProcess,
+        root: str,
+        *,
+        lease_ttl: str = LEASE_TTL,
+        shared_store: bool = True,
     ) -> None:
         self.tmp = tmp
         self.etcd = etcd
         self.root = root
         self.lease_ttl = lease_ttl
+        # Without a shared store each broker keeps `file:///` under its own data directory.
+        self.shared_store = shared_store
         self.file_root = tmp / "store"
         self.file_root.mkdir(parents=True, exist_ok=True)
         self.layout = KeyLayout(root)
