@@ -194,9 +194,11 @@ class ClusterMember:
                     await task
         await self.appends.stop()
         await self.resolver.stop()
+        log.info("replicas stopped; leaving the cluster", extra={"revoke_lease": graceful})
         await self.session.close(revoke=graceful)
         await self.peers.close()
         await self.keyspace.close()
+        log.info("left the cluster")
 
     # Orphaned spools.
     async def _sweep_orphans(self) -> None:

@@ -28,6 +28,7 @@ class FragmentIndex:
         self._local: list[Spool] = []  # Sorted on begin.
         self.changed = asyncio.Event()
         self.first_refresh_done = asyncio.Event()
+        self._recent: list[pb.Fragment] = []  # Persisted since the last listing began.
 
     # Mutation.
     def _signal(self) -> None:
@@ -55,14 +56,20 @@ class FragmentIndex:
             f for f in self._persisted if not (frag.begin <= f.begin and f.end <= frag.end)
         ]
         bisect.insort(self._persisted, frag, key=lambda f: (f.begin, f.end))
+        self._recent.append(frag)
         self._signal()
         return True
+
+    def begin_listing(self) -> None:
+        """A store listing starts: fragments added from now on are kept by its replacement."""
+        self._recent = []
 
     def replace_persisted(self, frags: list[pb.Fragment]) -> None:
         """Install a fresh store listing (keeping what was added since the listing began)."""
         merged = FragmentIndex(self.journal)
-        for f in sorted(frags, key=lambda f: (f.begin, -f.end)):
+        for f in sorted([*frags, *self._recent], key=lambda f: (f.begin, -f.end)):
             merged.add_persisted(f)
+        self._recent = []
         self._persisted = merged._persisted
         self.first_refresh_done.set()
         self._signal()

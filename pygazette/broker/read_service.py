@@ -83,9 +83,9 @@ async def serve_local_read(
             return
         changed = replica.index.changed
         frag, spool, offset = replica.index.query(offset)
-        limit = replica.readable_limit(spool) if spool is not None else None
+        limit = replica.readable_limit(frag.end) if frag is not None else None
         if limit is not None and offset >= limit:
-            frag = spool = None  # Committed here, but not yet readable (cluster mode).
+            frag = spool = None  # Held here, but not yet confirmed everywhere (cluster mode).
             if not req.block and await _await_readable(replica, offset + 1):
                 continue
         if frag is None and replica.clustered and offset < replica.head:

@@ -219,23 +219,18 @@ class Replica:
     def head(self) -> int:
         """The journal's write head: the offset the next append begins at.
 
-        In cluster mode, the head readers see: content of the open spool counts only up to
-        `readable_end`.
+        In cluster mode, the head readers see: `readable_end`, the frontier every replica
+        has confirmed (content beyond it, local or persisted, is not shown yet).
         """
-        raw = max(self.index.end_offset, self.spool.end if self.spool else 0)
-        if self.readable_end is None:
-            return raw
-        settled = max((f.end for f in self.index.persisted()), default=0)
-        for s in self.index.local_spools():
-            if s is not self.spool:
-                settled = max(settled, s.end)
-        return min(raw, max(settled, self.readable_end))
+        if self.readable_end is not None:
+            return self.readable_end
+        return max(self.index.end_offset, self.spool.end if self.spool else 0)
 
-    def readable_limit(self, spool: Spool) -> int:
-        """How far readers may read `spool`."""
-        if self.readable_end is None or spool is not self.spool:
-            return spool.end
-        return min(spool.end, max(self.readable_end, spool.begin))
+    def readable_limit(self, frag_end: int) -> int:
+        """How far readers may read a fragment (or spool) ending at `frag_end`."""
+        if self.readable_end is None:
+            return frag_end
+        return min(frag_end, self.readable_end)
 
     # Spool rolling (callers hold the pipeline).
     def spool_needs_roll(self, now: float) -> bool:
@@ -300,6 +295,7 @@ class Replica:
         return seconds if seconds > 0 else _DEFAULT_REFRESH_SECONDS
 
     async def refresh(self) -> None:
+        self.index.begin_listing()
         self.index.replace_persisted(await self.list_stores())
 
     async def _refresh_loop(self) -> None:

@@ -181,6 +181,7 @@ class Broker:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        log.info("broker stopped")
 
     async def wait(self) -> None:
         assert self._server is not None

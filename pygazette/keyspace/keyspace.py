@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,8 @@ class ClusterIdentity:
 
 Listener = Callable[[int], None]
 
+log = logging.getLogger(__name__)
+
 
 class Keyspace(abc.ABC):
     """A revisioned key/value mirror with transactions and change notification."""
@@ -109,7 +112,10 @@ class Keyspace(abc.ABC):
 
     async def _notify(self, revision: int) -> None:
         for listener in self._listeners:
-            listener(revision)
+            try:
+                listener(revision)
+            except Exception:  # One broken listener must not stop the mirror.
+                log.exception("keyspace listener failed", extra={"revision": revision})
         async with self._changed:
             self._changed.notify_all()
 

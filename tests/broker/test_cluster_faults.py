@@ -103,15 +103,18 @@ class Workload:
                 if broker is None:
                     await asyncio.sleep(0.05)
                     continue
+            # Any head reported before this request was sent, by any broker to any reader,
+            # is a floor for what this one may report.
+            floor, floor_from = self.heads_seen, self.heads_from
             try:
                 async for resp in self.cluster.stub(broker).Read(
                     pb.ReadRequest(journal=self.journal, offset=-1, block=False), timeout=5
                 ):
                     if resp.status in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE) and not resp.content:
                         head = resp.write_head
-                        if head < self.heads_seen:
+                        if head < floor:
                             self.regressions.append(
-                                f"head {head} < {self.heads_seen} ({self.heads_from}) via "
+                                f"head {head} < {floor} ({floor_from}) via "
                                 f"{broker.member_key} from {resp.header.process_id.suffix} "
                                 f"at {time.time():.3f}"
                             )

@@ -189,7 +189,7 @@ async def test_readers_see_only_readable_content(tmp_path: Path, persister: Pers
     assert r.head == 0  # Committed, but not confirmed yet.
     r.set_readable(4)
     assert r.head == 4
-    assert r.spool is not None and r.readable_limit(r.spool) == 4
+    assert r.spool is not None and r.readable_limit(r.spool.end) == 4
     r.set_readable(2)  # Never backwards.
     assert r.head == 4
     r.set_readable(10)
