@@ -17,7 +17,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,6 +40,7 @@ from pygazette.keyspace.keyspace import (
 log = logging.getLogger(__name__)
 
 _RPC_TIMEOUT = 10.0
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 # Fail watches on an etcd member cut off from its cluster's leader, as Gazette does.
 _REQUIRE_LEADER = (("hasleader", "true"),)
 
@@ -196,22 +197,11 @@ class EtcdKeyspace(Keyspace):
         await self._notify(self._revision)
 
     # Watching.
-    async def _watch_requests(self, start: int) -> AsyncIterator[Any]:
-        yield etcd_rpc.WatchRequest(
-            create_request=etcd_rpc.WatchCreateRequest(
-                key=self._prefix,
-                range_end=_prefix_end(self._prefix),
-                start_revision=start,
-            )
-        )
-        await asyncio.Event().wait()  # Keep the request side open until cancelled.
-
     async def _watch_loop(self) -> None:
         backoff = 0.05
         while True:
             try:
                 await self._watch_once()
-                raise KeyspaceUnavailable("watch stream ended")
             except asyncio.CancelledError:
                 raise
             except _Compacted:
@@ -231,9 +221,21 @@ class EtcdKeyspace(Keyspace):
 
     async def _watch_once(self) -> None:
         stub = etcd_rpc.WatchStub(self._client.channel)
-        call = stub.Watch(self._watch_requests(self._revision + 1), metadata=_REQUIRE_LEADER)
+        call = stub.Watch(metadata=_REQUIRE_LEADER)
         try:
-            async for resp in call:
+            await call.write(
+                etcd_rpc.WatchRequest(
+                    create_request=etcd_rpc.WatchCreateRequest(
+                        key=self._prefix,
+                        range_end=_prefix_end(self._prefix),
+                        start_revision=self._revision + 1,
+                    )
+                )
+            )
+            while True:
+                resp = await call.read()
+                if resp is _EOF:
+                    raise KeyspaceUnavailable("watch stream ended")
                 if resp.compact_revision:
                     raise _Compacted()
                 if resp.canceled:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,30 @@ async def test_unreachable_etcd_is_a_clear_error() -> None:
     with pytest.raises(KeyspaceUnavailable):
         await ks.open()
     await ks.close()
+
+
+async def test_mirror_survives_an_etcd_restart(tmp_path: Path) -> None:
+    own = EtcdProcess(tmp_path / "etcd")
+    own.start()
+    ks = EtcdKeyspace(own.url, "/r")
+    try:
+        await ks.open()
+        r1 = await ks.txn([], [Put("/r/a", b"1")])
+        await ks.wait_for_revision(r1.revision, 10)
+        own.stop()
+        with pytest.raises(KeyspaceUnavailable):
+            await ks.txn([], [Put("/r/b", b"2")])
+        own.start()  # Same data directory and ports.
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    r2 = await ks.txn([], [Put("/r/c", b"3")])
+                    break
+                except KeyspaceUnavailable:
+                    await asyncio.sleep(0.1)
+        await ks.wait_for_revision(r2.revision, 30)
+        assert ks.get("/r/c") is not None and ks.get("/r/a") is not None
+        assert ks.watch_failures >= 1
+    finally:
+        await ks.close()
+        own.stop()
