@@ -229,7 +229,9 @@ class ClusterMember:
             if not directory.is_dir() or directory.name.startswith("."):
                 continue
             name = unquote(directory.name)
-            if name in self.resolver.replicas or not any(directory.iterdir()):
+            if name in self.resolver.replicas or name in self.resolver.stopping_journals:
+                continue
+            if not any(directory.iterdir()):
                 continue
             item = self.keyspace.get(self.layout.item_key(name)) if "#" not in name else None
             spec: pb.JournalSpec | None = None

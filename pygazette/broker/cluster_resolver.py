@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,10 @@ class Resolution:
         return self.header.route
 
 
+def _discard(names: set[str], name: str, _task: asyncio.Task[None]) -> None:
+    names.discard(name)
+
+
 def _same(a: pb.ProcessSpec.ID, b: pb.ProcessSpec.ID) -> bool:
     return a.zone == b.zone and a.suffix == b.suffix
 
@@ -111,6 +116,7 @@ class ClusterResolver(Resolver):
         # resolves nothing until it knows again.
         self.lease_alive: Callable[[], bool] = lambda: True
         self._role_tasks: dict[str, asyncio.Task[None]] = {}
+        self.stopping_journals: set[str] = set()  # Replicas still stopping.
 
     # Replicas.
     def start(self) -> None:
@@ -162,9 +168,11 @@ class ClusterResolver(Resolver):
             replica.stopping = True
             replica.invalidate()
             log.info("stopping local journal replica", extra={"journal": name})
+            self.stopping_journals.add(name)
             task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
+            task.add_done_callback(partial(_discard, self.stopping_journals, name))
 
     def _start_primary(self, replica: Replica) -> None:
         if self.on_primary is None:

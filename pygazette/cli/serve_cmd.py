@@ -8,7 +8,9 @@ pygazette serve --etcd URL --zone Z --id SUFFIX --port P --data-dir D
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import re
+import signal
 import socket
 from pathlib import Path
 
@@ -207,6 +209,8 @@ def serve(
     )
     where = f" (cluster on {etcd_url} as {zone}#{broker_id})" if etcd_url else ""
     click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}", err=True)
+    # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         asyncio.run(run_broker(config))
     except MemberFailed as exc:

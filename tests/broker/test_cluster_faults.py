@@ -294,6 +294,12 @@ async def test_frozen_primary_is_fenced(tmp_path: Path, etcd: EtcdProcess, etcd_
             assert set(before) <= set(work.acked)
             await asyncio.to_thread(primary.start, 60.0)
             await cluster.wait_for(lambda p=primary: cluster.is_member(p), "it rejoins")
+        # Unless it got the journal back, its old spools are orphans: once the journal is
+        # settled without it, they are persisted (if the store lacks them) and cleared.
+        spools = primary.data_dir / "spools" / JOURNAL.replace("/", "%2F")
+        async with asyncio.timeout(60):
+            while primary not in cluster.members_of(JOURNAL) and list(spools.glob("*.log")):  # noqa: ASYNC110 (polls files)
+                await asyncio.sleep(0.5)
         await work.finish()
         await work.verify()
     finally:

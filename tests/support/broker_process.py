@@ -114,6 +114,8 @@ class BrokerProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)  # Its stacks go to the log.
+                time.sleep(1)
                 self.kill()
 
     def restart(self) -> None:
