@@ -20,13 +20,15 @@ An Append (or a pulse: an empty append the primary runs on its own) goes through
 
 Departures from Gazette, all for safety under failures:
 
-- The primary commits to its own spool only after every peer acknowledged the commit, and
-  only while its etcd lease is surely alive; a frozen or partitioned primary that comes
-  back can't make an append durable on its own.
-- Appends are not pipelined: the next proposal goes out only after the previous round's
-  acknowledgements. Replicas rely on this to confirm content (`replicated_spool`), and the
-  primary lets readers see a commit only once a later round confirmed it everywhere (a
-  quick "confirm" round runs after an append when no other append is waiting).
+- Appends are not pipelined: a proposal goes out only after every peer acknowledged the
+  previous round. Replicas rely on this to confirm content (`replicated_spool`).
+- A commit takes two rounds. The first carries the commit proposal; once every peer holds
+  it, the primary commits to its own spool (only while its etcd lease is surely alive: a
+  frozen or partitioned primary that comes back can't make an append durable) and proposes
+  the new fragment again; once every peer has confirmed it, the append is acknowledged and
+  readers may see it. So an acknowledged append is confirmed on every replica, and content
+  that isn't confirmed was never acknowledged: a new pipeline cuts it from every replica,
+  primary included, and an append that failed never surfaces later.
 """
 
 from __future__ import annotations
@@ -68,9 +70,6 @@ PULSE_INTERVAL_SECONDS = 60.0
 PULSE_RETRY_SECONDS = 1.0
 # Rounds of roll-forward synchronisation before giving up on a pipeline.
 MAX_SYNC_ROUNDS = 8
-# After an append, how long the primary waits for another before it runs a round of its own
-# to confirm the append everywhere (readers see the append only once it is confirmed).
-CONFIRM_DELAY_SECONDS = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +140,6 @@ class ClusterAppends:
         self.limits = limits
         self.session = session
         self.pulse_interval = PULSE_INTERVAL_SECONDS
-        self._confirming: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # Entry points.
@@ -244,7 +242,6 @@ class ClusterAppends:
                 outcome = await self._as_primary(first, it, res, replica, pulse)
             finally:
                 replica.pipeline.release()
-                self._confirm_soon(replica)
             if isinstance(outcome, ReadThrough):
                 read_through = outcome.revision or res.header.etcd.revision + 1
                 continue
@@ -325,6 +322,10 @@ class ClusterAppends:
         if not await acquire_or_invalidated(replica.spool_lock, res.invalidated):
             return ReadThrough(0)
         rs = replica.rspool
+        # Content we hold but never saw confirmed everywhere was never acknowledged (see the
+        # module docstring): a new pipeline starts without it.
+        if rs.unconfirmed:
+            rs.cut_unconfirmed()
         pln = Pipeline(_copy_header(res.header), self.peers)
         try:
             # Roll on a route change: every member starts the next fragment at the same offset.
@@ -391,7 +392,7 @@ class ClusterAppends:
             raise
         replica.replication = pln
         if not pln.streams:
-            replica.set_readable(rs.end)
+            _confirmed(replica)
         return None
 
     async def _stream(
@@ -412,11 +413,9 @@ class ClusterAppends:
             rs.fragment(), rs.first_append_time, roll_to, spec.fragment, time.time()
         )
         if not fragments_equal(proposal, rs.fragment()):
-            before = rs.end
             await rs.apply_proposal(proposal, registers, primary=True)
-            await pln.round(pb.ReplicateRequest(proposal=rs.fragment(), registers=_copy(registers)))
-            if not pln.last_round_first:
-                replica.set_readable(before)
+            await _round(pln, rs.fragment(), registers)
+            _confirmed(replica)
 
         begin = rs.end
         codec = rs.codec
@@ -509,23 +508,15 @@ class ClusterAppends:
                 subtract=first.subtract_registers if first.HasField("subtract_registers") else None,
             )
         end_before = rs.end
-        resps = await pln.round(
-            pb.ReplicateRequest(proposal=proposal, registers=_copy(new_registers))
-        )
-        bad = [r for r in resps if r.status != pb.OK]
-        if bad:
-            pln.broken = f"peer refused commit: {pb.Status.Name(bad[0].status)}"
-            raise PipelineBroken(pln.broken)
+        await _round(pln, proposal, new_registers)  # Every peer holds the append...
         if self.session is not None and not self.session.lease_alive():
             raise PipelineBroken("etcd lease may have expired; refusing to commit")
         local = await rs.apply_proposal(proposal, new_registers, primary=True)
         if local.status != pb.OK:
             raise PipelineBroken(f"own spool refused its commit: {local}")
-        rs.set_confirmed(rs.end)
-        if not pln.streams:
-            replica.set_readable(rs.end)
-        elif not pln.last_round_first:
-            replica.set_readable(end_before)
+        if pln.streams and rs.end > end_before:
+            await _round(pln, rs.fragment(), new_registers)  # ...and has confirmed it.
+        _confirmed(replica)
 
         commit = pb.Fragment(
             journal=replica.name,
@@ -550,32 +541,10 @@ class ClusterAppends:
         if not pln.ok:
             return
         try:
-            await pln.round(pb.ReplicateRequest(proposal=rs.fragment(), registers=_copy(registers)))
+            await _round(pln, rs.fragment(), registers)
+            _confirmed(replica)
         except PipelineBroken:
             await close_replication(replica, graceful=False)
-
-    # Confirmation rounds.
-    def _confirm_soon(self, replica: Replica) -> None:
-        if replica.name in self._confirming or not _needs_confirm(replica):
-            return
-        self._confirming.add(replica.name)
-        task = asyncio.create_task(self._confirm(replica), name=f"confirm:{replica.name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _confirm(self, replica: Replica) -> None:
-        try:
-            # Give the next append a moment: its round confirms this one's commit anyway.
-            await asyncio.sleep(CONFIRM_DELAY_SECONDS)
-            if not _needs_confirm(replica):
-                return
-            async with replica.pipeline:
-                if _needs_confirm(replica):
-                    await confirm_round(replica)
-        except Exception as exc:
-            log.info("confirm round failed", extra={"journal": replica.name, "error": str(exc)})
-        finally:
-            self._confirming.discard(replica.name)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -652,48 +621,29 @@ class ClusterAppends:
         return resp
 
 
-def _needs_confirm(replica: Replica) -> bool:
-    pln, rs = replica.replication, replica.rspool
-    return (
-        pln is not None
-        and pln.ok
-        and rs is not None
-        and replica.readable_end is not None
-        and replica.readable_end < rs.end
-        and not replica.stopping
-    )
-
-
-async def confirm_round(replica: Replica) -> None:
-    """Propose the current fragment again: peers confirm it, then readers may see it all."""
-    pln, rs = replica.replication, replica.rspool
-    if pln is None or not pln.ok or rs is None:
-        return
-    end = rs.end
-    resps = await pln.round(
-        pb.ReplicateRequest(proposal=rs.fragment(), registers=_copy(rs.registers))
-    )
-    if any(r.status != pb.OK for r in resps):
-        pln.broken = "peer refused a confirmation"
+async def _round(pln: Pipeline, proposal: pb.Fragment, registers: pb.LabelSet) -> None:
+    """A round every peer must accept (else the pipeline is broken)."""
+    resps = await pln.round(pb.ReplicateRequest(proposal=proposal, registers=_copy(registers)))
+    bad = [r for r in resps if r.status != pb.OK]
+    if bad:
+        pln.broken = f"a peer refused a proposal: {pb.Status.Name(bad[0].status)}"
         raise PipelineBroken(pln.broken)
-    if not pln.last_round_first:
-        replica.set_readable(end)
+
+
+def _confirmed(replica: Replica) -> None:
+    """A round after every peer took our fragment succeeded: all of it is confirmed."""
+    rs = replica.rspool
+    assert rs is not None
+    rs.set_confirmed(rs.end)
+    replica.set_readable(rs.end)
 
 
 async def close_replication(replica: Replica, *, graceful: bool = True) -> None:
-    """Close the primary's pipeline (confirming its content first, if it can)."""
+    """Close the primary's pipeline, giving the spool back."""
     pln = replica.replication
     if pln is None:
         return
     replica.replication = None
-    if graceful and pln.ok and replica.rspool is not None:
-        try:
-            if replica.readable_end is not None and replica.readable_end < replica.rspool.end:
-                replica.replication = pln
-                await confirm_round(replica)
-                replica.replication = None
-        except Exception:
-            replica.replication = None
     if graceful and pln.ok:
         await pln.close()
     else:

@@ -17,7 +17,9 @@ acknowledged by every peer (the primary died mid-commit), and may carry them acr
 restart. So each replica tracks a *confirmed* frontier: the end it held when its primary
 sent another proposal after the previous round. A pygazette primary sends a proposal only
 after the previous round was acknowledged by every peer, so everything below the frontier is
-on every replica of the route, while content above it is not known to be. The frontier:
+on every replica of the route, while content above it is not known to be; and it
+acknowledges an append only once a second round confirmed it everywhere (`append_fsm`), so
+content above the frontier was never acknowledged. The frontier:
 
 - is what a replica lets readers see (it never shows content that could be taken back);
 - is kept in the journal's spool directory (`confirmed`), surviving restarts;
