@@ -419,7 +419,6 @@ class ClusterAppends:
 
         begin = rs.end
         codec = rs.codec
-        summer = hashlib.sha1()
         policer = MinRatePolicer(self.limits.min_rate)
         limiters = [replica.limiter, self.limits.global_limiter]
         total_chunks = delayed_chunks = 0
@@ -478,7 +477,6 @@ class ClusterAppends:
                     pln.send(pb.ReplicateRequest(content=content, content_delta=delta)),
                     rs.apply_content(content, delta),
                 )
-                summer.update(content)
         except FlowControlUnderflow as exc:
             error = AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
@@ -508,6 +506,8 @@ class ClusterAppends:
                 subtract=first.subtract_registers if first.HasField("subtract_registers") else None,
             )
         end_before = rs.end
+        # The append's own SHA-1, which its spool write already computed.
+        digest = rs.pending.sha.digest() if rs.pending is not None else hashlib.sha1().digest()
         await _round(pln, proposal, new_registers)  # Every peer holds the append...
         if self.session is not None and not self.session.lease_alive():
             raise PipelineBroken("etcd lease may have expired; refusing to commit")
@@ -524,7 +524,7 @@ class ClusterAppends:
             end=begin + (proposal.end - end_before),
             compression_codec=codec,
         )
-        commit.sum.CopyFrom(sha1sum_from_digest(summer.digest()))
+        commit.sum.CopyFrom(sha1sum_from_digest(digest))
         return pb.AppendResponse(
             status=pb.OK,
             header=res.header,

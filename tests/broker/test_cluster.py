@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 import pytest
 
+from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once
@@ -44,6 +46,7 @@ async def test_three_brokers_replicate_and_proxy(
             data = f"record-{i}\n".encode() * (i + 1)
             resp = await append_once(cluster.stub(b), "cluster/j0", data)
             assert resp.status == pb.OK, resp
+            assert resp.commit.sum == sha1sum_from_digest(hashlib.sha1(data).digest())
             primary = cluster.primary_of("cluster/j0")
             assert primary is not None
             assert resp.header.process_id.suffix == primary.suffix
