@@ -11,7 +11,6 @@ acting as one — its key and all its assignments are gone or about to be.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -113,8 +112,7 @@ class MemberSession:
         """Stop keeping the lease alive; with `revoke`, drop it (and the member's keys) now."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait([self._task])  # Our own cancellation still propagates.
             self._task = None
         if revoke and self.lease and not self.lost.is_set():
             await self.ks.revoke_lease(self.lease)

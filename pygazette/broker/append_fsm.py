@@ -547,11 +547,11 @@ class ClusterAppends:
             await close_replication(replica, graceful=False)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            await asyncio.wait(tasks)
 
     # Keyspace updates.
     async def _advertise(self, res: Resolution) -> int:

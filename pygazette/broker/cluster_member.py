@@ -185,13 +185,14 @@ class ClusterMember:
     async def leave(self, *, graceful: bool) -> None:
         """Stop replicas and allocation, then give up membership (revoking the lease)."""
         self.resolver.stop_serving()
-        for task in [*self._tasks, self._allocator_task]:
-            if task is not None:
-                task.cancel()
-        for task in [*self._tasks, self._allocator_task]:
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        tasks = [t for t in [*self._tasks, self._allocator_task] if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)  # Our own cancellation still propagates.
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # Retrieved: its failure was reported where it ended.
         await self.appends.stop()
         await self.resolver.stop()
         log.info("replicas stopped; leaving the cluster", extra={"revoke_lease": graceful})

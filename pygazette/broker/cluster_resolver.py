@@ -74,6 +74,18 @@ class Resolution:
         return self.header.route
 
 
+async def _settle(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for tasks to end, however they end (a failure is logged, not raised)."""
+    if not tasks:
+        return
+    await asyncio.wait(tasks)  # Our own cancellation still propagates.
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "task failed", extra={"task": task.get_name(), "error": str(task.exception())}
+            )
+
+
 def _discard(names: set[str], name: str, _task: asyncio.Task[None]) -> None:
     names.discard(name)
 
@@ -207,17 +219,9 @@ class ClusterResolver(Resolver):
 
     async def stop(self) -> None:
         self.stop_serving()
-        for task in list(self._role_tasks.values()):
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await _settle(list(self._role_tasks.values()))
         await super().stop()
-        for task in list(self._stopping):
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await _settle(list(self._stopping))
 
     # Headers and routes.
     @property

@@ -89,8 +89,7 @@ class Replica:
         """Stop serving; with `persist`, hand the open spool to the persister first."""
         if self._refresh_task is not None:
             self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh_task
+            await asyncio.wait([self._refresh_task])  # Our own cancellation still propagates.
         if self.clustered:
             await self._stop_clustered()
             return

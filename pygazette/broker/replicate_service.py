@@ -14,7 +14,6 @@ been replaced can't commit anything through it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -165,8 +164,13 @@ async def _next(
     finally:
         if not receive.done():
             receive.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
-            await receive  # Retrieve its outcome, whatever it was.
+        receive.add_done_callback(_retrieve)
+
+
+def _retrieve(f: asyncio.Future[pb.ReplicateRequest]) -> None:
+    """Take a finished read's outcome, so an unread error isn't reported as lost."""
+    if not f.cancelled():
+        f.exception()
 
 
 def _validate(req: pb.ReplicateRequest) -> None:

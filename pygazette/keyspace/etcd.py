@@ -170,8 +170,7 @@ class EtcdKeyspace(Keyspace):
         await super().close()
         if self._watch_task is not None:
             self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+            await asyncio.wait([self._watch_task])  # Our own cancellation still propagates.
             self._watch_task = None
         with contextlib.suppress(Exception):
             await self._client.close()
