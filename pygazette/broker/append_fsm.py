@@ -377,6 +377,10 @@ class ClusterAppends:
                     return ReadThrough(read_through)
                 if not roll_to:
                     break
+                log.info(
+                    "a peer holds a greater offset; rolling the journal forward",
+                    extra={"journal": replica.name, "from": rs.end, "to": roll_to},
+                )
             else:
                 raise ReplicationFailed("peers did not agree on a fragment")
         except (PipelineBroken, ReplicationFailed, PeerUnavailable, grpc.aio.AioRpcError) as exc:
