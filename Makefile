@@ -7,7 +7,7 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
 
-.PHONY: all venv deps serve test unit lint proto bench bench-fragments bench-spark demo clean interop interop-bin interop-go bench-gazette
+.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster demo clean interop interop-bin interop-go bench-gazette
 
 all: test
 
@@ -56,6 +56,13 @@ interop: venv interop-bin
 	$(VENV)/bin/pytest -q tests/interop
 	$(MAKE) interop-go
 
+# The long version of the cluster fault tests (kills, restarts, freezes, scaling; many
+# rounds of each). `make test` runs one round of each.
+FAULT_ROUNDS ?= 10
+test-faults: deps
+	PYGAZETTE_FAULT_ROUNDS=$(FAULT_ROUNDS) $(VENV)/bin/pytest -q \
+		tests/broker/test_cluster_faults.py --timeout=3600
+
 bench: venv
 	$(PY) bench/append_read.py
 	$(PY) bench/publish.py
@@ -74,6 +81,9 @@ demo: deps
 
 bench-gazette: venv interop-bin
 	$(PY) bench/vs_gazette.py
+
+bench-cluster: deps
+	$(PY) bench/cluster.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,14 +1,17 @@
-"""Shared fixtures: a real broker subprocess per test that asks for one, and a local S3
-server (`moto_server`) for the session."""
+"""Shared fixtures: a real broker subprocess per test that asks for one, a local S3
+server (`moto_server`) for the session, and one etcd for the session with a key root per
+test."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.broker_process import BrokerProcess
+from tests.support.etcd_process import EtcdProcess, etcd_binary
 from tests.support.s3_server import S3Server, export_credentials, restore_environment
 
 
@@ -33,3 +36,22 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     finally:
         server.stop()
         restore_environment(saved)
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    """One etcd for the whole run; tests isolate themselves under their own key roots."""
+    if etcd_binary() is None:
+        pytest.fail("etcd is not installed; run .ci/install-system-deps")
+    proc = EtcdProcess(tmp_path_factory.mktemp("etcd") / "data")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def etcd_root(request: pytest.FixtureRequest) -> str:
+    """A key root of this test's own, so tests sharing the etcd never see each other."""
+    return f"/test-{uuid.uuid4().hex[:12]}/gazette/cluster"

@@ -116,6 +116,12 @@ class FragmentIndex:
             begins.append(self._persisted.begin_offset)
         return min(begins) if begins else 0
 
+    def next_begin(self, offset: int) -> int:
+        """The lowest begin of a fragment starting after `offset` (0 if there is none)."""
+        begins = [f.begin for f in self._persisted.items() if f.begin > offset]
+        begins += [s.begin for s in self._local if s.begin > offset and s.end > s.begin]
+        return min(begins, default=0)
+
     def persisted(self) -> list[pb.Fragment]:
         return self._persisted.items()
 

@@ -3,22 +3,34 @@
 List, Apply and ListFragments are answered here; Read and Append are served by
 `read_service` and `append_service`. Bad requests fail with INVALID_ARGUMENT and a message
 naming the field; Gazette statuses travel in the response's `status`.
+
+In cluster mode (`cluster` set) requests are resolved against the journal's route first:
+Append runs the cluster append state machine (`append_fsm`), Read and ListFragments are
+served here or proxied to the broker that serves them, Replicate is served
+(`replicate_service`), and List reports each journal's route.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
+from pygazette.broker.cluster_resolver import ClusterResolver, Resolution, ResolveError
 from pygazette.broker.path_postfix import check_apply_request
-from pygazette.broker.read_service import serve_read
-from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver, journal_key
+from pygazette.broker.peers import Peers, PeerUnavailable
+from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read
+from pygazette.broker.replicate_service import ReplicateAborted, serve_replicate
+from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver
 from pygazette.broker.store_health_service import serve_fragment_store_health
-from pygazette.keyspace.keyspace import Compare, Delete, Put
+from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.gazette_encoding import canonical_journal_spec
@@ -26,6 +38,7 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import journal_selected
 from pygazette.protocol.validation import (
+    journal_spec_flags_allow_read,
     validate_apply_request,
     validate_fragment_store_health_request,
     validate_fragments_request,
@@ -39,14 +52,31 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 DEFAULT_FRAGMENTS_PAGE_LIMIT = 1000
+# In cluster mode, how long a read waits for a journal without a primary to get one.
+NO_PRIMARY_WAIT_SECONDS = 10.0
+PEER_READ_TIMEOUT_SECONDS = 60.0
 LIST_CHUNK = 1000  # Journals per List response, as Gazette chunks them.
 
 
+@dataclass(slots=True)
+class ClusterServices:
+    resolver: ClusterResolver
+    appends: ClusterAppends
+    peers: Peers
+
+
 class JournalService(pb_grpc.JournalServicer):
-    def __init__(self, resolver: Resolver, stores: StoreRegistry, limits: AppendLimits) -> None:
+    def __init__(
+        self,
+        resolver: Resolver,
+        stores: StoreRegistry,
+        limits: AppendLimits,
+        cluster: ClusterServices | None = None,
+    ) -> None:
         self.resolver = resolver
         self.stores = stores
         self.limits = limits
+        self.cluster = cluster
 
     async def List(
         self, request: pb.ListRequest, context: Context
@@ -61,26 +91,33 @@ class JournalService(pb_grpc.JournalServicer):
         min_revision = 0
         if request.HasField("watch_resume"):
             min_revision = request.watch_resume.etcd.revision + 1
-        last: tuple[int, int] = (-1, -1)
+        last: tuple[int, int, tuple[bytes, ...]] = (-1, -1, ())
         while True:
             if min_revision > ks.revision:
                 await ks.wait_for_revision(min_revision)
             min_revision = ks.revision + 1
             header = self.resolver.header(routed=False)
             matched: list[tuple[pb.JournalSpec, int, int]] = []
-            for kv in ks.range(JOURNALS_PREFIX):
+            for kv in ks.range(self._journals_prefix()):
                 spec = pb.JournalSpec()
-                spec.ParseFromString(kv.value)
+                try:
+                    spec.ParseFromString(kv.value)
+                except Exception:  # A foreign or corrupt value: skip it.
+                    continue
                 if journal_selected(request.selector, spec):
                     matched.append((spec, kv.mod_revision, kv.create_revision))
-            # Unchanged count and max mod revision mean an unchanged snapshot.
-            current = (len(matched), max((rev for _, rev, _ in matched), default=-1))
+            routes = self._routes([spec.name for spec, _, _ in matched])
+            # Unchanged specs (count and max mod revision) and routes: an unchanged snapshot.
+            current = (
+                len(matched),
+                max((rev for _, rev, _ in matched), default=-1),
+                tuple(r.SerializeToString(deterministic=True) for r in routes),
+            )
             if current == last:
                 continue
             last = current
             resp = pb.ListResponse(status=pb.OK, header=header)
-            route = self.resolver.route()
-            for spec, rev, created in matched:
+            for (spec, rev, created), route in zip(matched, routes, strict=True):
                 if len(resp.journals) == LIST_CHUNK:
                     yield resp
                     resp = _list_chunk()
@@ -90,6 +127,22 @@ class JournalService(pb_grpc.JournalServicer):
                 return
             yield _list_chunk()
 
+    def _journals_prefix(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.resolver.layout.items_prefix
+        return JOURNALS_PREFIX
+
+    def _journal_key(self, name: str) -> str:
+        return self._journals_prefix() + name
+
+    def _routes(self, names: list[str]) -> list[pb.Route]:
+        if self.cluster is None:
+            route = self.resolver.route()
+            return [route] * len(names)
+        resolver = self.cluster.resolver
+        state = resolver.observed.current
+        return [resolver.journal_route(state, name) for name in names]
+
     async def Apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)
         await _validate(check_apply_request, request, context)  # Templates we can render.
@@ -97,15 +150,19 @@ class JournalService(pb_grpc.JournalServicer):
         ops: list[Put | Delete] = []
         for change in request.changes:
             if change.HasField("upsert"):
-                key = journal_key(change.upsert.name)
+                key = self._journal_key(change.upsert.name)
                 spec = canonical_journal_spec(change.upsert)
                 ops.append(Put(key, spec.SerializeToString(deterministic=True)))
             else:
-                key = journal_key(change.delete)
+                key = self._journal_key(change.delete)
                 ops.append(Delete(key))
             if change.expect_mod_revision != -1:  # -1 skips the revision check.
                 compares.append(Compare(key, change.expect_mod_revision))
-        result = await self.resolver.keyspace.txn(compares, ops)
+        try:
+            result = await self.resolver.keyspace.txn(compares, ops)
+        except KeyspaceUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise  # Not reached: abort raises.
         if not result.succeeded:
             return pb.ApplyResponse(
                 status=pb.ETCD_TRANSACTION_FAILED, header=self.resolver.header(routed=False)
@@ -118,15 +175,148 @@ class JournalService(pb_grpc.JournalServicer):
     ) -> AsyncIterator[pb.ReadResponse]:  # type: ignore[override]
         await _validate(validate_read_request, request, context)
         try:
+            if self.cluster is not None:
+                async for resp in self._cluster_read(request, context):
+                    yield resp
+                return
             async for resp in serve_read(request, self.resolver, self.stores):
                 yield resp
         except StoreError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading fragment: {exc}")
 
+    async def _cluster_read(
+        self, request: pb.ReadRequest, context: Context
+    ) -> AsyncIterator[pb.ReadResponse]:
+        assert self.cluster is not None
+        res = await self._resolve(
+            context,
+            request.journal,
+            may_proxy=not request.do_not_proxy,
+            proxy_header=request.header if request.HasField("header") else None,
+        )
+        if res.status != pb.OK:
+            yield pb.ReadResponse(status=res.status, header=res.header)
+            return
+        assert res.spec is not None
+        if not journal_spec_flags_allow_read(res.spec):
+            yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=res.header)
+            return
+        if not res.local:
+            forwarded = pb.ReadRequest()
+            forwarded.CopyFrom(request)
+            forwarded.header.CopyFrom(res.header)
+            stub = self._peer_stub(res, context)
+            try:
+                async for resp in stub.Read(forwarded):
+                    yield resp
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details() or "proxied read failed")
+            return
+        assert res.replica is not None
+        async for resp in serve_local_read(
+            request, res.replica, res.header, self.stores, self._peer_reader(res)
+        ):
+            yield resp
+
+    def _peer_reader(self, res: Resolution) -> PeerRead:
+        """Reads of content this broker lacks, from the journal's other members."""
+        assert self.cluster is not None
+        peers = self.cluster.peers
+        route, local = res.route, res.local_id
+        order = sorted(
+            (
+                i
+                for i, m in enumerate(route.members)
+                if (m.zone, m.suffix) != (local.zone, local.suffix)
+            ),
+            key=lambda i: route.members[i].zone != local.zone,
+        )
+
+        async def read(offset: int, end: int) -> AsyncIterator[pb.ReadResponse]:
+            pos = offset
+            for i in order:
+                if pos >= end or i >= len(route.endpoints):
+                    return
+                header = pb.Header()
+                header.CopyFrom(res.header)
+                header.process_id.CopyFrom(route.members[i])
+                req = pb.ReadRequest(
+                    journal=res.replica.name if res.replica else "",
+                    offset=pos,
+                    end_offset=end,
+                    block=False,
+                    header=header,
+                )
+                try:
+                    stub = peers.stub(route.endpoints[i])
+                    async for resp in stub.Read(req, timeout=PEER_READ_TIMEOUT_SECONDS):
+                        if resp.status != pb.OK:
+                            break
+                        if resp.content:
+                            pos = resp.offset + len(resp.content)
+                        yield resp
+                except (grpc.aio.AioRpcError, PeerUnavailable) as exc:
+                    log.info("reading a gap from a peer failed", extra={"error": str(exc)})
+
+        return read
+
+    async def _resolve(
+        self,
+        context: Context,
+        journal: str,
+        *,
+        may_proxy: bool,
+        proxy_header: pb.Header | None,
+    ) -> Resolution:
+        """Resolve a read: to the primary (or, with do_not_proxy, this member).
+
+        Reads are served by a journal's primary, so the head readers see never moves back
+        (see `cluster_resolver`). While a journal has members but no primary (the allocator
+        is promoting one), wait for it, up to NO_PRIMARY_WAIT_SECONDS.
+        """
+        assert self.cluster is not None
+        resolver = self.cluster.resolver
+        deadline = time.monotonic() + NO_PRIMARY_WAIT_SECONDS
+        try:
+            while True:
+                res = await resolver.resolve_journal(
+                    journal,
+                    require_primary=False,
+                    may_proxy=may_proxy,
+                    prefer_primary=True,
+                    proxy_header=proxy_header,
+                )
+                if res.status != pb.OK or res.route.primary >= 0 or not may_proxy or res.named:
+                    return res
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    res.status = pb.NO_JOURNAL_PRIMARY_BROKER
+                    res.header.process_id.CopyFrom(res.local_id)
+                    res.replica = None
+                    return res
+                with contextlib.suppress(TimeoutError):
+                    await resolver.keyspace.wait_for_change(res.header.etcd.revision, remaining)
+        except ResolveError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise  # Not reached: abort raises.
+
+    def _peer_stub(self, res: Resolution, context: Context) -> pb_grpc.JournalStub:
+        assert self.cluster is not None
+        route, target = res.route, res.header.process_id
+        for i, m in enumerate(route.members):
+            if m.zone == target.zone and m.suffix == target.suffix and i < len(route.endpoints):
+                try:
+                    return self.cluster.peers.stub(route.endpoints[i])
+                except PeerUnavailable:
+                    break
+        raise PeerUnavailable(f"no endpoint for {target.zone}#{target.suffix}")
+
     async def Append(
         self, request_iterator: AsyncIterator[pb.AppendRequest], context: Context
     ) -> pb.AppendResponse:  # type: ignore[override]
         try:
+            if self.cluster is not None:
+                return await self.cluster.appends.serve(request_iterator)
             return await serve_append(request_iterator, self.resolver, self.limits)
         except AppendAborted as exc:
             await context.abort(exc.code, str(exc))
@@ -135,17 +325,48 @@ class JournalService(pb_grpc.JournalServicer):
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Context
     ) -> AsyncIterator[pb.ReplicateResponse]:  # type: ignore[override]
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "replication needs cluster mode; this broker runs single-node",
-        )
-        yield pb.ReplicateResponse()  # Not reached: makes this an async generator.
+        if self.cluster is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "replication needs cluster mode; this broker runs single-node",
+            )
+        assert self.cluster is not None
+        try:
+            async for resp in serve_replicate(request_iterator, self.cluster.resolver):
+                yield resp
+        except ReplicateAborted as exc:
+            await context.abort(exc.code, str(exc))
 
     async def ListFragments(
         self, request: pb.FragmentsRequest, context: Context
     ) -> pb.FragmentsResponse:  # type: ignore[override]
         await _validate(validate_fragments_request, request, context)
-        replica = self.resolver.resolve(request.journal)
+        header = self.resolver.header()
+        if self.cluster is not None:
+            res = await self._resolve(
+                context,
+                request.journal,
+                may_proxy=not request.do_not_proxy,
+                proxy_header=request.header if request.HasField("header") else None,
+            )
+            if res.status != pb.OK:
+                return pb.FragmentsResponse(status=res.status, header=res.header)
+            if not res.local:
+                forwarded = pb.FragmentsRequest()
+                forwarded.CopyFrom(request)
+                forwarded.header.CopyFrom(res.header)
+                try:
+                    resp: pb.FragmentsResponse = await self._peer_stub(res, context).ListFragments(
+                        forwarded
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    await context.abort(exc.code(), exc.details() or "proxied request failed")
+                    raise  # Not reached: abort raises.
+                return resp
+            replica = res.replica
+            header = res.header
+        else:
+            replica = self.resolver.resolve(request.journal)
         if replica is None:
             return pb.FragmentsResponse(
                 status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
@@ -160,7 +381,7 @@ class JournalService(pb_grpc.JournalServicer):
         ttl = None
         if request.HasField("signatureTTL"):
             ttl = request.signatureTTL.seconds + request.signatureTTL.nanos / 1e9
-        resp = pb.FragmentsResponse(status=pb.OK, header=self.resolver.header())
+        resp = pb.FragmentsResponse(status=pb.OK, header=header)
         for frag in frags:
             if frag.begin < request.next_page_token:
                 continue

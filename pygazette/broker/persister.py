@@ -18,6 +18,11 @@ dropped, as Gazette does.
 The bytes of spools waiting for each store are its backlog. Past `backlog_limit`, appends
 to journals persisting there are refused (FRAGMENT_STORE_UNHEALTHY, see `refusal`) until
 the backlog drains, so an unreachable store cannot fill the local disk.
+
+In a cluster, the primary persists its spools at once; replicas persist theirs a little
+later and only if the store doesn't already hold a fragment covering them (usually the
+primary's, which has the same name), so a fragment normally lands once, yet survives the
+primary's loss.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pygazette.broker.path_postfix import TemplateError, evaluate_path_postfix
-from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.fragment_name import fragment_content_path, parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import codecs
-from pygazette.stores.store import StoreError, StoreRegistry
+from pygazette.stores.store import FragmentStore, StoreError, StoreRegistry
 from pygazette.stores.store_health import FIRST_CHECK_PENDING, StoreHealthMonitor
 
 if TYPE_CHECKING:
@@ -53,6 +59,8 @@ DEFAULT_BACKLOG_LIMIT = 4 << 30
 WORKERS_PER_STORE = 4
 MAX_RETRY_SECONDS = 30.0
 _SCRATCH_PREFIX = "persist-"
+# How long a replica leaves its primary to persist a fragment before checking for it.
+REPLICA_PERSIST_DELAY_SECONDS = 5.0
 
 
 class PersistTarget(Protocol):
@@ -72,6 +80,7 @@ class _Job:
     store: str  # The store URL whose queue holds the job ("" for none).
     size: int
     compressed: Path | None = None
+    check_existing: bool = False  # A replica's spool: skip it if the store covers it.
 
 
 class Persister:
@@ -94,6 +103,7 @@ class Persister:
         self._backlog: dict[str, int] = {}
         self._last_error: dict[str, str] = {}
         self._pending = 0
+        self._delayed: dict[asyncio.TimerHandle, _Job] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._compress_pool = ThreadPoolExecutor(
@@ -110,6 +120,9 @@ class Persister:
                 leftover.unlink(missing_ok=True)
 
     async def stop(self) -> None:
+        for handle in self._delayed:
+            handle.cancel()
+        self._delayed.clear()
         for task in self._workers:
             task.cancel()
         for task in self._workers:
@@ -125,13 +138,36 @@ class Persister:
         self._compress_pool.shutdown(wait=False, cancel_futures=True)
 
     # Queueing.
-    def enqueue(self, spool: Spool, target: PersistTarget) -> None:
-        """Persist the closed `spool` of `target` to the journal's first store."""
+    def enqueue(
+        self, spool: Spool, target: PersistTarget, *, check_existing: bool = False
+    ) -> None:
+        """Persist the closed `spool` of `target` to the journal's first store.
+
+        With `check_existing` (a replica's spool), wait a little and skip the upload if the
+        store already holds a fragment covering the spool.
+        """
         stores = list(target.spec.fragment.stores)
         job = _Job(spool, target, stores[0] if stores else "", spool.end - spool.begin)
+        job.check_existing = check_existing
         self._pending += 1
         self._idle.clear()
-        self._put(job)
+        if not check_existing:
+            self._put(job)
+            return
+
+        def release() -> None:
+            self._delayed.pop(handle, None)
+            self._put(job)
+
+        handle = asyncio.get_running_loop().call_later(REPLICA_PERSIST_DELAY_SECONDS, release)
+        self._delayed[handle] = job
+
+    def expedite(self) -> None:
+        """Stop delaying replicas' spools (the broker is shutting down)."""
+        for handle, job in list(self._delayed.items()):
+            handle.cancel()
+            self._put(job)
+        self._delayed.clear()
 
     def _put(self, job: _Job) -> None:
         queue = self._queues.get(job.store)
@@ -241,6 +277,15 @@ class Persister:
         frag.path_postfix = evaluate_path_postfix(spec, frag, spool.first_append_time)
         path = fragment_content_path(frag)
         store = self.stores.get(job.store)
+        if job.check_existing:
+            covering = await self._covering(store, frag)
+            if covering is not None:
+                covering.backing_store = job.store
+                index = job.target.index
+                index.add_persisted(covering)
+                index.remove_local(spool)
+                spool.delete()
+                return
         if await store.exists(path):
             log.info("fragment already persisted", extra={"journal": frag.journal, "path": path})
         else:
@@ -264,6 +309,19 @@ class Persister:
             "persisted fragment",
             extra={"journal": frag.journal, "begin": frag.begin, "end": frag.end, "path": path},
         )
+
+    @staticmethod
+    async def _covering(store: FragmentStore, frag: pb.Fragment) -> pb.Fragment | None:
+        """A fragment in `store` covering all of `frag`, if there is one."""
+        for obj in await store.list_files(frag.journal + "/"):
+            try:
+                other = parse_fragment_path(frag.journal, obj.path)
+            except ValidationError:
+                continue
+            if other.begin <= frag.begin and frag.end <= other.end:
+                other.mod_time = obj.mod_time
+                return other
+        return None
 
     def _compress(self, spool: Spool) -> Path:
         """Worker thread: the spool's content compressed into a scratch file."""

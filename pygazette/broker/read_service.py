@@ -17,9 +17,11 @@ that don't decompress.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
 from pygazette.broker.spool import Spool
 from pygazette.protocol.fragment_name import fragment_content_path
@@ -35,6 +37,13 @@ READ_CHUNK = 1 << 20
 STORE_RANGE = 8 << 20
 # How often a read re-lists the stores after finding a fragment gone before giving up.
 MISSING_FRAGMENT_RETRIES = 2
+# In cluster mode, how often and how long a read waits for the index to fill a gap below the
+# write head (a fragment a peer persisted) before answering without it.
+GAP_WAITS = 3
+GAP_WAIT_SECONDS = 2.0
+# In cluster mode, how long a non-blocking read waits for committed content to be confirmed
+# by every replica (normally a round trip) before answering without it.
+CONFIRM_WAIT_SECONDS = 2.0
 # Fragment URLs in Read responses stay valid this long.
 FRAGMENT_URL_TTL_SECONDS = 3600.0
 
@@ -49,12 +58,39 @@ async def serve_read(
     if not journal_spec_flags_allow_read(replica.spec):
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolver.header())
         return
+    async for resp in serve_local_read(req, replica, resolver.header(), stores):
+        yield resp
+
+
+# Reads [offset, end) of the journal from a peer broker that holds it (cluster mode).
+PeerRead = Callable[[int, int], AsyncIterator[pb.ReadResponse]]
+
+
+async def serve_local_read(
+    req: pb.ReadRequest,
+    replica: Replica,
+    first_header: pb.Header,
+    stores: StoreRegistry,
+    peer_read: PeerRead | None = None,
+) -> AsyncIterator[pb.ReadResponse]:
+    """Serve a read from this broker's replica of the journal (`first_header` goes first).
+
+    In cluster mode, a gap below the head (content this broker never held, and whose
+    fragment its store listing doesn't show yet) is first looked for by listing the stores
+    again, then read from a peer that holds it (`peer_read`).
+    """
     if req.offset == -1 and (failure := await replica.await_first_listing()):
         raise StoreError(failure)  # The write head isn't known without the stores.
 
-    header: pb.Header | None = resolver.header()
+    header: pb.Header | None = first_header
+    if req.offset == -1 and replica.rspool is not None:
+        # Cluster mode: a just-acknowledged append is committed but shown to readers only
+        # once every replica confirmed it (a moment later). Let the head include it.
+        await _await_readable(replica, replica.rspool.end)
     offset = replica.head if req.offset == -1 else req.offset
     missing = 0
+    gap_waits = 0
+    peer_gap = -1
     while True:
         # As Gazette: a read whose offset is already at its end offset still gets the
         # fragment's metadata (checked below) before the stream ends.
@@ -67,6 +103,47 @@ async def serve_read(
             if failure := await replica.await_first_listing():
                 raise StoreError(failure)
             continue
+        limit = replica.readable_limit(frag.end) if frag is not None else None
+        if limit is not None and offset >= limit:
+            frag = spool = None  # Held here, but not yet confirmed everywhere (cluster mode).
+            if not req.block and await _await_readable(replica, offset + 1):
+                continue
+        if frag is None and replica.clustered and offset < replica.head:
+            # A gap below the head: content a peer holds or persisted that this broker's
+            # index doesn't show. List the stores again; then ask the peers.
+            if gap_waits == 0:
+                gap_waits += 1
+                replica.request_refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
+                continue
+            usable = peer_read is not None and not (req.metadata_only or req.do_not_proxy)
+            if usable and peer_gap != offset:
+                assert peer_read is not None
+                peer_gap = offset
+                gap_end = replica.index.next_begin(offset) or replica.head
+                if req.end_offset:
+                    gap_end = min(gap_end, req.end_offset)
+                log.info(
+                    "reading a gap from peers",
+                    extra={"journal": replica.name, "begin": offset, "end": gap_end},
+                )
+                async for resp in peer_read(offset, gap_end):
+                    resp.ClearField("header")
+                    resp.write_head = max(resp.write_head, replica.head)
+                    if header is not None:
+                        resp.header.CopyFrom(header)
+                        header = None
+                    if resp.content:
+                        offset = resp.offset + len(resp.content)
+                    yield resp
+                continue
+            if gap_waits < GAP_WAITS:
+                gap_waits += 1
+                replica.request_refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
+                continue
         if frag is None:
             if not req.block:
                 resp = pb.ReadResponse(
@@ -99,6 +176,8 @@ async def serve_read(
             return
 
         until = frag.end if not req.end_offset else min(frag.end, req.end_offset)
+        if limit is not None:
+            until = min(until, limit)
         if spool is not None:
             chunks = _spool_chunks(spool, offset, until)
         else:
@@ -115,6 +194,17 @@ async def serve_read(
             if missing > MISSING_FRAGMENT_RETRIES:
                 raise
             await replica.refresh()
+
+
+async def _await_readable(replica: Replica, offset: int) -> bool:
+    """Wait (briefly) until readers may see `offset`; whether they may."""
+    try:
+        async with asyncio.timeout(CONFIRM_WAIT_SECONDS):
+            while replica.readable_end is not None and replica.readable_end < offset:
+                await replica.index.changed.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def _spool_chunks(spool: Spool, offset: int, until: int) -> AsyncIterator[bytes]:

@@ -9,6 +9,11 @@ Flush intervals are multiples of the interval since the Unix epoch, in whole sec
 Gazette computes them. Gazette rolls a spool past its boundary on the next append, or on the
 primary's once-a-minute empty "pulse" append when none arrive; here a timer rolls it at the
 boundary itself, so an idle journal's last appends persist on time.
+
+In cluster mode the cluster resolver also gives it a role (primary or replica) and the
+journal's assignments; the open spool is then driven through `rspool` (a ReplicatedSpool,
+owned by whoever holds `spool_lock`: the primary's replication pipeline, or a peer's
+Replicate stream), and readers see content only up to `readable_end`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
@@ -29,12 +35,17 @@ from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 
+if TYPE_CHECKING:
+    from pygazette.broker.replicated_spool import ReplicatedSpool
+
 log = logging.getLogger(__name__)
 
 _DEFAULT_REFRESH_SECONDS = 300.0
 FIRST_LISTING_ATTEMPTS = 5
 # Failed listings retry on a backoff up to this (Gazette waits a whole refresh interval).
 MAX_LISTING_RETRY_SECONDS = 10.0
+# How long a stopping replica waits for an in-flight append or Replicate stream.
+STOP_WAIT_SECONDS = 10.0
 
 
 def spool_directory(root: Path, journal: str) -> Path:
@@ -71,6 +82,16 @@ class Replica:
         self._refresh_failed = asyncio.Event()  # Set on each failed listing.
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_wakeup = asyncio.Event()
+        # Cluster mode (see the module docstring).
+        self.clustered = False
+        self.primary = False
+        self.assignments: list[Any] = []  # allocator.state.Assignment, in key order.
+        self.invalidated = asyncio.Event()  # Set (and replaced) when assignments change.
+        self.spool_lock = asyncio.Lock()
+        self.rspool: ReplicatedSpool | None = None
+        self.replication: Any = None  # The primary's broker.pipeline.Pipeline, if open.
+        self.readable_end: int | None = None
+        self.stopping = False
 
     # Lifecycle.
     def start(self) -> None:
@@ -83,11 +104,49 @@ class Replica:
         for task in (self._refresh_task, self._flush_task):
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await asyncio.wait([task])  # Our own cancellation still propagates.
+        if self.clustered:
+            await self._stop_clustered()
+            return
         if persist and self.spool is not None:
             async with self.pipeline:
                 self.close_spool()
+
+    async def _stop_clustered(self) -> None:
+        """Close the pipeline (confirming what it can), then complete and persist the spool.
+
+        In-flight appends and Replicate streams see the replica stopping and end; if one
+        doesn't within STOP_WAIT_SECONDS, it is cut off.
+        """
+        from pygazette.broker.append_fsm import close_replication
+
+        self.stopping = True
+        self.invalidate()
+        holds_pipeline = False
+        try:
+            async with asyncio.timeout(STOP_WAIT_SECONDS):
+                await self.pipeline.acquire()
+                holds_pipeline = True
+        except TimeoutError:
+            log.warning("append still running at stop", extra={"journal": self.name})
+        try:
+            await close_replication(self, graceful=holds_pipeline)
+            holds_spool = False
+            try:
+                async with asyncio.timeout(STOP_WAIT_SECONDS):
+                    await self.spool_lock.acquire()
+                    holds_spool = True
+            except TimeoutError:
+                log.warning("replication still running at stop", extra={"journal": self.name})
+            try:
+                if self.rspool is not None:
+                    self.rspool.complete(primary=self.primary)
+            finally:
+                if holds_spool:
+                    self.spool_lock.release()
+        finally:
+            if holds_pipeline:
+                self.pipeline.release()
 
     def update_spec(self, spec: pb.JournalSpec, mod_revision: int) -> None:
         stores_changed = list(spec.fragment.stores) != list(self.spec.fragment.stores)
@@ -138,11 +197,60 @@ class Replica:
             self.spool = recovered[-1]
             self._flush_wakeup.set()
 
+    def start_clustered(self) -> None:
+        """Start in cluster mode: recover spools, then put the open one under replication."""
+        from pygazette.broker.replicated_spool import ReplicatedSpool
+
+        self.clustered = True
+        self.recover_spools()
+        self.rspool = ReplicatedSpool(self)
+        self.readable_end = self.rspool.confirmed
+        self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"refresh:{self.name}")
+
+    def set_assignments(self, primary: bool, assignments: list[Any]) -> bool:
+        """Take the journal's current assignments; wake waiters if anything changed."""
+        before = [(a.kv.key, a.kv.mod_revision) for a in self.assignments]
+        after = [(a.kv.key, a.kv.mod_revision) for a in assignments]
+        changed = before != after or primary != self.primary
+        self.primary = primary
+        self.assignments = list(assignments)
+        if changed:
+            self.invalidate()
+            # Peers may have persisted fragments this broker's index hasn't listed yet.
+            self.request_refresh()
+        return changed
+
+    def request_refresh(self) -> None:
+        """List the stores again soon (the index signals `changed` when it has)."""
+        self._refresh_now.set()
+
+    def invalidate(self) -> None:
+        self.invalidated.set()
+        self.invalidated = asyncio.Event()
+
+    def set_readable(self, offset: int) -> None:
+        """Let readers see content up to `offset` (cluster mode; it never moves back)."""
+        if self.readable_end is None or offset > self.readable_end:
+            self.readable_end = offset
+            self.index.spool_committed()
+
     # Offsets.
     @property
     def head(self) -> int:
-        """The journal's write head: the offset the next append begins at."""
+        """The journal's write head: the offset the next append begins at.
+
+        In cluster mode, the head readers see: `readable_end`, the frontier every replica
+        has confirmed (content beyond it, local or persisted, is not shown yet).
+        """
+        if self.readable_end is not None:
+            return self.readable_end
         return max(self.index.end_offset, self.spool.end if self.spool else 0)
+
+    def readable_limit(self, frag_end: int) -> int:
+        """How far readers may read a fragment (or spool) ending at `frag_end`."""
+        if self.readable_end is None:
+            return frag_end
+        return min(frag_end, self.readable_end)
 
     # Spool rolling (callers hold the pipeline).
     def flush_interval(self) -> int:

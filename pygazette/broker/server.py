@@ -1,5 +1,8 @@
 """A broker process: configuration, start-up (recovery included) and graceful shutdown.
 
+Without `etcd_url` the broker runs single-node on an embedded keyspace; with it, it joins
+the cluster on that etcd (`cluster_member`).
+
 Data directory layout:
   keyspace.json   the embedded keyspace (journal specs), single-node mode
   spools/         crash-safe spools, one directory per journal
@@ -22,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from pygazette.broker.append_service import AppendLimits
+from pygazette.broker.cluster_member import ClusterConfig, ClusterMember
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.journal_service import JournalService
 from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT, Persister
@@ -29,6 +33,7 @@ from pygazette.broker.resolver import BrokerIdentity, Resolver
 from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.retention_service import RetentionService
 from pygazette.keyspace.embedded import EmbeddedKeyspace
+from pygazette.keyspace.keyspace import DEFAULT_ROOT, Keyspace
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -59,6 +64,12 @@ class BrokerConfig:
     spool_backlog_limit: int = DEFAULT_BACKLOG_LIMIT
     # Seconds between retention passes over every journal (0: prune only on demand).
     retention_interval: float = DEFAULT_ENFORCE_INTERVAL_SECONDS
+    # Cluster mode (an etcd URL); the rest applies only then.
+    etcd_url: str = ""
+    etcd_prefix: str = DEFAULT_ROOT
+    lease_ttl: float = 20.0
+    journal_limit: int = 1024
+    drain_timeout: float = 60.0
 
 
 class BrokerAlreadyRunning(RuntimeError):
@@ -88,6 +99,7 @@ class Broker:
         self._lock_fd = -1
         self._server: grpc.aio.Server | None = None
         self.port = config.port
+        self.member: ClusterMember | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -95,44 +107,85 @@ class Broker:
         self.file_root.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
 
-        self.keyspace = EmbeddedKeyspace(self.data_dir / "keyspace.json")
         self.stores = StoreRegistry(self.file_root)
         self.persister = Persister(
             self.stores, self.data_dir / "scratch", backlog_limit=cfg.spool_backlog_limit
         )
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
+        options: list[tuple[str, int]] = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+        if cfg.etcd_url:
+            # Peers ping their Replicate streams every few seconds to notice a dead peer.
+            options += [
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+                ("grpc.http2.max_ping_strikes", 0),
             ]
-        )
+        self._server = grpc.aio.server(options=options)
         self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
         endpoint = cfg.advertise_url or f"http://{cfg.host}:{self.port}"
         identity = BrokerIdentity(cfg.zone, cfg.broker_id or default_broker_id(), endpoint)
-        self.resolver = Resolver(
-            self.keyspace,
-            identity,
+        limits = AppendLimits(cfg.min_append_rate, RateLimiter(cfg.max_append_rate))
+        if cfg.etcd_url:
+            await self._start_clustered(identity, limits)
+        else:
+            self.keyspace: Keyspace = EmbeddedKeyspace(self.data_dir / "keyspace.json")
+            self.resolver = Resolver(
+                self.keyspace,
+                identity,
+                spool_root=self.data_dir / "spools",
+                stores=self.stores,
+                persister=self.persister,
+                sync=cfg.sync,
+            )
+            pb_grpc.add_JournalServicer_to_server(  # type: ignore[no-untyped-call]
+                JournalService(self.resolver, self.stores, limits), self._server
+            )
+            self._add_retention()
+            self.persister.start()
+            self.resolver.start()  # Recovers spools left by an earlier run.
+            self.retention.start()
+            await self._server.start()
+        log.info("broker serving", extra={"endpoint": endpoint, "data_dir": str(self.data_dir)})
+
+    async def _start_clustered(self, identity: BrokerIdentity, limits: AppendLimits) -> None:
+        cfg = self.config
+        assert self._server is not None
+        self.member = ClusterMember(
+            ClusterConfig(
+                cfg.etcd_url, cfg.etcd_prefix, cfg.lease_ttl, cfg.journal_limit, cfg.drain_timeout
+            ),
+            identity=identity,
             spool_root=self.data_dir / "spools",
             stores=self.stores,
             persister=self.persister,
+            limits=limits,
             sync=cfg.sync,
         )
-        limits = AppendLimits(cfg.min_append_rate, RateLimiter(cfg.max_append_rate))
+        await self.member.open()
+        self.keyspace = self.member.keyspace
+        self.resolver = self.member.resolver
         pb_grpc.add_JournalServicer_to_server(  # type: ignore[no-untyped-call]
-            JournalService(self.resolver, self.stores, limits), self._server
+            JournalService(self.resolver, self.stores, limits, self.member.services), self._server
         )
+        self._add_retention()
+        self.persister.start()
+        self.retention.start()
+        await self._server.start()  # Peers can reach us before we are assigned anything.
+        await self.member.join()
+
+    def _add_retention(self) -> None:
+        """The Retention service (`journals prune`) and the periodic retention pass."""
+        assert self._server is not None
         rpb_grpc.add_RetentionServicer_to_server(  # type: ignore[no-untyped-call]
             RetentionService(self.resolver, self.stores), self._server
         )
-        self.retention = RetentionEnforcer(self.resolver, self.stores, cfg.retention_interval)
-        self.persister.start()
-        self.resolver.start()  # Recovers spools left by an earlier run.
-        self.retention.start()
-        await self._server.start()
-        log.info("broker serving", extra={"endpoint": endpoint, "data_dir": str(self.data_dir)})
+        self.retention = RetentionEnforcer(
+            self.resolver, self.stores, self.config.retention_interval
+        )
 
     def _lock_data_dir(self) -> None:
         self._lock_fd = os.open(self.data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
@@ -144,12 +197,24 @@ class Broker:
                 f"another broker is using data directory {self.data_dir}"
             ) from None
 
-    async def stop(self, grace: float = 5.0) -> None:
-        """Stop serving, then persist open spools (bounded by `grace` seconds)."""
-        if self._server is not None:
-            await self._server.stop(grace)
+    async def stop(self, grace: float = 5.0, *, failed: bool = False) -> None:
+        """Stop serving, then persist open spools (bounded by `grace` seconds).
+
+        In cluster mode, replicas stop first (so peers' streams end), then the server, and
+        the lease is revoked unless the broker `failed` (then its lease is gone already or
+        must lapse on its own).
+        """
         await self.retention.stop()
-        await self.resolver.stop()
+        if self.member is not None:
+            self.member.stop_serving()
+            if self._server is not None:
+                await self._server.stop(grace)
+            await self.member.leave(graceful=not failed)
+            self.persister.expedite()
+        else:
+            if self._server is not None:
+                await self._server.stop(grace)
+            await self.resolver.stop()
         try:
             await asyncio.wait_for(self.persister.wait_idle(), grace)
         except TimeoutError:
@@ -158,6 +223,7 @@ class Broker:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        log.info("broker stopped")
 
     async def wait(self) -> None:
         assert self._server is not None
@@ -165,12 +231,32 @@ class Broker:
 
 
 async def run_broker(config: BrokerConfig) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down cleanly."""
+    """Serve until SIGINT or SIGTERM, then shut down cleanly.
+
+    In cluster mode, a signal first drains this broker's journals to its peers; and the
+    broker also stops on its own if it loses its membership (raising MemberFailed).
+    """
     broker = Broker(config)
     await broker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    if broker.member is None:
+        await stop.wait()
+        await broker.stop()
+        return
+    member = broker.member
+    ended = asyncio.ensure_future(member.ended())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([ended, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if ended.done() and ended.exception() is not None:
+        stopping.cancel()
+        log.error("leaving the cluster", extra={"error": str(ended.exception())})
+        await broker.stop(failed=True)
+        raise ended.exception()  # type: ignore[misc]
+    if stopping.done():
+        await member.drain()
+    ended.cancel()
+    stopping.cancel()
     await broker.stop()

@@ -182,8 +182,14 @@ class Spool:
         return spool
 
     @classmethod
-    def recover(cls, log_path: Path, *, sync: bool) -> tuple[Spool, RecoveryReport]:
-        """Reopen a spool after a restart or crash, cutting whatever does not check out."""
+    def recover(
+        cls, log_path: Path, *, sync: bool, end_limit: int | None = None
+    ) -> tuple[Spool, RecoveryReport]:
+        """Reopen a spool after a restart or crash, cutting whatever does not check out.
+
+        With `end_limit`, appends ending past it are cut too (a replica dropping content
+        its cluster never confirmed).
+        """
         directory = log_path.parent
         with open(log_path, "rb") as f:
             log_data = f.read()
@@ -210,6 +216,8 @@ class Spool:
                 break
             _k, a_begin, a_end, when, digest, regs_len = _COMMIT.unpack_from(payload, 0)
             if a_begin != spool.end or a_end < a_begin or a_end - spool.begin > content_size:
+                break
+            if end_limit is not None and a_end > end_limit:
                 break
             # Check the append against its SHA-1, folding it into a copy of the running
             # sum on the same read; the copy is kept only if the append checks out.
@@ -255,9 +263,16 @@ class Spool:
             raise RuntimeError("spool is closed")
         return PendingAppend(self)
 
-    def commit(self, pending: PendingAppend, registers: pb.LabelSet | None) -> None:
+    def commit(
+        self,
+        pending: PendingAppend,
+        registers: pb.LabelSet | None,
+        running: hashlib._Hash | None = None,
+    ) -> None:
         """Make `pending` durable and visible. `registers` is set when the append changed them.
 
+        `running`, when the caller already has it, is the SHA-1 of [begin, new end): it
+        becomes the running sum and the background hasher has nothing to do.
         Blocking (writes and, with sync, fdatasyncs): run it on a worker thread if `sync`.
         """
         assert pending.begin == self.end, "appends commit in order"
@@ -285,7 +300,12 @@ class Spool:
         if self.first_append_time is None:
             self.first_append_time = now
         self.last_append_time = now
-        _HASHER.kick(self)
+        if running is not None:
+            with self._sha_lock:
+                self._sha = running.copy()
+                self._hashed = self.end
+        if self._hashed < self.end:
+            _HASHER.kick(self)
 
     # Reading.
     def read(self, offset: int, length: int) -> bytes:
@@ -343,6 +363,21 @@ class Spool:
             end = self.end
             self._hash_to(end, self._hashed + _HASH_CHUNK, buf)
             return self._hashed < end and self._content_fd >= 0
+
+    def running_sha(self) -> hashlib._Hash:
+        """A copy of the SHA-1 of committed [begin, end), for extending it further."""
+        with self._sha_lock:
+            self._hash_to(self.end, self.end)
+            return self._sha.copy()
+
+    def detach(self) -> None:
+        """Close the spool's files, leaving them on disk (to recover them again)."""
+        with self._sha_lock:
+            for fd in (self._content_fd, self._log_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._content_fd = self._log_fd = -1
+        self.deleted = True  # This object no longer serves reads.
 
     @property
     def content_fd(self) -> int:

@@ -1,23 +1,42 @@
-"""`pygazette serve`: run a single-node broker on an embedded keyspace."""
+"""`pygazette serve`: run a broker, single-node on an embedded keyspace or in a cluster on etcd.
+
+pygazette serve --port P --data-dir D
+pygazette serve --etcd URL --zone Z --id SUFFIX --port P --data-dir D
+                [--advertise URL] [--lease-ttl 20s] [--journal-limit N]
+"""
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import re
+import signal
 from pathlib import Path
 
 import click
 
+from pygazette.broker.cluster_member import MemberFailed
 from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
 from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
-from pygazette.broker.server import DEFAULT_MIN_APPEND_RATE, BrokerConfig, run_broker
+from pygazette.broker.server import (
+    DEFAULT_MIN_APPEND_RATE,
+    BrokerConfig,
+    default_broker_id,
+    run_broker,
+)
 from pygazette.cli.journalspace import parse_duration
+from pygazette.keyspace.etcd import parse_etcd_url
+from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
 from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import (
+    MAX_BROKER_JOURNAL_LIMIT,
     MAX_BROKER_SUFFIX_LEN,
     MAX_ZONE_LEN,
     MIN_BROKER_SUFFIX_LEN,
     MIN_ZONE_LEN,
     TOKEN_SYMBOLS,
+    validate_process_id,
     validate_token,
 )
 
@@ -34,6 +53,18 @@ def _process_token(field: str, min_len: int, max_len: int) -> object:
         return value
 
     return check
+
+def _duration_option(ctx: click.Context, param: click.Parameter, value: object) -> float:
+    """Seconds of a Go-style duration ("20s", "1m30s", "500ms"); a bare number is seconds."""
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(text) / 1e9
+    except ValidationError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 @click.command("serve")
@@ -114,6 +145,48 @@ def _process_token(field: str, min_len: int, max_len: int) -> object:
     callback=_process_token("Suffix", MIN_BROKER_SUFFIX_LEN, MAX_BROKER_SUFFIX_LEN),
     help="Broker ID suffix, 4-128 characters [default: host name].",
 )
+@click.option(
+    "--etcd",
+    "etcd_url",
+    default="",
+    metavar="URL",
+    help="Join the cluster on this etcd (e.g. http://127.0.0.1:2379) instead of running "
+    "single-node.",
+)
+@click.option(
+    "--etcd-prefix",
+    default=DEFAULT_ROOT,
+    show_default=True,
+    help="Key prefix of the cluster's state in etcd.",
+)
+@click.option(
+    "--advertise",
+    "advertise_url",
+    default="",
+    metavar="URL",
+    help="URL peers and clients reach this broker at [default: http://ADDRESS:PORT].",
+)
+@click.option(
+    "--lease-ttl",
+    default="20s",
+    callback=_duration_option,
+    show_default=True,
+    help="TTL of this broker's etcd lease: a failed broker's journals move after this long.",
+)
+@click.option(
+    "--journal-limit",
+    type=click.IntRange(0, MAX_BROKER_JOURNAL_LIMIT),
+    default=1024,
+    show_default=True,
+    help="Most journal replicas this broker takes.",
+)
+@click.option(
+    "--drain-timeout",
+    default="60s",
+    callback=_duration_option,
+    show_default=True,
+    help="On SIGTERM, how long to wait for journals to move to other brokers.",
+)
 def serve(
     port: int,
     host: str,
@@ -126,11 +199,35 @@ def serve(
     retention_interval: str,
     zone: str,
     broker_id: str,
+    etcd_url: str,
+    etcd_prefix: str,
+    advertise_url: str,
+    lease_ttl: float,
+    journal_limit: int,
+    drain_timeout: float,
 ) -> None:
-    """Serve journals from this machine (single node, embedded keyspace)."""
+    """Serve journals: single-node (embedded keyspace), or as a cluster member with --etcd."""
     interval_ns = parse_duration(retention_interval)
     if interval_ns < 0:
         raise click.BadParameter("must not be negative", param_hint="--retention-interval")
+    broker_id = broker_id or default_broker_id()
+    if etcd_url:
+        try:
+            parse_etcd_url(etcd_url)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--etcd") from None
+        try:
+            validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=broker_id))
+        except ValidationError as exc:
+            raise click.UsageError(f"invalid --zone/--id: {exc}") from None
+        if lease_ttl < 1:
+            raise click.BadParameter("must be at least 1s", param_hint="--lease-ttl")
+        if not etcd_prefix.startswith("/") or etcd_prefix.endswith("/"):
+            raise click.BadParameter(
+                "must start with '/' and not end with one", param_hint="--etcd-prefix"
+            )
+    if advertise_url and not re.match(r"^https?://[^/]+", advertise_url):
+        raise click.BadParameter("expected http://host:port", param_hint="--advertise")
     config = BrokerConfig(
         data_dir=data_dir,
         port=port,
@@ -143,6 +240,20 @@ def serve(
         retention_interval=interval_ns / 1e9,
         zone=zone,
         broker_id=broker_id,
+        advertise_url=advertise_url,
+        etcd_url=etcd_url,
+        etcd_prefix=etcd_prefix,
+        lease_ttl=lease_ttl,
+        journal_limit=journal_limit,
+        drain_timeout=drain_timeout,
     )
-    click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir})", err=True)
-    asyncio.run(run_broker(config))
+    where = f" (cluster on {etcd_url} as {zone}#{broker_id})" if etcd_url else ""
+    click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}", err=True)
+    # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        asyncio.run(run_broker(config))
+    except MemberFailed as exc:
+        raise click.ClickException(f"left the cluster: {exc}") from None
+    except KeyspaceUnavailable as exc:
+        raise click.ClickException(str(exc)) from None

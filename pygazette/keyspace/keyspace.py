@@ -1,16 +1,23 @@
 """The keyspace interface: revisioned keys, compare-and-swap transactions, change watches.
 
 It models the part of etcd that brokers use: every write bumps one global revision; each
-key remembers the revision that created and last modified it; a transaction applies all of
-its operations only if every compared key still has the expected mod revision (0 = absent).
+key remembers the revision that created and last modified it (and the lease it lives
+under, if any); a transaction applies all of its operations only if every compared key
+still has the expected mod revision (0 = absent). A keyspace mirrors the keys under one
+root (Gazette's default: `/gazette/cluster`).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+DEFAULT_ROOT = "/gazette/cluster"
+# etcd's default --max-txn-ops: the most operations (and compares) one transaction may hold.
+MAX_TXN_OPS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,12 +26,17 @@ class KeyValue:
     value: bytes
     create_revision: int
     mod_revision: int
+    lease: int = 0  # The etcd lease the key is attached to (0: none).
 
 
 @dataclass(frozen=True, slots=True)
 class Put:
+    """Set `key` to `value`, attached to `lease` (0: none); `ignore_lease` keeps its lease."""
+
     key: str
     value: bytes
+    lease: int = 0
+    ignore_lease: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,10 @@ class Compare:
 
     key: str
     mod_revision: int
+
+
+class KeyspaceUnavailable(Exception):
+    """The coordination store could not be reached (or refused the request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +73,16 @@ class ClusterIdentity:
 
 Listener = Callable[[int], None]
 
+log = logging.getLogger(__name__)
+
 
 class Keyspace(abc.ABC):
     """A revisioned key/value mirror with transactions and change notification."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: str = DEFAULT_ROOT) -> None:
+        if not root.startswith("/") or root.endswith("/"):
+            raise ValueError(f"keyspace root must start and not end with '/': {root!r}")
+        self.root = root
         self._listeners: list[Listener] = []
         self._changed = asyncio.Condition()
 
@@ -91,14 +112,23 @@ class Keyspace(abc.ABC):
 
     async def _notify(self, revision: int) -> None:
         for listener in self._listeners:
-            listener(revision)
+            try:
+                listener(revision)
+            except Exception:  # One broken listener must not stop the mirror.
+                log.exception("keyspace listener failed", extra={"revision": revision})
         async with self._changed:
             self._changed.notify_all()
 
-    async def wait_for_revision(self, revision: int) -> None:
-        """Return once the mirror has applied `revision`."""
-        async with self._changed:
+    async def wait_for_revision(self, revision: int, within: float | None = None) -> None:
+        """Return once the mirror has applied `revision` (TimeoutError after `within` s)."""
+        if self.revision >= revision:
+            return
+        async with asyncio.timeout(within), self._changed:
             await self._changed.wait_for(lambda: self.revision >= revision)
+
+    async def wait_for_change(self, after: int, within: float | None = None) -> None:
+        """Return once the mirror has applied a revision greater than `after`."""
+        await self.wait_for_revision(after + 1, within)
 
     async def close(self) -> None:
         """Release resources (watches, connections)."""

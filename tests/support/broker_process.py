@@ -19,11 +19,17 @@ class BrokerProcess:
     """Starts, kills and restarts one broker process on a fixed data dir and port."""
 
     def __init__(
-        self, data_dir: Path, *, port: int | None = None, extra_args: list[str] | None = None
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
 
@@ -61,7 +67,7 @@ class BrokerProcess:
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
         log.close()
         self._wait_listening(timeout)
@@ -94,19 +100,44 @@ class BrokerProcess:
         except FileNotFoundError:
             return ""
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process stops dead (cut off from etcd and peers) until thawed."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to exit on its own; its exit status."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks run, like a crash."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM and wait for a clean exit (SIGKILL if it hangs)."""
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # In case it is frozen.
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)  # Its stacks go to the log.
+                time.sleep(1)
                 self.kill()
 
     def restart(self) -> None:

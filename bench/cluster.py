@@ -1,0 +1,377 @@
+"""Benchmark: a three-broker cluster on etcd, replication 3 beside replication 1.
+
+Starts etcd and three `pygazette serve --etcd` brokers on loopback (two zones, one shared
+`file://` store root), creates a replication-3 and a replication-1 journal, and measures on
+each, through its primary:
+
+- commit latency (p50, p99) of sequential small appends;
+- append throughput (MB/s) of concurrent writers of large appends;
+
+so replication 3 reads as a ratio to replication 1 measured in the same run. Then, with a
+writer appending continuously, it kill -9s the replication-3 journal's primary (restarting
+it at once, as a supervisor would) and reports the time from the kill to the first
+acknowledged append after it, beside the lease TTL that bounds it.
+
+    python bench/cluster.py [--quick]
+
+Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
+
+MiB = 1 << 20
+LEASE_TTL = 3.0
+OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    def __init__(self, cmd: list[str], log: Path) -> None:
+        self.cmd, self.log = cmd, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_listening(port: int, proc: Proc, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.proc is not None
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early; see {proc.log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{what} did not listen on {port}")
+
+
+def start_etcd(tmp: Path) -> tuple[Proc, str]:
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise SystemExit("etcd is not installed (.ci/install-system-deps installs it)")
+    client, peer = free_port(), free_port()
+    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    proc = Proc(
+        [
+            binary,
+            "--name=bench",
+            f"--data-dir={tmp / 'etcd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=bench={peer_url}",
+            "--log-level=warn",
+        ],
+        tmp / "etcd.log",
+    )
+    proc.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                if b'"true"' in resp.read():
+                    return proc, url
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError("etcd did not become healthy")
+
+
+class Broker:
+    def __init__(self, tmp: Path, etcd_url: str, zone: str, suffix: str) -> None:
+        self.port = free_port()
+        self.zone, self.suffix = zone, suffix
+        self.proc = Proc(
+            [
+                sys.executable,
+                "-m",
+                "pygazette.cli.main",
+                "serve",
+                "--etcd",
+                etcd_url,
+                "--zone",
+                zone,
+                "--id",
+                suffix,
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(tmp / f"data-{suffix}"),
+                "--file-root",
+                str(tmp / "store"),
+                "--lease-ttl",
+                f"{LEASE_TTL}s",
+            ],
+            tmp / f"{suffix}.log",
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc.start()
+        wait_listening(self.port, self.proc, self.suffix)
+
+
+def spec(name: str, replication: int) -> pb.JournalSpec:
+    s = pb.JournalSpec(name=name, replication=replication)
+    s.fragment.length = 64 * MiB
+    s.fragment.compression_codec = pb.NONE
+    s.fragment.stores.append("file:///")
+    s.fragment.refresh_interval.seconds = 300
+    return s
+
+
+async def append_once(
+    stub: pb_grpc.JournalStub, journal: str, data: bytes, within: float = 30.0
+) -> pb.AppendResponse:
+    async def reqs() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=journal)
+        for i in range(0, len(data), MiB):
+            yield pb.AppendRequest(content=data[i : i + MiB])
+        yield pb.AppendRequest()
+
+    resp: pb.AppendResponse = await stub.Append(reqs(), timeout=within)
+    return resp
+
+
+async def routes(stub: pb_grpc.JournalStub) -> dict[str, pb.Route]:
+    out: dict[str, pb.Route] = {}
+    async for resp in stub.List(pb.ListRequest(selector=pb.LabelSelector()), timeout=10):
+        for j in resp.journals:
+            out[j.spec.name] = j.route
+    return out
+
+
+async def wait_ready(stub: pb_grpc.JournalStub, wanted: dict[str, int]) -> dict[str, pb.Route]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        current = await routes(stub)
+        if all(
+            name in current and len(current[name].members) == r and current[name].primary >= 0
+            for name, r in wanted.items()
+        ):
+            ok = True
+            for name in wanted:
+                try:
+                    resp = await append_once(stub, name, b"", within=10)
+                    ok = ok and resp.status == pb.OK
+                except grpc.aio.AioRpcError:
+                    ok = False
+            if ok:
+                return current
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"journals not ready: {wanted}")
+
+
+def primary_address(route: pb.Route) -> str:
+    return route.endpoints[route.primary].removeprefix("http://")
+
+
+async def latency(
+    stub: pb_grpc.JournalStub, journal: str, size: int, seconds: float
+) -> dict[str, float]:
+    data = b"x" * size
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        resp = await append_once(stub, journal, data)
+        samples.append(time.perf_counter() - t0)
+        if resp.status != pb.OK:
+            raise RuntimeError(pb.Status.Name(resp.status))
+    samples.sort()
+    return {
+        "append_bytes": size,
+        "appends": len(samples),
+        "commit_p50_ms": round(statistics.median(samples) * 1000, 3),
+        "commit_p99_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1000, 3),
+        "appends_per_s": round(len(samples) / sum(samples), 1),
+    }
+
+
+async def throughput(
+    stub: pb_grpc.JournalStub, journal: str, size: int, writers: int, seconds: float
+) -> dict[str, float]:
+    data = os.urandom(size)
+    total = 0
+    deadline = time.monotonic() + seconds
+
+    async def writer() -> None:
+        nonlocal total
+        while time.monotonic() < deadline:
+            resp = await append_once(stub, journal, data)
+            if resp.status != pb.OK:
+                raise RuntimeError(pb.Status.Name(resp.status))
+            total += size
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    elapsed = time.perf_counter() - t0
+    return {
+        "append_bytes": size,
+        "writers": writers,
+        "mb_per_s": round(total / MiB / elapsed, 2),
+    }
+
+
+async def failover(brokers: list[Broker], journal: str) -> dict[str, float]:
+    """Kill -9 the primary under a continuous writer; seconds to the first ack after."""
+    channels = {b.suffix: grpc.aio.insecure_channel(b.address, options=OPTIONS) for b in brokers}
+    stubs = {k: pb_grpc.JournalStub(ch) for k, ch in channels.items()}  # type: ignore[no-untyped-call]
+    route = (await routes(stubs[brokers[0].suffix]))[journal]
+    primary_id = route.members[route.primary].suffix
+    victim = next(b for b in brokers if b.suffix == primary_id)
+    others = [b for b in brokers if b is not victim]
+    acks: list[tuple[float, float]] = []  # (sent, acknowledged)
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            b = others[i % len(others)]
+            i += 1
+            started = time.monotonic()
+            try:
+                resp = await append_once(stubs[b.suffix], journal, b"y" * 4096, within=5)
+                if resp.status == pb.OK:
+                    acks.append((started, time.monotonic()))
+                    continue
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(writer())
+    while len(acks) < 20:  # noqa: ASYNC110 (polling a plain list the writer appends to)
+        await asyncio.sleep(0.05)
+    killed = time.monotonic()
+    victim.proc.kill()
+    await asyncio.to_thread(victim.start)
+    deadline = killed + 120
+    while not any(t > killed for t, _ in acks) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    for ch in channels.values():
+        await ch.close()
+    after = [(t, a) for t, a in acks if t > killed]
+    first_ack = min((a for _, a in after), default=float("nan"))
+    return {
+        # From the kill to the acknowledgement of the first append sent after it.
+        "seconds_to_first_ack_after_kill": round(first_ack - killed, 2),
+        "lease_ttl_seconds": LEASE_TTL,
+    }
+
+
+async def main(quick: bool) -> dict[str, object]:
+    seconds = 2.0 if quick else 6.0
+    tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-cluster-"))
+    etcd, etcd_url = start_etcd(tmp)
+    brokers = [
+        Broker(tmp, etcd_url, "zone-a", "broker-1"),
+        Broker(tmp, etcd_url, "zone-b", "broker-2"),
+        Broker(tmp, etcd_url, "zone-a", "broker-3"),
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        async with grpc.aio.insecure_channel(brokers[0].address, options=OPTIONS) as ch:
+            stub = pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
+            resp = await stub.Apply(
+                pb.ApplyRequest(
+                    changes=[
+                        pb.ApplyRequest.Change(upsert=spec("bench/r3", 3), expect_mod_revision=-1),
+                        pb.ApplyRequest.Change(upsert=spec("bench/r1", 1), expect_mod_revision=-1),
+                    ]
+                )
+            )
+            assert resp.status == pb.OK, resp
+            current = await wait_ready(stub, {"bench/r3": 3, "bench/r1": 1})
+        results: dict[str, object] = {}
+        for name, key in (("bench/r1", "replication_1"), ("bench/r3", "replication_3")):
+            async with grpc.aio.insecure_channel(
+                primary_address(current[name]), options=OPTIONS
+            ) as ch:
+                stub = pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
+                results[key] = {
+                    "latency": await latency(stub, name, 4096, seconds),
+                    "throughput": await throughput(stub, name, 4 * MiB, 4, seconds),
+                }
+        r1, r3 = results["replication_1"], results["replication_3"]
+        assert isinstance(r1, dict) and isinstance(r3, dict)
+        results["r3_vs_r1"] = {
+            "throughput_ratio": round(
+                r3["throughput"]["mb_per_s"] / r1["throughput"]["mb_per_s"], 3
+            ),
+            "commit_p50_ratio": round(
+                r3["latency"]["commit_p50_ms"] / r1["latency"]["commit_p50_ms"], 3
+            ),
+        }
+        results["failover"] = await failover(brokers, "bench/r3")
+        results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+        return results
+    finally:
+        for b in brokers:
+            b.proc.kill()
+        etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter measurements")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick)), indent=2))

@@ -1,0 +1,103 @@
+"""The allocation loop: every member runs it; only the leader changes assignments.
+
+Each member keeps an `AllocatorState` extracted from the keyspace at every change
+(`ObservedState`, a keyspace listener that must run before any listener reading it). The
+leader — the member whose key has the lowest create revision — solves for desired
+assignments whenever items, members or their limits change, and after every keyspace
+change converges current assignments a step toward them, in transactions guarded by its own
+member key (so a deposed leader's writes fail). `run` returns once the local member is
+exiting and holds no assignments, and raises if the local member key disappears (its lease
+expired).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from pygazette.allocator.converge import BatchedTxn, TxnFailed, converge, unchanged
+from pygazette.allocator.solver import DesiredAssignment, solve_desired_assignments
+from pygazette.allocator.state import AllocatorDecoder, AllocatorState
+from pygazette.keyspace.keyspace import Keyspace, KeyspaceUnavailable
+from pygazette.keyspace.layout import KeyLayout
+
+log = logging.getLogger(__name__)
+
+# After a failed round (etcd unreachable, a lost race), retry this soon even without a change.
+RETRY_SECONDS = 0.5
+
+
+class MemberKeyMissing(Exception):
+    """The local member's key is gone from the keyspace (its lease expired)."""
+
+
+class ObservedState:
+    """The latest AllocatorState, re-extracted on every keyspace change."""
+
+    def __init__(
+        self, ks: Keyspace, layout: KeyLayout, decoder: AllocatorDecoder, local_key: str
+    ) -> None:
+        self.ks = ks
+        self.layout = layout
+        self.decoder = decoder
+        self.local_key = local_key
+        self.current = AllocatorState.extract(ks, layout, decoder, local_key)
+        ks.add_listener(self._observe)
+
+    def _observe(self, _revision: int) -> None:
+        self.current = AllocatorState.extract(self.ks, self.layout, self.decoder, self.local_key)
+
+
+class Allocator:
+    def __init__(
+        self,
+        ks: Keyspace,
+        observed: ObservedState,
+        *,
+        on_round: Callable[[AllocatorState, bool], None] | None = None,
+    ) -> None:
+        self.ks = ks
+        self.observed = observed
+        self.on_round = on_round  # (state, idle): after each leader round (tests).
+        self.rounds = 0
+
+    async def run(self) -> None:
+        desired: list[DesiredAssignment] = []
+        last_hash = ""
+        while True:
+            state = self.observed.current
+            if state.local_member < 0:
+                raise MemberKeyMissing(f"member key {state.local_key} is not in the keyspace")
+            if state.should_exit():
+                return
+            next_revision = state.revision + 1
+            timeout: float | None = None
+            if state.is_leader():
+                if state.network_hash != last_hash:
+                    desired = solve_desired_assignments(state)
+                    last_hash = state.network_hash
+                    if len(desired) < state.item_slots:
+                        log.warning(
+                            "cannot reach desired replication for all items",
+                            extra={"unattainable_replicas": state.item_slots - len(desired)},
+                        )
+                # Work on a private copy: convergence updates per-member tallies as it goes.
+                work = AllocatorState.extract(self.ks, state.layout, state.decoder, state.local_key)
+                local = work.members[work.local_member] if work.local_member >= 0 else None
+                if local is not None:
+                    txn = BatchedTxn(self.ks, [unchanged(local.kv)])
+                    try:
+                        await converge(work, desired, txn)
+                        await txn.flush()
+                    except (TxnFailed, KeyspaceUnavailable) as exc:
+                        log.info("allocation round failed (will retry)", extra={"error": str(exc)})
+                        timeout = RETRY_SECONDS
+                    else:
+                        self.rounds += 1
+                        if self.on_round is not None:
+                            self.on_round(work, txn.revision == 0)
+                    next_revision = max(next_revision, txn.revision)
+            try:
+                await self.ks.wait_for_revision(next_revision, timeout)
+            except TimeoutError:
+                pass

@@ -1,0 +1,118 @@
+"""A member's session: its key announced under an etcd lease that is kept alive.
+
+The key says the member exists (and, in its value, what it can take); the lease says it is
+alive. `start` grants the lease and creates the key, waiting out an earlier incarnation's
+key if one still exists under another lease (it vanishes when that lease expires). A
+keep-alive task refreshes the lease every third of its TTL; if the lease can't be refreshed
+before it would expire (or etcd reports it gone), `lost` is set and the member must stop
+acting as one — its key and all its assignments are gone or about to be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from pygazette.keyspace.etcd import EtcdKeyspace
+from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put
+
+log = logging.getLogger(__name__)
+
+ANNOUNCE_RETRY_SECONDS = 0.5
+
+
+class MemberSession:
+    def __init__(self, ks: EtcdKeyspace, key: str, value: bytes, lease_ttl: float) -> None:
+        self.ks = ks
+        self.key = key
+        self.value = value
+        self.lease_ttl = lease_ttl
+        self.lease = 0
+        self.lost = asyncio.Event()
+        # Monotonic time until which the lease is surely alive: a keep-alive's send time
+        # plus the TTL etcd granted. Past it, the lease may have expired unnoticed (e.g.
+        # the process was frozen), and the member must not commit anything.
+        self.lease_deadline = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Grant the lease and announce the key; returns the announcement's revision."""
+        sent = time.monotonic()
+        self.lease = await self.ks.grant_lease(max(1, math.ceil(self.lease_ttl)))
+        self.lease_deadline = sent + self.lease_ttl
+        self._task = asyncio.create_task(self._keep_alive(), name="lease-keepalive")
+        warned = False
+        while True:
+            result = await self.ks.txn(
+                [Compare(self.key, 0)], [Put(self.key, self.value, lease=self.lease)]
+            )
+            if result.succeeded:
+                revision = result.revision
+                break
+            existing = await self.ks.get_remote(self.key)
+            if existing is not None and existing.lease == self.lease:
+                revision = existing.mod_revision
+                break
+            if not warned:
+                log.warning(
+                    "member key exists under another lease; waiting for it to expire",
+                    extra={"key": self.key},
+                )
+                warned = True
+            await asyncio.sleep(ANNOUNCE_RETRY_SECONDS)
+        await self.ks.wait_for_revision(revision)
+        return revision
+
+    async def update(self, value: bytes) -> int:
+        """Replace the announced value (keeping the key's lease); returns the revision."""
+        kv = self.ks.get(self.key)
+        if kv is None:
+            raise KeyspaceUnavailable(f"member key {self.key} is gone")
+        result = await self.ks.txn(
+            [Compare(self.key, kv.mod_revision)], [Put(self.key, value, ignore_lease=True)]
+        )
+        if not result.succeeded:
+            raise KeyspaceUnavailable(f"member key {self.key} changed concurrently")
+        self.value = value
+        await self.ks.wait_for_revision(result.revision)
+        return result.revision
+
+    async def _keep_alive(self) -> None:
+        interval = self.lease_ttl / 3
+        last_ok = time.monotonic()
+        while True:
+            try:
+                sent = time.monotonic()
+                ttl = await self.ks.keep_alive(self.lease, within=interval)
+                if ttl <= 0:
+                    log.error("etcd lease expired", extra={"key": self.key})
+                    self.lease_deadline = 0.0
+                    self.lost.set()
+                    return
+                last_ok = time.monotonic()
+                self.lease_deadline = sent + ttl
+            except KeyspaceUnavailable as exc:
+                if time.monotonic() - last_ok > self.lease_ttl:
+                    log.error(
+                        "cannot keep the etcd lease alive",
+                        extra={"key": self.key, "error": str(exc)},
+                    )
+                    self.lost.set()
+                    return
+                log.warning("lease keep-alive failed (will retry)", extra={"error": str(exc)})
+            await asyncio.sleep(interval)
+
+    def lease_alive(self, margin: float = 0.0) -> bool:
+        """The lease is surely alive for `margin` more seconds."""
+        return not self.lost.is_set() and time.monotonic() + margin < self.lease_deadline
+
+    async def close(self, *, revoke: bool = True) -> None:
+        """Stop keeping the lease alive; with `revoke`, drop it (and the member's keys) now."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])  # Our own cancellation still propagates.
+            self._task = None
+        if revoke and self.lease and not self.lost.is_set():
+            await self.ks.revoke_lease(self.lease)

@@ -1,0 +1,267 @@
+"""This broker as a member of a cluster on etcd: joining, serving, draining and leaving.
+
+Joining: mirror the keyspace under the etcd prefix, announce a BrokerSpec under a lease
+(`/gazette/cluster/members/<zone>#<id>`), then serve the journals the allocator assigns
+here while taking part in allocation (the oldest member leads).
+
+Leaving gracefully (SIGTERM): mark the BrokerSpec `exiting`, so the allocator moves this
+broker's journals elsewhere; wait until none are left, or until it is clear none can move
+(e.g. three brokers serving journals of replication three), or a drain timeout; then stop
+replicas (their pipelines confirm what they can, their spools persist) and revoke the lease,
+so peers take over at once instead of after the lease TTL.
+
+Failing: if the lease can't be kept alive (etcd unreachable for a TTL, or the process was
+frozen past it), or the member key disappears, the broker stops serving immediately — it
+may no longer hold any journal — and exits with an error for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
+from pygazette.allocator.session import MemberSession
+from pygazette.broker.allocation import JournalDecoder, assignments_advertise, route_of
+from pygazette.broker.append_fsm import ClusterAppends
+from pygazette.broker.append_service import AppendLimits
+from pygazette.broker.cluster_resolver import ClusterResolver
+from pygazette.broker.journal_service import ClusterServices
+from pygazette.broker.peers import Peers
+from pygazette.broker.persister import Persister
+from pygazette.broker.replica import Replica
+from pygazette.broker.replicated_spool import ReplicatedSpool
+from pygazette.broker.resolver import BrokerIdentity
+from pygazette.keyspace.etcd import EtcdKeyspace
+from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+
+log = logging.getLogger(__name__)
+
+ORPHAN_SWEEP_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class ClusterConfig:
+    etcd_url: str
+    etcd_prefix: str
+    lease_ttl: float
+    journal_limit: int
+    drain_timeout: float
+
+
+class MemberFailed(Exception):
+    """The broker can no longer act as a cluster member."""
+
+
+class ClusterMember:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        identity: BrokerIdentity,
+        spool_root: Path,
+        stores: StoreRegistry,
+        persister: Persister,
+        limits: AppendLimits,
+        sync: bool,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.spool_root = spool_root
+        self.stores = stores
+        self.persister = persister
+        self.limits = limits
+        self.sync = sync
+        self.spec = pb.BrokerSpec(journal_limit=config.journal_limit)
+        self.spec.process_spec.id.zone = identity.zone
+        self.spec.process_spec.id.suffix = identity.suffix
+        self.spec.process_spec.endpoint = identity.endpoint
+        self._tasks: list[asyncio.Task[None]] = []
+        self._allocator_task: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Connect to etcd and build this member's services (nothing is announced yet)."""
+        cfg = self.config
+        self.layout = KeyLayout(cfg.etcd_prefix)
+        self.member_key = self.layout.member_key(self.identity.zone, self.identity.suffix)
+        self.keyspace = EtcdKeyspace(cfg.etcd_url, cfg.etcd_prefix)
+        await self.keyspace.open()
+        self.decoder = JournalDecoder(self.layout)
+        # The allocator state must be re-extracted before the resolver reads it: register first.
+        self.observed = ObservedState(self.keyspace, self.layout, self.decoder, self.member_key)
+        self.resolver = ClusterResolver(
+            self.keyspace,
+            self.identity,
+            layout=self.layout,
+            observed=self.observed,
+            decoder=self.decoder,
+            spool_root=self.spool_root,
+            stores=self.stores,
+            persister=self.persister,
+            sync=self.sync,
+        )
+        self.session = MemberSession(
+            self.keyspace, self.member_key, self.spec.SerializeToString(), cfg.lease_ttl
+        )
+        self.peers = Peers()
+        self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
+        self.resolver.on_primary = self.appends.pulse_loop
+        self.resolver.lease_alive = self.session.lease_alive
+        self.services = ClusterServices(self.resolver, self.appends, self.peers)
+
+    async def join(self) -> None:
+        """Announce this broker and start serving assignments and allocating."""
+        await self.session.start()
+        self.resolver.start()
+        self.allocator = Allocator(self.keyspace, self.observed)
+        self._allocator_task = asyncio.create_task(self.allocator.run(), name="allocator")
+        self._tasks.append(asyncio.create_task(self._sweep_orphans(), name="orphan-sweeper"))
+        log.info(
+            "joined cluster",
+            extra={
+                "member": self.member_key,
+                "etcd": self.config.etcd_url,
+                "lease": self.session.lease,
+            },
+        )
+
+    async def ended(self) -> str:
+        """Return why the member stopped on its own ("drained"), or raise MemberFailed."""
+        assert self._allocator_task is not None
+        lost = asyncio.ensure_future(self.session.lost.wait())
+        try:
+            await asyncio.wait([self._allocator_task, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if self.session.lost.is_set():
+            raise MemberFailed("the etcd lease was lost")
+        try:
+            self._allocator_task.result()
+        except MemberKeyMissing as exc:
+            raise MemberFailed(str(exc)) from exc
+        return "drained"
+
+    async def drain(self) -> None:
+        """Mark this broker exiting, and wait for its journals to move (or not be movable)."""
+        if self.session.lost.is_set():
+            return
+        spec = pb.BrokerSpec()
+        spec.CopyFrom(self.spec)
+        spec.exiting = True
+        try:
+            await self.session.update(spec.SerializeToString())
+        except Exception as exc:
+            log.warning("cannot mark this broker exiting", extra={"error": str(exc)})
+            return
+        deadline = time.monotonic() + self.config.drain_timeout
+        while time.monotonic() < deadline:
+            state = self.observed.current
+            if state.local_member < 0 or not state.local_items:
+                log.info("drained every journal")
+                return
+            if state.shed_capacity[state.local_member] == 0:
+                log.info(
+                    "no capacity elsewhere for this broker's journals; leaving them",
+                    extra={"journals": len(state.local_items)},
+                )
+                return
+            with contextlib.suppress(TimeoutError):
+                await self.keyspace.wait_for_change(
+                    self.keyspace.revision, deadline - time.monotonic()
+                )
+        log.warning("drain timed out", extra={"journals": len(self.observed.current.local_items)})
+
+    def stop_serving(self) -> None:
+        self.resolver.stop_serving()
+
+    async def leave(self, *, graceful: bool) -> None:
+        """Stop replicas and allocation, then give up membership (revoking the lease)."""
+        self.resolver.stop_serving()
+        tasks = [t for t in [*self._tasks, self._allocator_task] if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)  # Our own cancellation still propagates.
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # Retrieved: its failure was reported where it ended.
+        await self.appends.stop()
+        await self.resolver.stop()
+        log.info("replicas stopped; leaving the cluster", extra={"revoke_lease": graceful})
+        await self.session.close(revoke=graceful)
+        await self.peers.close()
+        await self.keyspace.close()
+        log.info("left the cluster")
+
+    # Orphaned spools.
+    async def _sweep_orphans(self) -> None:
+        """Persist spools of journals this broker no longer serves, once they're settled.
+
+        A restarted broker keeps its spools (they are crash-safe), in case it is assigned
+        the journal again (or the whole cluster restarted and its copy matters). Once the
+        journal is consistent without this broker, its spools are done with: they're
+        moved aside, cut to their confirmed frontier, and persisted if the store lacks them.
+        """
+        while True:
+            await asyncio.sleep(ORPHAN_SWEEP_SECONDS)
+            try:
+                self._sweep_once()
+            except Exception as exc:
+                log.warning("orphaned spool sweep failed", extra={"error": str(exc)})
+
+    def _sweep_once(self) -> None:
+        if not self.spool_root.is_dir():
+            return
+        aside_root = self.spool_root / ".orphaned"
+        if aside_root.is_dir():
+            for done in aside_root.iterdir():
+                if done.is_dir() and not any(done.glob("*.log")):
+                    shutil.rmtree(done, ignore_errors=True)
+        state = self.observed.current
+        for directory in sorted(self.spool_root.iterdir()):
+            if not directory.is_dir() or directory.name.startswith("."):
+                continue
+            name = unquote(directory.name)
+            if name in self.resolver.replicas or name in self.resolver.stopping_journals:
+                continue
+            if not any(directory.iterdir()):
+                continue
+            item = self.keyspace.get(self.layout.item_key(name)) if "#" not in name else None
+            spec: pb.JournalSpec | None = None
+            if item is not None:
+                try:
+                    spec = self.decoder.journal_spec(item)
+                except KeyDecodeError:
+                    spec = None
+                group = state.assignments_of(name)
+                if not group or not assignments_advertise(route_of(group), group):
+                    continue  # Not settled yet: this broker may be needed for recovery.
+            aside = self.spool_root / ".orphaned" / f"{directory.name}-{time.time_ns()}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            directory.rename(aside)
+            if spec is None:
+                log.info("dropping spools of a deleted journal", extra={"journal": name})
+                shutil.rmtree(aside, ignore_errors=True)
+                continue
+            log.info("persisting orphaned spools", extra={"journal": name})
+            orphan = Replica(
+                spec,
+                item.mod_revision if item else 0,
+                spool_root=aside.parent,
+                stores=self.stores,
+                persister=self.persister,
+                sync=self.sync,
+            )
+            orphan.spool_dir = aside
+            orphan.clustered = True
+            orphan.recover_spools()
+            orphan.rspool = ReplicatedSpool(orphan)
+            orphan.rspool.complete(primary=False)

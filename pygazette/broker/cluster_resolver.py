@@ -1,0 +1,349 @@
+"""The cluster resolver: journal → route, and whether this broker serves or proxies.
+
+It extends the single-node resolver for brokers on etcd. Routes come from the journal's
+assignments (members in key order, the slot-0 member primary, endpoints from the members'
+BrokerSpecs). On every keyspace change it brings local replicas in line with this broker's
+assignments: new ones start, changed ones are told (and wake whoever waits on them), ones no
+longer assigned stop and persist.
+
+`resolve_journal` answers for one request, after waiting for the keyspace to reach any
+revision the request (or a proxying peer's header) requires, with Gazette's statuses:
+JOURNAL_NOT_FOUND, SUSPENDED, NO_JOURNAL_PRIMARY_BROKER (a primary is required and there is
+none), INSUFFICIENT_JOURNAL_BROKERS (no broker is assigned), and NOT_JOURNAL_BROKER /
+NOT_JOURNAL_PRIMARY_BROKER when the request may not be proxied and this broker can't serve
+it. The resolution's header names the broker that serves: this one, or the peer to proxy to.
+
+Reads are served by the primary (a non-primary proxies them there), which keeps the write
+head readers see from ever moving backwards: a primary shows only content every replica has
+confirmed (see `replicated_spool`), and a newly promoted primary starts from a frontier at
+least as far. Replicas may be a round apart, so they serve reads only when asked directly
+(`do_not_proxy`); a read of a journal that has members but no primary waits for one
+(`journal_service`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pygazette.allocator.allocator import ObservedState
+from pygazette.allocator.state import AllocatorState, Assignment
+from pygazette.broker.allocation import JournalDecoder, route_of
+from pygazette.broker.persister import Persister
+from pygazette.broker.replica import Replica
+from pygazette.broker.resolver import BrokerIdentity, Resolver
+from pygazette.keyspace.keyspace import Keyspace, KeyValue
+from pygazette.keyspace.layout import KeyDecodeError, KeyLayout, decode_broker_spec
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+
+log = logging.getLogger(__name__)
+
+# The longest a request waits for the keyspace to reach a revision it requires.
+REVISION_WAIT_SECONDS = 30.0
+
+
+class ResolveError(Exception):
+    """The request can't be resolved here (wrong cluster or process, or shutting down)."""
+
+
+@dataclass(slots=True)
+class Resolution:
+    status: pb.Status
+    header: pb.Header
+    local_id: pb.ProcessSpec.ID
+    spec: pb.JournalSpec | None = None
+    item: KeyValue | None = None
+    assignments: list[Assignment] = field(default_factory=list)
+    replica: Replica | None = None
+    invalidated: asyncio.Event | None = None
+    named: bool = False  # A peer's proxy header named this broker to serve the request.
+
+    @property
+    def local(self) -> bool:
+        pid = self.header.process_id
+        return pid.zone == self.local_id.zone and pid.suffix == self.local_id.suffix
+
+    @property
+    def route(self) -> pb.Route:
+        return self.header.route
+
+
+async def _settle(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for tasks to end, however they end (a failure is logged, not raised)."""
+    if not tasks:
+        return
+    await asyncio.wait(tasks)  # Our own cancellation still propagates.
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "task failed", extra={"task": task.get_name(), "error": str(task.exception())}
+            )
+
+
+def _discard(names: set[str], name: str, _task: asyncio.Task[None]) -> None:
+    names.discard(name)
+
+
+def _same(a: pb.ProcessSpec.ID, b: pb.ProcessSpec.ID) -> bool:
+    return a.zone == b.zone and a.suffix == b.suffix
+
+
+class ClusterResolver(Resolver):
+    def __init__(
+        self,
+        keyspace: Keyspace,
+        identity: BrokerIdentity,
+        *,
+        layout: KeyLayout,
+        observed: ObservedState,
+        decoder: JournalDecoder,
+        spool_root: Path,
+        stores: StoreRegistry,
+        persister: Persister,
+        sync: bool,
+    ) -> None:
+        super().__init__(
+            keyspace,
+            identity,
+            spool_root=spool_root,
+            stores=stores,
+            persister=persister,
+            sync=sync,
+        )
+        self.layout = layout
+        self.observed = observed
+        self.decoder = decoder
+        self.serving = True
+        self._endpoints: dict[tuple[str, int], str] = {}
+        # Called with each replica this broker becomes primary of (starts its pulses).
+        self.on_primary: Callable[[Replica], Coroutine[Any, Any, None]] | None = None
+        # Whether this broker's etcd lease is surely alive. When it may not be (the broker
+        # was frozen, or cut off from etcd), its view of the cluster can't be trusted: it
+        # resolves nothing until it knows again.
+        self.lease_alive: Callable[[], bool] = lambda: True
+        self._role_tasks: dict[str, asyncio.Task[None]] = {}
+        self.stopping_journals: set[str] = set()  # Replicas still stopping.
+
+    # Replicas.
+    def start(self) -> None:
+        self.keyspace.add_listener(lambda _rev: self.sync_replicas())
+        self.sync_replicas()
+
+    def sync_replicas(self) -> None:
+        if not self.serving:
+            return
+        state = self.observed.current
+        seen: set[str] = set()
+        for li in state.local_items:
+            name = li.item.id
+            if name in seen:
+                continue
+            try:
+                spec = self.decoder.journal_spec(li.item.kv)
+            except KeyDecodeError as exc:
+                log.error("undecodable journal spec", extra={"journal": name, "error": str(exc)})
+                continue
+            seen.add(name)
+            primary = li.assignment.slot == 0
+            replica = self.replicas.get(name)
+            if replica is None:
+                replica = Replica(
+                    spec,
+                    li.item.kv.mod_revision,
+                    spool_root=self.spool_root,
+                    stores=self.stores,
+                    persister=self.persister,
+                    sync=self.sync,
+                )
+                self.replicas[name] = replica
+                replica.start_clustered()
+                log.info(
+                    "starting local journal replica", extra={"journal": name, "primary": primary}
+                )
+            elif replica.mod_revision != li.item.kv.mod_revision:
+                replica.update_spec(spec, li.item.kv.mod_revision)
+                replica.invalidate()
+            was_primary = replica.primary
+            if replica.set_assignments(primary, li.assignments):
+                if primary:
+                    self._start_primary(replica)
+                elif was_primary:
+                    self._demote(replica)
+        for name in [n for n in self.replicas if n not in seen]:
+            replica = self.replicas.pop(name)
+            replica.stopping = True
+            replica.invalidate()
+            log.info("stopping local journal replica", extra={"journal": name})
+            self.stopping_journals.add(name)
+            task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+            task.add_done_callback(partial(_discard, self.stopping_journals, name))
+
+    def _start_primary(self, replica: Replica) -> None:
+        if self.on_primary is None:
+            return
+        task = self._role_tasks.get(replica.name)
+        if task is not None and not task.done():
+            return
+        task = asyncio.create_task(self.on_primary(replica), name=f"pulse:{replica.name}")
+        self._role_tasks[replica.name] = task
+
+    def _demote(self, replica: Replica) -> None:
+        """No longer primary: close the pipeline, freeing the spool for the new primary."""
+        from pygazette.broker.append_fsm import close_replication
+
+        async def demote() -> None:
+            async with replica.pipeline:
+                if not replica.primary:
+                    await close_replication(replica)
+
+        task = asyncio.create_task(demote(), name=f"demote:{replica.name}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def stop_serving(self) -> None:
+        """Stop every local replica now and refuse to resolve to any (shutting down)."""
+        self.serving = False
+        for task in self._role_tasks.values():
+            task.cancel()
+        for replica in self.replicas.values():
+            replica.stopping = True
+            replica.invalidate()
+
+    async def stop(self) -> None:
+        self.stop_serving()
+        await _settle(list(self._role_tasks.values()))
+        await super().stop()
+        await _settle(list(self._stopping))
+
+    # Headers and routes.
+    @property
+    def local_id(self) -> pb.ProcessSpec.ID:
+        return self.identity.process_id()
+
+    def header(self, *, routed: bool = True) -> pb.Header:
+        """A header of this broker (without a journal's route)."""
+        hdr = super().header(routed=False)
+        return hdr
+
+    def endpoint_of(self, zone: str, suffix: str) -> str:
+        kv = self.keyspace.get(self.layout.member_key(zone, suffix))
+        if kv is None:
+            return ""
+        cached = self._endpoints.get((kv.key, kv.mod_revision))
+        if cached is None:
+            try:
+                cached = decode_broker_spec(self.layout, kv).process_spec.endpoint
+            except KeyDecodeError:
+                cached = ""
+            self._endpoints[(kv.key, kv.mod_revision)] = cached
+        return cached
+
+    def journal_route(self, state: AllocatorState, journal: str) -> pb.Route:
+        route = route_of(state.assignments_of(journal))
+        route.endpoints.extend(self.endpoint_of(m.zone, m.suffix) for m in route.members)
+        return route
+
+    # Resolution.
+    async def resolve_journal(
+        self,
+        journal: str,
+        *,
+        require_primary: bool,
+        may_proxy: bool,
+        prefer_primary: bool = False,
+        min_revision: int = 0,
+        proxy_header: pb.Header | None = None,
+    ) -> Resolution:
+        local_id = self.local_id
+        if not self.lease_alive():
+            raise ResolveError("this broker's etcd lease may have expired")
+        if proxy_header is not None:
+            etcd = proxy_header.etcd
+            if etcd.cluster_id and etcd.cluster_id != self.keyspace.identity.cluster_id:
+                raise ResolveError(
+                    f"request etcd cluster ID doesn't match ours ({etcd.cluster_id} vs "
+                    f"{self.keyspace.identity.cluster_id})"
+                )
+            pid = proxy_header.process_id
+            if (pid.zone or pid.suffix) and not _same(pid, local_id):
+                raise ResolveError(
+                    f"request process ID doesn't match ours ({pid.zone}#{pid.suffix} vs "
+                    f"{local_id.zone}#{local_id.suffix})"
+                )
+            min_revision = max(min_revision, etcd.revision)
+        if min_revision > self.keyspace.revision:
+            try:
+                await self.keyspace.wait_for_revision(min_revision, REVISION_WAIT_SECONDS)
+            except TimeoutError:
+                raise ResolveError(
+                    f"keyspace didn't reach revision {min_revision} (at {self.keyspace.revision})"
+                ) from None
+
+        state = self.observed.current
+        header = super().header(routed=False)
+        res = Resolution(pb.OK, header, local_id)
+        item = self.keyspace.get(self.layout.item_key(journal)) if "#" not in journal else None
+        if item is not None:
+            try:
+                res.spec = self.decoder.journal_spec(item)
+                res.item = item
+            except KeyDecodeError:
+                res.spec = None
+        if res.spec is not None:
+            res.assignments = list(state.assignments_of(journal))
+            header.route.CopyFrom(self.journal_route(state, journal))
+        route = header.route
+        members = list(route.members)
+
+        target: pb.ProcessSpec.ID | None = None
+        is_member = any(_same(m, local_id) for m in members)
+        res.named = (
+            proxy_header is not None
+            and bool(proxy_header.process_id.zone or proxy_header.process_id.suffix)
+            and is_member
+        )
+        if res.named and not require_primary:
+            target = local_id  # A peer picked this member to serve it.
+        elif require_primary:
+            if route.primary >= 0:
+                target = members[route.primary]
+        elif prefer_primary and route.primary >= 0 and (may_proxy or is_member):
+            target = members[route.primary] if may_proxy else local_id
+        elif is_member:
+            target = local_id
+        elif members:
+            same_zone = [m for m in members if m.zone == local_id.zone]
+            target = (same_zone or members)[0]
+
+        if res.spec is None:
+            res.status = pb.JOURNAL_NOT_FOUND
+        elif res.spec.HasField("suspend") and res.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+            res.status = pb.SUSPENDED
+        elif require_primary and route.primary < 0:
+            res.status = pb.NO_JOURNAL_PRIMARY_BROKER
+        elif not members:
+            res.status = pb.INSUFFICIENT_JOURNAL_BROKERS
+        elif target is None or (not may_proxy and not _same(target, local_id)):
+            res.status = pb.NOT_JOURNAL_PRIMARY_BROKER if require_primary else pb.NOT_JOURNAL_BROKER
+        if res.status != pb.OK or target is None:
+            header.process_id.CopyFrom(local_id)
+        else:
+            header.process_id.CopyFrom(target)
+
+        if res.status == pb.OK and res.local:
+            if not self.serving:
+                raise ResolveError("this broker is shutting down")
+            replica = self.replicas.get(journal)
+            if replica is None or replica.stopping:
+                raise ResolveError(f"no local replica of {journal} (shutting down?)")
+            res.replica = replica
+            res.invalidated = replica.invalidated
+        return res

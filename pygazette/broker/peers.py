@@ -1,0 +1,70 @@
+"""Connections to peer brokers: one gRPC channel per advertised endpoint, shared by all RPCs.
+
+Brokers talk to each other to replicate (Replicate) and to proxy clients' Append, Read and
+ListFragments to the broker that serves them. Endpoints are the URLs brokers advertise in
+their BrokerSpecs (`http://host:port`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from urllib.parse import urlsplit
+
+import grpc
+import grpc.aio
+
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class PeerUnavailable(Exception):
+    """A peer has no usable endpoint (e.g. its member key carries none)."""
+
+
+def endpoint_target(endpoint: str) -> str:
+    """The gRPC target ("host:port") of an advertised endpoint URL."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PeerUnavailable(f"unusable peer endpoint {endpoint!r}")
+    host = parts.hostname
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+class Peers:
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.JournalStub] = {}
+
+    def stub(self, endpoint: str) -> pb_grpc.JournalStub:
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            target = endpoint_target(endpoint)
+            channel = grpc.aio.insecure_channel(
+                target,
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    # Notice a dead or frozen peer within seconds, not minutes.
+                    ("grpc.keepalive_time_ms", 2000),
+                    ("grpc.keepalive_timeout_ms", 2000),
+                    ("grpc.keepalive_permit_without_calls", 0),
+                    ("grpc.http2.max_pings_without_data", 0),
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                ],
+            )
+            self._channels[endpoint] = channel
+            stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        return stub
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                await channel.close(None)

@@ -1,0 +1,352 @@
+"""A journal's open fragment as the Replicate protocol drives it, on primary and replicas.
+
+It follows Gazette's spool rules for ReplicateRequests: content is written at `content_delta`
+past the committed end; a proposal is either
+
+- a roll: it ends past everything held here (or is empty at our end): the current spool
+  completes (and persists) and a new, empty fragment starts at the proposal's end, taking
+  the proposal's registers when it ends further than we had;
+- our exact fragment and registers: uncommitted content rolls back;
+- our fragment extended by the content received, with its SHA-1: a commit, with the
+  proposal's registers;
+- anything else: PROPOSAL_MISMATCH, answered with our fragment and registers.
+
+Spools stay crash-safe (`spool.py`) on every replica, which adds one duty Gazette's
+memory-only replicas don't have: a replica may hold commits its primary never got
+acknowledged by every peer (the primary died mid-commit), and may carry them across a
+restart. So each replica tracks a *confirmed* frontier: the end it held when its primary
+sent another proposal after the previous round. A pygazette primary sends a proposal only
+after the previous round was acknowledged by every peer, so everything below the frontier is
+on every replica of the route, while content above it is not known to be; and it
+acknowledges an append only once a second round confirmed it everywhere (`append_fsm`), so
+content above the frontier was never acknowledged. The frontier:
+
+- is what a replica lets readers see (it never shows content that could be taken back);
+- is kept in the journal's spool directory (`confirmed`), surviving restarts;
+- bounds what a replica keeps when a *new* pipeline (new primary, or the same after a
+  failure) opens with a proposal other than exactly our fragment: unconfirmed content is
+  cut first, so content no peer acknowledged never resurfaces beside what the cluster wrote
+  at the same offsets in the meantime;
+- bounds what a replica persists when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import struct
+from typing import TYPE_CHECKING
+
+from pygazette.broker.spool import PendingAppend, Spool, SpoolCorrupt
+from pygazette.protocol.fragment_name import sha1sum_from_digest
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+if TYPE_CHECKING:
+    from pygazette.broker.replica import Replica
+
+log = logging.getLogger(__name__)
+
+CONFIRMED_FILE = "confirmed"
+_THREAD_CHUNK = 128 * 1024
+_U64 = struct.Struct("<Q")
+
+
+class ReplicationProtocolError(Exception):
+    """A peer sent a request that breaks the protocol (e.g. content at the wrong delta)."""
+
+
+def fragments_equal(a: pb.Fragment, b: pb.Fragment) -> bool:
+    """Equal as Gazette compares spool fragments: journal, offsets, sum and codec."""
+    return (
+        a.journal == b.journal
+        and a.begin == b.begin
+        and a.end == b.end
+        and a.sum.part1 == b.sum.part1
+        and a.sum.part2 == b.sum.part2
+        and a.sum.part3 == b.sum.part3
+        and a.compression_codec == b.compression_codec
+    )
+
+
+def roll_proposal(
+    frag: pb.Fragment,
+    first_append_time: float | None,
+    roll_to: int,
+    spec: pb.JournalSpec.Fragment,
+    now: float,
+) -> pb.Fragment:
+    """The fragment to propose next: `frag` itself, or an empty one rolled to its end (or to
+    `roll_to`) if it is empty, too long, asked to roll, or from an earlier flush interval."""
+    length = frag.end - frag.begin
+    flush = length == 0 or (spec.length > 0 and length > spec.length)
+    if roll_to and roll_to != frag.begin:
+        flush = True
+    interval = spec.flush_interval.seconds
+    if interval > 0 and first_append_time is not None:
+        if int(first_append_time // interval) != int(now // interval):
+            flush = True
+    if not flush:
+        return frag
+    end = roll_to if roll_to else frag.end
+    if end < frag.end:
+        raise ValueError(f"roll to {end}, before the fragment end {frag.end}")
+    return pb.Fragment(
+        journal=frag.journal, begin=end, end=end, compression_codec=spec.compression_codec
+    )
+
+
+class ReplicatedSpool:
+    """The open fragment of one journal on this broker (owned by one pipeline or stream)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.journal = replica.name
+        self.pending: PendingAppend | None = None
+        self.delta = 0
+        self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
+        self._confirmed_path = replica.spool_dir / CONFIRMED_FILE
+        self._confirmed_fd = -1
+        self.confirmed = self._load_confirmed()
+        spool = replica.spool
+        if spool is not None and self.confirmed is not None and spool.end < self.confirmed:
+            # The cluster moved past this spool before we stopped: it is complete (and, being
+            # below the frontier, confirmed).
+            replica.spool = None
+            spool.close()
+            replica.persister.enqueue(spool, replica, check_existing=True)
+            spool = None
+        if spool is not None:
+            self.begin, self.end, self.codec = spool.begin, spool.end, spool.codec
+            self._sha = spool.running_sha()
+        else:
+            self.begin = self.end = self.confirmed or 0
+            self.codec = pb.NONE
+            self._sha = hashlib.sha1()
+        if self.confirmed is None:
+            self.confirmed = self.end  # No record (a single-node data directory): trust it.
+
+    # The confirmed frontier.
+    def _load_confirmed(self) -> int | None:
+        try:
+            data = self._confirmed_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(data) != _U64.size:
+            log.warning(
+                "ignoring a malformed confirmed-offset file", extra={"journal": self.journal}
+            )
+            return None
+        return int(_U64.unpack(data)[0])
+
+    def set_confirmed(self, offset: int) -> None:
+        """Everything below `offset` is held by every replica of the route."""
+        assert self.confirmed is not None
+        if offset == self.confirmed:
+            return
+        self.confirmed = offset
+        if self._confirmed_fd < 0:
+            self.replica.spool_dir.mkdir(parents=True, exist_ok=True)
+            self._confirmed_fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        # One aligned 8-byte write: it lands whole (the page cache survives a process kill).
+        os.pwrite(self._confirmed_fd, _U64.pack(offset), 0)
+
+    def close(self) -> None:
+        """Release the confirmed-offset file."""
+        if self._confirmed_fd >= 0:
+            os.close(self._confirmed_fd)
+            self._confirmed_fd = -1
+
+    @property
+    def unconfirmed(self) -> bool:
+        assert self.confirmed is not None
+        return self.confirmed < self.end
+
+    # Fragments.
+    @property
+    def registers(self) -> pb.LabelSet:
+        return self.replica.registers
+
+    def fragment(self) -> pb.Fragment:
+        frag = pb.Fragment(
+            journal=self.journal, begin=self.begin, end=self.end, compression_codec=self.codec
+        )
+        if self.end > self.begin:
+            frag.sum.CopyFrom(sha1sum_from_digest(self._sha.digest()))
+        return frag
+
+    def next_fragment(self) -> pb.Fragment:
+        """The fragment a commit of the content received so far would make."""
+        if not self.delta:
+            return self.fragment()
+        assert self._running is not None
+        frag = pb.Fragment(
+            journal=self.journal,
+            begin=self.begin,
+            end=self.end + self.delta,
+            compression_codec=self.codec,
+        )
+        frag.sum.CopyFrom(sha1sum_from_digest(self._running.digest()))
+        return frag
+
+    @property
+    def first_append_time(self) -> float | None:
+        spool = self.replica.spool
+        return spool.first_append_time if spool is not None else None
+
+    # Content.
+    async def apply_content(self, content: bytes, delta: int) -> None:
+        if delta != self.delta:
+            raise ReplicationProtocolError(f"invalid ContentDelta ({delta}; expected {self.delta})")
+        if not content:
+            return
+        if self.pending is None:
+            spool = self.replica.spool
+            if spool is None:
+                spool = Spool.create(
+                    self.replica.spool_dir,
+                    self.journal,
+                    self.begin,
+                    self.codec,
+                    self.registers,
+                    sync=self.replica.sync,
+                )
+                self.replica.spool = spool
+                self.replica.index.add_local(spool)
+            self.pending = spool.start_append()
+            self._running = self._sha.copy()
+        pending, running = self.pending, self._running
+        assert running is not None
+        if len(content) >= _THREAD_CHUNK:
+            await asyncio.to_thread(_write_and_hash, pending, running, content)
+        else:
+            _write_and_hash(pending, running, content)
+        self.delta += len(content)
+
+    def rollback(self) -> None:
+        """Drop uncommitted content (its bytes past the end are overwritten later)."""
+        self.pending = None
+        self._running = None
+        self.delta = 0
+
+    # Proposals.
+    async def apply_proposal(
+        self, proposal: pb.Fragment, registers: pb.LabelSet, *, primary: bool
+    ) -> pb.ReplicateResponse:
+        p = proposal
+        if p.end > self.end + self.delta or (p.end == self.end and p.begin == p.end):
+            self.rollback()
+            if self.replica.spool is not None:
+                self._complete_spool(primary=primary)
+            if p.end > self.end:
+                self.replica.registers = _copy_labels(registers)
+            self.begin = self.end = p.end
+            self.codec = p.compression_codec
+            self._sha = hashlib.sha1()
+            self.replica.index.spool_committed()
+
+        if fragments_equal(self.fragment(), p) and registers == self.registers:
+            self.rollback()
+            return pb.ReplicateResponse(status=pb.OK)
+
+        if self.delta and fragments_equal(self.next_fragment(), p):
+            await self._commit(registers)
+            return pb.ReplicateResponse(status=pb.OK)
+
+        return pb.ReplicateResponse(
+            status=pb.PROPOSAL_MISMATCH,
+            fragment=self.fragment(),
+            registers=_copy_labels(self.registers),
+        )
+
+    async def _commit(self, registers: pb.LabelSet) -> None:
+        spool, pending, running = self.replica.spool, self.pending, self._running
+        assert spool is not None and pending is not None and running is not None
+        changed = None if registers == self.registers else _copy_labels(registers)
+        if spool.sync:
+            await asyncio.to_thread(spool.commit, pending, changed, running)
+        else:
+            spool.commit(pending, changed, running)
+        self.end = spool.end
+        self._sha = running
+        self.replica.registers = _copy_labels(registers)
+        self.pending, self._running, self.delta = None, None, 0
+        self.replica.index.spool_committed()
+
+    # Completion and cuts.
+    def _complete_spool(self, *, primary: bool) -> None:
+        """Close the open spool and hand it to the persister (a replica's: cut first)."""
+        spool = self.replica.spool
+        if spool is None:
+            return
+        if not primary:
+            self.cut_unconfirmed()
+            spool = self.replica.spool
+            if spool is None:
+                return
+        self.replica.spool = None
+        if spool.end == spool.begin:
+            self.replica.index.remove_local(spool)
+            spool.delete()
+            return
+        spool.close()
+        self.replica.persister.enqueue(spool, self.replica, check_existing=not primary)
+
+    def cut_unconfirmed(self) -> None:
+        """Cut committed content above the confirmed frontier (see the module docstring)."""
+        assert self.confirmed is not None
+        confirmed = self.confirmed
+        if confirmed >= self.end:
+            return
+        self.rollback()
+        spool = self.replica.spool
+        log.warning(
+            "cutting unconfirmed replica content",
+            extra={"journal": self.journal, "confirmed": confirmed, "end": self.end},
+        )
+        if spool is None or confirmed <= spool.begin:
+            if spool is not None:
+                self.replica.index.remove_local(spool)
+                spool.delete()
+                self.replica.spool = None
+            self.begin = self.end = max(confirmed, 0)
+            self._sha = hashlib.sha1()
+            self.replica.index.spool_committed()
+            return
+        log_path = spool.log_path
+        self.replica.index.remove_local(spool)
+        spool.detach()
+        try:
+            cut, _report = Spool.recover(log_path, sync=self.replica.sync, end_limit=confirmed)
+        except (SpoolCorrupt, OSError, ValueError) as exc:
+            log.error(
+                "cannot cut spool; dropping it", extra={"journal": self.journal, "error": str(exc)}
+            )
+            self.replica.spool = None
+            self.begin = self.end = confirmed
+            self._sha = hashlib.sha1()
+            return
+        self.replica.spool = cut
+        self.replica.index.add_local(cut)
+        self.replica.registers = _copy_labels(cut.registers)
+        self.begin, self.end, self.codec = cut.begin, cut.end, cut.codec
+        self._sha = cut.running_sha()
+
+    def complete(self, *, primary: bool) -> None:
+        """Finish the open fragment for good (the replica stops serving the journal)."""
+        self.rollback()
+        self._complete_spool(primary=primary)
+        self.begin = self.end
+        self.close()
+
+
+def _write_and_hash(pending: PendingAppend, running: hashlib._Hash, content: bytes) -> None:
+    pending.write(content)
+    running.update(content)
+
+
+def _copy_labels(ls: pb.LabelSet) -> pb.LabelSet:
+    out = pb.LabelSet()
+    out.CopyFrom(ls)
+    return out

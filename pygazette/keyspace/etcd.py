@@ -1,0 +1,320 @@
+"""The etcd keyspace: a watched local mirror of every key under a root, over `aetcd`.
+
+`open()` loads the keys under the root at one revision, then a watch from the next revision
+applies every change to the mirror, in revision order, and notifies listeners. The mirror's
+revision is the mod revision of the last change it applied (or the load revision), so
+`wait_for_revision(r)` for the revision `r` of a write under the root returns once the
+mirror reflects that write. A broken watch is re-established from the next revision; if
+etcd compacted past it, the mirror reloads.
+
+Writes go straight to etcd as transactions guarded by mod revisions, as Gazette's do. The
+lease calls that membership needs live here too: grant, keep alive, revoke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import aetcd
+import aetcd.rpc as etcd_rpc
+import grpc
+
+from pygazette.keyspace.keyspace import (
+    DEFAULT_ROOT,
+    ClusterIdentity,
+    Compare,
+    Delete,
+    Keyspace,
+    KeyspaceUnavailable,
+    KeyValue,
+    Put,
+    TxnResult,
+)
+
+log = logging.getLogger(__name__)
+
+_RPC_TIMEOUT = 10.0
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+# Fail watches on an etcd member cut off from its cluster's leader, as Gazette does.
+_REQUIRE_LEADER = (("hasleader", "true"),)
+
+
+def parse_etcd_url(url: str) -> tuple[str, int]:
+    """Host and port of an etcd client URL such as "http://127.0.0.1:2379"."""
+    text = url.strip()
+    if "," in text:
+        raise ValueError(f"one etcd endpoint expected, got {url!r}")
+    parts = urlsplit(text if "://" in text else "http://" + text)
+    if parts.scheme not in ("http", ""):
+        raise ValueError(f"unsupported etcd URL scheme {parts.scheme!r} in {url!r} (use http://)")
+    if not parts.hostname:
+        raise ValueError(f"etcd URL has no host: {url!r}")
+    try:
+        port = parts.port or 2379
+    except ValueError:
+        raise ValueError(f"etcd URL has a bad port: {url!r}") from None
+    return parts.hostname, port
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    end = bytearray(prefix)
+    for i in reversed(range(len(end))):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
+
+def _kv(raw: Any) -> KeyValue:
+    return KeyValue(
+        raw.key.decode(),
+        bytes(raw.value),
+        int(raw.create_revision),
+        int(raw.mod_revision),
+        int(raw.lease),
+    )
+
+
+class EtcdKeyspace(Keyspace):
+    """A Keyspace mirroring `<root>/` of an etcd cluster."""
+
+    def __init__(self, url: str, root: str = DEFAULT_ROOT) -> None:
+        super().__init__(root)
+        self.url = url
+        host, port = parse_etcd_url(url)
+        self._client = aetcd.Client(
+            host=host,
+            port=port,
+            timeout=None,
+            options={
+                "grpc.keepalive_time_ms": 5000,
+                "grpc.keepalive_timeout_ms": 5000,
+                "grpc.keepalive_permit_without_calls": 1,
+                "grpc.initial_reconnect_backoff_ms": 100,
+                "grpc.max_reconnect_backoff_ms": 1000,
+            },
+        )
+        self._prefix = (root + "/").encode()
+        self._kvs: dict[str, KeyValue] = {}
+        self._keys: list[str] = []  # Sorted.
+        self._revision = 0
+        self._identity = ClusterIdentity(0, 0, 0)
+        self._watch_task: asyncio.Task[None] | None = None
+        self.watch_failures = 0  # Watches re-established (for tests and diagnostics).
+
+    # Keyspace interface.
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    @property
+    def identity(self) -> ClusterIdentity:
+        return self._identity
+
+    def get(self, key: str) -> KeyValue | None:
+        return self._kvs.get(key)
+
+    def range(self, prefix: str) -> list[KeyValue]:
+        i = bisect.bisect_left(self._keys, prefix)
+        out = []
+        while i < len(self._keys) and self._keys[i].startswith(prefix):
+            out.append(self._kvs[self._keys[i]])
+            i += 1
+        return out
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Put | Delete]) -> TxnResult:
+        request = etcd_rpc.TxnRequest(
+            compare=[
+                etcd_rpc.Compare(
+                    result=etcd_rpc.Compare.EQUAL,
+                    target=etcd_rpc.Compare.MOD,
+                    key=c.key.encode(),
+                    mod_revision=c.mod_revision,
+                )
+                for c in compares
+            ],
+            success=[self._request_op(op) for op in ops],
+        )
+        resp = await self._call(lambda: self._client.kvstub.Txn(request, timeout=_RPC_TIMEOUT))
+        return TxnResult(bool(resp.succeeded), int(resp.header.revision))
+
+    @staticmethod
+    def _request_op(op: Put | Delete) -> Any:
+        if isinstance(op, Put):
+            return etcd_rpc.RequestOp(
+                request_put=etcd_rpc.PutRequest(
+                    key=op.key.encode(),
+                    value=op.value,
+                    lease=0 if op.ignore_lease else op.lease,
+                    ignore_lease=op.ignore_lease,
+                )
+            )
+        return etcd_rpc.RequestOp(
+            request_delete_range=etcd_rpc.DeleteRangeRequest(key=op.key.encode())
+        )
+
+    # Lifecycle.
+    async def open(self) -> None:
+        """Connect, load the keys under the root, and start watching them."""
+        await self._call(self._client.connect)
+        await self._load()
+        self._watch_task = asyncio.create_task(self._watch_loop(), name="etcd-watch")
+
+    async def close(self) -> None:
+        await super().close()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            await asyncio.wait([self._watch_task])  # Our own cancellation still propagates.
+            self._watch_task = None
+        with contextlib.suppress(Exception):
+            await self._client.close()
+
+    async def _call(self, fn: Any) -> Any:
+        try:
+            return await fn()
+        except (grpc.aio.AioRpcError, aetcd.ClientError, OSError) as exc:
+            raise KeyspaceUnavailable(f"etcd at {self.url}: {_describe(exc)}") from exc
+        except TimeoutError as exc:
+            raise KeyspaceUnavailable(f"etcd at {self.url}: timed out") from exc
+
+    async def _load(self) -> None:
+        request = etcd_rpc.RangeRequest(key=self._prefix, range_end=_prefix_end(self._prefix))
+        resp = await self._call(lambda: self._client.kvstub.Range(request, timeout=_RPC_TIMEOUT))
+        kvs = {kv.key: kv for kv in (_kv(raw) for raw in resp.kvs)}
+        self._kvs = kvs
+        self._keys = sorted(kvs)
+        self._revision = int(resp.header.revision)
+        self._identity = ClusterIdentity(
+            int(resp.header.cluster_id), int(resp.header.member_id), int(resp.header.raft_term)
+        )
+        await self._notify(self._revision)
+
+    # Watching.
+    async def _watch_loop(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                await self._watch_once()
+            except asyncio.CancelledError:
+                raise
+            except _Compacted:
+                log.warning("etcd compacted past the mirror's revision; reloading")
+                with contextlib.suppress(KeyspaceUnavailable):
+                    await self._load()
+                    backoff = 0.05
+                    continue
+            except Exception as exc:
+                self.watch_failures += 1
+                log.warning(
+                    "etcd watch failed (will restart)",
+                    extra={"error": _describe(exc), "revision": self._revision},
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _watch_once(self) -> None:
+        stub = etcd_rpc.WatchStub(self._client.channel)
+        call = stub.Watch(metadata=_REQUIRE_LEADER)
+        try:
+            await call.write(
+                etcd_rpc.WatchRequest(
+                    create_request=etcd_rpc.WatchCreateRequest(
+                        key=self._prefix,
+                        range_end=_prefix_end(self._prefix),
+                        start_revision=self._revision + 1,
+                    )
+                )
+            )
+            while True:
+                resp = await call.read()
+                if resp is _EOF:
+                    raise KeyspaceUnavailable("watch stream ended")
+                if resp.compact_revision:
+                    raise _Compacted()
+                if resp.canceled:
+                    raise KeyspaceUnavailable(f"watch canceled: {resp.cancel_reason}")
+                if resp.events:
+                    await self._apply(resp)
+        finally:
+            call.cancel()
+
+    async def _apply(self, resp: Any) -> None:
+        revision = self._revision
+        for event in resp.events:
+            kv = event.kv
+            mod = int(kv.mod_revision)
+            if mod <= self._revision:
+                continue  # Already applied (a re-established watch may repeat a revision).
+            key = kv.key.decode()
+            if event.type == etcd_rpc.Event.PUT:
+                if key not in self._kvs:
+                    bisect.insort(self._keys, key)
+                self._kvs[key] = _kv(kv)
+            elif key in self._kvs:
+                del self._kvs[key]
+                self._keys.pop(bisect.bisect_left(self._keys, key))
+            revision = max(revision, mod)
+        if revision == self._revision:
+            return
+        self._revision = revision
+        hdr = resp.header
+        self._identity = ClusterIdentity(
+            self._identity.cluster_id or int(hdr.cluster_id), int(hdr.member_id), int(hdr.raft_term)
+        )
+        await self._notify(revision)
+
+    # Direct reads and leases (membership).
+    async def get_remote(self, key: str) -> KeyValue | None:
+        """`key` as etcd has it now (not the mirror)."""
+        request = etcd_rpc.RangeRequest(key=key.encode())
+        resp = await self._call(lambda: self._client.kvstub.Range(request, timeout=_RPC_TIMEOUT))
+        return _kv(resp.kvs[0]) if resp.kvs else None
+
+    async def grant_lease(self, ttl_seconds: int) -> int:
+        request = etcd_rpc.LeaseGrantRequest(TTL=ttl_seconds)
+        resp = await self._call(
+            lambda: self._client.leasestub.LeaseGrant(request, timeout=_RPC_TIMEOUT)
+        )
+        if resp.error:
+            raise KeyspaceUnavailable(f"etcd lease grant: {resp.error}")
+        return int(resp.ID)
+
+    async def keep_alive(self, lease: int, within: float) -> int:
+        """Refresh `lease`; returns its renewed TTL in seconds (0: the lease is gone)."""
+
+        async def once() -> int:
+            call = self._client.leasestub.LeaseKeepAlive(
+                iter([etcd_rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=within
+            )
+            try:
+                async for reply in call:
+                    return int(reply.TTL)
+                return 0
+            finally:
+                call.cancel()
+
+        result: int = await self._call(once)
+        return result
+
+    async def revoke_lease(self, lease: int) -> None:
+        request = etcd_rpc.LeaseRevokeRequest(ID=lease)
+        with contextlib.suppress(KeyspaceUnavailable):
+            await self._call(
+                lambda: self._client.leasestub.LeaseRevoke(request, timeout=_RPC_TIMEOUT)
+            )
+
+
+class _Compacted(Exception):
+    pass
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,154 @@
+"""Cluster resolution on a keyspace built by hand: routes, statuses, who serves, proxy headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pygazette.allocator.allocator import ObservedState
+from pygazette.broker.allocation import JournalDecoder, route_value
+from pygazette.broker.cluster_resolver import ClusterResolver, ResolveError
+from pygazette.broker.persister import Persister
+from pygazette.broker.resolver import BrokerIdentity
+from pygazette.keyspace.embedded import EmbeddedKeyspace
+from pygazette.keyspace.keyspace import Put
+from pygazette.keyspace.layout import AssignmentKey, KeyLayout
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+from tests.broker.rpc_helpers import journal_spec
+
+LAYOUT = KeyLayout()
+LOCAL = BrokerIdentity("zone-a", "local-broker", "http://127.0.0.1:1")
+
+
+def _broker(zone: str, suffix: str, port: int) -> bytes:
+    spec = pb.BrokerSpec(journal_limit=10)
+    spec.process_spec.id.zone, spec.process_spec.id.suffix = zone, suffix
+    spec.process_spec.endpoint = f"http://127.0.0.1:{port}"
+    return spec.SerializeToString()
+
+
+@pytest.fixture
+async def resolver(tmp_path: Path) -> AsyncIterator[ClusterResolver]:
+    ks = EmbeddedKeyspace(tmp_path / "keyspace.json")
+    await ks.txn(
+        [],
+        [
+            Put(LAYOUT.member_key("zone-a", "local-broker"), _broker("zone-a", "local-broker", 1)),
+            Put(LAYOUT.member_key("zone-b", "peer-broker"), _broker("zone-b", "peer-broker", 2)),
+            Put(LAYOUT.member_key("zone-a", "near-broker"), _broker("zone-a", "near-broker", 3)),
+        ],
+    )
+    decoder = JournalDecoder(LAYOUT)
+    observed = ObservedState(ks, LAYOUT, decoder, LAYOUT.member_key("zone-a", "local-broker"))
+    persister = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
+    r = ClusterResolver(
+        ks,
+        LOCAL,
+        layout=LAYOUT,
+        observed=observed,
+        decoder=decoder,
+        spool_root=tmp_path / "spools",
+        stores=persister.stores,
+        persister=persister,
+        sync=False,
+    )
+    r.start()
+    yield r
+    await r.stop()
+
+
+async def _journal(r: ClusterResolver, name: str, members: list[tuple[str, str, int]]) -> None:
+    ops = [
+        Put(
+            LAYOUT.item_key(name),
+            journal_spec(name, replication=len(members) or 1).SerializeToString(),
+        )
+    ]
+    for zone, suffix, slot in members:
+        ops.append(Put(LAYOUT.assignment_key(AssignmentKey(name, zone, suffix, slot)), b""))
+    await r.keyspace.txn([], ops)
+
+
+async def test_statuses_and_targets(resolver: ClusterResolver) -> None:
+    r = resolver
+    res = await r.resolve_journal("no/such", require_primary=True, may_proxy=True)
+    assert res.status == pb.JOURNAL_NOT_FOUND
+    assert res.header.process_id.suffix == "local-broker"
+
+    await _journal(r, "none/assigned", [])
+    res = await r.resolve_journal("none/assigned", require_primary=False, may_proxy=True)
+    assert res.status == pb.INSUFFICIENT_JOURNAL_BROKERS
+
+    await _journal(r, "no/primary", [("zone-b", "peer-broker", 1), ("zone-a", "near-broker", 2)])
+    res = await r.resolve_journal("no/primary", require_primary=True, may_proxy=True)
+    assert res.status == pb.NO_JOURNAL_PRIMARY_BROKER
+    # A read may go to a member: the one in this broker's zone.
+    res = await r.resolve_journal("no/primary", require_primary=False, may_proxy=True)
+    assert res.status == pb.OK and res.header.process_id.suffix == "near-broker"
+    assert list(res.route.endpoints) == ["http://127.0.0.1:3", "http://127.0.0.1:2"]
+
+    await _journal(r, "remote/one", [("zone-b", "peer-broker", 0), ("zone-a", "near-broker", 1)])
+    res = await r.resolve_journal("remote/one", require_primary=True, may_proxy=True)
+    assert res.status == pb.OK and not res.local
+    assert res.header.process_id.suffix == "peer-broker"
+    assert res.route.primary == 1  # Members in key order: near-broker (zone-a), peer-broker.
+    res = await r.resolve_journal("remote/one", require_primary=True, may_proxy=False)
+    assert res.status == pb.NOT_JOURNAL_PRIMARY_BROKER
+    assert res.header.process_id.suffix == "local-broker"
+    res = await r.resolve_journal("remote/one", require_primary=False, may_proxy=False)
+    assert res.status == pb.NOT_JOURNAL_BROKER
+    res = await r.resolve_journal(
+        "remote/one", require_primary=False, may_proxy=True, prefer_primary=True
+    )
+    assert res.header.process_id.suffix == "peer-broker"
+
+    await _journal(r, "local/one", [("zone-a", "local-broker", 0), ("zone-b", "peer-broker", 1)])
+    res = await r.resolve_journal("local/one", require_primary=True, may_proxy=False)
+    assert res.status == pb.OK and res.local and res.replica is not None
+    assert res.replica.primary
+    assert res.header.etcd.revision == r.keyspace.revision
+
+
+async def test_proxy_headers_are_checked(resolver: ClusterResolver) -> None:
+    r = resolver
+    await _journal(r, "local/one", [("zone-a", "local-broker", 0)])
+    hdr = pb.Header()
+    hdr.process_id.zone, hdr.process_id.suffix = "zone-b", "peer-broker"
+    with pytest.raises(ResolveError, match="process ID"):
+        await r.resolve_journal("local/one", require_primary=True, may_proxy=True, proxy_header=hdr)
+    hdr = pb.Header()
+    hdr.etcd.cluster_id = r.keyspace.identity.cluster_id + 1
+    with pytest.raises(ResolveError, match="cluster ID"):
+        await r.resolve_journal("local/one", require_primary=True, may_proxy=True, proxy_header=hdr)
+    # A proxying peer's revision is waited for.
+    hdr = pb.Header()
+    hdr.etcd.revision = r.keyspace.revision + 1
+
+    async def bump() -> None:
+        await r.keyspace.txn([], [Put(LAYOUT.items_prefix + "unrelated", b"x")])
+
+    task = asyncio.create_task(bump())
+    res = await r.resolve_journal(
+        "local/one", require_primary=True, may_proxy=True, proxy_header=hdr
+    )
+    await task
+    assert res.header.etcd.revision >= hdr.etcd.revision
+
+
+async def test_advertised_routes_and_suspension(resolver: ClusterResolver) -> None:
+    r = resolver
+    await _journal(r, "local/one", [("zone-a", "local-broker", 0)])
+    res = await r.resolve_journal("local/one", require_primary=True, may_proxy=True)
+    value = route_value(res.route)
+    parsed = pb.Route()
+    parsed.ParseFromString(value)
+    assert not parsed.endpoints and [m.suffix for m in parsed.members] == ["local-broker"]
+    spec = journal_spec("local/one")
+    spec.suspend.level = pb.JournalSpec.Suspend.FULL
+    await r.keyspace.txn([], [Put(LAYOUT.item_key("local/one"), spec.SerializeToString())])
+    res = await r.resolve_journal("local/one", require_primary=True, may_proxy=True)
+    assert res.status == pb.SUSPENDED

@@ -1,0 +1,215 @@
+"""The replication protocol's spool rules (Gazette's Spool.Apply), on crash-safe spools.
+
+Also the confirmed frontier: what a replica may show readers, keep across a restart, and
+must cut when a new primary proposes something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pygazette.broker.persister import Persister
+from pygazette.broker.replica import Replica
+from pygazette.broker.replicated_spool import (
+    ReplicatedSpool,
+    ReplicationProtocolError,
+    fragments_equal,
+    roll_proposal,
+)
+from pygazette.protocol.fragment_name import sha1sum_from_digest
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+from tests.broker.rpc_helpers import journal_spec
+
+JOURNAL = "a/journal"
+
+
+def _frag(begin: int, end: int, content: bytes = b"", codec: int = pb.NONE) -> pb.Fragment:
+    f = pb.Fragment(journal=JOURNAL, begin=begin, end=end, compression_codec=codec)  # type: ignore[arg-type]
+    if end > begin:
+        f.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
+    return f
+
+
+@pytest.fixture
+async def persister(tmp_path: Path) -> AsyncIterator[Persister]:
+    p = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
+    p.start()
+    yield p
+    await p.stop()
+
+
+def _replica(tmp_path: Path, persister: Persister) -> Replica:
+    r = Replica(
+        journal_spec(JOURNAL),
+        1,
+        spool_root=tmp_path / "spools",
+        stores=persister.stores,
+        persister=persister,
+        sync=False,
+    )
+    r.clustered = True
+    r.recover_spools()
+    r.rspool = ReplicatedSpool(r)
+    r.readable_end = r.rspool.confirmed
+    r.index.first_refresh_done.set()
+    return r
+
+
+async def _content(rs: ReplicatedSpool, data: bytes) -> None:
+    await rs.apply_content(data, rs.delta)
+
+
+async def test_commit_rollback_and_mismatch(tmp_path: Path, persister: Persister) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    regs = label_set({"reg": "one"})
+    assert fragments_equal(rs.fragment(), _frag(0, 0))
+
+    # Content, then a proposal of exactly that content: a commit, with new registers.
+    await _content(rs, b"hello ")
+    await _content(rs, b"world")
+    assert rs.delta == 11
+    assert fragments_equal(rs.next_fragment(), _frag(0, 11, b"hello world"))
+    resp = await rs.apply_proposal(_frag(0, 11, b"hello world"), regs, primary=False)
+    assert resp.status == pb.OK
+    assert (rs.end, rs.delta) == (11, 0)
+    assert r.registers == regs
+    assert r.spool is not None and r.spool.read(0, 100) == b"hello world"
+
+    # Content at a wrong delta breaks the protocol.
+    with pytest.raises(ReplicationProtocolError):
+        await rs.apply_content(b"x", 5)
+
+    # Partial content rolled back by proposing the current fragment.
+    await _content(rs, b"junk")
+    resp = await rs.apply_proposal(_frag(0, 11, b"hello world"), regs, primary=False)
+    assert resp.status == pb.OK and rs.delta == 0 and rs.end == 11
+
+    # A proposal we can't reach: PROPOSAL_MISMATCH with our fragment and registers.
+    resp = await rs.apply_proposal(_frag(0, 11, b"hello wurld"), regs, primary=False)
+    assert resp.status == pb.PROPOSAL_MISMATCH
+    assert fragments_equal(resp.fragment, _frag(0, 11, b"hello world"))
+    assert resp.registers == regs
+    # Same fragment, other registers: a mismatch too.
+    resp = await rs.apply_proposal(_frag(0, 11, b"hello world"), pb.LabelSet(), primary=False)
+    assert resp.status == pb.PROPOSAL_MISMATCH
+
+    # Content then a commit with the wrong sum: mismatch, content stays pending.
+    await _content(rs, b"!")
+    resp = await rs.apply_proposal(_frag(0, 12, b"hello world?"), regs, primary=False)
+    assert resp.status == pb.PROPOSAL_MISMATCH and rs.delta == 1
+
+
+async def test_roll_forward_and_roll_to_empty(tmp_path: Path, persister: Persister) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"abc")
+    assert (await rs.apply_proposal(_frag(0, 3, b"abc"), pb.LabelSet(), primary=False)).status == 0
+    old_spool = r.spool
+    rs.set_confirmed(rs.end)  # As the Replicate service does on a proposal after the first.
+
+    # An empty proposal at our end rolls to a new fragment, with the proposal's codec.
+    roll = _frag(3, 3, codec=pb.GZIP)
+    assert (await rs.apply_proposal(roll, pb.LabelSet(), primary=False)).status == pb.OK
+    assert (rs.begin, rs.end, rs.codec) == (3, 3, pb.GZIP)
+    assert r.spool is None and old_spool is not None and old_spool.closed
+
+    # A proposal past everything we hold: roll forward there, taking its registers.
+    regs = label_set({"peer": "regs"})
+    far = _frag(100, 100)
+    assert (await rs.apply_proposal(far, regs, primary=False)).status == pb.OK
+    assert (rs.begin, rs.end) == (100, 100) and r.registers == regs
+    # Content lands at the new offset.
+    await _content(rs, b"xyz")
+    assert (await rs.apply_proposal(_frag(100, 103, b"xyz"), regs, primary=False)).status == 0
+    assert r.spool is not None and r.spool.begin == 100 and r.spool.read(100, 10) == b"xyz"
+
+
+def test_roll_proposal_rules() -> None:
+    spec = journal_spec(JOURNAL, length=10).fragment
+    cur = _frag(0, 5, b"12345")
+    assert roll_proposal(cur, 0.0, 0, spec, 1.0) is cur
+    assert fragments_equal(roll_proposal(_frag(0, 11, b"x" * 11), 0.0, 0, spec, 1.0), _frag(11, 11))
+    assert fragments_equal(roll_proposal(cur, 0.0, 8, spec, 1.0), _frag(8, 8))
+    assert fragments_equal(roll_proposal(_frag(7, 7), None, 0, spec, 1.0), _frag(7, 7))
+    spec.flush_interval.seconds = 60
+    assert roll_proposal(cur, 30.0, 0, spec, 59.0) is cur
+    assert fragments_equal(roll_proposal(cur, 30.0, 0, spec, 61.0), _frag(5, 5))
+    with pytest.raises(ValueError):
+        roll_proposal(cur, 0.0, 2, spec, 1.0)
+
+
+async def test_unconfirmed_content_is_cut_on_a_foreign_proposal(
+    tmp_path: Path, persister: Persister
+) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    regs = label_set({"k": "v1"})
+    await _content(rs, b"confirmed;")
+    await rs.apply_proposal(_frag(0, 10, b"confirmed;"), regs, primary=False)
+    rs.set_confirmed(rs.end)  # A later proposal confirmed it.
+    await _content(rs, b"tentative")
+    await rs.apply_proposal(
+        _frag(0, 19, b"confirmed;tentative"), label_set({"k": "v2"}), primary=False
+    )
+    assert rs.unconfirmed and rs.confirmed == 10
+
+    # The confirmed frontier survives a restart: a new replica object finds it.
+    r2 = _replica(tmp_path, persister)
+    rs2 = r2.rspool
+    assert rs2 is not None
+    assert rs2.confirmed == 10 and rs2.end == 19 and rs2.unconfirmed
+    # Cutting drops the unconfirmed commit, and its registers with it.
+    rs2.cut_unconfirmed()
+    assert (rs2.begin, rs2.end) == (0, 10)
+    assert r2.registers == regs
+    assert fragments_equal(rs2.fragment(), _frag(0, 10, b"confirmed;"))
+    assert r2.spool is not None and r2.spool.read(0, 100) == b"confirmed;"
+    # And what remains is a valid spool to keep appending to.
+    await _content(rs2, b"next")
+    ok = await rs2.apply_proposal(_frag(0, 14, b"confirmed;next"), regs, primary=False)
+    assert ok.status == pb.OK
+
+
+async def test_readers_see_only_readable_content(tmp_path: Path, persister: Persister) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"0123456789")
+    await rs.apply_proposal(_frag(0, 10, b"0123456789"), pb.LabelSet(), primary=False)
+    assert r.head == 0  # Committed, but not confirmed yet.
+    r.set_readable(4)
+    assert r.head == 4
+    assert r.spool is not None and r.readable_limit(r.spool.end) == 4
+    r.set_readable(2)  # Never backwards.
+    assert r.head == 4
+    r.set_readable(10)
+    assert r.head == 10
+
+
+async def test_replica_completion_persists_only_confirmed_content(
+    tmp_path: Path, persister: Persister
+) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"kept")
+    await rs.apply_proposal(_frag(0, 4, b"kept"), pb.LabelSet(), primary=False)
+    rs.set_confirmed(4)
+    await _content(rs, b"dropped")
+    await rs.apply_proposal(_frag(0, 11, b"keptdropped"), pb.LabelSet(), primary=False)
+    rs.complete(primary=False)
+    persister.expedite()
+    await persister.wait_idle()
+    stored = sorted((tmp_path / "store" / JOURNAL).iterdir())
+    assert [p.name.split("-")[:2] for p in stored] == [["0000000000000000", "0000000000000004"]]
+    assert stored[0].read_bytes() == b"kept"

@@ -1,0 +1,124 @@
+"""The etcd keyspace against a real etcd: mirror, watches, transactions, leases."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from pygazette.keyspace.etcd import EtcdKeyspace, parse_etcd_url
+from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
+from tests.support.etcd_process import EtcdProcess
+
+
+async def _open(etcd: EtcdProcess, root: str) -> EtcdKeyspace:
+    ks = EtcdKeyspace(etcd.url, root)
+    await ks.open()
+    return ks
+
+
+def test_parse_etcd_url() -> None:
+    assert parse_etcd_url("http://127.0.0.1:2379") == ("127.0.0.1", 2379)
+    assert parse_etcd_url("localhost:1234") == ("localhost", 1234)
+    assert parse_etcd_url("http://etcd") == ("etcd", 2379)
+    for bad in ["https://x:1", "http://a:1,http://b:2", "http://:1", "http://x:notaport"]:
+        with pytest.raises(ValueError):
+            parse_etcd_url(bad)
+
+
+async def test_mirror_follows_writes_of_another_client(etcd: EtcdProcess, etcd_root: str) -> None:
+    a = await _open(etcd, etcd_root)
+    b = await _open(etcd, etcd_root)
+    try:
+        r1 = await a.txn([Compare(etcd_root + "/items/x", 0)], [Put(etcd_root + "/items/x", b"1")])
+        assert r1.succeeded
+        await b.wait_for_revision(r1.revision, 10)
+        kv = b.get(etcd_root + "/items/x")
+        assert kv is not None and kv.value == b"1"
+        assert kv.create_revision == kv.mod_revision == r1.revision
+        # A stale compare fails and changes nothing.
+        r2 = await b.txn([Compare(etcd_root + "/items/x", 0)], [Put(etcd_root + "/items/x", b"2")])
+        assert not r2.succeeded
+        r3 = await b.txn(
+            [Compare(etcd_root + "/items/x", kv.mod_revision)],
+            [Put(etcd_root + "/items/x", b"3"), Put(etcd_root + "/items/y", b"y")],
+        )
+        assert r3.succeeded
+        await a.wait_for_revision(r3.revision, 10)
+        assert [k.key for k in a.range(etcd_root + "/items/")] == [
+            etcd_root + "/items/x",
+            etcd_root + "/items/y",
+        ]
+        assert a.get(etcd_root + "/items/x").value == b"3"  # type: ignore[union-attr]
+        r4 = await a.txn([], [Delete(etcd_root + "/items/x")])
+        await b.wait_for_revision(r4.revision, 10)
+        assert b.get(etcd_root + "/items/x") is None
+        assert a.identity.cluster_id != 0 and a.identity.cluster_id == b.identity.cluster_id
+        # Keys outside the root are not mirrored.
+        await a.txn([], [Put("/elsewhere" + etcd_root, b"z")])
+        assert a.range("/elsewhere") == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_listeners_and_lease_expiry(etcd: EtcdProcess, etcd_root: str) -> None:
+    ks = await _open(etcd, etcd_root)
+    seen: list[int] = []
+    ks.add_listener(seen.append)
+    try:
+        lease = await ks.grant_lease(2)
+        key = etcd_root + "/members/z#a"
+        res = await ks.txn([], [Put(key, b"m", lease=lease)])
+        await ks.wait_for_revision(res.revision, 10)
+        assert ks.get(key).lease == lease  # type: ignore[union-attr]
+        assert seen and seen[-1] == res.revision
+        # An ignore_lease put keeps the key under its lease.
+        res = await ks.txn([], [Put(key, b"m2", ignore_lease=True)])
+        await ks.wait_for_revision(res.revision, 10)
+        assert ks.get(key).lease == lease  # type: ignore[union-attr]
+        assert await ks.keep_alive(lease, within=5) > 0
+        # Not kept alive any more: the lease expires and takes the key with it.
+        async with asyncio.timeout(20):
+            while ks.get(key) is not None:
+                await ks.wait_for_change(ks.revision)
+        assert await ks.keep_alive(lease, within=5) == 0
+    finally:
+        await ks.close()
+
+
+async def test_unreachable_etcd_is_a_clear_error() -> None:
+    from tests.support.ports import free_port
+
+    ks = EtcdKeyspace(f"http://127.0.0.1:{free_port()}", "/x")
+    with pytest.raises(KeyspaceUnavailable):
+        await ks.open()
+    await ks.close()
+
+
+async def test_mirror_survives_an_etcd_restart(tmp_path: Path) -> None:
+    own = EtcdProcess(tmp_path / "etcd")
+    own.start()
+    ks = EtcdKeyspace(own.url, "/r")
+    try:
+        await ks.open()
+        r1 = await ks.txn([], [Put("/r/a", b"1")])
+        await ks.wait_for_revision(r1.revision, 10)
+        own.stop()
+        with pytest.raises(KeyspaceUnavailable):
+            await ks.txn([], [Put("/r/b", b"2")])
+        own.start()  # Same data directory and ports.
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    r2 = await ks.txn([], [Put("/r/c", b"3")])
+                    break
+                except KeyspaceUnavailable:
+                    await asyncio.sleep(0.1)
+        await ks.wait_for_revision(r2.revision, 30)
+        assert ks.get("/r/c") is not None and ks.get("/r/a") is not None
+        assert ks.watch_failures >= 1
+    finally:
+        await ks.close()
+        own.stop()
