@@ -1,8 +1,20 @@
 """Benchmark: broker append and read throughput and commit latency, against a raw baseline.
 
 Every figure is measured beside the same operation against `raw_grpc_server.py` — the
-Journal service shape with nothing behind it — started in this run, so figures are ratios
-to what Python gRPC streaming itself does on this machine.
+Journal service shape with nothing behind it, serving with the broker's gRPC options —
+started in this run, so figures are ratios to what Python gRPC streaming itself does on this
+machine. Append runs alternate between the two servers in rounds (raw, broker, broker, raw,
+...), so load from other processes that comes and goes hits both about equally;
+`external_load_cpus` says how much CPU other processes used meanwhile (0 on an idle
+machine; figures taken under load are noisy), and `server_cpu_ms_per_append` what each
+server process spent per append, which load disturbs much less than throughput.
+
+`page_cache_write_mb_per_s` is the machine's rate for writing 1 MiB chunks into a new file
+(fresh page-cache pages), which every broker append does once and the raw server never does.
+On a VM whose host takes back free guest memory (balloon free-page reporting), the first
+touch of such a page is a host page fault, and this rate drops to a few hundred MB/s: then
+it bounds the 1 MiB append ratio. Measured last, on a file kept until the end, so it neither
+warms nor starves the broker's own page-cache allocations.
 
     python bench/append_read.py [--quick]
 
@@ -16,14 +28,16 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -59,6 +73,51 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise TimeoutError(f"nothing listening on {port}")
 
 
+T = TypeVar("T")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def machine_cpu() -> float:
+    """CPU seconds (user, nice, system) used so far by every process on the machine."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:4]]
+    return sum(v) / _TICK
+
+
+class CpuMeter:
+    """CPU used by the given server processes, and by everything but them and this one."""
+
+    def __init__(self, servers: dict[str, int]) -> None:
+        self.servers = servers
+        self.spent = dict.fromkeys(servers, 0.0)
+        self.external = 0.0
+        self.wall = 0.0
+
+    def _mine(self) -> float:
+        t = os.times()
+        return t.user + t.system + sum(process_cpu(p) for p in self.servers.values())
+
+    async def measure(self, server: str, run: Awaitable[T]) -> T:
+        """Await `run` and charge the CPU its server spent to `server`."""
+        m0, s0, w0 = machine_cpu(), process_cpu(self.servers[server]), time.monotonic()
+        mine0 = self._mine()
+        result = await run
+        self.spent[server] += process_cpu(self.servers[server]) - s0
+        self.external += (machine_cpu() - m0) - (self._mine() - mine0)
+        self.wall += time.monotonic() - w0
+        return result
+
+    def load(self) -> float:
+        return round(max(self.external, 0.0) / self.wall, 2) if self.wall else 0.0
+
+
 def spec(name: str, length: int, codec: int) -> pb.JournalSpec:
     s = pb.JournalSpec(name=name, replication=1)
     s.fragment.length = length
@@ -86,20 +145,72 @@ async def append_run(
     data = os.urandom(size)
     for _ in range(min(20, count)):  # Warm up.
         await append_once(stub, journal, data)
+    latencies = await append_latencies(stub, journal, data, count)
+    return summarize(latencies, size)
+
+
+async def append_latencies(
+    stub: pb_grpc.JournalStub, journal: str, data: bytes, count: int
+) -> list[float]:
     latencies = []
-    start = time.perf_counter()
     for _ in range(count):
         t = time.perf_counter()
         await append_once(stub, journal, data)
         latencies.append(time.perf_counter() - t)
-    elapsed = time.perf_counter() - start
-    latencies.sort()
+    return latencies
+
+
+def summarize(latencies: list[float], size: int) -> dict[str, float]:
+    elapsed = sum(latencies)
+    latencies = sorted(latencies)
     return {
-        "mb_per_s": round(size * count / elapsed / 1e6, 1),
-        "appends_per_s": round(count / elapsed, 1),
+        "mb_per_s": round(size * len(latencies) / elapsed / 1e6, 1),
+        "appends_per_s": round(len(latencies) / elapsed, 1),
         "p50_ms": round(statistics.median(latencies) * 1e3, 3),
         "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1e3, 3),
     }
+
+
+async def append_rounds(
+    stubs: dict[str, pb_grpc.JournalStub],
+    journal: str,
+    size: int,
+    count: int,
+    rounds: int,
+    meter: CpuMeter,
+) -> dict[str, dict[str, float]]:
+    """`count` appends of `size` bytes to each server, alternating in `rounds` rounds."""
+    data = os.urandom(size)
+    for stub in stubs.values():  # Warm up.
+        for _ in range(min(20, count)):
+            await append_once(stub, journal, data)
+    latencies: dict[str, list[float]] = {name: [] for name in stubs}
+    cpu0 = dict(meter.spent)
+    names = list(stubs)
+    per_round = [count // rounds + (i < count % rounds) for i in range(rounds)]
+    for i, n in enumerate(per_round):
+        for name in names if i % 2 == 0 else reversed(names):
+            run = append_latencies(stubs[name], journal, data, n)
+            latencies[name] += await meter.measure(name, run)
+    out = {}
+    for name in names:
+        out[name] = summarize(latencies[name], size)
+        cpu = (meter.spent[name] - cpu0[name]) / count
+        out[name]["server_cpu_ms_per_append"] = round(cpu * 1e3, 3)
+    return out
+
+
+def page_cache_write(path: Path, size: int, count: int) -> float:
+    """MB/s writing `count` chunks of `size` bytes into a new file (fresh page-cache pages)."""
+    data = os.urandom(size)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        start = time.perf_counter()
+        for i in range(count):
+            os.pwrite(fd, data, i * size)
+        return round(size * count / (time.perf_counter() - start) / 1e6, 1)
+    finally:
+        os.close(fd)
 
 
 async def read_run(stub: pb_grpc.JournalStub, journal: str, begin: int, end: int) -> float:
@@ -119,6 +230,7 @@ def ratio(x: float, base: float) -> float:
 
 async def main(quick: bool) -> dict[str, object]:
     n_big, n_small, read_mib, persist_mib = (50, 500, 64, 32) if quick else (300, 3000, 256, 128)
+    rounds = 2 if quick else 6
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-"))
     raw_port, broker_port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -139,6 +251,7 @@ async def main(quick: bool) -> dict[str, object]:
         env=env,
         stderr=subprocess.DEVNULL,
     )
+    load = {}
     try:
         wait_listening(raw_port, raw)
         wait_listening(broker_port, broker)
@@ -156,14 +269,21 @@ async def main(quick: bool) -> dict[str, object]:
                     ]
                 )
             )
+            stubs = {"raw": raw_stub, "broker": stub}
+            servers = {"raw": raw.pid, "broker": broker.pid}
 
-            raw_big = await append_run(raw_stub, "bench/tail", MiB, n_big)
-            big = await append_run(stub, "bench/tail", MiB, n_big)
-            raw_small = await append_run(raw_stub, "bench/small", 4096, n_small)
-            small = await append_run(stub, "bench/small", 4096, n_small)
+            meter = CpuMeter(servers)
+            big = await append_rounds(stubs, "bench/tail", MiB, n_big, rounds, meter)
+            load["append_1mib"] = meter.load()
+            meter = CpuMeter(servers)
+            small = await append_rounds(stubs, "bench/small", 4096, n_small, rounds, meter)
+            load["append_4kib"] = meter.load()
 
-            raw_read = await read_run(raw_stub, "bench/tail", 0, read_mib * MiB)
-            tail_read = await read_run(stub, "bench/tail", 0, read_mib * MiB)
+            meter = CpuMeter(servers)
+            tail = read_mib * MiB
+            raw_read = await meter.measure("raw", read_run(raw_stub, "bench/tail", 0, tail))
+            tail_read = await meter.measure("broker", read_run(stub, "bench/tail", 0, tail))
+            load["tail_read"] = meter.load()
 
             chunk = os.urandom(MiB)
             for _ in range(persist_mib):
@@ -175,29 +295,43 @@ async def main(quick: bool) -> dict[str, object]:
                     break
                 await asyncio.sleep(0.1)
             persisted_end = max(f.end for f in stored)
-            persisted_read = await read_run(stub, "bench/persisted", 0, persisted_end)
+            meter = CpuMeter(servers)
+            persisted_read = await meter.measure(
+                "broker", read_run(stub, "bench/persisted", 0, persisted_end)
+            )
+            load["persisted_read"] = meter.load()
+        page_cache = page_cache_write(tmp / "page-cache-probe", MiB, n_big)
     finally:
         for p in (raw, broker):
             p.terminate()
             p.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
+    raw_big, raw_small = big["raw"], small["raw"]
+    big_b, small_b = big["broker"], small["broker"]
     return {
         "benchmark": "append_read",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "page_cache_write_mb_per_s": page_cache,
+        },
         "baseline": "raw grpc.aio Journal-shaped server (bench/raw_grpc_server.py), same run",
+        "rounds": rounds,
+        "external_load_cpus": load,
         "append_1mib": {
-            "broker": big,
+            "broker": big_b,
             "raw": raw_big,
-            "ratio": ratio(big["mb_per_s"], raw_big["mb_per_s"]),
+            "ratio": ratio(big_b["mb_per_s"], raw_big["mb_per_s"]),
         },
         "append_4kib": {
-            "broker": small,
+            "broker": small_b,
             "raw": raw_small,
-            "ratio": ratio(small["mb_per_s"], raw_small["mb_per_s"]),
+            "ratio": ratio(small_b["mb_per_s"], raw_small["mb_per_s"]),
         },
         "commit_latency_4kib_ms": {
-            "p50": small["p50_ms"],
-            "p99": small["p99_ms"],
+            "p50": small_b["p50_ms"],
+            "p99": small_b["p99_ms"],
             "raw_p50": raw_small["p50_ms"],
             "raw_p99": raw_small["p99_ms"],
         },

@@ -39,13 +39,17 @@ class RawJournal(pb_grpc.JournalServicer):
             remaining -= n
 
 
+# The broker's server options (pygazette/broker/server.py), so the two differ only in what
+# serves the RPCs.
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+
+
 async def main(port: int) -> None:
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
-        ]
-    )
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_JournalServicer_to_server(RawJournal(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

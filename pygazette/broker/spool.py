@@ -17,17 +17,17 @@ last append that checks out — so a torn tail (a half-written record, or conten
 power failure when `sync` was off) is found and cut, never served. With `sync` on, both
 files are fdatasync'ed before an append is acknowledged.
 
-Hashing stays off an append's critical path as far as it can. An append hashes its own bytes
-(its SHA-1 goes in the commit record and the AppendResponse) as it writes them; the spool's
-running SHA-1 over all of [begin, end) — the open fragment's `sum` — is folded in after the
-commit by a background hasher thread that reads the committed bytes back from the page
-cache. `fragment()` finishes whatever the hasher has not yet reached, so the sum it reports
-(and the name a persisted fragment gets) is always exact for [begin, end).
+Hashing stays off an append's critical path where it can. An append hashes its own bytes
+as it writes them: their SHA-1 goes in the commit record and is the sum the AppendResponse
+reports, so the acknowledgement waits for it. The spool's running SHA-1 over all of
+[begin, end) — the open fragment's `sum` — is not needed to acknowledge anything: after a
+commit a background hasher thread folds the committed bytes in, reading them back from the
+page cache, and `fragment()` finishes whatever it has not reached yet, so the sum it reports
+(and the name a persisted fragment gets) is always exactly that of [begin, end).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import struct
@@ -48,7 +48,10 @@ _COMMIT = struct.Struct("<BQQd20sI")  # kind 'C', begin, end, unix time, sha1, r
 _KIND_HEADER = ord("H")
 _KIND_COMMIT = ord("C")
 _READ_CHUNK = 1 << 20
-_HASH_CHUNK = 1 << 20  # The background hasher folds in at most this much per lock hold.
+_HASH_CHUNK = 1 << 20  # The background hasher holds a spool's hash lock this long at most.
+# A commit leaving at most this much unhashed folds it in right away, saving a thread
+# hand-off that would cost more than hashing it.
+_HASH_INLINE_MAX = 128 * 1024
 
 
 class SpoolCorrupt(Exception):
@@ -69,7 +72,12 @@ class RecoveryReport:
 
 
 class PendingAppend:
-    """Bytes of one in-progress append, written past the spool's committed end."""
+    """Bytes of one in-progress append, written past the spool's committed end.
+
+    A chunk is written (`write_at`), folded into the append's SHA-1 (`hash`), then counted
+    (`advance`); `write` does all three. The write and the hash may run on different threads
+    at once; hashes must take the chunks in append order, writes may land in any order.
+    """
 
     __slots__ = ("_spool", "begin", "length", "sha")
 
@@ -80,17 +88,13 @@ class PendingAppend:
         self.sha = hashlib.sha1()
 
     def write(self, chunk: bytes | memoryview) -> None:
-        """Write one chunk (may run on a worker thread; I/O and hashing release the GIL)."""
+        """Write, hash and count one chunk (I/O and hashing release the GIL)."""
         self.write_at(chunk, self.length)
         self.hash(chunk)
-        self.length += len(chunk)
+        self.advance(len(chunk))
 
     def write_at(self, chunk: bytes | memoryview, at: int) -> None:
-        """Only write `chunk` at `at` bytes into the append (it is not hashed or counted).
-
-        With `hash` and `advance` it lets a caller write one chunk while hashing another,
-        on different threads: writes go anywhere, hashing must follow the append's order.
-        """
+        """Write `chunk` at `at` bytes into the append."""
         spool = self._spool
         view = memoryview(chunk)
         pos = self.begin - spool.begin + at
@@ -100,11 +104,11 @@ class PendingAppend:
             pos += n
 
     def hash(self, chunk: bytes | memoryview) -> None:
-        """Fold the append's next chunk into its SHA-1 (chunks in order, one at a time)."""
+        """Fold the append's next chunk into its SHA-1."""
         self.sha.update(chunk)
 
     def advance(self, n: int) -> None:
-        """Count `n` more bytes written with `write_at` and hashed with `hash`."""
+        """Count `n` more bytes, written and hashed."""
         self.length += n
 
 
@@ -132,7 +136,7 @@ class Spool:
         self.closed = False
         self.deleted = False
         # The running SHA-1 of [begin, _hashed); _hashed trails end until the background
-        # hasher or fragment() catches up. Both, and closing the files, hold _sha_lock.
+        # hasher or fragment() catches up. Hashing, and closing the files, hold _sha_lock.
         self._sha = hashlib.sha1()
         self._hashed = begin
         self._sha_lock = threading.Lock()
@@ -225,12 +229,12 @@ class Spool:
             pos = a_begin
             while pos < a_end:
                 n = min(_READ_CHUNK, a_end - pos)
-                data = os.pread(spool._content_fd, n, pos - spool.begin)
-                if not data:
+                chunk = os.pread(spool._content_fd, n, pos - spool.begin)
+                if not chunk:
                     break
-                sha.update(data)
-                running.update(data)
-                pos += len(data)
+                sha.update(chunk)
+                running.update(chunk)
+                pos += len(chunk)
             if pos != a_end or sha.digest() != digest:
                 break  # Content torn (lost before it reached the disk): cut here.
             spool._sha = running
@@ -304,7 +308,22 @@ class Spool:
             with self._sha_lock:
                 self._sha = running.copy()
                 self._hashed = self.end
-        if self._hashed < self.end:
+            return
+        self._fold_in_committed()
+
+    def _fold_in_committed(self) -> None:
+        """Get the committed bytes into the running sum: now if few, else in the background.
+
+        Never fails the commit: what cannot be hashed now, `fragment()` meets (and reports).
+        """
+        if self.end - self._hashed <= _HASH_INLINE_MAX and self._sha_lock.acquire(False):
+            try:
+                self._hash_to(self.end)
+            except OSError:
+                pass
+            finally:
+                self._sha_lock.release()
+        else:
             _HASHER.kick(self)
 
     # Reading.
@@ -325,7 +344,9 @@ class Spool:
         """
         with self._sha_lock:
             end = self.end
-            self._hash_to(end, end)
+            self._hash_to(end)
+            if self._hashed != end:
+                raise FileNotFoundError("spool was persisted and removed")
             digest = self._sha.digest()
         return pb.Fragment(
             journal=self.journal,
@@ -335,39 +356,35 @@ class Spool:
             compression_codec=self.codec,
         )
 
-    def _hash_to(self, end: int, limit: int, buf: bytearray | None = None) -> None:
-        """Fold committed bytes [_hashed, min(end, limit)) into the running sum.
+    def _hash_to(self, stop: int, buf: bytearray | None = None) -> None:
+        """Fold committed bytes [_hashed, stop) into the running sum. Holds _sha_lock.
 
-        Holds _sha_lock. Reads the bytes back from the content file (the page cache);
-        into `buf` when given, saving an allocation per read.
+        Reads them back from the content file (the page cache), into `buf` if given.
         """
-        stop = min(end, limit)
         while self._hashed < stop and self._content_fd >= 0:
             n = min(_HASH_CHUNK, stop - self._hashed)
             pos = self._hashed - self.begin
-            if buf is not None:
-                view = memoryview(buf)[:n]
-                got = os.preadv(self._content_fd, [view], pos)
-                data: bytes | memoryview = view[:got]
-            else:
+            data: bytes | memoryview
+            if buf is None:
                 data = os.pread(self._content_fd, n, pos)
-                got = len(data)
-            if got == 0:
-                raise OSError(f"spool {self.content_path} is shorter than its committed end")
+            else:
+                data = memoryview(buf)[: os.preadv(self._content_fd, [memoryview(buf)[:n]], pos)]
+            if not data:
+                raise OSError(f"spool {self.content_path} ends before its committed end")
             self._sha.update(data)
-            self._hashed += got
+            self._hashed += len(data)
 
     def _hash_some(self, buf: bytearray) -> bool:
-        """Background hasher step: fold in up to _HASH_CHUNK bytes; True if more remain."""
+        """A background hasher step: fold in up to _HASH_CHUNK bytes. True if more remain."""
         with self._sha_lock:
             end = self.end
-            self._hash_to(end, self._hashed + _HASH_CHUNK, buf)
+            self._hash_to(min(end, self._hashed + _HASH_CHUNK), buf)
             return self._hashed < end and self._content_fd >= 0
 
     def running_sha(self) -> hashlib._Hash:
         """A copy of the SHA-1 of committed [begin, end), for extending it further."""
         with self._sha_lock:
-            self._hash_to(self.end, self.end)
+            self._hash_to(self.end)
             return self._sha.copy()
 
     def detach(self) -> None:
@@ -399,8 +416,6 @@ class Spool:
             return
         self.deleted = True
         with self._sha_lock:  # Not while the hasher reads the content file.
-            with contextlib.suppress(OSError):  # Keep fragment() exact (usually a no-op).
-                self._hash_to(self.end, self.end)
             for fd in (self._content_fd, self._log_fd):
                 if fd >= 0:
                     os.close(fd)
@@ -412,21 +427,19 @@ class Spool:
 class _Hasher:
     """A daemon thread folding committed appends into their spools' running SHA-1.
 
-    It runs off the event loop and off every append's critical path; hashlib and preadv
-    release the GIL. A spool it is behind on is finished by `Spool.fragment` on demand.
+    It keeps that work off the event loop and off every append's critical path (hashlib and
+    preadv release the GIL). What it has not reached yet, `Spool.fragment` does on demand.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: deque[Spool] = deque()
-        self._queued: set[int] = set()
         self._thread: threading.Thread | None = None
 
     def kick(self, spool: Spool) -> None:
-        """`spool` committed more bytes: hash them soon."""
+        """`spool` committed bytes it has not hashed: hash them soon."""
         with self._cond:
-            if id(spool) not in self._queued:
-                self._queued.add(id(spool))
+            if spool not in self._queue:
                 self._queue.append(spool)
                 self._cond.notify()
             if self._thread is None or not self._thread.is_alive():
@@ -441,13 +454,18 @@ class _Hasher:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                spool = self._queue.popleft()
-                self._queued.discard(id(spool))
+                spool = self._queue[0]
+            failed = False
             try:
                 while spool._hash_some(buf):
                     pass
             except OSError:
-                pass  # fragment() will hash it (and report any error) on demand.
+                failed = True  # Left to fragment(), which will report it.
+            with self._cond:
+                self._queue.popleft()
+                # A commit after the last step found the spool still queued: go again.
+                if not failed and spool._hashed < spool.end and spool._content_fd >= 0:
+                    self._queue.append(spool)
 
 
 _HASHER = _Hasher()
