@@ -241,7 +241,8 @@ async def test_fragments_persist_with_gazette_names(
         while True:
             resp = await stub.ListFragments(pb.FragmentsRequest(journal=name))
             frags = [f for f in resp.fragments if f.spec.backing_store]
-            if len(frags) >= 3:
+            # Wait for every closed fragment: only the open spool may remain local.
+            if len(frags) >= 3 and len(resp.fragments) - len(frags) == 1:
                 return frags
             await asyncio.sleep(0.02)
 
