@@ -2,7 +2,11 @@
 
 Append consumes the client stream and answers; Read streams pre-built chunks. It measures
 what Python `grpc.aio` streaming itself costs, so broker figures can be read as ratios.
-Run: python bench/raw_grpc_server.py PORT
+Run: python bench/raw_grpc_server.py PORT [--heap-tuning]
+
+With --heap-tuning it applies the process heap settings `pygazette serve` applies
+(pygazette/broker/heap_tuning.py), so the broker can also be compared with a baseline that
+shares them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from pygazette.broker.heap_tuning import tune_heap_for_large_messages
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 
@@ -57,4 +62,6 @@ async def main(port: int) -> None:
 
 
 if __name__ == "__main__":
+    if "--heap-tuning" in sys.argv[2:] and not tune_heap_for_large_messages():
+        sys.exit("heap tuning is not available here")
     asyncio.run(main(int(sys.argv[1])))

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from pygazette.broker.cluster_member import MemberFailed
+from pygazette.broker.heap_tuning import tune_heap_for_large_messages
 from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
 from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
 from pygazette.broker.server import (
@@ -251,6 +252,7 @@ def serve(
     click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}", err=True)
     # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    tune_heap_for_large_messages()
     try:
         asyncio.run(run_broker(config))
     except MemberFailed as exc:
