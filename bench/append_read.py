@@ -300,6 +300,9 @@ async def main(quick: bool) -> dict[str, object]:
             meter = CpuMeter(servers)
             tail = read_mib * MiB
             raw_read = await meter.measure("raw", read_run(raw_stub, "bench/tail", 0, tail))
+            same_read = await meter.measure(
+                "raw_same_heap", read_run(tuned_stub, "bench/tail", 0, tail)
+            )
             tail_read = await meter.measure("broker", read_run(stub, "bench/tail", 0, tail))
             load["tail_read"] = meter.load()
 
@@ -362,12 +365,16 @@ async def main(quick: bool) -> dict[str, object]:
         "tail_read_mb_per_s": {
             "broker": tail_read,
             "raw": raw_read,
+            "raw_same_heap": same_read,
             "ratio": ratio(tail_read, raw_read),
+            "ratio_same_heap": ratio(tail_read, same_read),
         },
         "persisted_read_mb_per_s": {
             "broker": persisted_read,
             "raw": raw_read,
+            "raw_same_heap": same_read,
             "ratio": ratio(persisted_read, raw_read),
+            "ratio_same_heap": ratio(persisted_read, same_read),
         },
     }
 
