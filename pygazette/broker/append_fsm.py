@@ -168,9 +168,8 @@ class ClusterAppends:
             invalidated = replica.invalidated
             delay = self.pulse_interval
             try:
-                resp = await asyncio.wait_for(
-                    self._run(request, _one_empty_chunk(), pulse=True), self.pulse_interval
-                )
+                async with asyncio.timeout(self.pulse_interval):
+                    resp = await self._run(request, _one_empty_chunk(), pulse=True)
                 if resp.status not in (
                     pb.OK,
                     pb.NOT_JOURNAL_PRIMARY_BROKER,
@@ -193,7 +192,8 @@ class ClusterAppends:
                     )
                 delay = PULSE_RETRY_SECONDS
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(invalidated.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await invalidated.wait()
 
     # The state machine.
     async def _run(

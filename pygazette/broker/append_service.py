@@ -10,6 +10,7 @@ lie past the spool's committed end and are overwritten by the next append.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pygazette.broker.flow_control import (
 )
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
+from pygazette.broker.spool import PendingAppend
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import subtract_label_sets, union_label_sets
@@ -36,15 +38,18 @@ from pygazette.protocol.validation import (
 
 log = logging.getLogger(__name__)
 
-# How a content chunk is written and hashed. Each is written (pwrite) and folded into the
-# append's SHA-1, which the AppendResponse reports, so the acknowledgement waits for both
-# (the spool's running SHA-1 is folded in after the commit, off this path: see spool.py).
-# - A chunk below _PARALLEL_MIN is cheap: both happen right here, on the event loop.
+# How a content chunk is written and hashed. Each is written (pwrite), folded into the
+# append's SHA-1, which the AppendResponse reports, and folded into a copy of the spool's
+# running SHA-1 (the open fragment's sum), which the commit installs.
+# - A chunk below _PARALLEL_MIN is cheap: all three happen right here, on the event loop.
 # - For a larger one, this task first starts receiving the next request, then hands the
-#   write to a worker thread and hashes the chunk here meanwhile: receiving, writing and
-#   hashing overlap, and the hash costs no thread hand-offs (waking a worker, then being
-#   woken by it, took 0.2-0.5 ms on the 2-vCPU VM of bench/append_read.py, against 0.55 ms
-#   to hash 1 MiB).
+#   write and the running sum to a worker thread and hashes the append's SHA-1 here
+#   meanwhile: receiving, writing and both hashes overlap, while the client waits for the
+#   acknowledgement and leaves both vCPUs of bench/append_read.py's VM to the broker. (Folding
+#   the running sum in after the commit instead, on a background thread, competed with the
+#   client sending its next append and cost ~10% of 1 MiB append throughput.) The append's
+#   own hash costs no thread hand-offs (waking a worker, then being woken by it, took
+#   0.2-0.5 ms on that VM, against 0.55 ms to hash 1 MiB).
 # - Above _INLINE_HASH_MAX, or while other appends stream large chunks too, the hash goes to
 #   a worker as well: the event loop must not stall long, and concurrent appends then hash
 #   in parallel.
@@ -64,6 +69,14 @@ async def _settle(*futures: asyncio.Future[None] | None, check: bool = True) -> 
             f.result()
         elif not f.cancelled():
             f.exception()  # Retrieved: the append failed already.
+
+
+def _write_and_sum(
+    pending: PendingAppend, running: hashlib._Hash, content: bytes, at: int
+) -> None:
+    """Write a chunk at `at` bytes into the append and fold it into the running sum."""
+    pending.write_at(content, at)
+    running.update(content)
 
 
 @dataclass(slots=True)
@@ -146,6 +159,7 @@ async def _append_locked(
 
     spool = replica.open_spool(head)
     pending = spool.start_append()
+    running = spool.running_sha()  # Of [spool.begin, pending.begin); extended chunk by chunk.
     policer = MinRatePolicer(limits.min_rate)
     limiters = [replica.limiter, limits.global_limiter]
     loop = asyncio.get_running_loop()
@@ -196,6 +210,7 @@ async def _append_locked(
             writing = hashing = None
             if size < _PARALLEL_MIN:
                 pending.write(content)
+                running.update(content)
                 req = await receive()
                 continue
 
@@ -206,7 +221,7 @@ async def _append_locked(
             await asyncio.sleep(0)  # Let `ahead` ask gRPC for the next request first.
             at = pending.length
             pending.advance(size)
-            writing = loop.run_in_executor(None, pending.write_at, content, at)
+            writing = loop.run_in_executor(None, _write_and_sum, pending, running, content, at)
             if size <= _INLINE_HASH_MAX and _big_appends == 1:
                 pending.hash(content)
             else:
@@ -249,9 +264,9 @@ async def _append_locked(
             registers = union_label_sets(first.union_registers, registers)
         changed = registers if registers != replica.registers else None
         if spool.sync:
-            await asyncio.to_thread(spool.commit, pending, changed)
+            await asyncio.to_thread(spool.commit, pending, changed, running)
         else:
-            spool.commit(pending, changed)
+            spool.commit(pending, changed, running)
         replica.registers = registers
         replica.index.spool_committed()
         if replica.spool_needs_roll(spool.last_append_time or 0.0):

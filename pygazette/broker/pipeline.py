@@ -108,7 +108,8 @@ class Pipeline:
             return []
 
         async def read(stream: PeerStream) -> pb.ReplicateResponse:
-            resp = await asyncio.wait_for(stream.call.read(), ACK_TIMEOUT_SECONDS)
+            async with asyncio.timeout(ACK_TIMEOUT_SECONDS):
+                resp = await stream.call.read()
             if resp is _EOF:
                 raise PipelineBroken(f"peer {_pid(stream.member)} closed its stream")
             assert isinstance(resp, pb.ReplicateResponse)
@@ -156,7 +157,8 @@ class Pipeline:
             self.broken = "pipeline closed"
         for s in streams:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.call.done_writing(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await s.call.done_writing()
         for s in streams:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5.0):

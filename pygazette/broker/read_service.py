@@ -115,7 +115,8 @@ async def serve_local_read(
                 gap_waits += 1
                 replica.request_refresh()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
+                    async with asyncio.timeout(GAP_WAIT_SECONDS):
+                        await changed.wait()
                 continue
             usable = peer_read is not None and not (req.metadata_only or req.do_not_proxy)
             if usable and peer_gap != offset:
@@ -142,7 +143,8 @@ async def serve_local_read(
                 gap_waits += 1
                 replica.request_refresh()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), GAP_WAIT_SECONDS)
+                    async with asyncio.timeout(GAP_WAIT_SECONDS):
+                        await changed.wait()
                 continue
         if frag is None:
             if not req.block:

@@ -298,7 +298,8 @@ class Replica:
             deadline = self.flush_deadline(time.time())
             delay = None if deadline is None else max(0.0, deadline - time.time())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush_wakeup.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._flush_wakeup.wait()
             if self.spool_needs_roll(time.time()):
                 async with self.pipeline:
                     if self.spool_needs_roll(time.time()):
@@ -403,4 +404,5 @@ class Replica:
                 backoff = min(backoff * 2, MAX_LISTING_RETRY_SECONDS)
             self._refresh_now.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._refresh_now.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._refresh_now.wait()

@@ -216,7 +216,8 @@ class Broker:
                 await self._server.stop(grace)
             await self.resolver.stop()
         try:
-            await asyncio.wait_for(self.persister.wait_idle(), grace)
+            async with asyncio.timeout(grace):
+                await self.persister.wait_idle()
         except TimeoutError:
             log.warning("shutdown before every spool persisted; they persist on restart")
         await self.persister.stop()

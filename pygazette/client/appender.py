@@ -201,7 +201,8 @@ class Appender:
             return
         try:
             await call.done_writing()
-            await asyncio.wait_for(_await_call(call), ABORT_TIMEOUT_SECONDS)
+            async with asyncio.timeout(ABORT_TIMEOUT_SECONDS):
+                await _await_call(call)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
             pass
         except asyncio.CancelledError:

@@ -124,7 +124,8 @@ class StoreHealth:
         """Return after the next check completes (or after `max_wait` seconds)."""
         changed = self._changed
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), max_wait)
+            async with asyncio.timeout(max_wait):
+                await changed.wait()
 
     async def first_status(self, max_wait: float | None = None) -> str | None:
         """The store's error (None: healthy), awaiting its first check if need be."""
@@ -136,7 +137,8 @@ class StoreHealth:
         """Run one check now and record it; returns the error (None: healthy)."""
         try:
             store = self._registry.get(self.url)
-            await asyncio.wait_for(run_check(store, self._scratch_dir), CHECK_TIMEOUT)
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                await run_check(store, self._scratch_dir)
             error = None
         except StoreError as exc:
             error = str(exc)
@@ -169,11 +171,15 @@ class StoreHealth:
         return interval * (1 + (random.random() - 0.5) * 0.4)  # +/- 20% jitter.
 
     async def _loop(self) -> None:
+        # asyncio.timeout, never wait_for, in loops that are stopped by cancelling them: on
+        # Python 3.11 wait_for drops a cancellation that races the inner wait's completion,
+        # and the loop goes on into a 30-minute wait that stop() then awaits.
         while True:
             self._kick.clear()
             await self.check()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self._next_interval())
+                async with asyncio.timeout(self._next_interval()):
+                    await self._kick.wait()
 
 
 class StoreHealthMonitor:
