@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -43,19 +44,25 @@ log = logging.getLogger(__name__)
 # running SHA-1 (the open fragment's sum), which the commit installs.
 # - A chunk below _PARALLEL_MIN is cheap: all three happen right here, on the event loop.
 # - For a larger one, this task first starts receiving the next request, then hands the
-#   write and the running sum to a worker thread and hashes the append's SHA-1 here
-#   meanwhile: receiving, writing and both hashes overlap, while the client waits for the
-#   acknowledgement and leaves both vCPUs of bench/append_read.py's VM to the broker. (Folding
-#   the running sum in after the commit instead, on a background thread, competed with the
-#   client sending its next append and cost ~10% of 1 MiB append throughput.) The append's
-#   own hash costs no thread hand-offs (waking a worker, then being woken by it, took
-#   0.2-0.5 ms on that VM, against 0.55 ms to hash 1 MiB).
+#   running sum to a worker thread and writes and hashes the chunk here meanwhile:
+#   receiving, writing and both hashes overlap. The acknowledgement waits for the write and
+#   the append's hash, not for the running sum: the spool takes over the worker's pending
+#   fold and waits for it only before it next reads or extends the sum (Spool.commit),
+#   which is when the next append starts, one network round trip later. Measured with
+#   bench/append_read.py on its 2-vCPU VM: folding the running sum in after the commit on a
+#   background thread that re-read the bytes cost ~10% of 1 MiB append throughput; waiting
+#   for it before acknowledging, ~0.3 ms an append. The append's own hash costs no thread
+#   hand-offs (waking a worker, then being woken by it, took 0.2-0.5 ms on that VM,
+#   against 0.55 ms to hash 1 MiB).
 # - Above _INLINE_HASH_MAX, or while other appends stream large chunks too, the hash goes to
 #   a worker as well: the event loop must not stall long, and concurrent appends then hash
 #   in parallel.
 _PARALLEL_MIN = 128 * 1024
 _INLINE_HASH_MAX = 1 << 20
 _big_appends = 0  # Appends of this process now streaming chunks of at least _PARALLEL_MIN.
+# Folds large chunks into running sums. Two threads: appends to different journals fold in
+# parallel; chunks of one append are folded one after the other (each waits for the last).
+_SUMMER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pygazette-running-sum")
 
 
 async def _settle(*futures: asyncio.Future[None] | None, check: bool = True) -> None:
@@ -69,6 +76,10 @@ async def _settle(*futures: asyncio.Future[None] | None, check: bool = True) -> 
             f.result()
         elif not f.cancelled():
             f.exception()  # Retrieved: the append failed already.
+
+
+def _wrap(future: Future[None] | None) -> asyncio.Future[None] | None:
+    return None if future is None else asyncio.wrap_future(future)
 
 
 def _write_and_sum(
@@ -168,6 +179,7 @@ async def _append_locked(
     # And the next request, received meanwhile.
     writing: asyncio.Future[None] | None = None
     hashing: asyncio.Future[None] | None = None
+    summing: Future[None] | None = None  # The running sum's fold of the last chunk.
     ahead: asyncio.Task[pb.AppendRequest | None] | None = None
     big = False
 
@@ -206,8 +218,8 @@ async def _append_locked(
                 delayed_chunks += 1
                 policer.excuse(waited)
             # The previous chunk's work finishes first: hashes take chunks in order.
-            await _settle(writing, hashing)
-            writing = hashing = None
+            await _settle(writing, hashing, _wrap(summing))
+            writing = hashing = summing = None
             if size < _PARALLEL_MIN:
                 pending.write(content)
                 running.update(content)
@@ -221,10 +233,12 @@ async def _append_locked(
             await asyncio.sleep(0)  # Let `ahead` ask gRPC for the next request first.
             at = pending.length
             pending.advance(size)
-            writing = loop.run_in_executor(None, _write_and_sum, pending, running, content, at)
             if size <= _INLINE_HASH_MAX and _big_appends == 1:
+                summing = _SUMMER.submit(running.update, content)
+                pending.write_at(content, at)
                 pending.hash(content)
             else:
+                writing = loop.run_in_executor(None, _write_and_sum, pending, running, content, at)
                 hashing = loop.run_in_executor(None, pending.hash, content)
             req = await ahead
             ahead = None
@@ -245,6 +259,8 @@ async def _append_locked(
             elif not ahead.cancelled():
                 ahead.exception()  # Retrieved: the append already failed for another reason.
         # On a rollback too: no write of this append may land after the next append's.
+        # (A fold into `running`, a copy of the spool's sum, may go on: a rolled-back
+        # append drops it, a committed one hands it to the spool.)
         await _settle(writing, hashing, check=False)
 
     commit = pb.Fragment(
@@ -264,9 +280,9 @@ async def _append_locked(
             registers = union_label_sets(first.union_registers, registers)
         changed = registers if registers != replica.registers else None
         if spool.sync:
-            await asyncio.to_thread(spool.commit, pending, changed, running)
+            await asyncio.to_thread(spool.commit, pending, changed, running, summing)
         else:
-            spool.commit(pending, changed, running)
+            spool.commit(pending, changed, running, summing)
         replica.registers = registers
         replica.index.spool_committed()
         if replica.spool_needs_roll(spool.last_append_time or 0.0):

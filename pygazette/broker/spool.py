@@ -28,17 +28,19 @@ page cache, and `fragment()` finishes whatever it has not reached yet, so the su
 Page faults stay off it too. Writing into the page cache past a file's end allocates fresh
 pages, and on a VM whose host reclaims free guest memory each fresh page is a host fault:
 the benchmark VM writes 1 MiB into new pages at ~400 MB/s against ~6 GB/s into cached ones.
-So a background prefaulter keeps the content file allocated (fallocate) and its pages
-cached (reading the unwritten range faults in clean, zeroed pages) a little ahead of the
-committed end; an append then writes into pages that are already there. It does so only for
-spools taking large appends (a small one faults in a page or two), and keeps ready a few of
-them, at most `_PREFAULT_AHEAD` bytes. The content file may therefore run past the committed
-end by that many bytes of zeros; like a rolled-back append's bytes, they are cut when the
-spool closes or is recovered.
+So a background prefaulter keeps the content file allocated (fallocate) and its pages cached
+(reading the unwritten range faults in clean, zeroed pages) a little ahead of the committed
+end; an append then writes into pages that are already there. It does so only for spools
+taking large appends (a small one faults in a page or two), keeps ready a few of them, at
+most `_PREFAULT_AHEAD` bytes, and pauses while fresh pages come cheap (zeroing a page it
+then overwrites costs more than faulting it in on write). The content file may therefore run
+past the committed end by that many bytes of zeros; like a rolled-back append's bytes, they
+are cut when the spool closes or is recovered.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
@@ -74,6 +76,10 @@ _PREFAULT_MIN_APPEND = 256 * 1024
 _PREFAULT_APPENDS = 8
 _PREFAULT_AHEAD = 16 << 20
 _PREFAULT_STEP = 1 << 20
+# A step faulting pages in faster than this (a third of what the benchmark VM's host faults
+# cost) found cheap memory: the prefaulter then pauses for _PREFAULT_RECHECK bytes of appends.
+_PREFAULT_CHEAP_SECONDS_PER_BYTE = 0.8e-3 / (1 << 20)
+_PREFAULT_RECHECK = 64 << 20
 
 
 class SpoolCorrupt(Exception):
@@ -165,6 +171,8 @@ class Spool:
         # hasher or fragment() catches up. Hashing, and closing the files, hold _sha_lock.
         self._sha = hashlib.sha1()
         self._hashed = begin
+        # Set while a worker still folds the last append's chunks into _sha (see commit).
+        self._summing: concurrent.futures.Future[None] | None = None
         self._sha_lock = threading.Lock()
         self._content_fd = -1
         self._log_fd = -1
@@ -172,6 +180,7 @@ class Spool:
         # steps, closing the spool and closing its files hold _prefault_lock.
         self._ready = 0
         self._prefault_ahead = 0
+        self._prefault_resume = 0  # No prefaulting until the content reaches this size.
         self._prefaulting = True
         self._prefault_lock = threading.Lock()
 
@@ -307,11 +316,15 @@ class Spool:
         pending: PendingAppend,
         registers: pb.LabelSet | None,
         running: hashlib._Hash | None = None,
+        summing: concurrent.futures.Future[None] | None = None,
     ) -> None:
         """Make `pending` durable and visible. `registers` is set when the append changed them.
 
         `running`, when the caller already has it, is the SHA-1 of [begin, new end): it
-        becomes the running sum and the background hasher has nothing to do.
+        becomes the running sum and the background hasher has nothing to do. With `summing`,
+        a worker is still folding the append's last chunks into `running`: the spool takes
+        `running` over and waits for `summing` before it next reads or extends the sum, so
+        the acknowledgement need not wait for that hash.
         Blocking (writes and, with sync, fdatasyncs): run it on a worker thread if `sync`.
         """
         assert pending.begin == self.end, "appends commit in order"
@@ -346,7 +359,8 @@ class Spool:
         self._prefault_soon()
         if running is not None:
             with self._sha_lock:
-                self._sha = running.copy()
+                self._sha = running if summing is not None else running.copy()
+                self._summing = summing
                 self._hashed = self.end
             return
         self._fold_in_committed()
@@ -360,6 +374,7 @@ class Spool:
         return (
             self._prefaulting
             and ahead > 0
+            and self.end - self.begin >= self._prefault_resume
             and not self.closed
             and self._ready < self.end - self.begin + ahead
             and self._content_fd >= 0
@@ -371,8 +386,10 @@ class Spool:
         with self._prefault_lock:
             if not self._prefault_wanted():
                 return False
-            start = self._ready
-            n = min(len(buf), self.end - self.begin + self._prefault_ahead - start)
+            size = self.end - self.begin
+            start = max(self._ready, size)
+            n = min(len(buf), size + self._prefault_ahead - start)
+            began = time.perf_counter()
             # Allocating never shrinks the file nor touches written bytes (unlike extending
             # it with ftruncate or zeros, which could race an append's write), and reading
             # the allocated range only brings in pages no write has brought in yet.
@@ -381,6 +398,12 @@ class Spool:
                 return False
             os.preadv(self._content_fd, [memoryview(buf)[:n]], start)
             self._ready = start + n
+            if time.perf_counter() - began < n * _PREFAULT_CHEAP_SECONDS_PER_BYTE:
+                # Fresh pages come cheap now (memory the kernel just freed, say): writing
+                # into them directly costs less than zeroing them here first. Look again
+                # once the spool has grown by _PREFAULT_RECHECK.
+                self._prefault_resume = self._ready + _PREFAULT_RECHECK
+                return False
             return self._prefault_wanted()
 
     def _fold_in_committed(self) -> None:
@@ -431,8 +454,12 @@ class Spool:
     def _hash_to(self, stop: int, buf: bytearray | None = None) -> None:
         """Fold committed bytes [_hashed, stop) into the running sum. Holds _sha_lock.
 
-        Reads them back from the content file (the page cache), into `buf` if given.
+        Reads them back from the content file (the page cache), into `buf` if given. First
+        waits for a worker still folding in the last append (at most one chunk's hash).
         """
+        if self._summing is not None:
+            self._summing.result()
+            self._summing = None
         while self._hashed < stop and self._content_fd >= 0:
             n = min(_HASH_CHUNK, stop - self._hashed)
             pos = self._hashed - self.begin

@@ -16,6 +16,12 @@ from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 
+@pytest.fixture(autouse=True)
+def costly_page_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a VM whose host faults fresh pages in slowly: the prefaulter never pauses."""
+    monkeypatch.setattr(spool_mod, "_PREFAULT_CHEAP_SECONDS_PER_BYTE", 0.0)
+
+
 def _append(spool: Spool, data: bytes, chunk: int = 1 << 16) -> None:
     pending = spool.start_append()
     for i in range(0, len(data), chunk):
@@ -106,3 +112,21 @@ def test_small_appends_are_not_prefaulted(tmp_path: Path) -> None:
     # The prefaulter serves spools in turn: once it reached the big one, it passed the small.
     _wait_for(lambda: big.content_path.stat().st_size > 1 << 20)
     assert spool.content_path.stat().st_size == 100 * 4096
+
+
+def test_pauses_while_fresh_pages_are_cheap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spool_mod, "_PREFAULT_CHEAP_SECONDS_PER_BYTE", 1.0)  # Always cheap.
+    monkeypatch.setattr(spool_mod, "_PREFAULT_RECHECK", 4 << 20)
+    spool = Spool.create(tmp_path, "a/journal", 0, pb.NONE, pb.LabelSet(), sync=False)
+    _append(spool, os.urandom(1 << 20))
+    step = spool_mod._PREFAULT_STEP
+    _wait_for(lambda: spool.content_path.stat().st_size == (1 << 20) + step)
+    for _ in range(3):  # One step, then a pause: appends write past it into fresh pages.
+        _append(spool, os.urandom(1 << 20))
+    time.sleep(0.05)
+    assert spool.content_path.stat().st_size == 4 << 20
+    for _ in range(2):  # 4 MiB past the step's end: probe again, from the committed end.
+        _append(spool, os.urandom(1 << 20))
+    _wait_for(lambda: spool.content_path.stat().st_size == (6 << 20) + step)
