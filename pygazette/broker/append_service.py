@@ -160,8 +160,7 @@ async def _append_locked(
 
     # Persisted fragments beyond what this broker spooled mean replication consistency
     # was lost; the client may roll the journal forward by appending at that offset.
-    persisted_end = max((f.end for f in replica.index.persisted()), default=0)
-    local_end = max((s.end for s in replica.index.local_spools()), default=0)
+    persisted_end, local_end = replica.index.persisted_end, replica.index.local_end
     head = replica.head
     if first.offset and first.offset != head:
         return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header)

@@ -102,6 +102,17 @@ class FragmentIndex:
 
     # Queries.
     @property
+    def persisted_end(self) -> int:
+        """The largest offset a persisted fragment reaches (the last one: in a cover set,
+        ends grow with begins)."""
+        return self._persisted.end_offset
+
+    @property
+    def local_end(self) -> int:
+        """The largest offset a local spool reaches."""
+        return max((s.end for s in self._local), default=0)
+
+    @property
     def end_offset(self) -> int:
         """The largest offset any fragment reaches."""
         end = self._persisted.end_offset

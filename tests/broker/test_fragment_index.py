@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pygazette.broker.fragment_index import OFFSET_JUMP_AGE_SECONDS, FragmentIndex
 from pygazette.broker.spool import Spool
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -121,3 +124,12 @@ def test_replace_persisted_keeps_cover_set() -> None:
     idx.replace_persisted([_frag(0, 10), _frag(0, 20), _frag(20, 30), _frag(25, 30)])
     assert [(f.begin, f.end) for f in idx.persisted()] == [(0, 20), (20, 30)]
     assert idx.first_refresh_done.is_set()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 300)), max_size=30))
+def test_persisted_end_is_the_largest_end(spans: list[tuple[int, int]]) -> None:
+    idx = FragmentIndex("a/j")
+    for begin, length in spans:
+        idx.add_persisted(_frag(begin, begin + length))
+    assert idx.persisted_end == max((f.end for f in idx.persisted()), default=0)
