@@ -131,3 +131,7 @@ class StoreRegistry:
         if store is None:
             store = self._stores[url] = open_store(url, file_root=self.file_root)
         return store
+
+    def forget(self, url: str) -> None:
+        """Drop the shared instance for `url` (holders keep theirs; the next `get` reopens)."""
+        self._stores.pop(url, None)

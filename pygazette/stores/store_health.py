@@ -8,6 +8,11 @@ first check. Checks repeat every HEALTHY_INTERVAL while passing; after a failure
 on a short backoff (capped at MAX_RETRY_INTERVAL, where Gazette waits up to 100s), so a
 recovered store is noticed within seconds. Failing store operations elsewhere (a put that
 did not go through) ask for a check right away instead of waiting for the schedule.
+
+The monitor checks every store somebody asked about, including any URL a client names in a
+FragmentStoreHealth request. A store nobody asked about for IDLE_SWEEP_SECONDS is swept:
+its checks stop and its shared client is dropped, as Gazette's store registry sweeps unused
+stores, so asking about many URLs cannot pile up checkers. Asking again starts afresh.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from pygazette.stores.store import FragmentStore, StoreError, StoreRegistry
@@ -33,6 +39,7 @@ HEALTHY_INTERVAL = 30 * 60.0
 MAX_RETRY_INTERVAL = 10.0
 CHECK_TIMEOUT = 60.0
 _RETRY_INTERVALS = (0.0, 0.1, 1.0, 1.0, 5.0, 5.0, MAX_RETRY_INTERVAL)
+IDLE_SWEEP_SECONDS = 10 * 60.0
 
 FIRST_CHECK_PENDING = "first health check hasn't completed yet"
 
@@ -108,6 +115,12 @@ class StoreHealth:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"store-health:{self.url}")
+
+    def cancel(self) -> None:
+        """Stop checking, without waiting for a check in flight to wind down."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -185,17 +198,40 @@ class StoreHealth:
 class StoreHealthMonitor:
     """One StoreHealth per store URL in use; checking starts on first use."""
 
-    def __init__(self, registry: StoreRegistry, scratch_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        registry: StoreRegistry,
+        scratch_dir: Path | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry
         self.scratch_dir = scratch_dir
         self._health: dict[str, StoreHealth] = {}
+        self._used: dict[str, float] = {}  # When each store was last asked about.
+        self._clock = clock
+        self._next_sweep = clock() + IDLE_SWEEP_SECONDS
 
     def get(self, url: str) -> StoreHealth:
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        self._used[url] = now
         health = self._health.get(url)
         if health is None:
             health = self._health[url] = StoreHealth(url, self.registry, self.scratch_dir)
             health.start()
         return health
+
+    def _sweep(self, now: float) -> None:
+        """Stop checking stores nobody asked about for IDLE_SWEEP_SECONDS."""
+        self._next_sweep = now + IDLE_SWEEP_SECONDS / 10
+        for url, used in list(self._used.items()):
+            if now - used > IDLE_SWEEP_SECONDS:
+                del self._used[url]
+                self._health.pop(url).cancel()
+                self.registry.forget(url)
+                log.debug("swept idle store", extra={"store": url})
 
     def known(self) -> list[StoreHealth]:
         return list(self._health.values())
@@ -204,3 +240,4 @@ class StoreHealthMonitor:
         for health in list(self._health.values()):
             await health.stop()
         self._health.clear()
+        self._used.clear()
