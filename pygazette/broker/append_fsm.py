@@ -274,9 +274,17 @@ class ClusterAppends:
         if members < wanted:
             return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=res.header)
 
-        # Preconditions.
-        if not await _wait_or_invalidated(replica.index.first_refresh_done, res.invalidated):
+        # Preconditions. The first store listing must have landed (the stores may hold a
+        # larger write head than our spools); while the store can't be listed, or while it
+        # fails and closed spools piled up past the bound, appends are refused, as on a
+        # single node (a pulse appends nothing: only an unlisted store refuses it).
+        failure = await _first_listing_or_invalidated(replica, res.invalidated)
+        if failure is None:
             return ReadThrough(0)
+        if failure or (not pulse and (failure := replica.append_refusal())):
+            return pb.AppendResponse(
+                status=pb.FRAGMENT_STORE_UNHEALTHY, header=res.header, store_health_error=failure
+            )
         rs = replica.rspool
         spec = res.spec
         registers = _copy(rs.registers)
@@ -658,20 +666,25 @@ async def close_replication(replica: Replica, *, graceful: bool = True) -> None:
         replica.spool_lock.release()
 
 
-async def _wait_or_invalidated(event: asyncio.Event, invalidated: asyncio.Event | None) -> bool:
-    if event.is_set():
-        return True
+async def _first_listing_or_invalidated(
+    replica: Replica, invalidated: asyncio.Event | None
+) -> str | None:
+    """`replica.await_first_listing()`'s result ("" once listed, else why it can't be), or
+    None if the resolution was invalidated first."""
+    if replica.index.first_refresh_done.is_set():
+        return ""
+    listing = asyncio.ensure_future(replica.await_first_listing())
     if invalidated is None:
-        await event.wait()
-        return True
-    waiter = asyncio.ensure_future(event.wait())
+        return await listing
     inval = asyncio.ensure_future(invalidated.wait())
     try:
-        await asyncio.wait([waiter, inval], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([listing, inval], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        waiter.cancel()
+        listing.cancel()
         inval.cancel()
-    return event.is_set()
+    if listing.done() and not listing.cancelled():
+        return listing.result()
+    return None
 
 
 def _copy(ls: pb.LabelSet) -> pb.LabelSet:
