@@ -251,7 +251,10 @@ class Persister:
                 return stores[0]
             try:
                 await self.persist(job, spec)
-                self._last_error.pop(job.store, None)
+                if self._last_error.pop(job.store, None) is not None:
+                    # The store works again: re-check its health now rather than on the
+                    # failure backoff, so FragmentStoreHealth stops reporting the outage.
+                    self.health.get(job.store).check_soon()
                 return None
             except (StoreError, TemplateError, OSError) as exc:
                 if spool.deleted:
