@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,20 @@ from tests.support.tcp_proxy import TcpProxy
 pytestmark = pytest.mark.slow
 
 
-async def test_primary_refuses_appends_past_the_backlog_and_resumes(
-    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, s3_server: S3Server
-) -> None:
-    bucket = s3_server.create_bucket()
+@pytest.fixture
+def s3_behind_proxy(s3_server: S3Server) -> Iterator[tuple[TcpProxy, str]]:
+    """A bucket's store URL reaching the S3 server through a proxy the test can cut."""
     proxy = TcpProxy(s3_server.port)
-    store = s3_server.store_url(bucket, endpoint=proxy.endpoint)
+    try:
+        yield proxy, s3_server.store_url(s3_server.create_bucket(), endpoint=proxy.endpoint)
+    finally:
+        proxy.close()
+
+
+async def test_primary_refuses_appends_past_the_backlog_and_resumes(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, s3_behind_proxy: tuple[TcpProxy, str]
+) -> None:
+    proxy, store = s3_behind_proxy
     limit = 16 * 1024
     cluster = Cluster(tmp_path, etcd, etcd_root)
     brokers = [cluster.add("zone-a", "broker-1"), cluster.add("zone-b", "broker-2")]
@@ -75,15 +84,12 @@ async def test_primary_refuses_appends_past_the_backlog_and_resumes(
         raise
     finally:
         await cluster.close()
-        proxy.close()
 
 
 async def test_primary_refuses_appends_while_the_store_cannot_be_listed(
-    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, s3_server: S3Server
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, s3_behind_proxy: tuple[TcpProxy, str]
 ) -> None:
-    bucket = s3_server.create_bucket()
-    proxy = TcpProxy(s3_server.port)
-    store = s3_server.store_url(bucket, endpoint=proxy.endpoint)
+    proxy, store = s3_behind_proxy
     cluster = Cluster(tmp_path, etcd, etcd_root)
     broker = cluster.add("zone-a", "broker-1")
     journal = "unlisted/j"
@@ -110,4 +116,3 @@ async def test_primary_refuses_appends_while_the_store_cannot_be_listed(
         raise
     finally:
         await cluster.close()
-        proxy.close()
