@@ -4,6 +4,11 @@ Records are written exactly as Go's encoding/csv writes them (which Gazette uses
 are quoted when they contain a comma, a quote, CR or LF, or begin with white space, and
 records end with "\\n". A quoted field may span lines, so frames are found by tracking
 quotes, not just newlines. Messages are lists of strings.
+
+A record ends at the first newline outside quotes: one after an even number of quote
+characters since the record began (in valid CSV a quote opens a field, closes it, or is
+doubled inside it). An empty line, or one holding only the CR of a CRLF, is blank: Go's
+csv.Reader skips it, and so do readers here.
 """
 
 from __future__ import annotations
@@ -14,10 +19,15 @@ from typing import Any
 
 from pygazette.message.framing import (
     CONTENT_TYPE_CSV,
+    LINE_DELIMITER,
     Framing,
     MessageDecodeError,
     register_framing,
 )
+
+QUOTE = b'"'
+# The CR of a CRLF line end (part of the payload; unmarshaling drops it).
+CARRIAGE_RETURN = b"\r"
 
 # Go's unicode.IsSpace for the first rune of a field (Python's str.isspace also counts the
 # information separators U+001C..U+001F, which Go does not).
@@ -53,7 +63,8 @@ class CSVFraming(Framing):
     """RFC 4180 CSV records, UUID in the first column."""
 
     content_type = CONTENT_TYPE_CSV
-    overhead = 1
+    overhead = len(LINE_DELIMITER)
+    blank_lead = CARRIAGE_RETURN
 
     def marshal(self, msg: Any) -> bytes:
         if isinstance(msg, str) or not isinstance(msg, Sequence):
@@ -75,9 +86,9 @@ class CSVFraming(Framing):
     # Reading ------------------------------------------------------------------------------
 
     def split(self, data: bytes) -> tuple[list[bytes], int]:
-        lines = data.split(b"\n")
+        lines = data.split(LINE_DELIMITER)
         lines.pop()  # Not terminated (yet).
-        if b'"' not in data:
+        if QUOTE not in data:
             return lines, sum(len(x) + 1 for x in lines)
         frames: list[bytes] = []
         consumed = 0
@@ -85,14 +96,17 @@ class CSVFraming(Framing):
         in_quotes = False
         for line in lines:
             pending.append(line)
-            if line.count(b'"') % 2:
+            if line.count(QUOTE) % 2:
                 in_quotes = not in_quotes
             if not in_quotes:
-                record = b"\n".join(pending)
+                record = LINE_DELIMITER.join(pending)
                 frames.append(record)
                 consumed += len(record) + 1
                 pending = []
         return frames, consumed
+
+    def is_blank(self, payload: bytes) -> bool:
+        return not payload or payload == CARRIAGE_RETURN
 
     def unmarshal(self, payload: bytes) -> Any:
         try:

@@ -1,6 +1,7 @@
 """Gazette's fixed framing (`application/x-protobuf-fixed`): each frame is the magic word
 66 33 93 36, a 4-byte little-endian payload length, then the payload (a marshaled
-protobuf message).
+protobuf message). The header layout, `encode_fixed_frame` and the walk over frame headers
+(`fixed_frame_starts`, `check_fixed_header`) are shared with the Spark connector's scanner.
 
 Without a message class, payloads are raw bytes (what `journals append --framing fixed`
 moves). With a protobuf message class, messages are instances of it and their UUID lives in
@@ -26,18 +27,59 @@ from pygazette.message.framing import (
 )
 
 FIXED_FRAME_WORD = b"\x66\x33\x93\x36"
-FIXED_FRAME_HEADER_LENGTH = 8
+# The header: the magic word, then the payload length (little-endian uint32).
+FIXED_FRAME_HEADER = struct.Struct("<4sI")
+FIXED_FRAME_HEADER_LENGTH = FIXED_FRAME_HEADER.size
 # A frame this large is taken as a sign of corruption, not a message.
 MAX_FRAME_LENGTH = 1 << 30
-
-_LENGTH = struct.Struct("<I")
 
 
 def encode_fixed_frame(payload: bytes) -> bytes:
     """A fixed frame holding `payload`."""
-    if len(payload) > 0xFFFFFFFF:
-        raise MessageDecodeError(f"payload of {len(payload)} bytes is too large for a frame")
-    return FIXED_FRAME_WORD + _LENGTH.pack(len(payload)) + bytes(payload)
+    if len(payload) > MAX_FRAME_LENGTH:
+        raise MessageDecodeError(
+            f"payload of {len(payload)} bytes is larger than a frame may be ({MAX_FRAME_LENGTH})"
+        )
+    return FIXED_FRAME_HEADER.pack(FIXED_FRAME_WORD, len(payload)) + bytes(payload)
+
+
+def fixed_frame_starts(data: bytes) -> tuple[list[int], int]:
+    """Where the whole frames at the front of `data` begin, and the offset just past the
+    last of them: there the content ends, a frame is incomplete, or the bytes are not a
+    frame header (`check_fixed_header` tells which)."""
+    starts: list[int] = []
+    pos = 0
+    n = len(data)
+    unpack = FIXED_FRAME_HEADER.unpack_from
+    while n - pos >= FIXED_FRAME_HEADER_LENGTH:
+        word, size = unpack(data, pos)
+        if word != FIXED_FRAME_WORD or size > MAX_FRAME_LENGTH:
+            break
+        end = pos + FIXED_FRAME_HEADER_LENGTH + size
+        if end > n:
+            break
+        starts.append(pos)
+        pos = end
+    return starts, pos
+
+
+def check_fixed_header(data: bytes, pos: int) -> None:
+    """Raise `FrameDesync` if a whole header at `pos` is not a frame header (a wrong magic
+    word, or an implausible length); `skip` then reaches the next magic word after `pos`."""
+    if len(data) - pos < FIXED_FRAME_HEADER_LENGTH:
+        return
+    word, size = FIXED_FRAME_HEADER.unpack_from(data, pos)
+    if word == FIXED_FRAME_WORD and size <= MAX_FRAME_LENGTH:
+        return
+    nxt = data.find(FIXED_FRAME_WORD, pos + 1)
+    skip = (nxt if nxt != -1 else len(data) - (len(FIXED_FRAME_WORD) - 1)) - pos
+    if word != FIXED_FRAME_WORD:
+        raise FrameDesync(
+            skip,
+            f"detected de-synchronization: expected {FIXED_FRAME_WORD.hex()}, "
+            f"found {bytes(word).hex()}",
+        )
+    raise FrameDesync(skip, f"implausible frame length {size}")
 
 
 class FixedFraming(Framing):
@@ -86,29 +128,14 @@ class FixedFraming(Framing):
     # Reading ------------------------------------------------------------------------------
 
     def split(self, data: bytes) -> tuple[list[bytes], int]:
-        frames: list[bytes] = []
-        pos = 0
-        n = len(data)
-        while n - pos >= FIXED_FRAME_HEADER_LENGTH:
-            if not data.startswith(FIXED_FRAME_WORD, pos):
-                if frames:
-                    break  # Return the good frames first.
-                nxt = data.find(FIXED_FRAME_WORD, 1)
-                skip = nxt if nxt != -1 else n - (len(FIXED_FRAME_WORD) - 1)
-                raise FrameDesync(skip)
-            (size,) = _LENGTH.unpack_from(data, pos + 4)
-            if size > MAX_FRAME_LENGTH:
-                if frames:
-                    break
-                nxt = data.find(FIXED_FRAME_WORD, 1)
-                skip = nxt if nxt != -1 else n - (len(FIXED_FRAME_WORD) - 1)
-                raise FrameDesync(skip, f"implausible frame length {size}")
-            end = pos + FIXED_FRAME_HEADER_LENGTH + size
-            if end > n:
-                break
-            frames.append(data[pos + FIXED_FRAME_HEADER_LENGTH : end])
-            pos = end
-        return frames, pos
+        starts, consumed = fixed_frame_starts(data)
+        if not starts:
+            check_fixed_header(data, 0)
+            return [], 0
+        header = FIXED_FRAME_HEADER_LENGTH
+        ends = starts[1:]
+        ends.append(consumed)
+        return [data[s + header : e] for s, e in zip(starts, ends, strict=True)], consumed
 
     def unmarshal(self, payload: bytes) -> Any:
         if self.message_class is None:

@@ -2,9 +2,14 @@
 registry of framings by the journal's `content-type` label.
 
 A framing turns one message into one frame (`marshal`), splits a byte stream into frames
-(`split`), turns a frame back into a message (`unmarshal`), and reads and stamps the UUID a
-message carries. A frame's length is always `len(payload) + overhead`, which is how readers
-know each message's exact [begin, end) offsets.
+(`split`), says which frames are blank (`is_blank`: they hold no message and are skipped),
+turns a frame back into a message (`unmarshal`), and reads and stamps the UUID a message
+carries. A frame's length is always `len(payload) + overhead`, which is how readers know each
+message's exact [begin, end) offsets.
+
+These are the one definition of each framing's record rules in pygazette: the Spark
+connector's vectorised scanner (`pygazette.spark.framing`) takes its delimiters, headers and
+blank-line rule from here.
 
 Content types, as Gazette registers them:
 
@@ -26,6 +31,7 @@ __all__ = [
     "CONTENT_TYPE_CSV",
     "CONTENT_TYPE_JSON_LINES",
     "CONTENT_TYPE_PROTO_FIXED",
+    "LINE_DELIMITER",
     "FrameDesync",
     "Framing",
     "FramingError",
@@ -38,6 +44,9 @@ __all__ = [
 CONTENT_TYPE_JSON_LINES = "application/x-ndjson"
 CONTENT_TYPE_CSV = "text/csv"
 CONTENT_TYPE_PROTO_FIXED = "application/x-protobuf-fixed"
+
+# Frames of the line framings (JSON lines, CSV) end with it; it is part of no payload.
+LINE_DELIMITER = b"\n"
 
 
 class FramingError(ValueError):
@@ -63,6 +72,7 @@ class FrameDesync(FramingError):
 
     def __init__(self, skip: int, detail: str = "detected de-synchronization") -> None:
         self.skip = skip
+        self.detail = detail
         super().__init__(f"{detail} ({skip} bytes skipped)")
 
 
@@ -76,6 +86,9 @@ class Framing(ABC):
     content_type: ClassVar[str]
     # Frame bytes beyond the payload that `split` returns (delimiters, headers).
     overhead: ClassVar[int]
+    # A blank payload is empty or begins with one of these bytes (so a bulk scanner needs
+    # to ask `is_blank` only of those).
+    blank_lead: ClassVar[bytes] = b""
 
     # Writing ------------------------------------------------------------------------------
 
@@ -110,7 +123,14 @@ class Framing(ABC):
     @abstractmethod
     def split(self, data: bytes) -> tuple[list[bytes], int]:
         """The complete frames at the front of `data`: their payloads, and how many bytes
-        of `data` they span. Raises `FrameDesync` if `data` does not start with a frame."""
+        of `data` they span. Raises `FrameDesync` if `data` does not start with a frame.
+        Blank frames are returned too (they take up bytes); readers skip them."""
+
+    def is_blank(self, payload: bytes) -> bool:
+        """Whether a frame payload is blank: it holds no message, and readers skip it rather
+        than report it. Only an empty payload or one beginning with a `blank_lead` byte can
+        be blank."""
+        return False
 
     def envelopes(
         self,
@@ -119,9 +139,10 @@ class Framing(ABC):
         pos: int,
         out: MutableSequence[Envelope | BaseException],
     ) -> int:
-        """Append an Envelope (or MessageDecodeError) for each frame payload, the first
-        beginning at offset `pos`; returns the offset after the last."""
+        """Append an Envelope (or MessageDecodeError) for each frame payload that is not
+        blank, the first beginning at offset `pos`; returns the offset after the last."""
         unmarshal = self.unmarshal
+        is_blank = self.is_blank
         get_uuid = self.get_uuid
         overhead = self.overhead
         append = out.append
@@ -136,7 +157,8 @@ class Framing(ABC):
                     producer, clock, flags = parse_uuid_text(text)
                     append(Envelope(journal, pos, end, msg, producer, clock, flags))
             except MessageDecodeError as exc:
-                append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
+                if not is_blank(payload):
+                    append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
             except ValueError as exc:  # A malformed UUID.
                 append(MessageDecodeError(str(exc), journal=journal, begin=pos, end=end))
             pos = end

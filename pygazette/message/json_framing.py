@@ -4,6 +4,11 @@ Messages are JSON objects (dicts; dataclasses and other types orjson encodes are
 whose UUID is a string field, "uuid" unless configured otherwise. Go messages written by
 Gazette typically name the field "UUID" (Go's JSON decoding matches names regardless of
 case), so a missing "uuid" field is also looked up as "UUID" when reading.
+
+A line of JSON white space only is blank: it holds no message and readers skip it (as Spark's
+JSON reader does). Gazette's Go reader instead fails on it ("unexpected end of JSON input");
+skipping loses nothing and keeps one stray blank line from stopping every reader. Any other
+line that is not JSON is a `MessageDecodeError`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import orjson
 from pygazette.message.envelope import Envelope
 from pygazette.message.framing import (
     CONTENT_TYPE_JSON_LINES,
+    LINE_DELIMITER,
     Framing,
     MessageDecodeError,
     register_framing,
@@ -24,12 +30,16 @@ from pygazette.message.uuid import TICK, UUIDFormatter, parse_uuid_text
 
 _APPEND_NEWLINE = orjson.OPT_APPEND_NEWLINE
 
+# JSON's insignificant white space (RFC 8259).
+JSON_WHITESPACE = b" \t\n\r"
+
 
 class JSONFraming(Framing):
     """Newline-delimited JSON, with the message UUID in field `uuid_field`."""
 
     content_type = CONTENT_TYPE_JSON_LINES
-    overhead = 1
+    overhead = len(LINE_DELIMITER)
+    blank_lead = JSON_WHITESPACE
 
     def __init__(
         self,
@@ -107,9 +117,12 @@ class JSONFraming(Framing):
     # Reading ------------------------------------------------------------------------------
 
     def split(self, data: bytes) -> tuple[list[bytes], int]:
-        parts = data.split(b"\n")
+        parts = data.split(LINE_DELIMITER)
         rest = parts.pop()
         return parts, len(data) - len(rest)
+
+    def is_blank(self, payload: bytes) -> bool:
+        return not payload.strip(JSON_WHITESPACE)
 
     def unmarshal(self, payload: bytes) -> Any:
         try:
@@ -131,6 +144,7 @@ class JSONFraming(Framing):
         loads = orjson.loads
         field = self.uuid_field
         get_uuid = self.get_uuid
+        is_blank = self.is_blank
         append = out.append
         for payload in payloads:
             end = pos + len(payload) + 1
@@ -147,9 +161,12 @@ class JSONFraming(Framing):
                     producer, clock, flags = parse_uuid_text(text)
                     append(Envelope(journal, pos, end, msg, producer, clock, flags))
             except orjson.JSONDecodeError as exc:
-                append(
-                    MessageDecodeError(f"invalid JSON: {exc}", journal=journal, begin=pos, end=end)
-                )
+                if not is_blank(payload):
+                    append(
+                        MessageDecodeError(
+                            f"invalid JSON: {exc}", journal=journal, begin=pos, end=end
+                        )
+                    )
             except MessageDecodeError as exc:
                 append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
             except ValueError as exc:  # A malformed UUID.

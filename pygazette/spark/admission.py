@@ -211,7 +211,7 @@ class _Boundaries:
     def _count(self, buf: bytes, spans: fr.RecordSpans) -> np.ndarray:  # type: ignore[type-arg]
         """Cumulative row counts of the records (blank JSON/CSV lines are not rows)."""
         if self.framing in (Framing.JSON, Framing.CSV) and len(spans):
-            rows = ~fr.blank_records(buf, spans)
+            rows = ~fr.blank_records(self.framing, buf, spans)
             return np.cumsum(rows)
         return np.arange(1, len(spans) + 1)
 

@@ -1,46 +1,55 @@
-"""Record framing of journal content, as the Spark connector reads and writes it.
+"""Record framing of journal content, as the Spark connector reads and writes it: a bulk,
+vectorised scanner that finds every record of a large buffer at once.
 
-A journal is a byte stream; a framing says where its records begin and end:
+A journal is a byte stream; a framing says where its records begin and end. The rules are
+the message layer's (`pygazette.message`), which this module applies in bulk:
 
-- ``lines`` and ``json``: records end with ``\\n`` (JSON lines: one JSON value per line;
-  blank lines are not records, as for Gazette's JSON framing and Spark's JSON reader).
+- ``lines`` and ``json``: records end with `LINE_DELIMITER` (``\\n``); for ``json`` a line of
+  JSON white space only is blank, not a record (`JSONFraming.is_blank`).
 - ``csv``: RFC 4180 rows ending with ``\\n`` outside quotes (a quoted field may hold
-  newlines); blank lines are not records, as for Go's ``encoding/csv`` that Gazette uses.
-- ``protobuf-fixed``: Gazette's fixed framing, an 8-byte header (the magic word
-  ``66 33 93 36`` and a little-endian uint32 length) before each message.
+  newlines; `csv_framing.QUOTE`); an empty line, or a lone CR, is blank
+  (`CSVFraming.is_blank`, as Go's ``encoding/csv`` that Gazette uses).
+- ``protobuf-fixed``: Gazette's fixed framing (`fixed_framing`: a header of the magic word
+  ``66 33 93 36`` and a little-endian uint32 length before each message); a header that is
+  not one (wrong word, implausible length) is a desynchronisation.
 - ``raw`` has no records: rows are append-aligned chunks (see `partition_reader`).
 
 Scanning works on a buffer that begins at a record boundary and finds whole records with
-vectorised numpy passes, never a per-byte Python loop. Content that ends without a final
-delimiter (an append that did not end in ``\\n``) is a last record ending at the range end.
-
-This module is the connector's own copy of the record rules while `pygazette.message`
-(framing, UUIDs) is being built; the record boundaries are the same as Gazette's, and the
-scanning functions are the seam at which `pygazette.message` framing can be swapped in.
+numpy passes (newline and quote positions), never a per-byte Python loop; fixed frames are
+walked header to header with the message layer's `fixed_frame_starts`. Content that ends
+without a final delimiter (an append that did not end in ``\\n``) is a last record ending at
+the range end. The message layer's per-message `Framing.split` finds the same boundaries
+(tests/spark/test_framing.py checks it); this module exists because Spark reads buffers of
+many megabytes into Arrow columns, where one numpy pass beats a list of payloads, and
+because numpy is a dependency of the ``spark`` extra only.
 """
 
 from __future__ import annotations
 
 import enum
 import io
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pygazette.message.csv_framing import QUOTE, CSVFraming
+from pygazette.message.fixed_framing import (
+    FIXED_FRAME_HEADER_LENGTH,
+    FixedFraming,
+    check_fixed_header,
+    fixed_frame_starts,
+)
+from pygazette.message.framing import LINE_DELIMITER, FrameDesync
+from pygazette.message.framing import Framing as MessageFraming
+from pygazette.message.json_framing import JSONFraming
 from pygazette.protocol.errors import GazetteError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-FIXED_FRAME_WORD = b"\x66\x33\x93\x36"
-FIXED_HEADER = struct.Struct("<4sI")
-FIXED_HEADER_LENGTH = 8
-
-_NEWLINE = 0x0A
-_QUOTE = 0x22
-_CR = 0x0D
+_NEWLINE = LINE_DELIMITER[0]
+_QUOTE = QUOTE[0]
 
 
 class Framing(enum.Enum):
@@ -68,6 +77,19 @@ class Framing(enum.Enum):
     @property
     def has_records(self) -> bool:
         return self is not Framing.RAW
+
+    @property
+    def message_framing(self) -> MessageFraming | None:
+        """The message-layer framing whose rules this one follows (None for raw and lines,
+        which carry no messages)."""
+        return _MESSAGE_FRAMINGS.get(self)
+
+
+_MESSAGE_FRAMINGS: dict[Framing, MessageFraming] = {
+    Framing.JSON: JSONFraming(),
+    Framing.CSV: CSVFraming(),
+    Framing.PROTOBUF_FIXED: FixedFraming(),
+}
 
 
 class RecordError(GazetteError, ValueError):
@@ -174,59 +196,54 @@ def _scan_csv(buf: bytes, final: bool) -> RecordSpans:
 
 
 def _scan_fixed(buf: bytes, final: bool) -> RecordSpans:
-    starts: list[int] = []
-    ends: list[int] = []
-    pos = 0
+    starts, pos = fixed_frame_starts(buf)
+    try:
+        check_fixed_header(buf, pos)
+    except FrameDesync as exc:
+        raise RecordError(f"fixed framing desynchronised at +{pos}: {exc.detail}") from None
     size = len(buf)
-    unpack = FIXED_HEADER.unpack_from
-    while pos + FIXED_HEADER_LENGTH <= size:
-        word, length = unpack(buf, pos)
-        if word != FIXED_FRAME_WORD:
-            raise RecordError(
-                f"fixed framing desynchronised at +{pos}: expected frame word "
-                f"{FIXED_FRAME_WORD.hex()}, found {bytes(word).hex()}"
-            )
-        end = pos + FIXED_HEADER_LENGTH + length
-        if end > size:
-            break
-        starts.append(pos)
-        ends.append(end)
-        pos = end
     if final and pos != size:
         raise RecordError(
             f"truncated fixed-framed record at +{pos}: {size - pos} bytes remain of a frame"
         )
     s = np.asarray(starts, dtype=np.int64)
-    return RecordSpans(s, s + FIXED_HEADER_LENGTH, np.asarray(ends, dtype=np.int64), pos)
+    ends = np.empty(len(s), dtype=np.int64)
+    ends[:-1] = s[1:]
+    if len(s):
+        ends[-1] = pos
+    return RecordSpans(s, s + FIXED_FRAME_HEADER_LENGTH, ends, pos)
 
 
 def resync(buf: bytes) -> int:
     """For newline framings: where the first record begins in `buf`, whose first byte is the
     one just before a possible boundary (one past the first newline), or -1 if none is
     in `buf` yet."""
-    nl = buf.find(b"\n")
-    return -1 if nl < 0 else nl + 1
+    nl = buf.find(LINE_DELIMITER)
+    return -1 if nl < 0 else nl + len(LINE_DELIMITER)
 
 
-def blank_records(buf: bytes, spans: RecordSpans) -> np.ndarray[Any, np.dtype[np.bool_]]:
-    """Which records are blank lines (empty, or a lone carriage return)."""
+def blank_records(
+    framing: Framing, buf: bytes, spans: RecordSpans
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Which records are blank under the message layer's rule for `framing` (they are not
+    rows). Only empty records and those beginning with a `blank_lead` byte are asked."""
+    rules = framing.message_framing
+    n = len(spans)
+    blank = np.zeros(n, dtype=np.bool_)
+    if rules is None or not n:
+        return blank
     lengths = spans.value_ends - spans.value_starts
-    blank: np.ndarray[Any, np.dtype[np.bool_]] = lengths == 0
-    ones = np.flatnonzero(lengths == 1)
-    if len(ones):
-        arr = _as_array(buf)
-        blank[ones] = arr[spans.value_starts[ones]] == _CR
+    empty = lengths == 0
+    if empty.any():
+        blank[empty] = rules.is_blank(b"")
+    if rules.blank_lead:
+        nonempty = np.flatnonzero(~empty)
+        firsts = _as_array(buf)[spans.value_starts[nonempty]]
+        lead = np.frombuffer(rules.blank_lead, dtype=np.uint8)
+        is_blank = rules.is_blank
+        for i in nonempty[np.isin(firsts, lead)].tolist():
+            blank[i] = is_blank(buf[int(spans.value_starts[i]) : int(spans.value_ends[i])])
     return blank
-
-
-def whitespace_records(buf: bytes, spans: RecordSpans) -> np.ndarray[Any, np.dtype[np.bool_]]:
-    """Which records are whitespace only (the slow, exact test behind `blank_records`)."""
-    out = np.zeros(len(spans), dtype=np.bool_)
-    for i, (lo, hi) in enumerate(
-        zip(spans.value_starts.tolist(), spans.value_ends.tolist(), strict=True)
-    ):
-        out[i] = not buf[lo:hi].strip()
-    return out
 
 
 def binary_values(buf: bytes, spans: RecordSpans) -> pa.Array:
@@ -273,8 +290,8 @@ def block(buf: bytes, spans: RecordSpans) -> bytes:
     if not len(spans):
         return b""
     last_end = int(spans.value_ends[-1])
-    if last_end < len(buf) and buf[last_end] == _NEWLINE:
-        last_end += 1
+    if buf.startswith(LINE_DELIMITER, last_end):
+        last_end += len(LINE_DELIMITER)
     return buf[int(spans.starts[0]) : last_end]
 
 
@@ -364,8 +381,3 @@ def _where(describe: Any, start: int | None) -> str:
     if describe is None:
         return ""
     return f"{describe(start)}: "
-
-
-def encode_fixed(payload: bytes) -> bytes:
-    """One message in Gazette's fixed framing."""
-    return FIXED_HEADER.pack(FIXED_FRAME_WORD, len(payload)) + payload

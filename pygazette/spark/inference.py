@@ -79,7 +79,7 @@ def infer_json(samples: list[bytes]) -> StructType:
         if not data.strip():
             continue
         spans = fr.scan(Framing.JSON, data, final=True)
-        spans = spans.mask(~fr.blank_records(data, spans))
+        spans = spans.mask(~fr.blank_records(Framing.JSON, data, spans))
         if not len(spans):
             continue
         try:

@@ -303,9 +303,7 @@ class PieceDecoder:
 
         framing = self.framing
         if framing in (Framing.JSON, Framing.CSV):
-            blank = fr.blank_records(buf, spans)
-            if framing is Framing.JSON:
-                blank |= self._whitespace_if_needed(buf, spans, blank)
+            blank = fr.blank_records(framing, buf, spans)
             if blank.any():
                 spans = spans.mask(~blank)
             if not len(spans):
@@ -337,23 +335,6 @@ class PieceDecoder:
                         "read column value as binary"
                     ) from None
         yield self._batch(offsets, value=value)
-
-    def _whitespace_if_needed(
-        self, buf: bytes, spans: RecordSpans, blank: np.ndarray[Any, np.dtype[np.bool_]]
-    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
-        """Whitespace-only lines are blank too; they are rare, so look only if any line
-        could be one (no non-space byte in its first position)."""
-        arr = np.frombuffer(buf, dtype=np.uint8)
-        nonempty = ~blank
-        firsts = np.zeros(len(spans), dtype=np.uint8)
-        firsts[nonempty] = arr[spans.value_starts[nonempty]]
-        suspicious = nonempty & np.isin(firsts, (0x20, 0x09, 0x0D, 0x0A))
-        if not suspicious.any():
-            return np.zeros(len(spans), dtype=np.bool_)
-        out = np.zeros(len(spans), dtype=np.bool_)
-        idx = np.flatnonzero(suspicious)
-        out[idx] = fr.whitespace_records(buf, spans.mask(suspicious))
-        return out
 
     # Batches ---------------------------------------------------------------------------------
 

@@ -37,11 +37,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from pygazette.client.journal_client import JournalClient
+from pygazette.message.fixed_framing import encode_fixed_frame
+from pygazette.message.framing import FramingError
 from pygazette.protocol.errors import GazetteError, JournalNotFound
 from pygazette.spark import faults, runtime
 from pygazette.spark import journals as jn
 from pygazette.spark.exactly_once import AppendOutcome, Fence, fenced_append
-from pygazette.spark.framing import Framing, encode_fixed
+from pygazette.spark.framing import Framing
 from pygazette.spark.options import OptionError, WriteOptions
 from pygazette.spark.routing import route
 from pygazette.spark.schema import JOURNAL, VALUE
@@ -166,7 +168,10 @@ def encode(plan: SinkPlan, batch: pa.RecordBatch, rows: list[int] | None) -> byt
         if framing is Framing.RAW:
             return b"".join(encoded)
         if framing is Framing.PROTOBUF_FIXED:
-            return b"".join(encode_fixed(v) for v in encoded)
+            try:
+                return b"".join(encode_fixed_frame(v) for v in encoded)
+            except FramingError as exc:
+                raise SinkError(str(exc)) from None
         lines = [v[:-1] if v.endswith(b"\n") else v for v in encoded]
         data = b"\n".join(lines) + b"\n"
         if data.count(b"\n") != len(lines):

@@ -26,10 +26,12 @@ from pygazette.message import (
     Unpacker,
     UUIDFormatter,
     encode_fixed_frame,
+    fixed_framing,
     framing_for,
     new_producer_id,
 )
 from pygazette.message.csv_framing import format_record
+from pygazette.message.fixed_framing import FIXED_FRAME_HEADER, FIXED_FRAME_WORD
 from pygazette.message.uuid import TICK
 from pygazette.protocol.pb import protocol_pb2 as pb
 
@@ -185,6 +187,38 @@ def test_fixed_framing_desync_is_reported_and_skipped() -> None:
     assert (out[1].begin, out[1].end) == (11, 19)
     assert isinstance(out[2], Envelope) and out[2].message == b"two"
     assert (out[2].begin, out[2].end) == (19, len(data))
+
+
+def test_blank_lines_are_skipped_not_reported() -> None:
+    """A JSON line of JSON white space, and an empty CSV line (LF or CRLF, as Go's
+    encoding/csv skips), hold no message: readers skip them and the offsets stay exact."""
+    data = b'{"a": 1}\n\n \t\r\n{"a": 2}\n\x0c\n'
+    out = unpack(JSONFraming(), data)
+    assert [(e.begin, e.end) for e in out] == [(0, 9), (14, 23), (23, 25)]
+    assert [e.message for e in out[:2]] == [{"a": 1}, {"a": 2}]
+    assert isinstance(out[2], MessageDecodeError)  # A form feed is not JSON white space.
+    assert JSONFraming(decode=dict).is_blank(b" \r") and not JSONFraming().is_blank(b"\x0c")
+
+    data = b"\n\r\n,b\n\n  \n"
+    out = unpack(CSVFraming(), data)
+    assert [(e.begin, e.end) for e in out] == [(3, 6), (7, 10)]
+    assert isinstance(out[0], Envelope) and out[0].message == ["", "b"]
+    assert isinstance(out[1], MessageDecodeError)  # White space is a field (not a UUID).
+
+
+def test_fixed_frames_are_written_only_as_large_as_they_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A header announcing more than MAX_FRAME_LENGTH is a desync, so no larger frame is
+    written."""
+    monkeypatch.setattr(fixed_framing, "MAX_FRAME_LENGTH", 4)
+    with pytest.raises(MessageDecodeError, match="larger than a frame may be"):
+        encode_fixed_frame(b"12345")
+    data = FIXED_FRAME_HEADER.pack(FIXED_FRAME_WORD, 5) + b"12345" + encode_fixed_frame(b"ok")
+    out = unpack(FixedFraming(), data)
+    assert isinstance(out[0], MessageDecodeError) and "implausible frame length 5" in str(out[0])
+    assert (out[0].begin, out[0].end) == (0, 13)
+    assert isinstance(out[1], Envelope) and out[1].message == b"ok"
 
 
 # Properties --------------------------------------------------------------------------------

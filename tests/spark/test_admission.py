@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pygazette.client import SyncJournalClient
+from pygazette.message.fixed_framing import encode_fixed_frame
 from pygazette.spark import journals as jn
 from pygazette.spark import runtime
 from pygazette.spark.admission import Budget, admit, split_evenly
-from pygazette.spark.framing import Framing, encode_fixed
+from pygazette.spark.framing import Framing
 from tests.support.broker_process import BrokerProcess
 from tests.support.journal_data import append_each, json_records
 from tests.support.spark_session import create_journals, journal_spec
@@ -33,7 +34,7 @@ def test_split_evenly_is_exact_and_capped(total: int, weights: dict[str, int]) -
 
 def records_for(framing: Framing, count: int) -> list[bytes]:
     if framing is Framing.PROTOBUF_FIXED:
-        return [encode_fixed(b"message-%d" % i * (1 + i % 3)) for i in range(count)]
+        return [encode_fixed_frame(b"message-%d" % i * (1 + i % 3)) for i in range(count)]
     if framing is Framing.CSV:
         out = []
         for i in range(count):

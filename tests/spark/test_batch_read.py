@@ -15,8 +15,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from pygazette.client import SyncJournalClient
+from pygazette.message.fixed_framing import encode_fixed_frame
 from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.spark.framing import encode_fixed
 from tests.support.broker_process import BrokerProcess
 from tests.support.journal_data import (
     append_each,
@@ -145,7 +145,7 @@ def test_csv_and_protobuf_fixed(
     assert inferred.columns == ["journal", "offset", "_c0", "_c1", "_c2", "fragment_mod_time"]
 
     payloads = [b"\x08" + bytes([i % 256]) * (i % 50) for i in range(300)]
-    frames = [encode_fixed(p) for p in payloads]
+    frames = [encode_fixed_frame(p) for p in payloads]
     fill(gz, jf, [b"".join(frames[i : i + 60]) for i in range(0, 300, 60)])
     fixed = reader(spark, spark_broker, journals=jf, framing="protobuf-fixed", minPartitions="4")
     got_fixed = [r.value for r in fixed.orderBy("offset").collect()]

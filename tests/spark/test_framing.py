@@ -1,16 +1,35 @@
-"""Record framing of the connector: boundaries, payloads, parsing (unit and property tests)."""
+"""Record framing of the connector: boundaries, payloads, parsing (unit and property tests),
+and properties that the bulk scanner and the message layer's framings find the same records."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pygazette.message import (
+    CSVFraming,
+    Envelope,
+    FixedFraming,
+    JSONFraming,
+    MessageDecodeError,
+    Unpacker,
+)
+from pygazette.message import Framing as MessageFraming
+from pygazette.message.csv_framing import format_record
+from pygazette.message.fixed_framing import (
+    FIXED_FRAME_HEADER,
+    FIXED_FRAME_WORD,
+    MAX_FRAME_LENGTH,
+    encode_fixed_frame,
+)
+from pygazette.message.framing import FrameDesync
 from pygazette.spark import framing as fr
 from pygazette.spark.framing import Framing, RecordError
 
@@ -93,30 +112,54 @@ def test_csv_unbalanced_quote_at_the_end_is_an_error() -> None:
 @settings(deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=30))
 def test_fixed_framing_round_trip(payloads: list[bytes]) -> None:
-    buf = b"".join(fr.encode_fixed(p) for p in payloads)
+    buf = b"".join(encode_fixed_frame(p) for p in payloads)
     got = records_of(Framing.PROTOBUF_FIXED, buf)
     assert [v for _, v in got] == payloads
     assert got[0][0] == 0 if payloads else True
 
 
 def test_fixed_framing_detects_desync_and_truncation() -> None:
-    good = fr.encode_fixed(b"hello")
+    good = encode_fixed_frame(b"hello")
     with pytest.raises(RecordError, match="desynchronised"):
         fr.scan(Framing.PROTOBUF_FIXED, good + b"garbage!!" + good, final=True)
     with pytest.raises(RecordError, match="truncated"):
         fr.scan(Framing.PROTOBUF_FIXED, good + good[:6], final=True)
     partial = fr.scan(Framing.PROTOBUF_FIXED, good + good[:6], final=False)
     assert len(partial) == 1 and partial.consumed == len(good)
+    # A header announcing more than a frame may hold is not waited for: it is a desync.
+    huge = FIXED_FRAME_HEADER.pack(FIXED_FRAME_WORD, MAX_FRAME_LENGTH + 1)
+    with pytest.raises(RecordError, match=r"desynchronised at \+13: implausible frame length"):
+        fr.scan(Framing.PROTOBUF_FIXED, good + huge, final=False)
 
 
 def test_json_blank_lines_are_not_records_and_errors_name_the_record() -> None:
-    buf = b'{"a": 1}\n\n{"a": 2}\r\n   \n{"a": 3}\n'
+    buf = b'{"a": 1}\n\n{"a": 2}\r\n \t\r\n{"a": 3}\n'
     spans = fr.scan(Framing.JSON, buf, final=True)
-    keep = ~fr.blank_records(buf, spans) & ~fr.whitespace_records(buf, spans)
-    spans = spans.mask(keep)
+    spans = spans.mask(~fr.blank_records(Framing.JSON, buf, spans))
     table = fr.parse_json(buf, spans, pa.schema([("a", pa.int64())]))
     assert table.column("a").to_pylist() == [1, 2, 3]
     assert spans.starts.tolist() == [0, 10, 24]
+
+    # Only JSON white space makes a blank line: a form feed is not, nor is any line of the
+    # lines framing, which has no blank rule.
+    odd = b"\x0c\n \n"
+    spans = fr.scan(Framing.JSON, odd, final=True)
+    assert fr.blank_records(Framing.JSON, odd, spans).tolist() == [False, True]
+    assert fr.blank_records(Framing.LINES, odd, spans).tolist() == [False, False]
+
+
+def test_csv_blank_lines_are_empty_or_a_lone_carriage_return() -> None:
+    """As Go's encoding/csv: an empty line (LF or CRLF) is skipped; white space is a field."""
+    buf = b"a,b\n\n\r\n  \n\r\r\nc,d\n"
+    spans = fr.scan(Framing.CSV, buf, final=True)
+    assert fr.blank_records(Framing.CSV, buf, spans).tolist() == [
+        False,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
 
     bad = b'{"a": 1}\n{"a": oops}\n'
     spans = fr.scan(Framing.JSON, bad, final=True)
@@ -143,3 +186,133 @@ def test_framing_names() -> None:
     assert Framing.parse("Protobuf-Fixed") is Framing.PROTOBUF_FIXED
     with pytest.raises(ValueError, match="unknown framing 'xml'"):
         Framing.parse("xml")
+
+
+# The bulk scanner and the message layer's framings agree ----------------------------------
+
+Record = tuple[int, int, bool]  # [begin, end) with delimiter or header, and blankness.
+
+
+def split_records(framing: MessageFraming, buf: bytes) -> tuple[list[Record], int, bool]:
+    """Records `framing.split` finds at the front of `buf`, called until it finds no more (as
+    the Unpacker does); how many bytes they span; and whether a desync stopped it."""
+    records: list[Record] = []
+    pos = 0
+    while True:
+        try:
+            payloads, consumed = framing.split(buf[pos:])
+        except FrameDesync:
+            return records, pos, True
+        if not payloads:
+            return records, pos, False
+        start = pos
+        for payload in payloads:
+            end = pos + len(payload) + framing.overhead
+            records.append((pos, end, framing.is_blank(payload)))
+            pos = end
+        assert pos - start == consumed
+
+
+def scan_records(framing: Framing, buf: bytes) -> tuple[list[Record], int, bool]:
+    """The same, from the bulk scanner (not final: the buffer may end within a record). At a
+    desync the scanner fails the read, naming where; the records are those before it."""
+    desync = False
+    try:
+        spans = fr.scan(framing, buf, final=False)
+    except RecordError as exc:
+        where = re.search(r"desynchronised at \+(\d+)", str(exc))
+        assert where is not None, exc
+        buf = buf[: int(where.group(1))]
+        spans = fr.scan(framing, buf, final=True)
+        desync = True
+    starts = spans.starts.tolist()
+    ends = [*starts[1:], spans.consumed] if starts else []
+    blank = fr.blank_records(framing, buf, spans).tolist()
+    return list(zip(starts, ends, blank, strict=True)), spans.consumed, desync
+
+
+def unpacked(framing: MessageFraming, buf: bytes) -> list[tuple[int, int]]:
+    """[begin, end) of each message (or undecodable frame) the Unpacker reports."""
+    out: list[Envelope | BaseException] = []
+    Unpacker(framing, "j").feed(buf, out)
+    spans = []
+    for item in out:
+        assert isinstance(item, Envelope | MessageDecodeError), item
+        spans.append((item.begin, item.end))
+    return spans
+
+
+def assert_agree(framing: Framing, rules: MessageFraming, buf: bytes) -> None:
+    scanned = scan_records(framing, buf)
+    assert scanned == split_records(rules, buf)
+    if not scanned[2]:
+        # Readers of messages skip exactly the records the connector does not make rows of.
+        assert unpacked(rules, buf) == [(b, e) for b, e, blank in scanned[0] if not blank]
+
+
+def cut_at(data: bytes, cut: int) -> bytes:
+    return data[: cut % (len(data) + 1)]
+
+
+# Lines of JSON, blank ones (JSON white space, CRLF), white space that JSON does not allow
+# (form feed), and arbitrary bytes.
+json_lines = st.lists(
+    st.sampled_from(
+        [b"", b"\r", b" ", b" \t\r", b"\x0c", b'{"a": 1}', b' {"b": [1, 2]}\r', b"[]", b"x"]
+    )
+    | st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")),
+    max_size=30,
+)
+
+
+@settings(deadline=None)
+@given(json_lines, st.integers(min_value=0))
+def test_json_and_lines_scanning_agrees_with_the_message_framing(
+    lines: list[bytes], cut: int
+) -> None:
+    buf = cut_at(b"".join(line + b"\n" for line in lines), cut)
+    assert_agree(Framing.JSON, JSONFraming(), buf)
+    # The lines framing has the same boundaries, and no blank records.
+    records, consumed, _ = scan_records(Framing.LINES, buf)
+    assert [(b, e) for b, e, _ in records] == [
+        (b, e) for b, e, _ in split_records(JSONFraming(), buf)[0]
+    ]
+    assert consumed == split_records(JSONFraming(), buf)[1]
+    assert not any(blank for _, _, blank in records)
+
+
+csv_text = st.text(st.sampled_from('ab ,"\n\r\t\u00e9'), max_size=6)
+csv_lines = st.lists(
+    st.lists(csv_text, min_size=1, max_size=4).map(lambda r: format_record(r).encode())
+    | st.sampled_from([b"\n", b"\r\n", b"  \n", b"\r\r\n"])
+    # Lines Go's writer would not write: a quote opening a field mid-line, or left open.
+    | st.sampled_from([b'a"b\n', b'"\n', b'x,"y\n']),
+    max_size=25,
+)
+
+
+@settings(deadline=None)
+@given(csv_lines, st.integers(min_value=0))
+def test_csv_scanning_agrees_with_the_message_framing(lines: list[bytes], cut: int) -> None:
+    """Quoted newlines, CRLF and blank lines: the same rows end at the same offsets."""
+    assert_agree(Framing.CSV, CSVFraming(), cut_at(b"".join(lines), cut))
+
+
+fixed_pieces = st.lists(
+    st.binary(max_size=30).map(encode_fixed_frame)
+    | st.sampled_from(
+        [
+            b"garbage!",  # Not a header.
+            FIXED_FRAME_HEADER.pack(FIXED_FRAME_WORD, MAX_FRAME_LENGTH + 1),  # Implausible.
+            FIXED_FRAME_WORD,  # A word and no length.
+        ]
+    ),
+    max_size=15,
+)
+
+
+@settings(deadline=None)
+@given(fixed_pieces, st.integers(min_value=0))
+def test_fixed_scanning_agrees_with_the_message_framing(pieces: list[bytes], cut: int) -> None:
+    """Whole frames, incomplete ones and desyncs are found at the same offsets."""
+    assert_agree(Framing.PROTOBUF_FIXED, FixedFraming(), cut_at(b"".join(pieces), cut))

@@ -14,7 +14,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from pygazette.client import SyncJournalClient
-from pygazette.spark.framing import encode_fixed
+from pygazette.message.fixed_framing import encode_fixed_frame
 from tests.support.broker_process import BrokerProcess
 from tests.support.journal_data import append_each, json_records, wait_for, wait_persisted
 from tests.support.spark_session import create_journals, journal_spec
@@ -122,7 +122,7 @@ def test_framings_and_admission_control(
     append_each(
         gz,
         fixed,
-        [b"".join(encode_fixed(p) for p in payloads[i : i + 30]) for i in range(0, 120, 30)],
+        [b"".join(encode_fixed_frame(p) for p in payloads[i : i + 30]) for i in range(0, 120, 30)],
     )
     got = drain(
         stream(
