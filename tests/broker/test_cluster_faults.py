@@ -169,7 +169,9 @@ class Workload:
                 )
         assert len(content) >= self.heads_seen, "the journal is shorter than a head readers saw"
         for data, (begin, end) in self.acked.items():
-            assert content[begin:end] == data, f"acknowledged append lost at [{begin}, {end})"
+            assert content[begin:end] == data, (
+                f"acknowledged append lost at [{begin}, {end})\n{self.cluster.log_tail()}"
+            )
         pos, seen = 0, set()
         while pos < len(content):
             m = _RECORD.match(content, pos)
