@@ -79,7 +79,10 @@ _PREFAULT_STEP = 1 << 20
 # A step faulting pages in faster than this (a third of what the benchmark VM's host faults
 # cost) found cheap memory: the prefaulter then pauses for _PREFAULT_RECHECK bytes of appends.
 _PREFAULT_CHEAP_SECONDS_PER_BYTE = 0.8e-3 / (1 << 20)
-_PREFAULT_RECHECK = 64 << 20
+_PREFAULT_RECHECK = 16 << 20
+# A write of a chunk this large that is as slow as a costly fault-in ends a pause at once
+# (the host took free memory back meanwhile).
+_PREFAULT_MIN_CHUNK = 128 * 1024
 
 
 class SpoolCorrupt(Exception):
@@ -130,10 +133,17 @@ class PendingAppend:
         spool = self._spool
         view = memoryview(chunk)
         pos = self.begin - spool.begin + at
+        began = time.perf_counter()
         while view:
             n = os.pwrite(spool._content_fd, view, pos)
             view = view[n:]
             pos += n
+        size = len(chunk)
+        if (
+            size >= _PREFAULT_MIN_CHUNK
+            and time.perf_counter() - began > size * _PREFAULT_CHEAP_SECONDS_PER_BYTE
+        ):
+            spool._prefault_resume = 0  # Fresh pages got costly: the prefaulter resumes.
 
     def hash(self, chunk: bytes | memoryview) -> None:
         """Fold the append's next chunk into its SHA-1."""
@@ -401,7 +411,8 @@ class Spool:
             if time.perf_counter() - began < n * _PREFAULT_CHEAP_SECONDS_PER_BYTE:
                 # Fresh pages come cheap now (memory the kernel just freed, say): writing
                 # into them directly costs less than zeroing them here first. Look again
-                # once the spool has grown by _PREFAULT_RECHECK.
+                # once the spool has grown by _PREFAULT_RECHECK, or as soon as an append's
+                # write into fresh pages turns out slow (PendingAppend.write_at).
                 self._prefault_resume = self._ready + _PREFAULT_RECHECK
                 return False
             return self._prefault_wanted()

@@ -130,3 +130,14 @@ def test_pauses_while_fresh_pages_are_cheap(
     for _ in range(2):  # 4 MiB past the step's end: probe again, from the committed end.
         _append(spool, os.urandom(1 << 20))
     _wait_for(lambda: spool.content_path.stat().st_size == (6 << 20) + step)
+
+
+def test_a_slow_write_ends_a_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool.create(tmp_path, "a/journal", 0, pb.NONE, pb.LabelSet(), sync=False)
+    spool._prefault_resume = 1 << 40  # Paused, as after a cheap step.
+    _append(spool, b"s" * 4096)  # Small writes say nothing about fresh pages.
+    assert spool._prefault_resume == 1 << 40
+    monkeypatch.setattr(spool_mod, "_PREFAULT_CHEAP_SECONDS_PER_BYTE", 0.0)  # All slow.
+    _append(spool, os.urandom(1 << 20), chunk=1 << 20)
+    assert spool._prefault_resume == 0
+    _wait_for(lambda: spool.content_path.stat().st_size > 4096 + (2 << 20))
