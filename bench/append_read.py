@@ -22,6 +22,11 @@ those faults on a background thread, ahead of the appends (pygazette/broker/spoo
 Measured last, on a file kept until the end, so it neither warms nor starves the broker's
 own page-cache allocations.
 
+Reads: `tail_read` is what followers read, the newest 24 MiB of a journal's open spool
+(the median of 5 reads); `spool_catch_up_read` reads that spool from its beginning, mostly
+content older than the 32 MiB a spool taking large appends keeps in the page cache, so from
+disk; `persisted_read` reads fragments from the file store.
+
     python bench/append_read.py [--quick]
 
 Prints one JSON document.
@@ -54,6 +59,8 @@ from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
 
 MiB = 1 << 20
+TAIL_MIB = 24  # Within the 32 MiB of a spool's newest content kept in the page cache.
+TAIL_TIMES = 5
 OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -230,6 +237,21 @@ async def read_run(stub: pb_grpc.JournalStub, journal: str, begin: int, end: int
     return round(total / elapsed / 1e6, 1)
 
 
+async def tail_read_run(
+    stub: pb_grpc.JournalStub, journal: str, head: int, length: int, times: int
+) -> float:
+    """MB/s reading the `length` bytes before `head`, `times` over (as followers do)."""
+    rates = [await read_run(stub, journal, head - length, head) for _ in range(times)]
+    return round(statistics.median(rates), 1)
+
+
+async def write_head(stub: pb_grpc.JournalStub, journal: str) -> int:
+    req = pb.ReadRequest(journal=journal, offset=-1, block=False, metadata_only=True)
+    async for resp in stub.Read(req):
+        return int(resp.write_head)
+    raise RuntimeError(f"no write head for {journal}")
+
+
 def ratio(x: float, base: float) -> float:
     return round(x / base, 3) if base else 0.0
 
@@ -297,14 +319,27 @@ async def main(quick: bool) -> dict[str, object]:
             small = await append_rounds(stubs, "bench/small", 4096, n_small, rounds, meter)
             load["append_4kib"] = meter.load()
 
+            # Tail: what followers read, the newest content of the open spool (within the
+            # page-cache window a spool keeps, see pygazette/broker/spool.py).
             meter = CpuMeter(servers)
-            tail = read_mib * MiB
-            raw_read = await meter.measure("raw", read_run(raw_stub, "bench/tail", 0, tail))
-            same_read = await meter.measure(
-                "raw_same_heap", read_run(tuned_stub, "bench/tail", 0, tail)
+            head = await write_head(stub, "bench/tail")
+            recent = TAIL_MIB * MiB
+            raw_read = await meter.measure(
+                "raw", tail_read_run(raw_stub, "bench/tail", recent, recent, TAIL_TIMES)
             )
-            tail_read = await meter.measure("broker", read_run(stub, "bench/tail", 0, tail))
+            same_read = await meter.measure(
+                "raw_same_heap", tail_read_run(tuned_stub, "bench/tail", recent, recent, TAIL_TIMES)
+            )
+            tail_read = await meter.measure(
+                "broker", tail_read_run(stub, "bench/tail", head, recent, TAIL_TIMES)
+            )
             load["tail_read"] = meter.load()
+            # Catching up: the open spool from its beginning, mostly older than that window.
+            meter = CpuMeter(servers)
+            span = read_mib * MiB
+            raw_span = await meter.measure("raw", read_run(raw_stub, "bench/tail", 0, span))
+            catch_up = await meter.measure("broker", read_run(stub, "bench/tail", 0, span))
+            load["spool_catch_up_read"] = meter.load()
 
             chunk = os.urandom(MiB)
             for _ in range(persist_mib):
@@ -368,6 +403,11 @@ async def main(quick: bool) -> dict[str, object]:
             "raw_same_heap": same_read,
             "ratio": ratio(tail_read, raw_read),
             "ratio_same_heap": ratio(tail_read, same_read),
+        },
+        "spool_catch_up_read_mb_per_s": {
+            "broker": catch_up,
+            "raw": raw_span,
+            "ratio": ratio(catch_up, raw_span),
         },
         "persisted_read_mb_per_s": {
             "broker": persisted_read,

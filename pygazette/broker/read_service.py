@@ -211,7 +211,11 @@ async def _await_readable(replica: Replica, offset: int) -> bool:
 
 async def _spool_chunks(spool: Spool, offset: int, until: int) -> AsyncIterator[bytes]:
     while offset < until:
-        chunk = spool.read(offset, min(READ_CHUNK, until - offset))
+        n = min(READ_CHUNK, until - offset)
+        if spool.read_may_block(offset):  # Older content the page cache let go of.
+            chunk = await asyncio.to_thread(spool.read_blocking, offset, n)
+        else:
+            chunk = spool.read(offset, n)
         if not chunk:
             return
         yield chunk

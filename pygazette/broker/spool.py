@@ -496,6 +496,17 @@ class Spool:
             return b""
         return os.pread(self._content_fd, length, offset - self.begin)
 
+    def read_may_block(self, offset: int) -> bool:
+        """Whether reading at `offset` may wait on the disk: the recycler dropped its pages."""
+        return offset - self.begin < self._dropped
+
+    def read_blocking(self, offset: int, length: int) -> bytes:
+        """`read`, for a worker thread: the spool's files stay open until it returns."""
+        with self._prefault_lock:
+            if self._content_fd < 0:
+                raise FileNotFoundError("spool was persisted and removed")
+            return self.read(offset, length)
+
     def fragment(self) -> pb.Fragment:
         """The spool as a Fragment: [begin, end), the SHA-1 of its content, its codec.
 
