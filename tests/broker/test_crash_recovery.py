@@ -124,8 +124,8 @@ async def _apply(addr: str, shape: Shape) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra_args", "shape"),
-    [([], SMALL), (["--sync"], SMALL), ([], LARGE)],
-    ids=["page-cache", "fsync", "page-cache-large-appends"],
+    [([], SMALL), (["--sync"], SMALL), ([], LARGE), (["--sync"], LARGE)],
+    ids=["page-cache", "fsync", "page-cache-large-appends", "fsync-large-appends"],
 )
 async def test_kill9_under_concurrent_appends(
     tmp_path: Path, extra_args: list[str], shape: Shape
