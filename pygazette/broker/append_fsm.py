@@ -8,7 +8,9 @@ An Append (or a pulse: an empty append the primary runs on its own) goes through
 3. pipeline — as primary, hold the journal's append lock; if there is no pipeline for the
    current route, own the spool, open Replicate streams to every peer and synchronise them:
    propose our fragment (rolled to a new one on a route change), and roll forward to any
-   peer's larger offset (taking its registers) until every peer agrees;
+   peer's larger offset (taking its registers) until every peer agrees; then confirm that
+   agreement everywhere with one more round, so that no member (whichever remain after the
+   next route change) cuts back below it;
 4. advertise — if the assignments don't all advertise this route yet, write it into them
    (one transaction) and resolve again: the allocator only drops replicas of consistent
    journals;
@@ -28,7 +30,9 @@ Departures from Gazette, all for safety under failures:
   the new fragment again; once every peer has confirmed it, the append is acknowledged and
   readers may see it. So an acknowledged append is confirmed on every replica, and content
   that isn't confirmed was never acknowledged: a new pipeline cuts it from every replica,
-  primary included, and an append that failed never surfaces later.
+  primary included, and an append that failed never surfaces later. A spool that completes
+  (rolls, or leaves this broker) is cut the same way first, and an append cut short between
+  rounds (its client gone) drops its pipeline: no round runs on it again.
 """
 
 from __future__ import annotations
@@ -324,6 +328,17 @@ class ClusterAppends:
             rs.rollback()
             await close_replication(replica, graceful=False)
             raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        except AppendAborted:
+            raise  # Rolled back on every peer: the pipeline is still in step.
+        except BaseException:
+            # Cut short otherwise (the client went away or its deadline passed, mid-round):
+            # a round may have reached some peers and not others, a cancelled read ends its
+            # peer's stream, and our spool may hold a commit no peer confirmed. Never run
+            # another round on this pipeline: the next append builds a new one, which cuts
+            # what was not confirmed.
+            rs.rollback()
+            await close_replication(replica, graceful=False)
+            raise
 
     async def _start_pipeline(self, replica: Replica, res: Resolution) -> ReadThrough | None:
         assert replica.rspool is not None and res.spec is not None
@@ -391,6 +406,12 @@ class ClusterAppends:
                 )
             else:
                 raise ReplicationFailed("peers did not agree on a fragment")
+            # Every member now holds our fragment: confirm it everywhere before anything
+            # else. A roll forward passed content only some peer holds (it persists it); the
+            # route may change again before any append confirms the offsets we passed
+            # (routes wider than the replication take none), and members whose frontier
+            # stayed below them would cut back there and write over that content.
+            await _round(pln, rs.fragment(), rs.registers)
         except (PipelineBroken, ReplicationFailed, PeerUnavailable, grpc.aio.AioRpcError) as exc:
             pln.abort()
             rs.rollback()
@@ -403,8 +424,7 @@ class ClusterAppends:
             replica.spool_lock.release()
             raise
         replica.replication = pln
-        if not pln.streams:
-            _confirmed(replica)
+        _confirmed(replica)
         return None
 
     async def _stream(

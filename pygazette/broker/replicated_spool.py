@@ -27,7 +27,10 @@ content above the frontier was never acknowledged. The frontier:
   failure) opens with a proposal other than exactly our fragment: unconfirmed content is
   cut first, so content no peer acknowledged never resurfaces beside what the cluster wrote
   at the same offsets in the meantime;
-- bounds what a replica persists when it stops.
+- bounds what a completed spool holds, on every member, primary included (a primary's
+  commit whose confirming round failed lies beyond its frontier too), so a spool that
+  completes — a roll, or the journal leaving this broker — never persists content that the
+  next pipeline cuts everywhere else and writes over.
 """
 
 from __future__ import annotations
@@ -276,15 +279,14 @@ class ReplicatedSpool:
 
     # Completion and cuts.
     def _complete_spool(self, *, primary: bool) -> None:
-        """Close the open spool and hand it to the persister (a replica's: cut first)."""
+        """Cut the open spool to the confirmed frontier, close it and hand it to the
+        persister (a primary's is persisted without checking the store first)."""
+        if self.replica.spool is None:
+            return
+        self.cut_unconfirmed()
         spool = self.replica.spool
         if spool is None:
             return
-        if not primary:
-            self.cut_unconfirmed()
-            spool = self.replica.spool
-            if spool is None:
-                return
         self.replica.spool = None
         if spool.end == spool.begin:
             self.replica.index.remove_local(spool)
