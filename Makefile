@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8080
 DATA ?= ./data
-PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto
+PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
 .PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster demo clean interop interop-bin interop-go bench-gazette
 

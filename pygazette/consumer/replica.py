@@ -1,0 +1,372 @@
+"""`ShardReplica`: one shard assigned to this consumer process, from recovery to primary.
+
+A replica is created by the resolver when the allocator assigns the shard here, and
+stopped when the assignment goes away. Its life:
+
+1. With a recovery log (`recovery_log_prefix`): fetch the shard's FSM hints and play the log
+   into a fresh local directory, reporting BACKFILL; once the player has read through the
+   log's write head, STANDBY — and keep tailing the log.
+   Without one, a standby just waits (STANDBY).
+2. Promoted (its assignment becomes slot 0): inject a hand-off into the log under a new
+   author — which reads the log to its write head first (a standby takes over only once
+   it is caught up) and takes the log's author register, fencing every earlier primary's
+   recorder — then open the store on the played files with a Recorder of that author,
+   restore the checkpoint, rotate the verified hints into the backup keys, report PRIMARY
+   and run transactions (`transaction.Transactions`), storing recorded hints periodically.
+3. Any failure — the app raising, a message that doesn't decode, a store that can't open, a
+   fenced commit — ends the replica with FAILED and the error in its ReplicaStatus; nothing
+   of the failed transaction is committed, and other shards are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from pygazette.client.append_service import AppendService
+from pygazette.client.journal_client import JournalClient
+from pygazette.client.list_apply import get_journal
+from pygazette.consumer.application import Application, maybe_await
+from pygazette.consumer.checkpoint import checkpoint_sources
+from pygazette.consumer.hints import (
+    fetch_hints,
+    pick_first_hints,
+    store_recorded_hints,
+    store_recovered_hints,
+)
+from pygazette.consumer.progress import Progress
+from pygazette.consumer.source_reader import SourceReaders
+from pygazette.consumer.store import Store
+from pygazette.consumer.transaction import Transactions
+from pygazette.keyspace.keyspace import Keyspace, KeyValue
+from pygazette.message.framing import Framing, framing_for
+from pygazette.message.publisher import Publisher
+from pygazette.protocol.labels import label_value
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import recoverylog_pb2 as rpb
+from pygazette.protocol.shard_validation import recovery_log
+from pygazette.protocol.validation import CONTENT_TYPE_LABEL
+
+if TYPE_CHECKING:
+    from pygazette.allocator.state import Assignment
+    from pygazette.consumer.recoverylog.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RECOVERY_LOG_CONTENT_TYPE", "ConsumerContext", "ShardReplica"]
+
+RECOVERY_LOG_CONTENT_TYPE = "application/x-gazette-recoverylog"
+StatusReporter = Callable[[cpb.ReplicaStatus], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class ConsumerContext:
+    """What every replica of a consumer process shares."""
+
+    app: Application
+    client: JournalClient
+    keyspace: Keyspace
+    data_dir: Path
+    lease_check: Callable[[], bool] = lambda: True
+    hints_interval: float = 5.0
+    stop_timeout: float = 10.0
+    replicas: dict[str, ShardReplica] = field(default_factory=dict)
+
+
+class ShardReplica:
+    """A shard assigned here (see module doc); also the `Shard` handle apps receive."""
+
+    def __init__(
+        self,
+        ctx: ConsumerContext,
+        spec: cpb.ShardSpec,
+        assignment: KeyValue,
+        report_status: StatusReporter,
+    ) -> None:
+        self.ctx = ctx
+        self._spec = spec
+        self._assignment = assignment
+        self._report = report_status
+        self._status = cpb.ReplicaStatus(code=cpb.ReplicaStatus.IDLE)
+        self._stopping = asyncio.Event()
+        self._promoted = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._recovered_hints: rpb.FSMHints | None = None
+        self._local_dir = ctx.data_dir / "shards" / (
+            quote(spec.id, safe="") + f"-{assignment.create_revision}"
+        )
+        self.progress_state = Progress()
+        self.store: Store | None = None
+        self.recorder: Recorder | None = None
+
+    # The Shard handle ---------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._spec.id
+
+    @property
+    def spec(self) -> cpb.ShardSpec:
+        return self._spec
+
+    @property
+    def assignment(self) -> KeyValue:
+        return self._assignment
+
+    @property
+    def client(self) -> JournalClient:
+        return self.ctx.client
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self._stopping
+
+    @property
+    def recovery_log(self) -> str:
+        return recovery_log(self._spec)
+
+    @property
+    def local_dir(self) -> str:
+        return str(self._local_dir)
+
+    def progress(self) -> tuple[dict[str, int], dict[str, int]]:
+        return self.progress_state.snapshot()
+
+    # The resolver's handle ----------------------------------------------------------------
+
+    @property
+    def status(self) -> cpb.ReplicaStatus:
+        return self._status
+
+    @property
+    def is_primary(self) -> bool:
+        return self._status.code == cpb.ReplicaStatus.PRIMARY
+
+    def update(
+        self,
+        spec: cpb.ShardSpec,
+        assignment: KeyValue,
+        slot: int,
+        all_assignments: list[Assignment],
+    ) -> None:
+        self._spec = spec
+        self._assignment = assignment
+        if slot == 0:
+            self._promoted.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._serve(), name=f"shard:{spec.id}")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        task = self._task
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.ctx.stop_timeout)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        except Exception:
+            pass
+
+    async def wait_read_through(
+        self, read_through: dict[str, int], within: float
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        return await self.progress_state.wait_for(read_through, within)
+
+    def hints(self) -> rpb.FSMHints | None:
+        return self._recovered_hints
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    async def _set_status(self, code: int, error: str = "") -> None:
+        status = cpb.ReplicaStatus(code=code)  # type: ignore[arg-type]
+        if error:
+            status.errors.append(error)
+        self._status = status
+        try:
+            await self._report(status)
+        except Exception as exc:  # Reported again on the next change; the shard goes on.
+            log.warning(
+                "cannot report shard status",
+                extra={"shard": self.id, "status": status.code, "error": str(exc)},
+            )
+
+    async def _until(self, *events: asyncio.Event, task: asyncio.Task[Any] | None = None) -> None:
+        """Wait until any of `events` is set, or `task` ends (raising its failure)."""
+        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(e.wait()) for e in events}
+        if task is not None:
+            waits.add(task)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                if w is not task:
+                    w.cancel()
+        if task is not None and task.done():
+            task.result()  # Raises the player's failure.
+            if not any(e.is_set() for e in events):
+                raise RuntimeError("recovery log playback ended unexpectedly")
+
+    async def _serve(self) -> None:
+        try:
+            await self._serve_replica()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self._stopping.is_set():
+                log.info("shard stopped", extra={"shard": self.id, "error": str(exc)})
+            else:
+                log.error("shard failed", extra={"shard": self.id, "error": f"{exc!r}"})
+                await self._set_status(cpb.ReplicaStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.destroy()
+            shutil.rmtree(self._local_dir, ignore_errors=True)
+
+    async def _serve_replica(self) -> None:
+        ctx = self.ctx
+        shutil.rmtree(self._local_dir, ignore_errors=True)
+        self._local_dir.mkdir(parents=True)
+        log_name = self.recovery_log
+        if log_name:
+            self.recorder = await self._recover(log_name)
+            if self.recorder is None:
+                return  # Stopped.
+        else:
+            if not self._promoted.is_set():
+                await self._set_status(cpb.ReplicaStatus.STANDBY)
+                await self._until(self._promoted, self._stopping)
+            if self._stopping.is_set():
+                return
+        store = await maybe_await(ctx.app.new_store(self, self.recorder))
+        self.store = store
+        cp = await store.restore_checkpoint(self)
+        offsets, states = checkpoint_sources(cp)
+        await self.progress_state.advance(offsets, {})
+        if self.recorder is not None:
+            await store_recovered_hints(ctx.keyspace, self._spec, self.recorder.build_hints())
+        await self._set_status(cpb.ReplicaStatus.PRIMARY)
+        log.info("shard is primary", extra={"shard": self.id, "log": log_name})
+        await self._run_primary(store, cp, offsets, states)
+
+    async def _recover(self, log_name: str) -> Recorder | None:
+        from pygazette.consumer.recoverylog import Player, Recorder, new_author
+
+        ctx = self.ctx
+        spec = await get_journal(ctx.client, log_name)
+        content_type = label_value(spec.labels, CONTENT_TYPE_LABEL)
+        if content_type != RECOVERY_LOG_CONTENT_TYPE:
+            raise ValueError(
+                f"recovery log {log_name} must be labeled {CONTENT_TYPE_LABEL}="
+                f"{RECOVERY_LOG_CONTENT_TYPE} (it is {content_type!r})"
+            )
+        hints = pick_first_hints(await fetch_hints(ctx.keyspace, self._spec), log_name)
+        self._recovered_hints = hints
+        player = Player(ctx.client, hints, self._local_dir)
+        play = asyncio.create_task(player.play(), name=f"play:{log_name}")
+        try:
+            await self._set_status(cpb.ReplicaStatus.BACKFILL)
+            await self._until(player.tailing, self._promoted, self._stopping, task=play)
+            if player.tailing.is_set() and not self._promoted.is_set():
+                await self._set_status(cpb.ReplicaStatus.STANDBY)
+                await self._until(self._promoted, self._stopping, task=play)
+            if self._stopping.is_set():
+                return None
+            author = new_author()
+            began = time.monotonic()
+            player.inject_handoff(author)
+            await self._until(self._stopping, task=play)
+            if self._stopping.is_set():
+                return None
+            log.info(
+                "recovered shard store from its log",
+                extra={
+                    "shard": self.id,
+                    "log": log_name,
+                    "handoff_seconds": round(time.monotonic() - began, 3),
+                },
+            )
+            return Recorder(ctx.client, player.fsm, author, self._local_dir)
+        finally:
+            if not play.done():
+                play.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await play
+
+    async def _framing(self, journal: str) -> Framing | None:
+        new_framing = getattr(self.ctx.app, "new_framing", None)
+        spec = await get_journal(self.ctx.client, journal)
+        if new_framing is not None:
+            framing: Framing | None = await maybe_await(new_framing(spec))
+            if framing is not None:
+                return framing
+        return framing_for(label_value(spec.labels, CONTENT_TYPE_LABEL))
+
+    async def _run_primary(
+        self,
+        store: Store,
+        cp: cpb.Checkpoint,
+        offsets: dict[str, int],
+        states: dict[str, Any],
+    ) -> None:
+        ctx, spec = self.ctx, self._spec
+        framings = {src.journal: await self._framing(src.journal) for src in spec.sources}
+        readers = SourceReaders(
+            ctx.client,
+            spec.sources,
+            offsets,
+            states,
+            framings,
+            ring_size=spec.ring_buffer_size or 4096,
+        )
+        service = AppendService(ctx.client)
+        publisher = Publisher(service)
+        txns = Transactions(
+            self,
+            ctx.app,
+            store,
+            service,
+            publisher,
+            readers,
+            self.progress_state,
+            lease_check=ctx.lease_check,
+        )
+        hints_task = (
+            asyncio.create_task(self._store_hints_periodically(), name=f"hints:{self.id}")
+            if self.recorder is not None
+            else None
+        )
+        readers.start()
+        try:
+            await txns.run(cp)
+        finally:
+            if hints_task is not None:
+                hints_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await hints_task
+            await readers.close()
+            await service.close(cancel=True)
+
+    async def _store_hints_periodically(self) -> None:
+        recorder = self.recorder
+        assert recorder is not None
+        while True:
+            await asyncio.sleep(self.ctx.hints_interval)
+            try:
+                await store_recorded_hints(self.ctx.keyspace, self._spec, recorder.build_hints())
+            except Exception as exc:
+                log.warning(
+                    "cannot store recorded hints (will retry)",
+                    extra={"shard": self.id, "error": str(exc)},
+                )

@@ -1,0 +1,118 @@
+"""`SourceReaders`: a primary shard's read-committed reading of all its source journals,
+merged into one queue of batches.
+
+Each source journal is read by its own task through `ReadCommitted` and its own Sequencer,
+restored from the shard's checkpoint (offsets and producer states), so duplicates are
+dropped and only committed messages come out. Every queued batch carries the journal's
+read-through offset and producer states *as of that batch*: a transaction that consumes the
+batch checkpoints exactly that, however far the reader has run ahead. ACKs are included (they
+advance the offsets a transaction checkpoints; the transaction does not hand them to the
+application). A decode error ends the journal's reading with the error queued, so that the
+shard fails on it rather than skip data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pygazette.client.journal_client import JournalClient
+from pygazette.message.envelope import Envelope, ProducerState
+from pygazette.message.framing import Framing
+from pygazette.message.reader import ReadCommitted
+from pygazette.message.sequencer import Sequencer
+from pygazette.protocol.pb import consumer_pb2 as cpb
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SourceBatch", "SourceReaders"]
+
+# Producers silent this long (by their clocks) are dropped from checkpoints, as Gazette does.
+PRUNE_HORIZON_NS = 24 * 3600 * 1_000_000_000
+
+
+@dataclass(slots=True)
+class SourceBatch:
+    journal: str
+    envelopes: list[Envelope] = field(default_factory=list)
+    read_through: int = 0
+    states: list[ProducerState] = field(default_factory=list)
+    error: BaseException | None = None
+    ended: bool = False  # The journal's reading ended.
+
+
+class SourceReaders:
+    def __init__(
+        self,
+        client: JournalClient,
+        sources: Sequence[cpb.ShardSpec.Source],
+        offsets: Mapping[str, int],
+        states: Mapping[str, list[ProducerState]],
+        framings: Mapping[str, Framing | None],
+        *,
+        ring_size: int = 4096,
+        queue_batches: int = 8,
+    ) -> None:
+        self.client = client
+        self.sources = list(sources)
+        self.offsets = dict(offsets)
+        self.states = {j: list(s) for j, s in states.items()}
+        self.framings = dict(framings)
+        self.ring_size = ring_size
+        self.queue: asyncio.Queue[SourceBatch] = asyncio.Queue(
+            maxsize=max(1, queue_batches) * max(1, len(self.sources))
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start_offset(self, source: cpb.ShardSpec.Source) -> int:
+        """Where reading of a source starts: its checkpoint offset, at least `min_offset`."""
+        return max(self.offsets.get(source.journal, 0), source.min_offset)
+
+    def start(self) -> None:
+        for source in self.sources:
+            self._tasks.append(
+                asyncio.create_task(self._read(source), name=f"source:{source.journal}")
+            )
+
+    async def _read(self, source: cpb.ShardSpec.Source) -> None:
+        journal = source.journal
+        offset = self.start_offset(source)
+        sequencer = Sequencer(
+            {journal: offset}, self.states.get(journal, []), buffer=self.ring_size
+        )
+        reader = ReadCommitted(
+            self.client,
+            journal,
+            sequencer=sequencer,
+            framing=self.framings.get(journal),
+            offset=offset,
+            block=True,
+            include_acks=True,
+        )
+        async with reader:
+            while True:
+                try:
+                    batch = await reader.next_batch()
+                except StopAsyncIteration:
+                    await self.queue.put(SourceBatch(journal, ended=True))
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    await self.queue.put(SourceBatch(journal, error=exc))
+                    return
+                offsets, states = sequencer.checkpoint(PRUNE_HORIZON_NS)
+                await self.queue.put(
+                    SourceBatch(journal, batch, offsets.get(journal, offset), states)
+                )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()

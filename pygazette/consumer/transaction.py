@@ -1,0 +1,324 @@
+"""Consumer transactions of a primary shard: consume, finalize, commit, acknowledge.
+
+A transaction begins with the first ready batch of source messages and consumes batches
+until it may close: once `min_txn_duration` has passed, no batch is ready and the previous
+transaction has fully committed (its store commit and its ACK appends); or at once when
+`max_txn_duration` has passed (it then stalls until the previous one is done: a transaction
+never commits before its predecessor). Meanwhile the previous transaction's commit runs,
+so consuming and committing overlap (pipelining).
+
+Closing: the application's `finalize_txn`; a Checkpoint of the source offsets and producer
+states of the batches consumed, and of the publisher's ACK intents; then
+`store.start_commit(checkpoint, wait_for=every pending append)`, so the checkpoint commits
+only after the transaction's outputs (and the previous transaction's ACKs) are durable.
+The ACKs are queued on the shard's AppendService to run only once the commit succeeded. A
+crash before the commit leaves outputs unacknowledged (readers never see them) and inputs
+unconsumed (the next primary re-reads them); a crash after it leaves ACK intents in the
+checkpoint, which the next primary appends again first (`acknowledge_recovered`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pygazette.client.append_service import AppendService, AsyncAppend, OpFuture
+from pygazette.consumer.application import Application, maybe_await
+from pygazette.consumer.checkpoint import (
+    build_checkpoint,
+    checkpoint_ack_intents,
+    checkpoint_sources,
+)
+from pygazette.consumer.progress import Progress
+from pygazette.consumer.shard_api import Shard
+from pygazette.consumer.source_reader import SourceBatch, SourceReaders
+from pygazette.consumer.store import CommitFuture, Store, StoreFenced
+from pygazette.message.envelope import ProducerState
+from pygazette.message.publisher import Publisher
+from pygazette.message.uuid import ACK_TXN
+from pygazette.protocol.errors import JournalNotFound
+from pygazette.protocol.pb import consumer_pb2 as cpb
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LeaseLost", "Transactions"]
+
+
+class LeaseLost(StoreFenced):
+    """The consumer's lease may have expired: it must not commit (another may be primary)."""
+
+
+class _Committed:
+    """A transaction handed to the store: its commit, its ACK appends and what it read."""
+
+    def __init__(
+        self,
+        commit: CommitFuture | None,
+        acks: list[AsyncAppend],
+        read_through: dict[str, int],
+        messages: int = 0,
+        nbytes: int = 0,
+    ) -> None:
+        self.commit = commit
+        self.acks = acks
+        self.read_through = read_through
+        self.messages = messages
+        self.nbytes = nbytes
+        self.completed = False  # Its progress has been published.
+
+    def done(self) -> bool:
+        return (self.commit is None or self.commit.done()) and all(a.done() for a in self.acks)
+
+    async def wait(self) -> dict[str, int]:
+        """Wait for the commit and ACKs; raise the first failure; returns publish_at."""
+        if self.commit is not None:
+            await self.commit
+        publish_at: dict[str, int] = {}
+        for ack in self.acks:
+            try:
+                await ack
+            except JournalNotFound:
+                if self.commit is None:  # A recovered intent of a journal since deleted.
+                    log.warning("dropping recovered ACK intent", extra={"journal": ack.journal})
+                    continue
+                raise
+            if ack.response is not None:
+                end = ack.response.commit.end
+                if end > publish_at.get(ack.journal, -1):
+                    publish_at[ack.journal] = end
+        return publish_at
+
+
+def _op_of(commit: CommitFuture, lease_check: Callable[[], bool]) -> OpFuture:
+    """An OpFuture resolving with `commit` (ACK appends depend on it); a commit that
+    resolves once the lease may have expired fails it, so a deposed primary's ACKs never
+    go out."""
+    op = OpFuture()
+
+    def resolved(fut: CommitFuture) -> None:
+        if fut.cancelled():
+            op.resolve(asyncio.CancelledError())
+        elif fut.exception() is not None:
+            op.resolve(fut.exception())
+        elif not lease_check():
+            op.resolve(LeaseLost("consumer lease may have expired; not acknowledging"))
+        else:
+            op.resolve(None)
+
+    commit.add_done_callback(resolved)
+    return op
+
+
+class Transactions:
+    """Runs a primary shard's transactions until it stops or fails (see module doc)."""
+
+    def __init__(
+        self,
+        shard: Shard,
+        app: Application,
+        store: Store,
+        service: AppendService,
+        publisher: Publisher,
+        readers: SourceReaders,
+        progress: Progress,
+        *,
+        lease_check: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.shard = shard
+        self.app = app
+        self.store = store
+        self.service = service
+        self.publisher = publisher
+        self.readers = readers
+        self.progress = progress
+        self.lease_check = lease_check
+        self._get: asyncio.Task[SourceBatch] | None = None
+        self._ended: set[str] = set()
+        self.offsets: dict[str, int] = {}
+        self.states: dict[str, list[ProducerState]] = {}
+
+    # Recovery ----------------------------------------------------------------------------
+
+    def acknowledge_recovered(self, cp: cpb.Checkpoint) -> _Committed:
+        """Append the recovered checkpoint's ACK intents again (harmless if already there)."""
+        acks = [
+            self.service.append(intent.journal, intent.intent)
+            for intent in checkpoint_ack_intents(cp)
+        ]
+        return _Committed(None, acks, {j: s.read_through for j, s in cp.sources.items()})
+
+    # The loop ----------------------------------------------------------------------------
+
+    async def run(self, cp: cpb.Checkpoint) -> None:
+        self.offsets, self.states = checkpoint_sources(cp)
+        prev = self.acknowledge_recovered(cp)
+        stopping = self.shard.stopping
+        stop_wait = asyncio.ensure_future(stopping.wait())
+        try:
+            while True:
+                batch = await self._next(prev, stop_wait, None)
+                if batch is None:
+                    if stopping.is_set():
+                        break
+                    # Only the previous transaction finished: record its progress.
+                    await self._complete(prev)
+                    continue
+                committed = await self._transaction(batch, prev, stop_wait)
+                if committed is None:
+                    break
+                prev = committed
+        finally:
+            stop_wait.cancel()
+            if self._get is not None:
+                self._get.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._get
+                self._get = None
+        # Stopping: let the last handed-off commit finish (it may fail if we were deposed).
+        if prev is not None and not prev.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(prev.wait(), 10.0)
+
+    async def _next(
+        self, prev: _Committed | None, stop_wait: asyncio.Future[Any], within: float | None
+    ) -> SourceBatch | None:
+        """The next batch; None on timeout, on stop, or when `prev` finished first (if it
+        wasn't done already)."""
+        if self._get is None:
+            self._get = asyncio.ensure_future(self.readers.queue.get())
+        waits: set[asyncio.Future[Any]] = {self._get, stop_wait}
+        prev_wait: asyncio.Future[Any] | None = None
+        if prev is not None and not prev.done():
+            prev_wait = asyncio.ensure_future(self._await_quietly(prev))
+            waits.add(prev_wait)
+        try:
+            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if prev_wait is not None:
+                prev_wait.cancel()
+        if self._get.done():
+            batch = self._get.result()
+            self._get = None
+            return batch
+        return None
+
+    def _ready(self) -> SourceBatch | None:
+        """A batch that is ready now, without waiting."""
+        if self._get is not None:
+            if not self._get.done():
+                return None
+            batch = self._get.result()
+            self._get = None
+            return batch
+        try:
+            return self.readers.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    @staticmethod
+    async def _await_quietly(prev: _Committed) -> None:
+        with contextlib.suppress(Exception):
+            await prev.wait()
+
+    async def _complete(self, prev: _Committed) -> None:
+        """Wait for `prev` fully, raising its failure, and publish its progress (once)."""
+        if prev.completed:
+            return
+        publish_at = await prev.wait()
+        prev.completed = True
+        await self.progress.advance(
+            prev.read_through, publish_at, messages=prev.messages, nbytes=prev.nbytes
+        )
+
+    def _check(self, batch: SourceBatch) -> None:
+        if batch.error is not None:
+            raise batch.error
+        if batch.ended:
+            self._ended.add(batch.journal)
+
+    async def _consume(self, batch: SourceBatch) -> tuple[int, int]:
+        """Hand a batch's messages (not its ACKs) to the application."""
+        shard, store, app, publisher = self.shard, self.store, self.app, self.publisher
+        messages = nbytes = 0
+        for env in batch.envelopes:
+            nbytes += env.end - env.begin
+            if env.flags == ACK_TXN:
+                continue
+            messages += 1
+            await maybe_await(app.consume_message(shard, store, env, publisher))
+        if not batch.ended:
+            self.offsets[batch.journal] = batch.read_through
+            self.states[batch.journal] = batch.states
+        return messages, nbytes
+
+    async def _transaction(
+        self, first: SourceBatch, prev: _Committed, stop_wait: asyncio.Future[Any]
+    ) -> _Committed | None:
+        spec = self.shard.spec
+        min_dur = spec.min_txn_duration.ToTimedelta().total_seconds()
+        max_dur = spec.max_txn_duration.ToTimedelta().total_seconds() or 1.0
+        began = time.monotonic()
+        self._check(first)
+        begin_txn = getattr(self.app, "begin_txn", None)
+        if begin_txn is not None:
+            await maybe_await(begin_txn(self.shard, self.store))
+        messages, nbytes = await self._consume(first)
+        prev_done = False
+        while True:
+            if not prev_done and prev.done():
+                await self._complete(prev)
+                prev_done = True
+            now = time.monotonic()
+            if now >= began + max_dur:
+                break
+            if self.shard.stopping.is_set():
+                return None  # Abandon: nothing of it is committed.
+            if prev_done and now >= began + min_dur:
+                # Only batches ready right now keep the transaction open.
+                batch = self._ready()
+                if batch is None:
+                    break
+            else:
+                deadline = began + (min_dur if now < began + min_dur else max_dur)
+                batch = await self._next(
+                    None if prev_done else prev, stop_wait, max(0.0, deadline - now)
+                )
+                if batch is None:
+                    continue
+            self._check(batch)
+            m, b = await self._consume(batch)
+            messages += m
+            nbytes += b
+        if not prev_done:
+            await self._complete(prev)  # Stalled: the previous commit is slow.
+        return await self._commit(messages, nbytes)
+
+    async def _commit(self, messages: int, nbytes: int) -> _Committed:
+        app, shard, store, publisher = self.app, self.shard, self.store, self.publisher
+        finish = getattr(app, "finish_txn", None)
+        try:
+            await maybe_await(app.finalize_txn(shard, store, publisher))
+            states = [s for journal_states in self.states.values() for s in journal_states]
+            intents = publisher.build_ack_intents()
+            cp = build_checkpoint(self.offsets, states, intents)
+            if not self.lease_check():
+                raise LeaseLost("consumer lease may have expired; not committing")
+            wait_for = list(self.service.pending_except(""))
+            commit = store.start_commit(shard, cp, wait_for)
+            ack_dep = _op_of(commit, self.lease_check)
+            acks = [
+                self.service.append(intent.journal, intent.intent, dependencies=[ack_dep])
+                for intent in intents
+            ]
+        except BaseException as exc:
+            if finish is not None:
+                with contextlib.suppress(Exception):
+                    await maybe_await(finish(shard, store, exc))
+            raise
+        if finish is not None:
+            await maybe_await(finish(shard, store, None))
+        return _Committed(commit, acks, dict(self.offsets), messages, nbytes)
