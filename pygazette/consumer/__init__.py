@@ -1,0 +1,1 @@
+"""The consumer framework: applications, shards, transactions, stores, recovery logs."""
