@@ -24,8 +24,10 @@ import click
 
 from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
 from pygazette.cli.attach_uuids_cmd import attach_uuids
+from pygazette.cli.consumer_cmd import consumer
 from pygazette.cli.journals_cmd import CliState, journals
 from pygazette.cli.serve_cmd import serve
+from pygazette.cli.shards_cmd import shards
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER
 from pygazette.protocol.errors import BrokerError, GazetteError
 
@@ -98,6 +100,8 @@ def cli(ctx: click.Context, broker: str, log_level: str) -> None:
 cli.add_command(journals)
 cli.add_command(serve)
 cli.add_command(attach_uuids)
+cli.add_command(shards)
+cli.add_command(consumer)
 
 
 def _one_line(text: str) -> str:
