@@ -69,6 +69,16 @@ class _Committed:
         self.messages = messages
         self.nbytes = nbytes
         self.completed = False  # Its progress has been published.
+        self._waiter: asyncio.Task[dict[str, int]] | None = None
+
+    def waiter(self) -> asyncio.Task[dict[str, int]]:
+        """One task awaiting the commit and ACKs: waiting on it never cancels them."""
+        if self._waiter is None:
+            self._waiter = asyncio.ensure_future(self.wait())
+            self._waiter.add_done_callback(
+                lambda t: None if t.cancelled() else t.exception()  # Retrieved.
+            )
+        return self._waiter
 
     def done(self) -> bool:
         return (self.commit is None or self.commit.done()) and all(a.done() for a in self.acks)
@@ -180,8 +190,7 @@ class Transactions:
                 self._get = None
         # Stopping: let the last handed-off commit finish (it may fail if we were deposed).
         if prev is not None and not prev.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(prev.wait(), 10.0)
+            await asyncio.wait([prev.waiter()], timeout=10.0)
 
     async def _next(
         self, prev: _Committed | None, stop_wait: asyncio.Future[Any], within: float | None
@@ -191,15 +200,9 @@ class Transactions:
         if self._get is None:
             self._get = asyncio.ensure_future(self.readers.queue.get())
         waits: set[asyncio.Future[Any]] = {self._get, stop_wait}
-        prev_wait: asyncio.Future[Any] | None = None
         if prev is not None and not prev.done():
-            prev_wait = asyncio.ensure_future(self._await_quietly(prev))
-            waits.add(prev_wait)
-        try:
-            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if prev_wait is not None:
-                prev_wait.cancel()
+            waits.add(prev.waiter())
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
         if self._get.done():
             batch = self._get.result()
             self._get = None
@@ -219,16 +222,11 @@ class Transactions:
         except asyncio.QueueEmpty:
             return None
 
-    @staticmethod
-    async def _await_quietly(prev: _Committed) -> None:
-        with contextlib.suppress(Exception):
-            await prev.wait()
-
     async def _complete(self, prev: _Committed) -> None:
         """Wait for `prev` fully, raising its failure, and publish its progress (once)."""
         if prev.completed:
             return
-        publish_at = await prev.wait()
+        publish_at = await asyncio.shield(prev.waiter())
         prev.completed = True
         await self.progress.advance(
             prev.read_through, publish_at, messages=prev.messages, nbytes=prev.nbytes

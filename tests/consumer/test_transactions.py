@@ -1,0 +1,215 @@
+"""Consumer transactions against a real broker: pipelined commits, exactly-once effects
+across application failures, read-committed outputs, Stat-style progress."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pygazette.client import JournalClient, apply_journals
+from pygazette.client.append_service import AppendService
+from pygazette.consumer.checkpoint import checkpoint_sources
+from pygazette.consumer.memory_store import MemoryStore
+from pygazette.consumer.progress import Progress
+from pygazette.consumer.source_reader import SourceReaders
+from pygazette.consumer.transaction import Transactions
+from pygazette.keyspace.keyspace import KeyValue
+from pygazette.message.envelope import Envelope
+from pygazette.message.framing import framing_for
+from pygazette.message.publisher import Publisher
+from pygazette.message.reader import ReadCommitted
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import protocol_pb2 as pb
+from tests.support.broker_process import BrokerProcess
+
+NDJSON = "application/x-ndjson"
+SOURCES = ["tests/consumer/in-a", "tests/consumer/in-b"]
+OUT = "tests/consumer/out"
+
+
+def journal(name: str) -> pb.JournalSpec:
+    spec = pb.JournalSpec(name=name, replication=1, labels=label_set({"content-type": NDJSON}))
+    spec.fragment.length = 1 << 20
+    spec.fragment.compression_codec = pb.SNAPPY
+    spec.fragment.stores.append("file:///")
+    spec.fragment.refresh_interval.seconds = 1
+    return spec
+
+
+@dataclass
+class FakeShard:
+    """A Shard handle without a consumer process around it."""
+
+    spec: cpb.ShardSpec
+    client: JournalClient
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    assignment: KeyValue = KeyValue("", b"", 1, 1)
+    recovery_log: str = ""
+    local_dir: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def progress(self) -> tuple[dict[str, int], dict[str, int]]:
+        return {}, {}
+
+
+class Counter:
+    """Counts messages per key, and publishes one output per input (uncommitted)."""
+
+    def __init__(self, fail_at: int = -1) -> None:
+        self.fail_at = fail_at
+        self.seen = 0
+        self.txns = 0
+
+    def new_store(self, shard: Any, recorder: Any) -> MemoryStore:
+        return MemoryStore({"counts": {}})
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Publisher) -> None:
+        self.seen += 1
+        if self.seen == self.fail_at:
+            raise RuntimeError("injected failure")
+        key = env.message["key"]
+        counts = store.state["counts"]
+        counts[key] = counts.get(key, 0) + 1
+        pub.publish_uncommitted(
+            lambda _m: (OUT, NDJSON), {"key": key, "n": env.message["n"], "src": env.journal}
+        )
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Publisher) -> None:
+        self.txns += 1
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.url) as c:
+        await apply_journals(
+            c,
+            [
+                pb.ApplyRequest.Change(upsert=journal(j), expect_mod_revision=0)
+                for j in [*SOURCES, OUT]
+            ],
+        )
+        yield c
+
+
+async def publish_inputs(client: JournalClient, n: int) -> dict[str, int]:
+    """n committed messages per source; returns each source's write head."""
+    heads: dict[str, int] = {}
+    async with AppendService(client) as service:
+        pub = Publisher(service)
+        for src in SOURCES:
+            msgs = [{"key": f"k{i % 7}", "n": i} for i in range(n)]
+            aas = pub.publish_committed_many(lambda _m, src=src: (src, NDJSON), msgs)
+            for aa in aas:
+                await aa
+                assert aa.response is not None
+                heads[src] = aa.response.commit.end
+    return heads
+
+
+def shard_spec(min_ms: int = 0, max_ms: int = 50) -> cpb.ShardSpec:
+    spec = cpb.ShardSpec(id="counter-000")
+    for src in SOURCES:
+        spec.sources.add(journal=src)
+    spec.min_txn_duration.FromMilliseconds(min_ms)
+    spec.max_txn_duration.FromMilliseconds(max_ms)
+    return spec
+
+
+async def run_until(
+    client: JournalClient,
+    app: Counter,
+    store: MemoryStore,
+    heads: dict[str, int],
+    progress: Progress,
+    spec: cpb.ShardSpec,
+) -> None:
+    """Run transactions from the store's checkpoint until every source is read through
+    `heads` (raising the app's failure, if it fails first)."""
+    shard = FakeShard(spec, client)
+    cp = await store.restore_checkpoint(shard)
+    offsets, states = checkpoint_sources(cp)
+    framing = framing_for(NDJSON)
+    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
+    service = AppendService(client)
+    txns = Transactions(shard, app, store, service, Publisher(service), readers, progress)
+    readers.start()
+    run = asyncio.ensure_future(txns.run(cp))
+    reached = asyncio.ensure_future(progress.wait_for(heads, None))
+    try:
+        await asyncio.wait([run, reached], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if run.done():
+            run.result()  # The app's failure.
+        assert reached.done(), "transactions did not read through the sources"
+        shard.stopping.set()
+        await asyncio.wait_for(run, 30)
+    finally:
+        reached.cancel()
+        run.cancel()
+        with contextlib.suppress(BaseException):
+            await run
+        await readers.close()
+        await service.close(cancel=True)
+
+
+async def committed_outputs(client: JournalClient) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    async with ReadCommitted(client, OUT) as rc:
+        with contextlib.suppress(StopAsyncIteration):
+            while True:
+                out.extend(e.message for e in await rc.next_batch())
+    return out
+
+
+async def test_exactly_once_through_pipelined_transactions(client: JournalClient) -> None:
+    n = 3000
+    heads = await publish_inputs(client, n)
+    app, store, progress = Counter(), MemoryStore({"counts": {}}), Progress()
+    await run_until(client, app, store, heads, progress, shard_spec(max_ms=20))
+    assert app.txns > 1, "expected several (pipelined) transactions"
+    counts = store.committed_state["counts"]
+    assert sum(counts.values()) == 2 * n
+    outputs = await committed_outputs(client)
+    assert len(outputs) == 2 * n
+    assert sorted((o["src"], o["n"]) for o in outputs) == sorted(
+        (s, i) for s in SOURCES for i in range(n)
+    )
+    read_through, publish_at = progress.snapshot()
+    assert read_through == heads
+    assert set(publish_at) == {OUT}
+
+
+@pytest.mark.parametrize("fail_at", [1, 777, 2999])
+async def test_app_failure_commits_nothing_and_recovery_is_exactly_once(
+    client: JournalClient, fail_at: int
+) -> None:
+    n = 1500
+    heads = await publish_inputs(client, n)
+    store = MemoryStore({"counts": {}})
+    with pytest.raises(RuntimeError, match="injected failure"):
+        await run_until(client, Counter(fail_at=fail_at), store, heads, Progress(), shard_spec())
+    # A new primary restores the store and carries on: every input counted once, every
+    # output readable once, whatever the failed primary had published uncommitted.
+    progress = Progress()
+    await run_until(client, Counter(), store, heads, progress, shard_spec())
+    assert sum(store.committed_state["counts"].values()) == 2 * n
+    outputs = await committed_outputs(client)
+    assert sorted((o["src"], o["n"]) for o in outputs) == sorted(
+        (s, i) for s in SOURCES for i in range(n)
+    )
+
+
+async def test_min_txn_duration_batches_messages(client: JournalClient) -> None:
+    heads = await publish_inputs(client, 200)
+    app, store = Counter(), MemoryStore({"counts": {}})
+    await run_until(client, app, store, heads, Progress(), shard_spec(min_ms=300, max_ms=2000))
+    assert app.txns <= 2
+    assert sum(store.committed_state["counts"].values()) == 400
