@@ -49,7 +49,7 @@ class FakeShard:
     spec: cpb.ShardSpec
     client: JournalClient
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    assignment: KeyValue = KeyValue("", b"", 1, 1)
+    assignment: KeyValue = field(default_factory=lambda: KeyValue("", b"", 1, 1))
     recovery_log: str = ""
     local_dir: str = ""
 

@@ -1,0 +1,44 @@
+"""Applications the consumer process tests run (`--app tests.consumer.apps:Counter`).
+
+`Counter` counts source messages per key in its store and, for each message, publishes
+(uncommitted) the key's new count. Committed outputs then show exactly-once processing
+directly: for every key they must be 1, 2, …, N with no gap and no repeat — a lost or
+duplicated input, or state that went backwards, shows up as a wrong sequence.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pygazette.consumer.json_file_store import JSONFileStore
+from pygazette.consumer.memory_store import MemoryStore
+from pygazette.consumer.store import Store
+from pygazette.message.envelope import Envelope
+from pygazette.message.publisher import Publisher
+
+NDJSON = "application/x-ndjson"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.output = os.environ.get("COUNTER_OUTPUT", "tests/consumer/out")
+        self.fail_on = os.environ.get("COUNTER_FAIL_ON", "")
+
+    def new_store(self, shard: Any, recorder: Any) -> Store:
+        if recorder is not None:
+            return JSONFileStore(recorder, {"counts": {}})
+        return MemoryStore({"counts": {}})
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Publisher) -> None:
+        key = env.message["key"]
+        if self.fail_on and key == self.fail_on:
+            raise ValueError(f"cannot count key {key!r}")
+        counts = store.state["counts"]
+        counts[key] = count = counts.get(key, 0) + 1
+        pub.publish_uncommitted(
+            lambda _m: (self.output, NDJSON), {"key": key, "count": count, "shard": shard.id}
+        )
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Publisher) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Tests of recovery logs: FSM, segments, recorder and player."""
