@@ -35,7 +35,6 @@ from pygazette.message.publisher import Publisher
 
 if TYPE_CHECKING:
     from pygazette.consumer.recoverylog.recorder import Recorder
-
     from pygazette.consumer.shard_api import Shard
     from pygazette.consumer.store import Store
 

@@ -261,7 +261,7 @@ class ShardReplica:
         await self._run_primary(store, cp, offsets, states)
 
     async def _recover(self, log_name: str) -> Recorder | None:
-        from pygazette.consumer.recoverylog import Player, Recorder, new_author
+        from pygazette.consumer.recoverylog import Author, Player, Recorder
 
         ctx = self.ctx
         spec = await get_journal(ctx.client, log_name)
@@ -283,7 +283,7 @@ class ShardReplica:
                 await self._until(self._promoted, self._stopping, task=play)
             if self._stopping.is_set():
                 return None
-            author = new_author()
+            author = Author.random()
             began = time.monotonic()
             player.inject_handoff(author)
             await self._until(self._stopping, task=play)
@@ -297,7 +297,8 @@ class ShardReplica:
                     "handoff_seconds": round(time.monotonic() - began, 3),
                 },
             )
-            return Recorder(ctx.client, player.fsm, author, self._local_dir)
+            fsm = play.result()
+            return Recorder(ctx.client, fsm, author, self._local_dir)
         finally:
             if not play.done():
                 play.cancel()

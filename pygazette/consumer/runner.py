@@ -23,10 +23,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import grpc
@@ -158,9 +158,11 @@ class ConsumerProcess:
             self._new_replica,
             process_spec=self.spec.process_spec,
         )
+        self.resolver.lease_alive = lambda: self.session.lease_alive()
+        self.service = ShardService(self.resolver, self.keyspace, self.layout)
         self._server = grpc.aio.server()
         cpb_grpc.add_ShardServicer_to_server(  # type: ignore[no-untyped-call]
-            ShardService(self.resolver, self.keyspace, self.layout), self._server
+            self.service, self._server
         )
         bound = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         if bound == 0:
@@ -231,6 +233,7 @@ class ConsumerProcess:
         await self.resolver.stop()
         if self._server is not None:
             await self._server.stop(2.0)
+            await self.service.close()
         await self.session.close(revoke=not failed)
         await self.client.close()
         await self.keyspace.close()
@@ -333,8 +336,11 @@ def _options(with_app: bool) -> list[Any]:
     return opts
 
 
-def _with_options(with_app: bool) -> Any:
-    def decorate(fn: Any) -> Any:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _with_options(with_app: bool) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
         for opt in reversed(_options(with_app)):
             fn = opt(fn)
         return fn
