@@ -201,8 +201,14 @@ class ShardReplica:
                 extra={"shard": self.id, "status": status.code, "error": str(exc)},
             )
 
-    async def _until(self, *events: asyncio.Event, task: asyncio.Task[Any] | None = None) -> None:
-        """Wait until any of `events` is set, or `task` ends (raising its failure)."""
+    async def _until(
+        self,
+        *events: asyncio.Event,
+        task: asyncio.Task[Any] | None = None,
+        task_may_end: bool = False,
+    ) -> None:
+        """Wait until any of `events` is set, or `task` ends (raising its failure; and an
+        error if it wasn't expected to end)."""
         waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(e.wait()) for e in events}
         if task is not None:
             waits.add(task)
@@ -214,7 +220,7 @@ class ShardReplica:
                     w.cancel()
         if task is not None and task.done():
             task.result()  # Raises the player's failure.
-            if not any(e.is_set() for e in events):
+            if not task_may_end and not any(e.is_set() for e in events):
                 raise RuntimeError("recovery log playback ended unexpectedly")
 
     async def _serve(self) -> None:
@@ -286,8 +292,8 @@ class ShardReplica:
             author = Author.random()
             began = time.monotonic()
             player.inject_handoff(author)
-            await self._until(self._stopping, task=play)
-            if self._stopping.is_set():
+            await self._until(self._stopping, task=play, task_may_end=True)
+            if self._stopping.is_set() and not play.done():
                 return None
             log.info(
                 "recovered shard store from its log",

@@ -95,7 +95,12 @@ def load_app(spec: str) -> Application:
         factory: Any = getattr(module, attr)
     except AttributeError:
         raise click.BadParameter(f"{module_name} has no attribute {attr!r}") from None
-    app = factory() if callable(factory) and not hasattr(factory, "consume_message") else factory
+    if isinstance(factory, type) or (
+        callable(factory) and not hasattr(factory, "consume_message")
+    ):
+        app = factory()  # A class, or a factory function.
+    else:
+        app = factory  # An application object.
     for method in ("new_store", "consume_message", "finalize_txn"):
         if not callable(getattr(app, method, None)):
             raise click.BadParameter(f"{spec}: the application has no {method}() method")
