@@ -262,8 +262,10 @@ async def test_frozen_primary_is_fenced_after_takeover(group: Group) -> None:
         await group.wait_standby()
         await inputs.publish(300)
         await committed_outputs(client, inputs.sent, 60)
-        # Freeze the primary past its lease: the standby takes over (hand-off in the log).
+        # Publish more and freeze the primary at once, likely mid-transaction, past its
+        # lease: the standby takes over (hand-off in the log) and processes those inputs.
         log_head = await log_write_head(client)
+        await inputs.publish(300)
         old.freeze()
         try:
             new = await group.wait_primary(not_=old)
@@ -276,6 +278,7 @@ async def test_frozen_primary_is_fenced_after_takeover(group: Group) -> None:
         # (or fails the shard) without committing anything more.
         status = old.wait_exit(60)
         assert status != 0
+        assert "lease" in old.log() or "fenced" in old.log().lower(), old.log()
         await inputs.publish(300)
         outputs = await committed_outputs(client, inputs.sent, 60)
         assert_exactly_once(outputs, inputs.sent)
