@@ -1,0 +1,510 @@
+"""SQLiteStore: as a plain local database (with crash recovery of commits that weren't
+durable), and recorded into a recovery log on a real broker, replayed by the Player into a
+fresh directory as a valid database equal to the original."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+
+from pygazette.client import JournalClient, append, apply_journals
+from pygazette.consumer.memory_store import EarlierCommitFailed
+from pygazette.consumer.progress import Progress
+from pygazette.consumer.sqlite_store import SQLiteStore, read_checkpoint
+from pygazette.consumer.store import StoreFenced
+from pygazette.message.envelope import Envelope
+from pygazette.message.publisher import Publisher
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import protocol_pb2 as pb
+from tests.consumer import test_transactions as tt
+from tests.consumer.test_store_support import (
+    FakeShard,
+    checkpoint,
+    create_log,
+    files_of,
+    read_through,
+    replay,
+    take_over,
+)
+from tests.support.broker_process import BrokerProcess
+
+SHARD = FakeShard()
+LOG = "tests/stores/sqlite/recovery-log"
+SCHEMA = "CREATE TABLE IF NOT EXISTS kv (k TEXT PRIMARY KEY, v)"
+
+
+def rows(store: SQLiteStore) -> list[tuple[object, ...]]:
+    return list(store.db.execute("SELECT k, v FROM kv ORDER BY k"))
+
+
+def rows_of(path: Path) -> list[tuple[object, ...]]:
+    """The kv rows of a database file, read with SQLite's default VFS."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return list(conn.execute("SELECT k, v FROM kv ORDER BY k"))
+    finally:
+        conn.close()
+
+
+def integrity(path: Path) -> list[tuple[object, ...]]:
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return list(conn.execute("PRAGMA integrity_check"))
+    finally:
+        conn.close()
+
+
+def checkpoint_of(path: Path) -> cpb.Checkpoint:
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return read_checkpoint(conn)
+    finally:
+        conn.close()
+
+
+def put(store: SQLiteStore, k: str, v: object) -> None:
+    store.db.execute(
+        "INSERT INTO kv VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (k, v)
+    )
+
+
+# As a local database. ----------------------------------------------------------------------
+
+
+async def test_local_round_trip_survives_a_new_store(tmp_path: Path) -> None:
+    store = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    assert await store.restore_checkpoint(SHARD) == cpb.Checkpoint()
+    put(store, "a", 1)
+    put(store, "b", b"\x00blob")
+    await store.start_commit(SHARD, checkpoint(3, ack=b"ack"), [])
+    # A transaction that isn't committed is abandoned by a restore (or a close).
+    put(store, "c", 3)
+    store.destroy()
+
+    again = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    assert await again.restore_checkpoint(SHARD) == checkpoint(3, ack=b"ack")
+    assert rows(again) == [("a", 1), ("b", b"\x00blob")]
+    again.destroy()
+    assert integrity(tmp_path / "store.sqlite") == [("ok",)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store.sqlite", "store.sqlite-journal"]
+
+
+async def test_local_commit_without_changes_stores_the_checkpoint(tmp_path: Path) -> None:
+    store = SQLiteStore(directory=tmp_path)
+    await store.start_commit(SHARD, checkpoint(9), [])
+    assert read_through(await store.restore_checkpoint(SHARD)) == 9
+    store.destroy()
+    assert read_through(checkpoint_of(tmp_path / "store.sqlite")) == 9
+
+
+async def test_local_failed_wait_for_rolls_back_to_the_last_durable_commit(
+    tmp_path: Path,
+) -> None:
+    # A tiny page cache: the big transaction spills pages into the database file before
+    # its COMMIT, and grows the file.
+    store = SQLiteStore(directory=tmp_path, bootstrap_sql="PRAGMA cache_size=5;" + SCHEMA)
+    put(store, "a", 1)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    path = tmp_path / "store.sqlite"
+    durable = path.read_bytes()
+
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    put(store, "a", 2)
+    for i in range(300):
+        put(store, f"big{i:03}", b"x" * 2000)
+    first = store.start_commit(SHARD, checkpoint(2), [gate])
+    # The next transaction runs (and commits locally) while the first one waits.
+    store.db.execute("DELETE FROM kv WHERE k >= 'big100'")
+    second = store.start_commit(SHARD, checkpoint(3), [])
+    put(store, "c", 3)  # A third, still open.
+    assert path.stat().st_size > len(durable)
+    assert list((tmp_path).glob("store.sqlite-undo-*"))
+
+    gate.set_exception(RuntimeError("append failed"))
+    with pytest.raises(RuntimeError, match="append failed"):
+        await first
+    with pytest.raises(EarlierCommitFailed):
+        await second
+    with pytest.raises(EarlierCommitFailed):
+        store.db.execute("SELECT 1")
+    with pytest.raises(EarlierCommitFailed):
+        await store.start_commit(SHARD, checkpoint(4), [])
+
+    assert read_through(await store.restore_checkpoint(SHARD)) == 1
+    assert rows(store) == [("a", 1)]
+    assert path.read_bytes() == durable
+    assert not list(tmp_path.glob("store.sqlite-undo-*"))
+    # And it commits again.
+    put(store, "d", 4)
+    await store.start_commit(SHARD, checkpoint(5), [])
+    store.destroy()
+    assert rows_of(path) == [("a", 1), ("d", 4)]
+    assert integrity(path) == [("ok",)]
+
+
+async def test_local_pipelined_commits_complete_in_order(tmp_path: Path) -> None:
+    store = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    loop = asyncio.get_running_loop()
+    gates = [loop.create_future() for _ in range(3)]
+    commits = []
+    for i, gate in enumerate(gates):
+        put(store, "n", i + 1)
+        commits.append(store.start_commit(SHARD, checkpoint(i + 1), [gate]))
+    order: list[int] = []
+    for i, commit in enumerate(commits):
+        commit.add_done_callback(functools.partial(lambda i, _f: order.append(i), i))
+    for gate in reversed(gates):
+        gate.set_result(None)
+    await asyncio.gather(*commits)
+    assert order == [0, 1, 2]
+    assert read_through(await store.restore_checkpoint(SHARD)) == 3
+    assert rows(store) == [("n", 3)]
+    assert not list(tmp_path.glob("store.sqlite-undo-*"))
+    store.destroy()
+
+
+CRASHING_PRIMARY = """
+import asyncio, os, sys
+from pygazette.consumer.sqlite_store import SQLiteStore
+from tests.consumer.test_store_support import FakeShard, checkpoint
+
+async def main():
+    store = SQLiteStore(directory=sys.argv[1], bootstrap_sql=sys.argv[2])
+    store.db.execute("INSERT INTO kv VALUES ('durable', 1)")
+    await store.start_commit(FakeShard(), checkpoint(1), [])
+    store.db.execute("INSERT INTO kv VALUES ('pending', 2)")
+    store.db.execute("UPDATE kv SET v = 100 WHERE k = 'durable'")
+    never = asyncio.get_running_loop().create_future()  # Its outputs never append.
+    store.start_commit(FakeShard(), checkpoint(2), [never])
+    store.db.execute("INSERT INTO kv VALUES ('open', 3)")
+    os._exit(0)  # Crash: no cleanup of any kind.
+
+asyncio.run(main())
+"""
+
+
+async def test_local_crash_before_a_commit_is_durable_rolls_it_back(tmp_path: Path) -> None:
+    """A process dying after a local COMMIT but before its wait_for resolved must not leave
+    that commit's checkpoint: the next open rolls it back from its undo file."""
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", textwrap.dedent(CRASHING_PRIMARY), str(tmp_path), SCHEMA],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(list(tmp_path.glob("store.sqlite-undo-*"))) == 1
+    store = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    assert not list(tmp_path.glob("store.sqlite-undo-*"))
+    assert read_through(await store.restore_checkpoint(SHARD)) == 1
+    assert rows(store) == [("durable", 1)]
+    store.destroy()
+    assert integrity(tmp_path / "store.sqlite") == [("ok",)]
+
+
+async def test_vacuum_and_large_deletes_keep_working(tmp_path: Path) -> None:
+    store = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    for i in range(200):
+        put(store, f"k{i:03}", b"y" * 3000)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    store.db.execute("DELETE FROM kv WHERE k > 'k010'")
+    await store.start_commit(SHARD, checkpoint(2), [])
+    size = (tmp_path / "store.sqlite").stat().st_size
+    store.connection.execute("VACUUM")  # Outside of a transaction.
+    await store.start_commit(SHARD, checkpoint(2), [])
+    store.destroy()
+    assert (tmp_path / "store.sqlite").stat().st_size < size / 4  # Not recorded: it shrinks.
+    again = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    assert read_through(await again.restore_checkpoint(SHARD)) == 2
+    assert len(rows(again)) == 11
+    again.destroy()
+
+
+async def test_attach_is_refused(tmp_path: Path) -> None:
+    store = SQLiteStore(directory=tmp_path)
+    with pytest.raises(apsw.CantOpenError):
+        store.db.execute(f"ATTACH DATABASE '{tmp_path / 'other.sqlite'}' AS other")
+    store.destroy()
+
+
+def test_needs_a_recorder_or_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="recorder or a directory"):
+        SQLiteStore()
+    with pytest.raises(ValueError, match="relative"):
+        SQLiteStore(directory=tmp_path, filename="/abs.sqlite")
+
+
+# Recorded into a recovery log. -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def log_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("sqlite-store") / "broker-data")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+async def client(log_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(log_broker.url) as c:
+        yield c
+
+
+async def write_head(client: JournalClient, log: str) -> int:
+    return (await append(client, log, b"")).commit.end
+
+
+async def test_recorded_database_replays_equal_to_the_original(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/replay"
+    await create_log(client, log)
+    primary = tmp_path / "primary"
+    store = SQLiteStore(
+        await take_over(client, log, primary), bootstrap_sql="PRAGMA cache_size=5;" + SCHEMA
+    )
+    assert await store.restore_checkpoint(SHARD) == cpb.Checkpoint()
+    # Small transactions, a big one that spills and grows the file, deletes, an app-level
+    # rollback of a big transaction (SQLite truncates the file back), and a VACUUM.
+    for i in range(5):
+        put(store, f"small{i}", i)
+        await store.start_commit(SHARD, checkpoint(i + 1), [])
+    for i in range(300):
+        put(store, f"big{i:03}", b"z" * 2500)
+    await store.start_commit(SHARD, checkpoint(10), [])
+    store.db.execute("DELETE FROM kv WHERE k >= 'big050'")
+    await store.start_commit(SHARD, checkpoint(11), [])
+    for i in range(400):
+        put(store, f"gone{i:03}", b"g" * 2500)
+    store.connection.execute("ROLLBACK")
+    store.connection.execute("VACUUM")
+    put(store, "last", "value")
+    await store.start_commit(SHARD, checkpoint(12, ack=b"ack"), [])
+    expected = rows(store)
+    page_count = int(str(store.db.execute("PRAGMA page_count").fetchall()[0][0]))
+    page_size = int(str(store.db.execute("PRAGMA page_size").fetchall()[0][0]))
+    store.destroy()
+    # SQLite truncated the file (rollback, VACUUM): the recorded file ignored that.
+    assert (primary / "store.sqlite").stat().st_size > page_count * page_size
+
+    standby = tmp_path / "standby"
+    await replay(client, log, standby)
+    # Byte for byte the original database file (the journal is local only).
+    assert files_of(standby) == {"store.sqlite": (primary / "store.sqlite").read_bytes()}
+    assert integrity(standby / "store.sqlite") == [("ok",)]
+    assert rows_of(standby / "store.sqlite") == expected
+    assert checkpoint_of(standby / "store.sqlite") == checkpoint(12, ack=b"ack")
+
+
+async def test_recorded_failed_wait_for_records_nothing(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/atomic"
+    await create_log(client, log)
+    primary = tmp_path / "primary"
+    store = SQLiteStore(await take_over(client, log, primary), bootstrap_sql=SCHEMA)
+    put(store, "a", 1)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    head = await write_head(client, log)
+    put(store, "a", 2)
+    put(store, "b", 2)
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failing = store.start_commit(SHARD, checkpoint(2), [gate])
+    put(store, "c", 3)
+    pipelined = store.start_commit(SHARD, checkpoint(3), [])
+    gate.set_exception(RuntimeError("append failed"))
+    with pytest.raises(RuntimeError, match="append failed"):
+        await failing
+    with pytest.raises(EarlierCommitFailed):
+        await pipelined
+    assert await write_head(client, log) == head  # Nothing of either was appended.
+
+    # The same store rolls back to what the log holds, and goes on.
+    assert read_through(await store.restore_checkpoint(SHARD)) == 1
+    assert rows(store) == [("a", 1)]
+    put(store, "d", 4)
+    await store.start_commit(SHARD, checkpoint(4), [])
+    store.destroy()
+
+    standby = tmp_path / "standby"
+    await replay(client, log, standby)
+    assert files_of(standby) == {"store.sqlite": (primary / "store.sqlite").read_bytes()}
+    assert rows_of(standby / "store.sqlite") == [("a", 1), ("d", 4)]
+    assert read_through(checkpoint_of(standby / "store.sqlite")) == 4
+
+
+async def test_recorded_store_fails_over_to_a_new_primary(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/failover"
+    await create_log(client, log)
+    old = SQLiteStore(await take_over(client, log, tmp_path / "old"), bootstrap_sql=SCHEMA)
+    put(old, "owner", "old")
+    await old.start_commit(SHARD, checkpoint(1), [])
+
+    # The new primary plays the log into its own directory, fencing the old recorder, and
+    # opens the store on the played database.
+    new_dir = tmp_path / "new"
+    new = SQLiteStore(await take_over(client, log, new_dir), bootstrap_sql=SCHEMA)
+    assert read_through(await new.restore_checkpoint(SHARD)) == 1
+    assert rows(new) == [("owner", "old")]
+
+    put(old, "owner", "deposed")
+    with pytest.raises(StoreFenced):
+        await old.start_commit(SHARD, checkpoint(2), [])
+    with pytest.raises(StoreFenced):
+        old.db.execute("SELECT 1")
+    old.destroy()
+
+    put(new, "owner", "new")
+    for i in range(100):
+        put(new, f"n{i:03}", b"n" * 1000)
+    await new.start_commit(SHARD, checkpoint(3), [])
+    new.destroy()
+
+    standby = tmp_path / "standby"
+    await replay(client, log, standby)
+    assert files_of(standby) == {"store.sqlite": (new_dir / "store.sqlite").read_bytes()}
+    assert rows_of(standby / "store.sqlite")[-1] == ("owner", "new")
+    assert read_through(checkpoint_of(standby / "store.sqlite")) == 3
+
+
+async def test_rewrites_of_a_page_within_a_commit_are_recorded_once(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/dedup"
+    await create_log(client, log)
+    store = SQLiteStore(await take_over(client, log, tmp_path / "primary"), bootstrap_sql=SCHEMA)
+    put(store, "counter", 0)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    head = await write_head(client, log)
+    # Many local transactions rewriting one page, in one consumer transaction's commit.
+    for _ in range(200):
+        store.connection.execute("UPDATE kv SET v = v + 1 WHERE k = 'counter'")
+    await store.start_commit(SHARD, checkpoint(2), [])
+    recorded = await write_head(client, log) - head
+    page_size = int(str(store.connection.execute("PRAGMA page_size").fetchall()[0][0]))
+    assert recorded < 4 * page_size, recorded  # Pages of kv, the checkpoint, the header.
+    store.destroy()
+    standby = tmp_path / "standby"
+    await replay(client, log, standby)
+    assert rows_of(standby / "store.sqlite") == [("counter", 200)]
+
+
+async def test_local_file_unknown_to_the_log_is_recorded_whole(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/adopt"
+    await create_log(client, log)
+    primary = tmp_path / "primary"
+    recorder = await take_over(client, log, primary)
+    # A database put into the directory outside of the log (e.g. a pre-existing store).
+    local = SQLiteStore(directory=primary, bootstrap_sql=SCHEMA)
+    put(local, "old", 1)
+    await local.start_commit(SHARD, checkpoint(1), [])
+    local.destroy()
+
+    store = SQLiteStore(recorder, bootstrap_sql=SCHEMA)
+    assert read_through(await store.restore_checkpoint(SHARD)) == 1
+    put(store, "new", 2)
+    await store.start_commit(SHARD, checkpoint(2), [])
+    store.destroy()
+    standby = tmp_path / "standby"
+    await replay(client, log, standby)
+    assert (standby / "store.sqlite").read_bytes() == (primary / "store.sqlite").read_bytes()
+    assert rows_of(standby / "store.sqlite") == [("new", 2), ("old", 1)]
+
+
+# Under the consumer's transactions. --------------------------------------------------------
+
+
+class SQLCounter(tt.Counter):
+    """tests/consumer/test_transactions.py's Counter, counting in SQLite."""
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Publisher) -> None:
+        self.seen += 1
+        if self.seen == self.fail_at:
+            raise RuntimeError("injected failure")
+        key = env.message["key"]
+        store.db.execute(
+            "INSERT INTO counts VALUES (?, 1) ON CONFLICT(k) DO UPDATE SET n = n + 1", (key,)
+        )
+        pub.publish_uncommitted(
+            lambda _m: (tt.OUT, tt.NDJSON), {"key": key, "n": env.message["n"], "src": env.journal}
+        )
+
+
+COUNTS = "CREATE TABLE IF NOT EXISTS counts (k TEXT PRIMARY KEY, n INTEGER NOT NULL)"
+
+
+def total(path: Path) -> int:
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return int(str(conn.execute("SELECT coalesce(sum(n), 0) FROM counts").fetchall()[0][0]))
+    finally:
+        conn.close()
+
+
+async def test_exactly_once_transactions_fail_over_through_the_recovery_log(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    async with JournalClient(broker.url) as client:
+        await apply_journals(
+            client,
+            [
+                pb.ApplyRequest.Change(upsert=tt.journal(j), expect_mod_revision=0)
+                for j in [*tt.SOURCES, tt.OUT]
+            ],
+        )
+        log = LOG + "/transactions"
+        await create_log(client, log)
+        n = 500
+        spec = tt.shard_spec(max_ms=20)
+        heads = await tt.publish_inputs(client, n)
+
+        # A primary commits all of it; then, of more input, fails mid-way: nothing of its
+        # failed transaction is committed.
+        first = tmp_path / "first"
+        store = SQLiteStore(await take_over(client, log, first), bootstrap_sql=COUNTS)
+        await tt.run_until(client, SQLCounter(), store, heads, Progress(), spec)  # type: ignore[arg-type]
+        assert store.connection.execute("SELECT sum(n) FROM counts").fetchall() == [(2 * n,)]
+        heads = await tt.publish_inputs(client, n)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            await tt.run_until(
+                client,
+                SQLCounter(fail_at=n // 2),
+                store,  # type: ignore[arg-type]
+                heads,
+                Progress(),
+                spec,
+            )
+        store.destroy()
+        assert total(first / "store.sqlite") == 2 * n
+
+        # The next primary recovers the store from the log, and carries on.
+        second = tmp_path / "second"
+        store = SQLiteStore(await take_over(client, log, second), bootstrap_sql=COUNTS)
+        await tt.run_until(client, SQLCounter(), store, heads, Progress(), spec)  # type: ignore[arg-type]
+        store.destroy()
+        assert total(second / "store.sqlite") == 4 * n
+        outputs = await tt.committed_outputs(client)
+        assert sorted((o["src"], o["n"]) for o in outputs) == sorted(
+            2 * [(s, i) for s in tt.SOURCES for i in range(n)]
+        )
+        standby = tmp_path / "standby"
+        await replay(client, log, standby)
+        assert files_of(standby) == {"store.sqlite": (second / "store.sqlite").read_bytes()}
+        assert total(standby / "store.sqlite") == 4 * n

@@ -1,0 +1,201 @@
+"""A real, throwaway PostgreSQL server on loopback, for the SQL store's tests.
+
+`initdb` a cluster in a fresh temporary directory and run `postgres` on a free port,
+listening on 127.0.0.1 (and a Unix socket in the same directory), with trust auth for the
+`postgres` superuser. PostgreSQL refuses to run as root: when the tests run as root, the
+server runs as the `postgres` system user (or `nobody`), in a directory it owns.
+Readiness is waited for by polling `pg_isready`; `stop()` shuts it down and removes the
+directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.ports import free_port
+
+
+def postgres_bin_dir() -> Path | None:
+    """The directory of `initdb` and `postgres`: on PATH, else Debian's newest version."""
+    on_path = shutil.which("initdb")
+    if on_path is not None and shutil.which("postgres") is not None:
+        return Path(on_path).resolve().parent  # Debian links them into /usr/local/bin.
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: (
+            int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0
+        ),
+    )
+    return Path(found[-1]).parent if found else None
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """The user to run the server as: None to run as ourselves (not root)."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise RuntimeError("running as root and there's no 'postgres' or 'nobody' user to run as")
+
+
+class PostgresProcess:
+    """One PostgreSQL server: `start()`, `dsn`, `stop()`."""
+
+    def __init__(self) -> None:
+        bin_dir = postgres_bin_dir()
+        if bin_dir is None:
+            raise RuntimeError("PostgreSQL is not installed (.ci/install-system-deps installs it)")
+        self.bin_dir = bin_dir
+        self.port = free_port()
+        self.user = _server_user()
+        self.base = Path(tempfile.mkdtemp(prefix="pygazette-pg-"))
+        self.data_dir = self.base / "data"
+        self.log_path = self.base / "postgres.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def _uid_gid(self) -> tuple[int | None, int | None, list[int] | None]:
+        """(user, group, extra_groups) for subprocess: the server user's, or ours."""
+        if self.user is None:
+            return None, None, None
+        return self.user.pw_uid, self.user.pw_gid, []
+
+    def start(self, timeout: float = 60.0) -> None:
+        try:
+            self._init_cluster()
+        except BaseException:
+            shutil.rmtree(self.base, ignore_errors=True)
+            raise
+        self._run(timeout)
+
+    def _init_cluster(self) -> None:
+        if self.user is not None:
+            os.chown(self.base, self.user.pw_uid, self.user.pw_gid)
+        env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+        uid, gid, groups = self._uid_gid()
+        initdb = subprocess.run(
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+            ],
+            cwd=self.base,
+            env=env,
+            capture_output=True,
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
+        if initdb.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed ({initdb.returncode}):\n{initdb.stdout.decode()}"
+                f"{initdb.stderr.decode()}"
+            )
+
+    def _run(self, timeout: float) -> None:
+        env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+        uid, gid, groups = self._uid_gid()
+        log = open(self.log_path, "ab")
+        if self.user is not None:
+            os.chown(self.log_path, self.user.pw_uid, self.user.pw_gid)
+        self.proc = subprocess.Popen(
+            [
+                str(self.bin_dir / "postgres"),
+                "-D",
+                str(self.data_dir),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.base),
+                # A throwaway server: no durability, small footprint.
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "max_connections=40",
+            ],
+            cwd=self.base,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
+        log.close()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"postgres exited early ({self.proc.returncode}):\n{self.log()}")
+            ready = subprocess.run(
+                [
+                    str(self.bin_dir / "pg_isready"),
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-U",
+                    "postgres",
+                    "-t",
+                    "1",
+                ],
+                capture_output=True,
+            )
+            if ready.returncode == 0:
+                return
+            time.sleep(0.05)  # pg_isready answers at once while the server starts up.
+        raise TimeoutError(f"postgres did not become ready on port {self.port}:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT: abort sessions, then exit), and remove the directory."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
