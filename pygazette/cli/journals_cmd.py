@@ -20,7 +20,7 @@ import grpc.aio
 from google.protobuf import text_format
 
 from pygazette.cli import output
-from pygazette.cli.journalspace import apply_request, parse_duration, parse_journalspace
+from pygazette.cli.journalspace import apply_request, parse_journalspace
 from pygazette.cli.records import MessageAligner, RecordError, RecordSplitter
 from pygazette.client.append_service import AppendService, AsyncAppend
 from pygazette.client.appender import append
@@ -41,6 +41,7 @@ from pygazette.message.mapping import (
     rendezvous_mapping,
 )
 from pygazette.protocol.errors import error_for_status
+from pygazette.protocol.go_duration import parse_duration
 from pygazette.protocol.labels import label_value, label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector

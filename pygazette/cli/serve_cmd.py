@@ -25,10 +25,10 @@ from pygazette.broker.server import (
     default_broker_id,
     run_broker,
 )
-from pygazette.cli.journalspace import parse_duration
 from pygazette.keyspace.etcd import parse_etcd_url
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
 from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.go_duration import parse_duration
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import (
     MAX_BROKER_JOURNAL_LIMIT,
