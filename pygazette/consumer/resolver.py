@@ -1,0 +1,489 @@
+"""The shard resolver: keeps local shard replicas in step with this process's assignments,
+and resolves shard IDs to the process that serves them (Gazette's consumer.Resolver).
+
+On every keyspace change (after `ObservedState` re-extracted the allocator state) the
+resolver walks the local member's assignments: a newly assigned shard gets a replica from
+the factory; a replica whose spec or assignments changed is told (`update`, slot 0 = primary);
+a replica no longer assigned is stopped. As in Gazette, a replica survives a promotion (its
+assignment moves to a lower slot) and a change of its assignment's value, but an assignment
+that was deleted and re-created (same or higher slot, new create revision) gets a new one.
+
+Each replica reports its status through a `StatusReporter` that writes the ReplicaStatus
+into its assignment's value (Gazette's updateStatus): reduced with the stored status (the
+larger code wins, errors accumulate), in a transaction guarded by the assignment's mod
+revision and keeping the assignment's lease; retried when the assignment changed meanwhile,
+and a no-op once the assignment is gone or the replica stopped.
+
+`resolve` maps a shard ID to a Resolution at the current (or a required) revision: the spec,
+the shard's route (members in key order, the slot-0 member primary, endpoints from the
+members' ConsumerSpecs), the responding process, the local replica when this process is the
+primary, and a status: SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMARY (the primary is
+elsewhere and the request may not be proxied), or OK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pygazette.allocator.allocator import ObservedState
+from pygazette.allocator.state import AllocatorState, Assignment
+from pygazette.consumer.key_space import ShardDecoder
+from pygazette.keyspace.keyspace import Compare, Keyspace, KeyspaceUnavailable, KeyValue, Put
+from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import recoverylog_pb2 as rpb
+from pygazette.protocol.shard_validation import validate_replica_status
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "REVISION_WAIT_SECONDS",
+    "ReplicaFactory",
+    "ReplicaHandle",
+    "ReplicaStopped",
+    "Resolution",
+    "ResolveError",
+    "ShardResolver",
+    "StatusReporter",
+]
+
+# The longest a request waits for the keyspace to reach a revision it requires.
+REVISION_WAIT_SECONDS = 30.0
+# Backoff between attempts to write a replica's status (etcd unreachable, lost races).
+_REPORT_BACKOFF_SECONDS = (0.05, 2.0)
+
+StatusReporter = Callable[[cpb.ReplicaStatus], Awaitable[None]]
+
+
+class ReplicaStopped(Exception):
+    """The replica stopped (or failed) while a request waited on it (→ SHARD_STOPPED)."""
+
+
+class ReplicaHandle(Protocol):
+    """What the resolver and the Shard service need of a local shard replica."""
+
+    def update(
+        self,
+        spec: cpb.ShardSpec,
+        assignment: KeyValue,
+        slot: int,
+        all_assignments: list[Assignment],
+    ) -> None:
+        """Called right after the factory built the replica, then whenever the spec or any
+        of the shard's assignments change. `slot` 0 means this replica is the primary."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop the replica (it is no longer assigned here, or the process is stopping)."""
+        ...
+
+    @property
+    def status(self) -> cpb.ReplicaStatus:
+        """The replica's current status."""
+        ...
+
+    async def wait_read_through(
+        self, read_through: dict[str, int], within: float
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Once the primary is ready (its store recovered) and its committed transactions
+        have read each journal of `read_through` through at least its offset, return its
+        progress (read_through, publish_at). TimeoutError after `within` seconds;
+        ReplicaStopped if the replica stops or fails meanwhile."""
+        ...
+
+    def hints(self) -> rpb.FSMHints | None:
+        """The hints the replica recovered its store from (None before / without one)."""
+        ...
+
+
+ReplicaFactory = Callable[[cpb.ShardSpec, KeyValue, StatusReporter], ReplicaHandle]
+
+
+class ResolveError(Exception):
+    """The request can't be resolved here (wrong cluster or process, or shutting down)."""
+
+
+def _same(a: pb.ProcessSpec.ID, b: pb.ProcessSpec.ID) -> bool:
+    return a.zone == b.zone and a.suffix == b.suffix
+
+
+@dataclass(slots=True)
+class Resolution:
+    status: cpb.Status
+    header: pb.Header
+    local_id: pb.ProcessSpec.ID
+    spec: cpb.ShardSpec | None = None
+    item: KeyValue | None = None
+    assignments: list[Assignment] = field(default_factory=list)
+    replica: ReplicaHandle | None = None  # Set iff this process is the shard's primary.
+    stopped: asyncio.Event | None = None  # Set when `replica` is stopped by the resolver.
+
+    @property
+    def local(self) -> bool:
+        """This process serves the request (it is the primary, or the status is an error)."""
+        return _same(self.header.process_id, self.local_id)
+
+    @property
+    def route(self) -> pb.Route:
+        return self.header.route
+
+
+@dataclass(slots=True, eq=False)
+class _LocalShard:
+    shard_id: str
+    replica: ReplicaHandle | None
+    assignment: Assignment
+    fingerprint: tuple[object, ...] = ()
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ShardResolver:
+    """Local replicas of the shards assigned to `member_key`, and shard resolution."""
+
+    def __init__(
+        self,
+        keyspace: Keyspace,
+        layout: KeyLayout,
+        observed: ObservedState,
+        member_key: str,
+        factory: ReplicaFactory,
+        *,
+        process_spec: pb.ProcessSpec | None = None,
+    ) -> None:
+        self.keyspace = keyspace
+        self.layout = layout
+        self.observed = observed
+        self.member_key = member_key
+        self.factory = factory
+        decoder = observed.decoder
+        self.decoder = decoder if isinstance(decoder, ShardDecoder) else ShardDecoder(layout)
+        zone, suffix = layout.parse_member_key(member_key)
+        self._local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
+        if process_spec is not None and not _same(process_spec.id, self._local_id):
+            raise ValueError(
+                f"process spec {process_spec.id.zone}#{process_spec.id.suffix} doesn't match "
+                f"member key {member_key}"
+            )
+        self.process_spec = process_spec
+        self.serving = True
+        # Whether this process's etcd lease is surely alive. When it may not be, its view
+        # of the keyspace can't be trusted and it resolves nothing.
+        self.lease_alive: Callable[[], bool] = lambda: True
+        self._local: dict[str, _LocalShard] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._sources: tuple[int, dict[str, list[cpb.ShardSpec]]] = (-1, {})
+
+    # Local replicas.
+    @property
+    def local_id(self) -> pb.ProcessSpec.ID:
+        return pb.ProcessSpec.ID(zone=self._local_id.zone, suffix=self._local_id.suffix)
+
+    @property
+    def replicas(self) -> dict[str, ReplicaHandle]:
+        """Shard ID → the local replica of each shard assigned here."""
+        return {sid: e.replica for sid, e in self._local.items() if e.replica is not None}
+
+    def start(self) -> None:
+        """Follow the keyspace from now on (register after the ObservedState)."""
+        if not self._started:
+            self._started = True
+            self.keyspace.add_listener(lambda _rev: self.sync_replicas())
+        self.sync_replicas()
+
+    def sync_replicas(self) -> None:
+        """Bring local replicas in line with the local member's assignments."""
+        if not self.serving:
+            return
+        state = self.observed.current
+        nxt: dict[str, _LocalShard] = {}
+        for li in state.local_items:
+            sid = li.item.id
+            if sid in nxt:
+                continue
+            try:
+                spec = self.decoder.shard_spec(li.item.kv)
+            except KeyDecodeError as exc:
+                log.error("undecodable shard spec", extra={"shard": sid, "error": str(exc)})
+                continue
+            asn = li.assignment
+            entry = self._local.pop(sid, None)
+            if entry is not None:
+                prev = entry.assignment
+                if asn.slot < prev.slot:
+                    pass  # Promoted: the same replica carries on.
+                elif prev.kv.create_revision == asn.kv.create_revision:
+                    pass  # Same assignment, new value.
+                else:
+                    # Deleted and re-created: a new replica for the new assignment.
+                    self._stop_entry(entry)
+                    entry = None
+            if entry is None:
+                entry = _LocalShard(sid, None, asn)
+                try:
+                    entry.replica = self.factory(spec, asn.kv, self._reporter(entry))
+                except Exception:
+                    log.exception("cannot create a shard replica", extra={"shard": sid})
+                    continue
+                log.info("starting local shard", extra={"shard": sid, "slot": asn.slot})
+            fingerprint = (
+                li.item.kv.mod_revision,
+                tuple((a.kv.key, a.kv.mod_revision) for a in li.assignments),
+            )
+            nxt[sid] = entry
+            if fingerprint != entry.fingerprint:
+                entry.fingerprint = fingerprint
+                entry.assignment = asn
+                assert entry.replica is not None
+                try:
+                    entry.replica.update(spec, asn.kv, asn.slot, list(li.assignments))
+                except Exception:
+                    log.exception("shard replica update failed", extra={"shard": sid})
+        for entry in self._local.values():
+            self._stop_entry(entry)
+        self._local = nxt
+
+    def _stop_entry(self, entry: _LocalShard) -> None:
+        if entry.stopped.is_set():
+            return
+        entry.stopped.set()
+        if entry.replica is None:
+            return
+        log.info("stopping local shard", extra={"shard": entry.shard_id})
+        task = asyncio.create_task(self._stop_replica(entry), name=f"stop-shard:{entry.shard_id}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    @staticmethod
+    async def _stop_replica(entry: _LocalShard) -> None:
+        assert entry.replica is not None
+        try:
+            await entry.replica.stop()
+        except Exception:
+            log.exception("shard replica failed to stop cleanly", extra={"shard": entry.shard_id})
+
+    def stop_serving(self) -> None:
+        """Stop every local replica now and resolve to none from now on (shutting down)."""
+        self.serving = False
+        for entry in self._local.values():
+            self._stop_entry(entry)
+        self._local = {}
+
+    async def stop(self) -> None:
+        """Stop serving and wait for every replica to have stopped."""
+        self.stop_serving()
+        while self._stopping:
+            await asyncio.wait(list(self._stopping))
+
+    # Status reports.
+    def _reporter(self, entry: _LocalShard) -> StatusReporter:
+        async def report(status: cpb.ReplicaStatus) -> None:
+            await self._report_status(entry, status)
+
+        return report
+
+    async def _report_status(self, entry: _LocalShard, status: cpb.ReplicaStatus) -> None:
+        backoff, max_backoff = _REPORT_BACKOFF_SECONDS
+        while not entry.stopped.is_set():
+            key = entry.assignment.kv.key
+            kv = self.keyspace.get(key)
+            if kv is None:
+                return  # The assignment is gone: nothing to report on.
+            current = self.decoder.replica_status(kv)
+            value = _reduced(status, current)
+            if value is None:
+                return  # Already says as much.
+            validate_replica_status(value)  # Never store what no one could decode.
+            seen = self.keyspace.revision
+            try:
+                result = await self.keyspace.txn(
+                    [Compare(key, kv.mod_revision)],
+                    [Put(key, value.SerializeToString(deterministic=True), ignore_lease=True)],
+                )
+            except KeyspaceUnavailable as exc:
+                log.warning(
+                    "cannot report shard status (will retry)",
+                    extra={"shard": entry.shard_id, "error": str(exc)},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(entry.stopped.wait(), backoff)
+                backoff = min(backoff * 2, max_backoff)
+                continue
+            if result.succeeded:
+                # Return once the mirror reflects the new status (as Gazette's does).
+                with contextlib.suppress(TimeoutError):
+                    await self.keyspace.wait_for_revision(result.revision, REVISION_WAIT_SECONDS)
+                return
+            # The assignment changed under us: retry once the mirror has caught up.
+            with contextlib.suppress(TimeoutError):
+                await self.keyspace.wait_for_change(seen, backoff)
+            backoff = min(backoff * 2, max_backoff)
+
+    # Routes and headers.
+    def endpoint_of(self, state: AllocatorState, zone: str, suffix: str) -> str:
+        member = state.find_member(zone, suffix)
+        if member is None:
+            return ""  # An assignment of a missing member: no endpoint (as Gazette's).
+        try:
+            return self.decoder.consumer_spec(member.kv).process_spec.endpoint
+        except KeyDecodeError:
+            return ""
+
+    def shard_assignments(self, state: AllocatorState, shard_id: str) -> list[Assignment]:
+        """The shard's assignments whose status decodes (Gazette sees no others), key order."""
+        return [
+            a
+            for a in state.assignments_of(shard_id)
+            if self.decoder.replica_status(a.kv) is not None
+        ]
+
+    def shard_route(self, state: AllocatorState, assignments: list[Assignment]) -> pb.Route:
+        """The route of assignments: members in key order, slot 0 primary, with endpoints."""
+        route = pb.Route(primary=-1)
+        for a in assignments:
+            if a.slot == 0:
+                route.primary = len(route.members)
+            route.members.add(zone=a.zone, suffix=a.suffix)
+        if route.members:
+            route.endpoints.extend(self.endpoint_of(state, m.zone, m.suffix) for m in route.members)
+        return route
+
+    def header(self) -> pb.Header:
+        """An unrouted header of this process at the mirror's current revision."""
+        ident = self.keyspace.identity
+        return pb.Header(
+            process_id=self.local_id,
+            route=pb.Route(primary=-1),
+            etcd=pb.Header.Etcd(
+                cluster_id=ident.cluster_id,
+                member_id=ident.member_id,
+                revision=self.keyspace.revision,
+                raft_term=ident.raft_term,
+            ),
+        )
+
+    def shard_spec(
+        self, state: AllocatorState, shard_id: str
+    ) -> tuple[cpb.ShardSpec, KeyValue] | None:
+        index = state.item_index.get(shard_id)
+        if index is None:
+            return None
+        kv = state.items[index].kv
+        try:
+            return self.decoder.shard_spec(kv), kv
+        except KeyDecodeError:
+            return None
+
+    def shards_with_source(self, journal: str) -> list[cpb.ShardSpec]:
+        """Specs of shards reading `journal`, in shard ID order (Gazette's ShardsWithSource)."""
+        state = self.observed.current
+        revision, index = self._sources
+        if revision != state.revision:
+            index = {}
+            for item in state.items:
+                try:
+                    spec = self.decoder.shard_spec(item.kv)
+                except KeyDecodeError:
+                    continue
+                for src in spec.sources:
+                    index.setdefault(src.journal, []).append(spec)
+            self._sources = (state.revision, index)
+        return list(index.get(journal, []))
+
+    # Resolution.
+    async def resolve(
+        self,
+        shard_id: str,
+        *,
+        require_primary: bool = True,
+        proxy: bool = True,
+        min_revision: int = 0,
+        proxy_header: pb.Header | None = None,
+    ) -> Resolution:
+        """Resolve `shard_id` to the process that serves it.
+
+        With `require_primary`, the shard must have a primary (else NO_SHARD_PRIMARY), and
+        unless `proxy` it must be this process (else NOT_SHARD_PRIMARY); when it is, the
+        resolution carries the local replica. `proxy_header` is the header a peer resolved
+        the request with: it must name this cluster (and this process), and resolution
+        first waits for its revision, as for `min_revision`. Raises ResolveError.
+        """
+        local_id = self.local_id
+        if not self.lease_alive():
+            raise ResolveError("this consumer's etcd lease may have expired")
+        if proxy_header is not None:
+            etcd = proxy_header.etcd
+            ours = self.keyspace.identity.cluster_id
+            if etcd.cluster_id and etcd.cluster_id != ours:
+                raise ResolveError(
+                    f"request etcd cluster ID doesn't match ours ({etcd.cluster_id} vs {ours})"
+                )
+            pid = proxy_header.process_id
+            if (pid.zone or pid.suffix) and not _same(pid, local_id):
+                raise ResolveError(
+                    f"request process ID doesn't match ours ({pid.zone}#{pid.suffix} vs "
+                    f"{local_id.zone}#{local_id.suffix})"
+                )
+            min_revision = max(min_revision, etcd.revision)
+        if min_revision > self.keyspace.revision:
+            try:
+                await self.keyspace.wait_for_revision(min_revision, REVISION_WAIT_SECONDS)
+            except TimeoutError:
+                raise ResolveError(
+                    f"keyspace didn't reach revision {min_revision} (at {self.keyspace.revision})"
+                ) from None
+
+        state = self.observed.current
+        header = self.header()
+        res = Resolution(cpb.OK, header, local_id)
+        found = self.shard_spec(state, shard_id)
+        if found is not None:
+            res.spec, res.item = found
+            res.assignments = self.shard_assignments(state, shard_id)
+            header.route.CopyFrom(self.shard_route(state, res.assignments))
+        route = header.route
+        primary = route.members[route.primary] if route.primary >= 0 else None
+
+        if res.spec is None:
+            res.status = cpb.SHARD_NOT_FOUND
+        elif require_primary and primary is None:
+            res.status = cpb.NO_SHARD_PRIMARY
+        elif require_primary and not proxy and (primary is None or not _same(primary, local_id)):
+            res.status = cpb.NOT_SHARD_PRIMARY
+        if res.status == cpb.OK and primary is not None:
+            header.process_id.CopyFrom(primary)  # Else: we author the response.
+
+        if res.status == cpb.OK and primary is not None and _same(primary, local_id):
+            if not self.serving:
+                raise ResolveError("this consumer is shutting down")
+            entry = self._local.get(shard_id)
+            if entry is None or entry.replica is None or entry.stopped.is_set():
+                raise ResolveError(f"no local replica of shard {shard_id} (stopping?)")
+            res.replica = entry.replica
+            res.stopped = entry.stopped
+        return res
+
+
+def _reduced(
+    status: cpb.ReplicaStatus, current: cpb.ReplicaStatus | None
+) -> cpb.ReplicaStatus | None:
+    """`status` reduced with the stored one (Gazette's ReplicaStatus.Reduce: the larger code
+    wins, errors accumulate — each error once), or None when that changes nothing."""
+    out = cpb.ReplicaStatus()
+    out.CopyFrom(status)
+    if current is None:
+        return out
+    if current.code > out.code:
+        out.code = current.code
+    for err in current.errors:
+        if err not in out.errors:
+            out.errors.append(err)
+    if out.code == current.code and set(out.errors) == set(current.errors):
+        return None
+    return out

@@ -1,0 +1,365 @@
+"""A small async client of the `consumer.Shard` service, for the CLI and tests.
+
+`ShardClient(address)` talks to any consumer process of an application (every process
+answers List, Apply, GetHints and Unassign from the shared keyspace, and proxies Stat to the
+shard's primary). Stat goes straight to the primary when the client knows the shard's route
+(from an earlier List or Stat), and falls back to the given address when that process is
+unreachable or no longer primary.
+
+Non-OK statuses become `ShardError` subclasses (one per consumer Status, as the journal
+client maps broker statuses in `pygazette.protocol.errors`); responses that break the
+protocol's rules become `ProtocolViolation`; transport failures stay `grpc.aio.AioRpcError`.
+
+`ShardPeers` caches one channel per advertised endpoint; the Shard service uses it to proxy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, ClassVar
+
+import grpc
+import grpc.aio
+
+from pygazette.client.errors import ProtocolViolation
+from pygazette.client.journal_client import MAX_MESSAGE_SIZE, channel_target
+from pygazette.protocol.errors import GazetteError, ValidationError
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import format_selector, parse_selector
+from pygazette.protocol.shard_validation import (
+    validate_get_hints_response,
+    validate_shard_apply_response,
+    validate_shard_list_response,
+    validate_stat_response,
+)
+
+__all__ = [
+    "DEFAULT_CONSUMER",
+    "NoShardPrimary",
+    "NotShardPrimary",
+    "ShardClient",
+    "ShardError",
+    "ShardEtcdTransactionFailed",
+    "ShardNotFound",
+    "ShardPeers",
+    "ShardStopped",
+    "raise_for_shard_status",
+    "shard_error_for_status",
+    "shard_status_name",
+]
+
+DEFAULT_CONSUMER = "http://localhost:8080"
+
+_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+# Errors.
+def shard_status_name(status: int) -> str:
+    """Name of a `consumer.Status` value, or ``"Status(<n>)"`` when it is unknown."""
+    try:
+        return cpb.Status.Name(status)  # type: ignore[arg-type]
+    except ValueError:
+        return f"Status({status})"
+
+
+class ShardError(GazetteError):
+    """A Shard RPC answered with a non-OK `consumer.Status`."""
+
+    STATUS: ClassVar[int | None] = None
+
+    def __init__(self, status: int, detail: str = "", header: pb.Header | None = None) -> None:
+        self.status = int(status)
+        self.status_name = shard_status_name(self.status)
+        self.detail = detail
+        self.header = header
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"{self.status_name}: {self.detail}" if self.detail else self.status_name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (shard_error_for_status, (self.status, self.detail, self.header))
+
+
+_BY_STATUS: dict[int, type[ShardError]] = {}
+
+
+def _status_class(name: str) -> Callable[[type[ShardError]], type[ShardError]]:
+    def register(cls: type[ShardError]) -> type[ShardError]:
+        value = int(cpb.Status.Value(name))
+        cls.STATUS = value
+        _BY_STATUS[value] = cls
+        return cls
+
+    return register
+
+
+class _Bound(ShardError):
+    def __init__(
+        self, status: int | None = None, detail: str = "", header: pb.Header | None = None
+    ) -> None:
+        if status is None:
+            assert self.STATUS is not None
+            status = self.STATUS
+        super().__init__(status, detail, header)
+
+
+@_status_class("SHARD_NOT_FOUND")
+class ShardNotFound(_Bound):
+    """The named shard does not exist."""
+
+
+@_status_class("NO_SHARD_PRIMARY")
+class NoShardPrimary(_Bound):
+    """The shard has no primary at the moment (transient)."""
+
+
+@_status_class("NOT_SHARD_PRIMARY")
+class NotShardPrimary(_Bound):
+    """The responding process is not the shard's primary (and may not proxy)."""
+
+
+@_status_class("ETCD_TRANSACTION_FAILED")
+class ShardEtcdTransactionFailed(_Bound):
+    """The change's etcd transaction failed (e.g. a stale expect_mod_revision)."""
+
+
+@_status_class("SHARD_STOPPED")
+class ShardStopped(_Bound):
+    """The shard's primary stopped while serving the request."""
+
+
+def shard_error_for_status(
+    status: int, detail: str = "", header: pb.Header | None = None
+) -> ShardError:
+    """The exception of a non-OK consumer status (a plain ShardError if unknown)."""
+    cls = _BY_STATUS.get(int(status))
+    if cls is None:
+        return ShardError(status, detail, header)
+    return cls(int(status), detail, header)
+
+
+def raise_for_shard_status(response: Any, detail: str = "") -> None:
+    """Raise the matching ShardError unless `response.status` is OK."""
+    status = int(response.status)
+    if status == cpb.OK:
+        return
+    header: pb.Header | None = None
+    with contextlib.suppress(ValueError, AttributeError):
+        if response.HasField("header"):
+            header = response.header
+    raise shard_error_for_status(status, detail, header)
+
+
+def _check(validator: Callable[[Any], None], response: Any, what: str) -> None:
+    try:
+        validator(response)
+    except ValidationError as exc:
+        raise ProtocolViolation(f"invalid {what} response: {exc}") from exc
+
+
+def as_shard_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
+    """A LabelSelector from its text form ("id=shard-1, app in (a, b)") or as is."""
+    if isinstance(selector, pb.LabelSelector):
+        return selector
+    return parse_selector(selector)
+
+
+# Channels.
+def _channel(address: str) -> grpc.aio.Channel:
+    target, secure = channel_target(address)
+    if secure:
+        return grpc.aio.secure_channel(
+            target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS
+        )
+    return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+
+
+class ShardPeers:
+    """One channel (and Shard stub) per consumer endpoint, shared by all calls."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, cpb_grpc.ShardStub] = {}
+
+    def stub(self, endpoint: str) -> cpb_grpc.ShardStub:
+        """The stub of `endpoint` (an advertised URL such as "http://host:port");
+        ValueError if it is unusable."""
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            channel = _channel(endpoint)
+            self._channels[endpoint] = channel
+            stub = self._stubs[endpoint] = cpb_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
+        return stub
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                await channel.close(None)
+
+
+def _primary_endpoint(route: pb.Route) -> str:
+    if 0 <= route.primary < len(route.endpoints):
+        return route.endpoints[route.primary]
+    return ""
+
+
+class ShardClient:
+    """An asyncio client of one consumer application's Shard service."""
+
+    def __init__(self, address: str = DEFAULT_CONSUMER, *, route_stat: bool = True) -> None:
+        self.address = address
+        self.channel = _channel(address)
+        self.stub = cpb_grpc.ShardStub(self.channel)  # type: ignore[no-untyped-call]
+        self.route_stat = route_stat  # Send Stat straight to a known primary.
+        self.peers = ShardPeers()
+        self._routes: dict[str, str] = {}  # Shard ID → endpoint of its primary.
+
+    async def close(self) -> None:
+        await self.peers.close()
+        await self.channel.close(None)
+
+    async def __aenter__(self) -> ShardClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"ShardClient({self.address!r})"
+
+    def _learn(self, shard: str, route: pb.Route) -> None:
+        endpoint = _primary_endpoint(route)
+        if endpoint:
+            self._routes[shard] = endpoint
+        else:
+            self._routes.pop(shard, None)
+
+    # RPCs.
+    async def list_all(
+        self, selector: str | pb.LabelSelector = "", *, within: float | None = None
+    ) -> cpb.ListResponse:
+        """The List response of shards matching `selector` (which may use label "id")."""
+        request = cpb.ListRequest(selector=as_shard_selector(selector))
+        resp: cpb.ListResponse = await self.stub.List(request, timeout=within)
+        _check(validate_shard_list_response, resp, "List")
+        raise_for_shard_status(resp, f"listing {format_selector(request.selector) or 'all shards'}")
+        for shard in resp.shards:
+            self._learn(shard.spec.id, shard.route)
+        return resp
+
+    async def list_shards(
+        self, selector: str | pb.LabelSelector = "", *, within: float | None = None
+    ) -> list[cpb.ListResponse.Shard]:
+        """Every shard matching `selector`, with its revisions, route and statuses."""
+        return list((await self.list_all(selector, within=within)).shards)
+
+    async def stat(
+        self,
+        shard: str,
+        read_through: Mapping[str, int] | None = None,
+        *,
+        within: float | None = None,
+    ) -> cpb.StatResponse:
+        """The shard's progress, once its primary has read through `read_through`."""
+        request = cpb.StatRequest(shard=shard, read_through=dict(read_through or {}))
+        resp: cpb.StatResponse | None = None
+        endpoint = self._routes.get(shard, "") if self.route_stat else ""
+        if endpoint:
+            try:
+                resp = await self.peers.stub(endpoint).Stat(request, timeout=within)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                resp = None  # The primary we knew is gone: ask the default address.
+            except ValueError:
+                resp = None  # An unusable advertised endpoint.
+            if resp is not None and resp.status == cpb.NOT_SHARD_PRIMARY:
+                resp = None
+            if resp is None:
+                self._routes.pop(shard, None)
+        if resp is None:
+            resp = await self.stub.Stat(request, timeout=within)
+        assert resp is not None
+        _check(validate_stat_response, resp, "Stat")
+        if resp.status == cpb.OK:
+            self._learn(shard, resp.header.route)
+        elif resp.status != cpb.SHARD_STOPPED:
+            self._routes.pop(shard, None)
+        raise_for_shard_status(resp, f"stat of shard {shard}")
+        return resp
+
+    async def apply(
+        self,
+        changes: Iterable[cpb.ApplyRequest.Change],
+        *,
+        within: float | None = None,
+    ) -> cpb.ApplyResponse:
+        """Apply the changes in one etcd transaction (ShardEtcdTransactionFailed if any
+        expect_mod_revision no longer holds)."""
+        request = cpb.ApplyRequest(changes=list(changes))
+        resp: cpb.ApplyResponse = await self.stub.Apply(request, timeout=within)
+        _check(validate_shard_apply_response, resp, "Apply")
+        raise_for_shard_status(resp, f"applying {len(request.changes)} shard change(s)")
+        return resp
+
+    async def apply_in_batches(
+        self,
+        changes: Sequence[cpb.ApplyRequest.Change],
+        size: int,
+        *,
+        within: float | None = None,
+    ) -> cpb.ApplyResponse | None:
+        """Apply the changes `size` at a time (each batch is its own transaction, so this
+        may apply only some batches before failing); the last response (None if none)."""
+        if size <= 0:
+            raise ValueError(f"batch size must be > 0 (got {size})")
+        resp: cpb.ApplyResponse | None = None
+        for i in range(0, len(changes), size):
+            resp = await self.apply(changes[i : i + size], within=within)
+        return resp
+
+    async def get_hints(self, shard: str, *, within: float | None = None) -> cpb.GetHintsResponse:
+        """The shard's stored primary hints and backup hints."""
+        resp: cpb.GetHintsResponse = await self.stub.GetHints(
+            cpb.GetHintsRequest(shard=shard), timeout=within
+        )
+        _check(validate_get_hints_response, resp, "GetHints")
+        raise_for_shard_status(resp, f"hints of shard {shard}")
+        return resp
+
+    async def unassign(
+        self,
+        shards: Iterable[str],
+        *,
+        only_failed: bool = False,
+        dry_run: bool = False,
+        within: float | None = None,
+    ) -> list[str]:
+        """Remove the shards' primary and failed assignments (only failed ones with
+        `only_failed`); the shards that were (with `dry_run`: would be) unassigned."""
+        request = cpb.UnassignRequest(shards=list(shards), only_failed=only_failed, dry_run=dry_run)
+        resp: cpb.UnassignResponse = await self.stub.Unassign(request, timeout=within)
+        raise_for_shard_status(resp, "unassigning shards")
+        return list(resp.shards)
