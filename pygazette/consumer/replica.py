@@ -98,6 +98,8 @@ class ShardReplica:
         self._status = cpb.ReplicaStatus(code=cpb.ReplicaStatus.IDLE)
         self._stopping = asyncio.Event()
         self._promoted = asyncio.Event()
+        self._serving = asyncio.Event()  # Set once PRIMARY (its store is recovered).
+        self._ended = asyncio.Event()  # Set once the replica stopped or failed.
         self._task: asyncio.Task[None] | None = None
         self._recovered_hints: rpb.FSMHints | None = None
         self._local_dir = ctx.data_dir / "shards" / (
@@ -181,7 +183,29 @@ class ShardReplica:
     async def wait_read_through(
         self, read_through: dict[str, int], within: float
     ) -> tuple[dict[str, int], dict[str, int]]:
-        return await self.progress_state.wait_for(read_through, within)
+        """Wait until the primary's store is recovered and its committed progress covers
+        `read_through`; ReplicaStopped if the replica stops or fails first."""
+        from pygazette.consumer.resolver import ReplicaStopped
+
+        async def wait() -> tuple[dict[str, int], dict[str, int]]:
+            await self._serving.wait()
+            return await self.progress_state.wait_for(read_through, None)
+
+        waiting = asyncio.ensure_future(wait())
+        ended = asyncio.ensure_future(self._ended.wait())
+        try:
+            async with asyncio.timeout(within):
+                await asyncio.wait([waiting, ended], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        if waiting.done() and not waiting.cancelled():
+            return waiting.result()
+        raise ReplicaStopped(f"shard {self.id} stopped ({self._status_name()})")
+
+    def _status_name(self) -> str:
+        return cpb.ReplicaStatus.Code.Name(self._status.code)
 
     def hints(self) -> rpb.FSMHints | None:
         return self._recovered_hints
@@ -235,6 +259,7 @@ class ShardReplica:
                 log.error("shard failed", extra={"shard": self.id, "error": f"{exc!r}"})
                 await self._set_status(cpb.ReplicaStatus.FAILED, f"{type(exc).__name__}: {exc}")
         finally:
+            self._ended.set()
             if self.store is not None:
                 with contextlib.suppress(Exception):
                     self.store.destroy()
@@ -263,6 +288,7 @@ class ShardReplica:
         if self.recorder is not None:
             await store_recovered_hints(ctx.keyspace, self._spec, self.recorder.build_hints())
         await self._set_status(cpb.ReplicaStatus.PRIMARY)
+        self._serving.set()
         log.info("shard is primary", extra={"shard": self.id, "log": log_name})
         await self._run_primary(store, cp, offsets, states)
 

@@ -19,6 +19,7 @@ import pytest
 from pygazette.client import JournalClient, apply_journals
 from pygazette.client.append_service import AppendService
 from pygazette.client.reader import Reader
+from pygazette.consumer.shard_client import ShardClient
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.keyspace import Put
 from pygazette.keyspace.layout import KeyLayout
@@ -190,6 +191,7 @@ class Inputs:
     def __init__(self, client: JournalClient) -> None:
         self.client = client
         self.sent = 0
+        self.heads: dict[str, int] = {}
 
     async def publish(self, n: int) -> None:
         async with AppendService(self.client) as service:
@@ -199,6 +201,8 @@ class Inputs:
             for src, batch in ((SOURCES[0], msgs[:half]), (SOURCES[1], msgs[half:])):
                 for aa in pub.publish_committed_many(lambda _m, s=src: (s, NDJSON), batch):
                     await aa
+                    assert aa.response is not None
+                    self.heads[src] = aa.response.commit.end
         self.sent += n
 
 
@@ -314,3 +318,28 @@ async def test_failing_app_fails_only_its_shard(group: Group) -> None:
         # Nothing of the failed transaction committed.
         outputs = await committed_outputs(client, 0, 1)
         assert all(o["key"] != "poison" for o in outputs)
+
+
+async def test_stat_reads_your_writes_through_any_consumer(group: Group) -> None:
+    group.add()
+    group.add()
+    await group.apply(shard_spec())
+    async with JournalClient(group.broker.url) as client:
+        inputs = Inputs(client)
+        primary = await group.wait_primary()
+        other = next(c for c in group.consumers if c is not primary)
+        await inputs.publish(500)
+        # Ask the process that is NOT primary: it proxies to the primary, which answers
+        # once it has committed a transaction reading through the given offsets.
+        async with ShardClient(other.url, route_stat=False) as shards:
+            resp = await shards.stat(SHARD, inputs.heads, within=60)
+        for journal, offset in inputs.heads.items():
+            assert resp.read_through[journal] >= offset
+        assert resp.publish_at[OUT] > 0
+        # Read-your-writes: every output is committed and readable right now.
+        outputs: list[Any] = []
+        async with ReadCommitted(client, OUT) as rc:
+            with contextlib.suppress(StopAsyncIteration):
+                while True:
+                    outputs.extend(e.message for e in await rc.next_batch())
+        assert_exactly_once(outputs, inputs.sent)
