@@ -7,7 +7,7 @@ PORT ?= 8080
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster demo clean interop interop-bin interop-go bench-gazette
+.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster demo demo-consumer clean interop interop-bin interop-go bench-gazette
 
 all: test
 
@@ -78,6 +78,11 @@ bench-spark: deps
 # job turning a journal's fragments into Parquet.
 demo: deps
 	$(PY) examples/spark_demo.py
+
+# The consumer examples end to end: etcd, a broker, two consumer processes each of stream-sum
+# (every sum verified exactly once) and word-count (queries that read their writes).
+demo-consumer: deps
+	$(PY) examples/run_consumer_demo.py
 
 bench-gazette: venv interop-bin
 	$(PY) bench/vs_gazette.py

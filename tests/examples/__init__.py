@@ -1,0 +1,1 @@
+"""Tests of the example applications (examples/) and their benchmark."""
