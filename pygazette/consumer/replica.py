@@ -102,9 +102,9 @@ class ShardReplica:
         self._ended = asyncio.Event()  # Set once the replica stopped or failed.
         self._task: asyncio.Task[None] | None = None
         self._recovered_hints: rpb.FSMHints | None = None
-        self._local_dir = ctx.data_dir / "shards" / (
-            quote(spec.id, safe="") + f"-{assignment.create_revision}"
-        )
+        self._local_dir = (
+            ctx.data_dir / "shards" / (quote(spec.id, safe="") + f"-{assignment.create_revision}")
+        ).absolute()
         self.progress_state = Progress()
         self.store: Store | None = None
         self.recorder: Recorder | None = None
