@@ -45,6 +45,10 @@ class ObservedState:
         ks.add_listener(self._observe)
 
     def _observe(self, _revision: int) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-extract the state from the keyspace as it is now."""
         self.current = AllocatorState.extract(self.ks, self.layout, self.decoder, self.local_key)
 
 
@@ -61,10 +65,21 @@ class Allocator:
         self.on_round = on_round  # (state, idle): after each leader round (tests).
         self.rounds = 0
 
+    def _observed_reaches(self, revision: int) -> Callable[[], bool]:
+        def reached() -> bool:
+            current = self.observed.current.revision
+            return current >= revision or current < self.ks.revision
+
+        return reached
+
     async def run(self) -> None:
         desired: list[DesiredAssignment] = []
         last_hash = ""
         while True:
+            if self.observed.current.revision < self.ks.revision:
+                # A change applied before its listeners ran (or one they missed): catch up
+                # rather than act on (and wait from) a stale state.
+                self.observed.refresh()
             state = self.observed.current
             if state.local_member < 0:
                 raise MemberKeyMissing(f"member key {state.local_key} is not in the keyspace")
@@ -98,6 +113,8 @@ class Allocator:
                             self.on_round(work, txn.revision == 0)
                     next_revision = max(next_revision, txn.revision)
             try:
-                await self.ks.wait_for_revision(next_revision, timeout)
+                # Wait on the observed state, not the keyspace's revision: the next round
+                # must see the change it waits for, or it would spin on a stale state.
+                await self.ks.wait_until(self._observed_reaches(next_revision), timeout)
             except TimeoutError:
                 pass

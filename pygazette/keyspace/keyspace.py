@@ -126,6 +126,14 @@ class Keyspace(abc.ABC):
         async with asyncio.timeout(within), self._changed:
             await self._changed.wait_for(lambda: self.revision >= revision)
 
+    async def wait_until(self, predicate: Callable[[], bool], within: float | None = None) -> None:
+        """Return once `predicate()` holds, checking it after each applied change
+        (TimeoutError after `within` s)."""
+        if predicate():
+            return
+        async with asyncio.timeout(within), self._changed:
+            await self._changed.wait_for(predicate)
+
     async def wait_for_change(self, after: int, within: float | None = None) -> None:
         """Return once the mirror has applied a revision greater than `after`."""
         await self.wait_for_revision(after + 1, within)
