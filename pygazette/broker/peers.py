@@ -53,7 +53,6 @@ class Peers:
                     ("grpc.keepalive_permit_without_calls", 0),
                     ("grpc.http2.max_pings_without_data", 0),
                     ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 1000),
                 ],
             )

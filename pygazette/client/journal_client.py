@@ -86,9 +86,10 @@ class JournalClient:
             ("grpc.keepalive_permit_without_calls", 0),
             # Reconnect quickly after a broker restart instead of gRPC's default backoff of
             # up to two minutes; retry policies above the channel add their own backoff.
+            # (Not grpc.min_reconnect_backoff_ms: gRPC also takes it as the connect timeout,
+            # and 100 ms fails connections to a busy server before its HTTP/2 SETTINGS.)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
-            ("grpc.min_reconnect_backoff_ms", 100),
         ]
         opts.extend(options or [])
         if secure:

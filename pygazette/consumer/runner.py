@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import importlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -119,8 +121,20 @@ class ConsumerProcess:
         self.spec.process_spec.endpoint = self.endpoint
         self._server: grpc.aio.Server | None = None
         self._allocator_task: asyncio.Task[None] | None = None
+        self._lock_fd = -1
         self.keyspace: Keyspace
         self.session: MemberSession | LocalSession
+
+    def _lock_data_dir(self) -> None:
+        """One process per data directory (its shards' local stores live there)."""
+        self._lock_fd = os.open(self.config.data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise OSError(
+                f"another consumer is using data directory {self.config.data_dir}"
+            ) from None
 
     async def start(self) -> None:
         # Imported here: `pygazette --help` and the journal commands need none of it.
@@ -130,6 +144,7 @@ class ConsumerProcess:
 
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
         self.layout = KeyLayout(cfg.etcd_prefix)
         self.member_key = self.layout.member_key(cfg.zone, cfg.id)
         if cfg.etcd_url:
@@ -165,7 +180,13 @@ class ConsumerProcess:
         )
         self.resolver.lease_alive = lambda: self.session.lease_alive()
         self.service = ShardService(self.resolver, self.keyspace, self.layout)
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),  # A second process on the port fails to start.
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ]
+        )
         cpb_grpc.add_ShardServicer_to_server(  # type: ignore[no-untyped-call]
             self.service, self._server
         )
@@ -242,6 +263,9 @@ class ConsumerProcess:
         await self.session.close(revoke=not failed)
         await self.client.close()
         await self.keyspace.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         log.info("consumer stopped")
 
 

@@ -58,7 +58,6 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
     ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 

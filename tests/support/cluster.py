@@ -121,7 +121,6 @@ class Cluster:
                 broker.address,
                 options=[
                     ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 500),
                 ],
             )
