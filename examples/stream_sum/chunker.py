@@ -51,9 +51,14 @@ from examples.stream_sum.messages import (
     chunks_mapping,
     new_chunk,
 )
-from pygazette.client.append_service import AppendService, AsyncAppend
+from pygazette.client.append_service import (
+    AppendService,
+    AsyncAppend,
+    is_terminal_append_error,
+)
 from pygazette.client.appender import append
 from pygazette.client.journal_client import JournalClient, broker_address_from_env
+from pygazette.client.retry_reader import backoff
 from pygazette.client.watched_list import WatchedList
 from pygazette.message.framing import CONTENT_TYPE_JSON_LINES, MessageDecodeError
 from pygazette.message.publisher import Publisher
@@ -254,9 +259,18 @@ async def audit_sums(
 
 
 async def barrier(client: JournalClient, journal: str) -> int:
-    """The journal's write head, by an empty append (Go's write barrier)."""
-    resp = await append(client, journal, b"")
-    return int(resp.commit.end)
+    """The journal's write head, by an empty append (Go's write barrier), retried through
+    broker restarts and hand-offs as Go's AppendService retries it."""
+    attempt = 0
+    while True:
+        try:
+            resp = await append(client, journal, b"")
+            return int(resp.commit.end)
+        except Exception as exc:
+            if is_terminal_append_error(exc) or attempt >= 30:
+                raise
+            await asyncio.sleep(backoff(attempt))
+            attempt += 1
 
 
 async def _chunk_partitions(client: JournalClient) -> WatchedList:

@@ -39,7 +39,6 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from pygazette.client.appender import append
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
@@ -50,6 +49,7 @@ from pygazette.consumer.recoverylog.fsm import (
     NotHintedAuthor,
     WrongSeqNo,
 )
+from pygazette.consumer.recoverylog.log_append import append_to_log
 from pygazette.message.fixed_framing import (
     FIXED_FRAME_HEADER,
     FIXED_FRAME_HEADER_LENGTH,
@@ -310,7 +310,7 @@ class Player:
         heads: dict[str, int] = {}
         for name in [hints.log, *(s.log for s in fsm.hinted_segments)]:
             if name not in heads:
-                heads[name] = (await append(self.client, name, b"")).commit.end
+                heads[name] = (await append_to_log(self.client, name, b"")).commit.end
         for hinted in fsm.hinted_segments:
             head = heads[hinted.log]
             if hinted.first_offset >= head or hinted.last_offset > head:
@@ -445,7 +445,7 @@ class Player:
     async def _inject_noop(self, fsm: FSM, author: int) -> int:
         """Append the hand-off no-op and fence; returns the append's end offset."""
         noop = rpb.RecordedOp(seq_no=fsm.next_seq_no, checksum=fsm.next_checksum, author=author)
-        resp = await append(
+        resp = await append_to_log(
             self.client,
             self.hints.log,
             encode_fixed_frame(noop.SerializeToString()),

@@ -32,9 +32,9 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pygazette.client.appender import append
 from pygazette.client.journal_client import JournalClient
 from pygazette.consumer.recoverylog.fsm import FSM, Author, FnodeNotTracked, HintsSnapshot
+from pygazette.consumer.recoverylog.log_append import append_to_log
 from pygazette.message.fixed_framing import encode_fixed_frame
 from pygazette.protocol.errors import GazetteError, RegisterMismatch
 from pygazette.protocol.pb import recoverylog_pb2 as rpb
@@ -267,10 +267,10 @@ class Recorder:
                 return self._write_head
             union = self.author.fence() if self._union_first else None
             check = None if self._union_first else self._check_registers
-            resp = await append(
+            resp = await append_to_log(
                 self.client,
                 self.journal,
-                [txn.data],
+                txn.data,
                 check_registers=check,
                 union_registers=union,
             )
