@@ -26,6 +26,8 @@ class Counter:
         self.fail_on = os.environ.get("COUNTER_FAIL_ON", "")
 
     def new_store(self, shard: Any, recorder: Any) -> Store:
+        if shard.id in os.environ.get("COUNTER_BROKEN_STORES", "").split(","):
+            raise OSError(f"cannot open the store of {shard.id}")
         if recorder is not None:
             return JSONFileStore(recorder, {"counts": {}})
         return MemoryStore({"counts": {}})

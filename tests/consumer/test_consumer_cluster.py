@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pygazette.client import JournalClient, apply_journals
+from pygazette.client import JournalClient, append, apply_journals
 from pygazette.client.append_service import AppendService
 from pygazette.client.reader import Reader
 from pygazette.consumer.recoverylog import Player
@@ -125,6 +125,10 @@ class Group:
             out[key.slot] = (key.suffix, status)
         return out
 
+    def failed(self, shard: str) -> bool:
+        statuses = [s for _m, s in self.replicas(shard).values()]
+        return bool(statuses) and all(s.code == cpb.ReplicaStatus.FAILED for s in statuses)
+
     def primary(self, shard: str = SHARD) -> ConsumerProcess | None:
         slot0 = self.replicas(shard).get(0)
         if slot0 is None or slot0[1].code != cpb.ReplicaStatus.PRIMARY:
@@ -175,7 +179,9 @@ async def group(
     await g.ks.open()
     async with JournalClient(broker.url) as client:
         specs = [journal(j, NDJSON) for j in [*SOURCES, OUT]]
-        specs += [journal(f"{LOGS}/{s}", RECOVERY_LOG) for s in (SHARD, "counter-001")]
+        specs += [
+            journal(f"{LOGS}/{s}", RECOVERY_LOG) for s in (SHARD, "counter-001", "counter-002")
+        ]
         await apply_journals(
             client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]
         )
@@ -379,3 +385,37 @@ async def test_store_rebuilt_from_log_and_hints_equals_the_primarys(group: Group
         rebuilt = json.loads((target / "state.json").read_bytes())
         assert rebuilt == original
         assert sum(rebuilt["state"]["counts"].values()) == inputs.sent
+
+
+async def test_undecodable_message_and_unopenable_store_fail_only_their_shards(
+    group: Group,
+) -> None:
+    group.add(env={"COUNTER_BROKEN_STORES": "counter-002"})
+    decoding = shard_spec(standbys=0, log=False)
+    decoding.ClearField("sources")
+    decoding.sources.add(journal=SOURCES[1])
+    healthy = shard_spec("counter-001", standbys=0, log=False)
+    healthy.ClearField("sources")
+    healthy.sources.add(journal=SOURCES[0])
+    broken = shard_spec("counter-002", standbys=0, log=False)
+    await group.apply(decoding, healthy, broken)
+    async with JournalClient(group.broker.url) as client:
+        await group.wait_primary("counter-001")
+        await group.wait_for(
+            lambda: group.failed("counter-002"), "the shard whose store can't open to fail"
+        )
+        errors = [e for _m, s in group.replicas("counter-002").values() for e in s.errors]
+        assert any("cannot open the store of counter-002" in e for e in errors), errors
+        # A line that is not JSON in counter-000's source fails it, with the decode error.
+        await append(client, SOURCES[1], b'{"key": "k1"}\nnot json at all\n')
+        await group.wait_for(
+            lambda: group.failed(SHARD), "the shard reading undecodable content to fail"
+        )
+        errors = [e for _m, s in group.replicas(SHARD).values() for e in s.errors]
+        assert any("MessageDecodeError" in e for e in errors), errors
+        # The healthy shard carries on.
+        inputs = Inputs(client)
+        await inputs.publish(100)
+        outputs = await committed_outputs(client, 50, 30)
+        assert len([o for o in outputs if o["shard"] == "counter-001"]) == 50
+        assert all(o["shard"] == "counter-001" for o in outputs)
