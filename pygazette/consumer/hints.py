@@ -152,9 +152,22 @@ def pick_first_hints(
     return rpb.FSMHints(log=log_name)
 
 
-async def store_recorded_hints(ks: Keyspace, spec: cpb.ShardSpec, hints: rpb.FSMHints) -> bool:
-    """Write a primary's recorded hints to the primary hints key."""
-    result = await ks.txn([], [Put(hint_primary_key(spec), encode_hints(hints))])
+async def store_recorded_hints(
+    ks: Keyspace,
+    spec: cpb.ShardSpec,
+    hints: rpb.FSMHints,
+    assignment: KeyValue | None = None,
+) -> bool:
+    """Write a primary's recorded hints to the primary hints key — with `assignment`, only
+    while that assignment still exists (as Gazette guards it), so a deposed primary doesn't
+    overwrite its successor's hints."""
+    compares: list[Compare] = []
+    if assignment is not None:
+        current = ks.get(assignment.key)
+        if current is None or current.create_revision != assignment.create_revision:
+            return False
+        compares.append(Compare(assignment.key, current.mod_revision))
+    result = await ks.txn(compares, [Put(hint_primary_key(spec), encode_hints(hints))])
     return result.succeeded
 
 

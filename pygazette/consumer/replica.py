@@ -397,7 +397,9 @@ class ShardReplica:
         while True:
             await asyncio.sleep(self.ctx.hints_interval)
             try:
-                await store_recorded_hints(self.ctx.keyspace, self._spec, recorder.build_hints())
+                await store_recorded_hints(
+                    self.ctx.keyspace, self._spec, recorder.build_hints(), self._assignment
+                )
             except Exception as exc:
                 log.warning(
                     "cannot store recorded hints (will retry)",
