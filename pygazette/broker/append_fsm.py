@@ -49,10 +49,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from pygazette.allocator.request_fence import ResolveError
 from pygazette.allocator.session import MemberSession
 from pygazette.broker.allocation import assignments_advertise, route_value
 from pygazette.broker.append_service import AppendAborted, AppendLimits
-from pygazette.broker.cluster_resolver import ClusterResolver, Resolution, ResolveError
+from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.flow_control import FlowControlUnderflow, MinRatePolicer, throttle
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.pipeline import Pipeline, PipelineBroken

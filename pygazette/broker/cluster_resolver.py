@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pygazette.allocator.allocator import ObservedState
+from pygazette.allocator.request_fence import ResolveError, pass_request_fence, same_process
 from pygazette.allocator.state import AllocatorState, Assignment
 from pygazette.broker.allocation import JournalDecoder, route_of
 from pygazette.broker.persister import Persister
@@ -43,13 +44,6 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
-
-# The longest a request waits for the keyspace to reach a revision it requires.
-REVISION_WAIT_SECONDS = 30.0
-
-
-class ResolveError(Exception):
-    """The request can't be resolved here (wrong cluster or process, or shutting down)."""
 
 
 @dataclass(slots=True)
@@ -88,10 +82,6 @@ async def _settle(tasks: list[asyncio.Task[None]]) -> None:
 
 def _discard(names: set[str], name: str, _task: asyncio.Task[None]) -> None:
     names.discard(name)
-
-
-def _same(a: pb.ProcessSpec.ID, b: pb.ProcessSpec.ID) -> bool:
-    return a.zone == b.zone and a.suffix == b.suffix
 
 
 class ClusterResolver(Resolver):
@@ -265,27 +255,7 @@ class ClusterResolver(Resolver):
         local_id = self.local_id
         if not self.lease_alive():
             raise ResolveError("this broker's etcd lease may have expired")
-        if proxy_header is not None:
-            etcd = proxy_header.etcd
-            if etcd.cluster_id and etcd.cluster_id != self.keyspace.identity.cluster_id:
-                raise ResolveError(
-                    f"request etcd cluster ID doesn't match ours ({etcd.cluster_id} vs "
-                    f"{self.keyspace.identity.cluster_id})"
-                )
-            pid = proxy_header.process_id
-            if (pid.zone or pid.suffix) and not _same(pid, local_id):
-                raise ResolveError(
-                    f"request process ID doesn't match ours ({pid.zone}#{pid.suffix} vs "
-                    f"{local_id.zone}#{local_id.suffix})"
-                )
-            min_revision = max(min_revision, etcd.revision)
-        if min_revision > self.keyspace.revision:
-            try:
-                await self.keyspace.wait_for_revision(min_revision, REVISION_WAIT_SECONDS)
-            except TimeoutError:
-                raise ResolveError(
-                    f"keyspace didn't reach revision {min_revision} (at {self.keyspace.revision})"
-                ) from None
+        await pass_request_fence(self.keyspace, local_id, min_revision, proxy_header)
 
         state = self.observed.current
         header = super().header(routed=False)
@@ -304,7 +274,7 @@ class ClusterResolver(Resolver):
         members = list(route.members)
 
         target: pb.ProcessSpec.ID | None = None
-        is_member = any(_same(m, local_id) for m in members)
+        is_member = any(same_process(m, local_id) for m in members)
         res.named = (
             proxy_header is not None
             and bool(proxy_header.process_id.zone or proxy_header.process_id.suffix)
@@ -331,7 +301,7 @@ class ClusterResolver(Resolver):
             res.status = pb.NO_JOURNAL_PRIMARY_BROKER
         elif not members:
             res.status = pb.INSUFFICIENT_JOURNAL_BROKERS
-        elif target is None or (not may_proxy and not _same(target, local_id)):
+        elif target is None or (not may_proxy and not same_process(target, local_id)):
             res.status = pb.NOT_JOURNAL_PRIMARY_BROKER if require_primary else pb.NOT_JOURNAL_BROKER
         if res.status != pb.OK or target is None:
             header.process_id.CopyFrom(local_id)

@@ -21,9 +21,10 @@ from typing import Any
 
 import grpc
 
+from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
-from pygazette.broker.cluster_resolver import ClusterResolver, Resolution, ResolveError
+from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.path_postfix import check_apply_request
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read

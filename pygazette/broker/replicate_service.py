@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.append_fsm import acquire_or_invalidated
-from pygazette.broker.cluster_resolver import ClusterResolver, ResolveError
+from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicated_spool import ReplicationProtocolError, fragments_equal
 from pygazette.keyspace.layout import routes_equivalent

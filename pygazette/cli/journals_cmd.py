@@ -24,13 +24,9 @@ from pygazette.cli.journalspace import apply_request, parse_journalspace
 from pygazette.cli.records import MessageAligner, RecordError, RecordSplitter
 from pygazette.client.append_service import AppendService, AsyncAppend
 from pygazette.client.appender import append
+from pygazette.client.channel import channel_target
 from pygazette.client.fragments import list_all_fragments
-from pygazette.client.journal_client import (
-    BROKER_ADDRESS_ENV,
-    DEFAULT_BROKER,
-    JournalClient,
-    channel_target,
-)
+from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER, JournalClient
 from pygazette.client.list_apply import apply_journals_in_batches, list_all, list_journals
 from pygazette.client.retry_reader import read_journal
 from pygazette.client.watched_list import WatchedList
@@ -215,7 +211,7 @@ def list_cmd(ctx: click.Context, selector: str, fmt: str, broker: str | None) ->
     elif fmt == "yaml":
         click.echo(output.journals_yaml(journals_), nl=False)
     else:
-        click.echo(output.journals_json(listing), nl=False)
+        click.echo(output.listing_json(listing), nl=False)
 
 
 # append ----------------------------------------------------------------------------------

@@ -36,34 +36,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from google.protobuf import duration_pb2
 
+from pygazette.cli.spec_yaml import (
+    check_keys,
+    duration_field,
+    field_error,
+    labels_to_yaml,
+    load_document,
+    parse_bool,
+    parse_duration_ns,
+    parse_int,
+    parse_labels,
+    parse_mapping,
+    parse_str,
+    set_duration_field,
+    type_name,
+)
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.go_duration import format_duration, parse_duration
+from pygazette.protocol.go_duration import format_duration
 from pygazette.protocol.labels import (
     intersect_label_sets,
-    label_set,
     subtract_label_sets,
     union_label_sets,
 )
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import validate_journal_name, validate_journal_spec
-
-# Durations -------------------------------------------------------------------------------
-
-_SECOND = 1_000_000_000
-
-
-def duration_ns(d: duration_pb2.Duration) -> int:
-    return d.seconds * _SECOND + d.nanos
-
-
-def duration_from_ns(ns: int) -> duration_pb2.Duration:
-    seconds, nanos = divmod(abs(ns), _SECOND)
-    if ns < 0:
-        return duration_pb2.Duration(seconds=-seconds, nanos=-nanos)
-    return duration_pb2.Duration(seconds=seconds, nanos=nanos)
-
 
 # Spec algebra ----------------------------------------------------------------------------
 #
@@ -85,17 +82,6 @@ def _set_labels(spec: pb.JournalSpec, labels: pb.LabelSet) -> None:
         spec.labels.CopyFrom(labels)
     else:
         spec.ClearField("labels")
-
-
-def _dur(frag: pb.JournalSpec.Fragment, name: str) -> int:
-    return duration_ns(getattr(frag, name)) if frag.HasField(name) else 0
-
-
-def _set_dur(frag: pb.JournalSpec.Fragment, name: str, ns: int) -> None:
-    if ns:
-        getattr(frag, name).CopyFrom(duration_from_ns(ns))
-    else:
-        frag.ClearField(name)
 
 
 def _tidy(spec: pb.JournalSpec) -> pb.JournalSpec:
@@ -123,8 +109,8 @@ def union_specs(a: pb.JournalSpec, b: pb.JournalSpec) -> pb.JournalSpec:
     if not fa.stores:
         fa.stores.extend(fb.stores)
     for name in _FRAGMENT_DURATIONS:
-        if not _dur(fa, name):
-            _set_dur(fa, name, _dur(fb, name))
+        if not duration_field(fa, name):
+            set_duration_field(fa, name, duration_field(fb, name))
     return _tidy(out)
 
 
@@ -142,7 +128,7 @@ def intersect_specs(a: pb.JournalSpec, b: pb.JournalSpec) -> pb.JournalSpec:
     if list(fa.stores) != list(fb.stores):
         fa.ClearField("stores")
     for name in _FRAGMENT_DURATIONS:
-        if _dur(fa, name) != _dur(fb, name):
+        if duration_field(fa, name) != duration_field(fb, name):
             fa.ClearField(name)
     out.ClearField("suspend")
     return _tidy(out)
@@ -162,7 +148,7 @@ def subtract_specs(a: pb.JournalSpec, b: pb.JournalSpec) -> pb.JournalSpec:
     if list(fa.stores) == list(fb.stores):
         fa.ClearField("stores")
     for name in _FRAGMENT_DURATIONS:
-        if _dur(fa, name) == _dur(fb, name):
+        if duration_field(fa, name) == duration_field(fb, name):
             fa.ClearField(name)
     return _tidy(out)
 
@@ -357,23 +343,7 @@ _FRAGMENT_KEYS = (
     "path_postfix_template",
 )
 
-
-def _fail(where: str, message: str) -> ValidationError:
-    return ValidationError(f"{where}: {message}")
-
-
-def _int(value: Any, where: str, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, f"{key}: expected an integer, got {value!r}")
-    return value
-
-
-def _str(value: Any, where: str, key: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise _fail(where, f"{key}: expected a string, got {value!r}")
+_DURATION_EXAMPLES = "5m or 1h30m"
 
 
 def _enum(value: Any, enum: Any, where: str, key: str) -> int:
@@ -385,65 +355,17 @@ def _enum(value: Any, enum: Any, where: str, key: str) -> int:
         except ValueError:
             pass
     options = ", ".join(enum.keys())
-    raise _fail(where, f"{key}: {value!r} is not one of {options}")
-
-
-def _duration(value: Any, where: str, key: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
-        return 0
-    if not isinstance(value, str):
-        raise _fail(where, f"{key}: expected a duration such as 5m or 1h30m, got {value!r}")
-    try:
-        ns = parse_duration(value)
-    except ValidationError as exc:
-        raise _fail(where, f"{key}: {exc}") from None
-    if ns < 0:
-        raise _fail(where, f"{key}: negative duration {value!r}")
-    return ns
-
-
-def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(where, f"{key}: expected a mapping, got {type(value).__name__}")
-    return value
-
-
-def _check_keys(obj: dict[str, Any], allowed: Sequence[str], where: str, what: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise _fail(
-                where, f"unknown {what} field {key!r} (expected one of: {', '.join(allowed)})"
-            )
-
-
-def _labels_from_yaml(value: Any, where: str) -> pb.LabelSet:
-    if value is None:
-        return pb.LabelSet()
-    if not isinstance(value, list):
-        raise _fail(where, "labels: expected a list of {name, value} entries")
-    pairs: list[tuple[str, str]] = []
-    for item in value:
-        item = _mapping(item, where, "labels")
-        _check_keys(item, ("name", "value"), where, "label")
-        if "name" not in item:
-            raise _fail(where, "labels: every label needs a name")
-        pairs.append(
-            (
-                _str(item["name"], where, "labels.name"),
-                _str(item.get("value", "") or "", where, "labels.value"),
-            )
-        )
-    return label_set(pairs)
+    raise field_error(where, f"{key}: {value!r} is not one of {options}")
 
 
 def _fragment_from_yaml(value: Any, where: str) -> pb.JournalSpec.Fragment:
     frag = pb.JournalSpec.Fragment()
     if value is None:
         return frag
-    obj = _mapping(value, where, "fragment")
-    _check_keys(obj, _FRAGMENT_KEYS, where, "fragment")
+    obj = parse_mapping(value, where, "fragment")
+    check_keys(obj, _FRAGMENT_KEYS, where, "fragment")
     if obj.get("length") is not None:
-        frag.length = _int(obj["length"], where, "fragment.length")
+        frag.length = parse_int(obj["length"], where, "fragment.length")
     if obj.get("compression_codec") is not None:
         frag.compression_codec = _enum(  # type: ignore[assignment]
             obj["compression_codec"], pb.CompressionCodec, where, "fragment.compression_codec"
@@ -453,13 +375,14 @@ def _fragment_from_yaml(value: Any, where: str) -> pb.JournalSpec.Fragment:
         if isinstance(stores, str):
             stores = [stores]
         if not isinstance(stores, list):
-            raise _fail(where, "fragment.stores: expected a list of store URLs")
-        frag.stores.extend(_str(s, where, "fragment.stores") for s in stores)
+            raise field_error(where, "fragment.stores: expected a list of store URLs")
+        frag.stores.extend(parse_str(s, where, "fragment.stores") for s in stores)
     for name in _FRAGMENT_DURATIONS:
         if obj.get(name) is not None:
-            _set_dur(frag, name, _duration(obj[name], where, f"fragment.{name}"))
+            ns = parse_duration_ns(obj[name], where, f"fragment.{name}", _DURATION_EXAMPLES)
+            set_duration_field(frag, name, ns)
     if obj.get("path_postfix_template") is not None:
-        frag.path_postfix_template = _str(
+        frag.path_postfix_template = parse_str(
             obj["path_postfix_template"], where, "fragment.path_postfix_template"
         )
     return frag
@@ -467,49 +390,47 @@ def _fragment_from_yaml(value: Any, where: str) -> pb.JournalSpec.Fragment:
 
 def _node_from_yaml(obj: Any, where: str) -> Node:
     if not isinstance(obj, dict):
-        raise _fail(where, f"expected a mapping of node fields, got {type(obj).__name__}")
+        raise field_error(where, f"expected a mapping of node fields, got {type_name(obj)}")
     name = obj.get("name")
     spec = pb.JournalSpec()
     if name is not None:
-        spec.name = _str(name, where, "name")
+        spec.name = parse_str(name, where, "name")
     here = f"node {spec.name!r}" if spec.name else where
-    _check_keys(obj, _SPEC_KEYS + _NODE_KEYS, here, "node")
+    check_keys(obj, _SPEC_KEYS + _NODE_KEYS, here, "node")
 
     if obj.get("replication") is not None:
-        spec.replication = _int(obj["replication"], here, "replication")
-    _set_labels(spec, _labels_from_yaml(obj.get("labels"), here))
+        spec.replication = parse_int(obj["replication"], here, "replication")
+    _set_labels(spec, parse_labels(obj.get("labels"), here))
     frag = _fragment_from_yaml(obj.get("fragment"), here)
     if frag.ListFields():
         spec.fragment.CopyFrom(frag)
     if obj.get("flags") is not None:
         spec.flags = _enum(obj["flags"], pb.JournalSpec.Flag, here, "flags")
     if obj.get("max_append_rate") is not None:
-        spec.max_append_rate = _int(obj["max_append_rate"], here, "max_append_rate")
+        spec.max_append_rate = parse_int(obj["max_append_rate"], here, "max_append_rate")
     if obj.get("suspend") is not None:
-        sus = _mapping(obj["suspend"], here, "suspend")
-        _check_keys(sus, ("level", "offset"), here, "suspend")
+        sus = parse_mapping(obj["suspend"], here, "suspend")
+        check_keys(sus, ("level", "offset"), here, "suspend")
         if sus.get("level") is not None:
             spec.suspend.level = _enum(  # type: ignore[assignment]
                 sus["level"], pb.JournalSpec.Suspend.Level, here, "suspend.level"
             )
         if sus.get("offset") is not None:
-            spec.suspend.offset = _int(sus["offset"], here, "suspend.offset")
+            spec.suspend.offset = parse_int(sus["offset"], here, "suspend.offset")
 
     node = Node(spec=_tidy(spec))
     if obj.get("comment") is not None:
-        node.comment = _str(obj["comment"], here, "comment")
+        node.comment = parse_str(obj["comment"], here, "comment")
     if obj.get("delete") is not None:
-        if not isinstance(obj["delete"], bool):
-            raise _fail(here, f"delete: expected true or false, got {obj['delete']!r}")
-        node.delete = obj["delete"]
+        node.delete = parse_bool(obj["delete"], here, "delete")
     if obj.get("revision") is not None:
-        node.revision = _int(obj["revision"], here, "revision")
+        node.revision = parse_int(obj["revision"], here, "revision")
         if node.revision < -1:
-            raise _fail(here, f"revision: expected -1 or more, got {node.revision}")
+            raise field_error(here, f"revision: expected -1 or more, got {node.revision}")
     children = obj.get("children")
     if children is not None:
         if not isinstance(children, list):
-            raise _fail(here, "children: expected a list of nodes")
+            raise field_error(here, "children: expected a list of nodes")
         for i, child in enumerate(children):
             node.children.append(_node_from_yaml(child, f"child {i} of {here}"))
     return node
@@ -517,33 +438,10 @@ def _node_from_yaml(obj: Any, where: str) -> Node:
 
 def parse_journalspace(text: str | bytes) -> Node:
     """Parse and validate a journalspace YAML document (one line errors naming the node)."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValidationError(f"invalid YAML: {_yaml_problem(exc)}") from None
-    if doc is None:
-        raise ValidationError("empty journalspace: expected a YAML mapping with a node")
-    if not isinstance(doc, dict):
-        raise ValidationError(
-            f"invalid journalspace: expected a YAML mapping at the top, got {type(doc).__name__}"
-        )
+    doc = load_document(text, "journalspace", "a node", loader=yaml.SafeLoader)
     tree = _node_from_yaml(doc, "root node")
     tree.validate()
     return tree
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "malformed document"
-        if mark is not None:
-            return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-        return problem
-    return str(exc).replace("\n", " ")
-
-
-def _labels_to_yaml(ls: pb.LabelSet) -> list[dict[str, str]]:
-    return [{"name": lb.name, "value": lb.value} for lb in ls.labels]
 
 
 def _spec_to_yaml(spec: pb.JournalSpec, out: dict[str, Any]) -> None:
@@ -552,7 +450,7 @@ def _spec_to_yaml(spec: pb.JournalSpec, out: dict[str, Any]) -> None:
     if spec.replication:
         out["replication"] = spec.replication
     if spec.labels.labels:
-        out["labels"] = _labels_to_yaml(spec.labels)
+        out["labels"] = labels_to_yaml(spec.labels)
     frag: dict[str, Any] = {}
     f = spec.fragment
     if f.length:
@@ -562,7 +460,7 @@ def _spec_to_yaml(spec: pb.JournalSpec, out: dict[str, Any]) -> None:
     if f.stores:
         frag["stores"] = list(f.stores)
     for name in _FRAGMENT_DURATIONS:
-        ns = _dur(f, name)
+        ns = duration_field(f, name)
         if ns:
             frag[name] = format_duration(ns)
     if f.path_postfix_template:

@@ -1,5 +1,5 @@
-"""Rendering of journal listings and fragment listings for the CLI: aligned text tables,
-hierarchical YAML (journalspace) and JSON.
+"""Rendering of listings for the CLI (journals and fragments; the JSON of shard listings too):
+aligned text tables, hierarchical YAML (journalspace) and JSON.
 
 Tables are plain text aligned in columns, so that they read well in a terminal and survive
 pipes into grep, awk or a file unchanged.
@@ -11,10 +11,10 @@ import json
 import time
 from collections.abc import Sequence
 
-from google.protobuf import json_format
+from google.protobuf import json_format, message
 
 from pygazette.cli.journalspace import dump_journalspace, from_list
-from pygazette.protocol.fragment_name import sha1sum_to_hex
+from pygazette.protocol.fragment_name import fragment_location, sha1sum_to_hex
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 NONE = "<none>"
@@ -75,7 +75,9 @@ def journals_yaml(journals: Sequence[pb.ListResponse.Journal]) -> str:
     return dump_journalspace(from_list(journals))
 
 
-def journals_json(listing: pb.ListResponse) -> str:
+def listing_json(listing: message.Message) -> str:
+    """A List response (of journals or shards) as indented JSON: proto field names, and
+    fields at their zero values included."""
     return (
         json_format.MessageToJson(
             listing,
@@ -124,6 +126,23 @@ def fragments_table(fragments: Sequence[pb.FragmentsResponse._Fragment], with_ur
         if with_urls:
             row.append(f.signed_url or NONE)
         rows.append(row)
+    return render_table(headers, rows)
+
+
+def removed_fragments_table(fragments: Sequence[pb.Fragment]) -> str:
+    """Fragments a prune removed (or would remove), with where each lived."""
+    rows = [
+        [
+            f.journal,
+            str(f.begin),
+            str(f.end),
+            human_bytes(f.end - f.begin),
+            mod_time_text(f.mod_time),
+            fragment_location(f),
+        ]
+        for f in fragments
+    ]
+    headers = ["JOURNAL", "BEGIN", "END", "LENGTH", "PERSISTED", "FRAGMENT"]
     return render_table(headers, rows)
 
 

@@ -25,16 +25,10 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import list_journals
 from pygazette.client.retention import prune_journal
 from pygazette.client.store_health import fragment_store_health
-from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.fragment_name import fragment_location
 from pygazette.protocol.labels import label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import retention_pb2 as rpb
-
-
-def _location(frag: pb.Fragment) -> str:
-    """Where the fragment lives: its store URL (without query arguments) and path."""
-    store = frag.backing_store.split("?", 1)[0]
-    return store + fragment_content_path(frag)
 
 
 @journals.command("prune")
@@ -59,24 +53,12 @@ def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | No
     results = run_with_client(_broker(ctx, broker), run)
     removed = [f for _, resp in results for f in resp.removed]
     if removed:
-        rows = [
-            [
-                f.journal,
-                str(f.begin),
-                str(f.end),
-                output.human_bytes(f.end - f.begin),
-                output.mod_time_text(f.mod_time),
-                _location(f),
-            ]
-            for f in removed
-        ]
-        headers = ["JOURNAL", "BEGIN", "END", "LENGTH", "PERSISTED", "FRAGMENT"]
-        click.echo(output.render_table(headers, rows), nl=False)
+        click.echo(output.removed_fragments_table(removed), nl=False)
     for _, resp in results:
         for kept in resp.kept:
             f = kept.fragment
             click.echo(
-                f"kept expired fragment {_location(f)} [{f.begin}, {f.end}): {kept.reason}",
+                f"kept expired fragment {fragment_location(f)} [{f.begin}, {f.end}): {kept.reason}",
                 err=True,
             )
     verb = "would remove" if dry_run else "removed"

@@ -28,7 +28,7 @@ from pygazette.broker.server import (
 from pygazette.keyspace.etcd import parse_etcd_url
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.go_duration import parse_duration
+from pygazette.protocol.go_duration import parse_duration, parse_seconds
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import (
     MAX_BROKER_JOURNAL_LIMIT,
@@ -57,13 +57,8 @@ def _process_token(field: str, min_len: int, max_len: int) -> object:
 
 def _duration_option(ctx: click.Context, param: click.Parameter, value: object) -> float:
     """Seconds of a Go-style duration ("20s", "1m30s", "500ms"); a bare number is seconds."""
-    text = str(value).strip()
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return parse_duration(text) / 1e9
+        return parse_seconds(str(value))
     except ValidationError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 

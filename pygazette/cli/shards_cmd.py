@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import click
 import grpc
 import grpc.aio
-from google.protobuf import json_format, text_format
+from google.protobuf import text_format
 
 from pygazette.cli import output
 from pygazette.cli.journals_cmd import (
@@ -43,9 +43,10 @@ from pygazette.cli.shardspace import (
     from_list,
     parse_shardspace,
 )
+from pygazette.client.channel import channel_target
 from pygazette.client.errors import ProtocolViolation
 from pygazette.client.fragments import list_all_fragments
-from pygazette.client.journal_client import JournalClient, channel_target
+from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import get_journal
 from pygazette.client.reader import Reader
 from pygazette.client.store_health import fragment_store_health
@@ -61,7 +62,7 @@ from pygazette.consumer.shard_client import (
 )
 from pygazette.message.framing import UnknownContentType, framing_for
 from pygazette.protocol.errors import GazetteError, OffsetNotYetAvailable
-from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.fragment_name import fragment_content_path, fragment_location
 from pygazette.protocol.labels import label_value, label_values
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -492,18 +493,6 @@ async def shard_lag(session: Session, shard: str) -> str:
     return ", ".join(parts)
 
 
-def shards_json(listing: cpb.ListResponse) -> str:
-    return (
-        json_format.MessageToJson(
-            listing,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-            indent=2,
-        )
-        + "\n"
-    )
-
-
 def shards_yaml(listed: Sequence[cpb.ListResponse.Shard]) -> str:
     """The listing as a hoisted shardspace, which `shards apply` accepts back."""
     return dump_shardspace(from_list(listed))
@@ -587,7 +576,7 @@ def list_cmd(
     elif fmt == "yaml":
         click.echo(shards_yaml(listing.shards), nl=False)
     elif fmt == "json":
-        click.echo(shards_json(listing), nl=False)
+        click.echo(output.listing_json(listing), nl=False)
     else:
         click.echo(text_format.MessageToString(listing), nl=False)
 
@@ -980,7 +969,7 @@ async def prune_recovery_logs(
                 store = stores.get(spec.backing_store)
                 await store.remove(fragment_content_path(spec))
             except StoreError as exc:
-                report.failures.append(f"{_fragment_location(spec)}: {exc}")
+                report.failures.append(f"{fragment_location(spec)}: {exc}")
                 update(advance=1)
                 continue
         report.fragments_pruned += 1
@@ -988,11 +977,6 @@ async def prune_recovery_logs(
         report.pruned.append(spec)
         update(advance=1)
     return report
-
-
-def _fragment_location(frag: pb.Fragment) -> str:
-    store = frag.backing_store.split("?", 1)[0]
-    return store + fragment_content_path(frag)
 
 
 @shards.command("prune")
@@ -1040,19 +1024,7 @@ def prune_cmd(
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     if report.pruned:
-        rows = [
-            [
-                f.journal,
-                str(f.begin),
-                str(f.end),
-                output.human_bytes(f.end - f.begin),
-                output.mod_time_text(f.mod_time),
-                _fragment_location(f),
-            ]
-            for f in report.pruned
-        ]
-        headers = ["JOURNAL", "BEGIN", "END", "LENGTH", "PERSISTED", "FRAGMENT"]
-        click.echo(output.render_table(headers, rows), nl=False)
+        click.echo(output.removed_fragments_table(report.pruned), nl=False)
     verb = "would remove" if dry_run else "removed"
     click.echo(
         f"{verb} {report.fragments_pruned} of {report.fragments_total} fragment(s) "

@@ -36,18 +36,30 @@ does, and `dump_shardspace` writes the YAML back. Durations are Go durations ("1
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from pygazette.cli.journalspace import duration_from_ns, duration_ns
+from pygazette.cli.spec_yaml import (
+    check_keys,
+    duration_field,
+    field_error,
+    labels_to_yaml,
+    load_document,
+    parse_bool,
+    parse_duration_ns,
+    parse_int,
+    parse_labels,
+    parse_mapping,
+    parse_str,
+    set_duration_field,
+    type_name,
+)
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.go_duration import format_duration, parse_duration
-from pygazette.protocol.labels import label_set
+from pygazette.protocol.go_duration import format_duration
 from pygazette.protocol.pb import consumer_pb2 as cpb
-from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.shard_validation import (
     intersect_shard_specs,
     subtract_shard_specs,
@@ -83,21 +95,10 @@ def _copy(spec: cpb.ShardSpec) -> cpb.ShardSpec:
     return out
 
 
-def _dur(spec: cpb.ShardSpec, name: str) -> int:
-    return duration_ns(getattr(spec, name)) if spec.HasField(name) else 0
-
-
-def _set_dur(spec: cpb.ShardSpec, name: str, ns: int) -> None:
-    if ns:
-        getattr(spec, name).CopyFrom(duration_from_ns(ns))
-    else:
-        spec.ClearField(name)
-
-
 def tidy(spec: cpb.ShardSpec) -> cpb.ShardSpec:
     """Clear zero durations and empty labels (in place), so that equal specs compare equal."""
     for name in _DURATIONS:
-        if spec.HasField(name) and not _dur(spec, name):
+        if spec.HasField(name) and not duration_field(spec, name):
             spec.ClearField(name)
     if spec.HasField("labels") and not spec.labels.labels:
         spec.ClearField("labels")
@@ -218,131 +219,27 @@ _SOURCE_KEYS = ("journal", "min_offset")
 _TOP_KEYS = ("common", "shards")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate mapping keys, as Gazette's strict decoding does."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
-        try:
-            duplicate = key in seen
-        except TypeError:
-            continue  # An unhashable key: construct_mapping reports it.
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"found duplicate key {key!r}",
-                key_node.start_mark,
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
-)
-
-
-def _fail(where: str, message: str) -> ValidationError:
-    return ValidationError(f"{where}: {message}")
-
-
-def _int(value: Any, where: str, key: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, f"{key}: expected an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise _fail(where, f"{key}: {value} is out of range [{lo}, {hi}]")
-    return value
-
-
-def _str(value: Any, where: str, key: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise _fail(where, f"{key}: expected a string, got {value!r}")
-
-
-def _bool(value: Any, where: str, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(where, f"{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _duration(value: Any, where: str, key: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
-        return 0
-    if not isinstance(value, str):
-        raise _fail(where, f"{key}: expected a duration such as 1s or 100ms, got {value!r}")
-    try:
-        ns = parse_duration(value)
-    except ValidationError as exc:
-        raise _fail(where, f"{key}: {exc}") from None
-    if ns < 0:
-        raise _fail(where, f"{key}: negative duration {value!r}")
-    return ns
-
-
-def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(where, f"{key}: expected a mapping, got {_kind(value)}")
-    return value
-
-
-def _kind(value: Any) -> str:
-    return "nothing" if value is None else type(value).__name__
-
-
-def _check_keys(obj: dict[Any, Any], allowed: Sequence[str], where: str, what: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise _fail(
-                where, f"unknown {what} field {key!r} (expected one of: {', '.join(allowed)})"
-            )
-
-
-def _labels_from_yaml(value: Any, where: str) -> pb.LabelSet:
-    if value is None:
-        return pb.LabelSet()
-    if not isinstance(value, list):
-        raise _fail(where, "labels: expected a list of {name, value} entries")
-    pairs: list[tuple[str, str]] = []
-    for item in value:
-        item = _mapping(item, where, "labels")
-        _check_keys(item, ("name", "value"), where, "label")
-        if not item.get("name"):
-            raise _fail(where, "labels: every label needs a name")
-        raw_value = item.get("value")
-        pairs.append(
-            (
-                _str(item["name"], where, "labels.name"),
-                "" if raw_value is None else _str(raw_value, where, "labels.value"),
-            )
-        )
-    return label_set(pairs)
+_DURATION_EXAMPLES = "1s or 100ms"
 
 
 def _sources_from_yaml(value: Any, where: str) -> list[cpb.ShardSpec.Source]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _fail(where, "sources: expected a list of {journal, min_offset} entries")
+        raise field_error(where, "sources: expected a list of {journal, min_offset} entries")
     out: list[cpb.ShardSpec.Source] = []
     for i, item in enumerate(value):
         key = f"sources[{i}]"
-        item = _mapping(item, where, key)
-        _check_keys(item, _SOURCE_KEYS, where, "source")
+        item = parse_mapping(item, where, key)
+        check_keys(item, _SOURCE_KEYS, where, "source")
         source = cpb.ShardSpec.Source()
         if item.get("journal") is None:
-            raise _fail(where, f"{key}: a source needs a journal")
-        source.journal = _str(item["journal"], where, f"{key}.journal")
+            raise field_error(where, f"{key}: a source needs a journal")
+        source.journal = parse_str(item["journal"], where, f"{key}.journal")
         if item.get("min_offset") is not None:
-            source.min_offset = _int(item["min_offset"], where, f"{key}.min_offset", 0, _INT64_MAX)
+            source.min_offset = parse_int(
+                item["min_offset"], where, f"{key}.min_offset", 0, _INT64_MAX
+            )
         out.append(source)
     return out
 
@@ -350,23 +247,25 @@ def _sources_from_yaml(value: Any, where: str) -> list[cpb.ShardSpec.Source]:
 def _spec_from_yaml(obj: dict[str, Any], where: str) -> cpb.ShardSpec:
     spec = cpb.ShardSpec()
     if obj.get("id") is not None:
-        spec.id = _str(obj["id"], where, "id")
+        spec.id = parse_str(obj["id"], where, "id")
     spec.sources.extend(_sources_from_yaml(obj.get("sources"), where))
     for name in ("recovery_log_prefix", "hint_prefix"):
         if obj.get(name) is not None:
-            setattr(spec, name, _str(obj[name], where, name))
+            setattr(spec, name, parse_str(obj[name], where, name))
     if obj.get("hint_backups") is not None:
-        spec.hint_backups = _int(obj["hint_backups"], where, "hint_backups", 0, _INT32_MAX)
+        spec.hint_backups = parse_int(obj["hint_backups"], where, "hint_backups", 0, _INT32_MAX)
     for name in _DURATIONS:
         if obj.get(name) is not None:
-            _set_dur(spec, name, _duration(obj[name], where, name))
+            set_duration_field(
+                spec, name, parse_duration_ns(obj[name], where, name, _DURATION_EXAMPLES)
+            )
     for name in ("disable", "disable_wait_for_ack"):
         if obj.get(name) is not None:
-            setattr(spec, name, _bool(obj[name], where, name))
+            setattr(spec, name, parse_bool(obj[name], where, name))
     for name in ("hot_standbys", "ring_buffer_size", "read_channel_size"):
         if obj.get(name) is not None:
-            setattr(spec, name, _int(obj[name], where, name, 0, _UINT32_MAX))
-    labels = _labels_from_yaml(obj.get("labels"), where)
+            setattr(spec, name, parse_int(obj[name], where, name, 0, _UINT32_MAX))
+    labels = parse_labels(obj.get("labels"), where)
     if labels.labels:
         spec.labels.CopyFrom(labels)
     return tidy(spec)
@@ -375,64 +274,47 @@ def _spec_from_yaml(obj: dict[str, Any], where: str) -> cpb.ShardSpec:
 def _shard_from_yaml(obj: Any, index: int) -> ShardEntry:
     where = f"shards[{index}]"
     if not isinstance(obj, dict):
-        raise _fail(where, f"expected a mapping of shard fields, got {_kind(obj)}")
+        raise field_error(where, f"expected a mapping of shard fields, got {type_name(obj)}")
     if obj.get("id") in (None, ""):
-        raise _fail(where, "every shard needs an id")
-    shard_id = _str(obj["id"], where, "id")
+        raise field_error(where, "every shard needs an id")
+    shard_id = parse_str(obj["id"], where, "id")
     where = f"shard {shard_id!r}"
-    _check_keys(obj, _SHARD_KEYS + _SPEC_KEYS, where, "shard")
+    check_keys(obj, _SHARD_KEYS + _SPEC_KEYS, where, "shard")
     entry = ShardEntry(spec=_spec_from_yaml(obj, where))
     if obj.get("comment") is not None:
-        entry.comment = _str(obj["comment"], where, "comment")
+        entry.comment = parse_str(obj["comment"], where, "comment")
     if obj.get("delete") is not None:
-        entry.delete = _bool(obj["delete"], where, "delete")
+        entry.delete = parse_bool(obj["delete"], where, "delete")
     if obj.get("revision") is not None:
-        entry.revision = _int(obj["revision"], where, "revision", -1, _INT64_MAX)
+        entry.revision = parse_int(obj["revision"], where, "revision", -1, _INT64_MAX)
     return entry
 
 
 def parse_shardspace(text: str | bytes) -> ShardSet:
     """Parse and check a shardspace YAML document; errors are one line naming the shard and
     field at fault. Specs stay partial: `flatten` or `apply_request` validates them whole."""
-    try:
-        doc = yaml.load(text, Loader=_StrictLoader)  # A SafeLoader.
-    except yaml.YAMLError as exc:
-        raise ValidationError(f"invalid YAML: {_yaml_problem(exc)}") from None
-    if doc is None:
-        raise ValidationError("empty shardspace: expected a YAML mapping with common and shards")
-    if not isinstance(doc, dict):
-        raise ValidationError(
-            f"invalid shardspace: expected a YAML mapping at the top, got {_kind(doc)}"
-        )
-    _check_keys(doc, _TOP_KEYS, "shardspace", "top-level")
+    doc = load_document(text, "shardspace", "common and shards")
+    check_keys(doc, _TOP_KEYS, "shardspace", "top-level")
     out = ShardSet()
     common = doc.get("common")
     if common is not None:
-        common = _mapping(common, "shardspace", "common")
-        _check_keys(common, _SPEC_KEYS[1:], "common", "common spec")
+        common = parse_mapping(common, "shardspace", "common")
+        check_keys(common, _SPEC_KEYS[1:], "common", "common spec")
         out.common = _spec_from_yaml(common, "common")
     shards = doc.get("shards")
     if shards is not None:
         if not isinstance(shards, list):
-            raise _fail("shardspace", f"shards: expected a list of shards, got {_kind(shards)}")
+            raise field_error(
+                "shardspace", f"shards: expected a list of shards, got {type_name(shards)}"
+            )
         seen: set[str] = set()
         for i, obj in enumerate(shards):
             entry = _shard_from_yaml(obj, i)
             if entry.id in seen:
-                raise _fail(f"shard {entry.id!r}", "listed more than once")
+                raise field_error(f"shard {entry.id!r}", "listed more than once")
             seen.add(entry.id)
             out.shards.append(entry)
     return out
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "malformed document"
-        if mark is not None:
-            return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-        return problem
-    return " ".join(str(exc).split())
 
 
 # YAML: writing ---------------------------------------------------------------------------
@@ -458,7 +340,7 @@ def spec_to_yaml_obj(spec: cpb.ShardSpec) -> dict[str, Any]:
     if spec.hint_backups:
         out["hint_backups"] = spec.hint_backups
     for name in _DURATIONS:
-        ns = _dur(spec, name)
+        ns = duration_field(spec, name)
         if ns:
             out[name] = format_duration(ns)
     if spec.disable:
@@ -466,7 +348,7 @@ def spec_to_yaml_obj(spec: cpb.ShardSpec) -> dict[str, Any]:
     if spec.hot_standbys:
         out["hot_standbys"] = spec.hot_standbys
     if spec.labels.labels:
-        out["labels"] = [{"name": lb.name, "value": lb.value} for lb in spec.labels.labels]
+        out["labels"] = labels_to_yaml(spec.labels)
     if spec.disable_wait_for_ack:
         out["disable_wait_for_ack"] = True
     if spec.ring_buffer_size:

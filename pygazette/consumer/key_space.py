@@ -25,12 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from google.protobuf.message import DecodeError
-
 from pygazette.allocator.state import Assignment, Item
 from pygazette.keyspace.keyspace import KeyValue
-from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
-from pygazette.protocol.errors import ValidationError
+from pygazette.keyspace.layout import KeyDecodeError, KeyLayout, decode_value
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.shard_validation import (
     desired_replication,
@@ -65,12 +62,7 @@ def canonical_shard_spec(spec: cpb.ShardSpec) -> cpb.ShardSpec:
 def decode_shard_spec(layout: KeyLayout, kv: KeyValue) -> cpb.ShardSpec:
     """The ShardSpec of an item key, which must be valid and carry the key's shard ID."""
     shard_id = layout.parse_item_key(kv.key)
-    spec = cpb.ShardSpec()
-    try:
-        spec.ParseFromString(kv.value)
-        validate_shard_spec(spec)
-    except (ValidationError, DecodeError, ValueError) as exc:
-        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
+    spec = decode_value(kv, cpb.ShardSpec(), validate_shard_spec)
     if spec.id != shard_id:
         raise KeyDecodeError(f"ShardSpec ID doesn't match Item ID ({spec.id} vs {shard_id})")
     return spec
@@ -79,12 +71,7 @@ def decode_shard_spec(layout: KeyLayout, kv: KeyValue) -> cpb.ShardSpec:
 def decode_consumer_spec(layout: KeyLayout, kv: KeyValue) -> cpb.ConsumerSpec:
     """The ConsumerSpec of a member key, which must be valid and identified like its key."""
     zone, suffix = layout.parse_member_key(kv.key)
-    spec = cpb.ConsumerSpec()
-    try:
-        spec.ParseFromString(kv.value)
-        validate_consumer_spec(spec)
-    except (ValidationError, DecodeError, ValueError) as exc:
-        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
+    spec = decode_value(kv, cpb.ConsumerSpec(), validate_consumer_spec)
     pid = spec.process_spec.id
     if pid.zone != zone:
         raise KeyDecodeError(f"ConsumerSpec Zone doesn't match Member Zone ({pid.zone} vs {zone})")
@@ -97,13 +84,7 @@ def decode_consumer_spec(layout: KeyLayout, kv: KeyValue) -> cpb.ConsumerSpec:
 
 def decode_replica_status(kv: KeyValue) -> cpb.ReplicaStatus:
     """An assignment's ReplicaStatus (an empty value — a new assignment — is IDLE)."""
-    status = cpb.ReplicaStatus()
-    try:
-        status.ParseFromString(kv.value)
-        validate_replica_status(status)
-    except (ValidationError, DecodeError, ValueError) as exc:
-        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
-    return status
+    return decode_value(kv, cpb.ReplicaStatus(), validate_replica_status)
 
 
 def shard_is_consistent(

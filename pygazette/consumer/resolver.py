@@ -31,6 +31,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pygazette.allocator.allocator import ObservedState
+from pygazette.allocator.request_fence import (
+    REVISION_WAIT_SECONDS,
+    ResolveError,
+    pass_request_fence,
+    same_process,
+)
 from pygazette.allocator.state import AllocatorState, Assignment
 from pygazette.consumer.key_space import ShardDecoder
 from pygazette.keyspace.keyspace import Compare, Keyspace, KeyspaceUnavailable, KeyValue, Put
@@ -53,8 +59,6 @@ __all__ = [
     "StatusReporter",
 ]
 
-# The longest a request waits for the keyspace to reach a revision it requires.
-REVISION_WAIT_SECONDS = 30.0
 # Backoff between attempts to write a replica's status (etcd unreachable, lost races).
 _REPORT_BACKOFF_SECONDS = (0.05, 2.0)
 
@@ -105,14 +109,6 @@ class ReplicaHandle(Protocol):
 ReplicaFactory = Callable[[cpb.ShardSpec, KeyValue, StatusReporter], ReplicaHandle]
 
 
-class ResolveError(Exception):
-    """The request can't be resolved here (wrong cluster or process, or shutting down)."""
-
-
-def _same(a: pb.ProcessSpec.ID, b: pb.ProcessSpec.ID) -> bool:
-    return a.zone == b.zone and a.suffix == b.suffix
-
-
 @dataclass(slots=True)
 class Resolution:
     status: cpb.Status
@@ -127,7 +123,7 @@ class Resolution:
     @property
     def local(self) -> bool:
         """This process serves the request (it is the primary, or the status is an error)."""
-        return _same(self.header.process_id, self.local_id)
+        return same_process(self.header.process_id, self.local_id)
 
     @property
     def route(self) -> pb.Route:
@@ -165,7 +161,7 @@ class ShardResolver:
         self.decoder = decoder if isinstance(decoder, ShardDecoder) else ShardDecoder(layout)
         zone, suffix = layout.parse_member_key(member_key)
         self._local_id = pb.ProcessSpec.ID(zone=zone, suffix=suffix)
-        if process_spec is not None and not _same(process_spec.id, self._local_id):
+        if process_spec is not None and not same_process(process_spec.id, self._local_id):
             raise ValueError(
                 f"process spec {process_spec.id.zone}#{process_spec.id.suffix} doesn't match "
                 f"member key {member_key}"
@@ -417,27 +413,7 @@ class ShardResolver:
         local_id = self.local_id
         if not self.lease_alive():
             raise ResolveError("this consumer's etcd lease may have expired")
-        if proxy_header is not None:
-            etcd = proxy_header.etcd
-            ours = self.keyspace.identity.cluster_id
-            if etcd.cluster_id and etcd.cluster_id != ours:
-                raise ResolveError(
-                    f"request etcd cluster ID doesn't match ours ({etcd.cluster_id} vs {ours})"
-                )
-            pid = proxy_header.process_id
-            if (pid.zone or pid.suffix) and not _same(pid, local_id):
-                raise ResolveError(
-                    f"request process ID doesn't match ours ({pid.zone}#{pid.suffix} vs "
-                    f"{local_id.zone}#{local_id.suffix})"
-                )
-            min_revision = max(min_revision, etcd.revision)
-        if min_revision > self.keyspace.revision:
-            try:
-                await self.keyspace.wait_for_revision(min_revision, REVISION_WAIT_SECONDS)
-            except TimeoutError:
-                raise ResolveError(
-                    f"keyspace didn't reach revision {min_revision} (at {self.keyspace.revision})"
-                ) from None
+        await pass_request_fence(self.keyspace, local_id, min_revision, proxy_header)
 
         state = self.observed.current
         header = self.header()
@@ -454,12 +430,16 @@ class ShardResolver:
             res.status = cpb.SHARD_NOT_FOUND
         elif require_primary and primary is None:
             res.status = cpb.NO_SHARD_PRIMARY
-        elif require_primary and not proxy and (primary is None or not _same(primary, local_id)):
+        elif (
+            require_primary
+            and not proxy
+            and (primary is None or not same_process(primary, local_id))
+        ):
             res.status = cpb.NOT_SHARD_PRIMARY
         if res.status == cpb.OK and primary is not None:
             header.process_id.CopyFrom(primary)  # Else: we author the response.
 
-        if res.status == cpb.OK and primary is not None and _same(primary, local_id):
+        if res.status == cpb.OK and primary is not None and same_process(primary, local_id):
             if not self.serving:
                 raise ResolveError("this consumer is shutting down")
             entry = self._local.get(shard_id)

@@ -45,7 +45,7 @@ from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.keyspace import Keyspace, KeyValue
 from pygazette.keyspace.layout import KeyLayout
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.go_duration import parse_duration
+from pygazette.protocol.go_duration import parse_seconds
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
 
@@ -294,13 +294,8 @@ async def run_consumer(config: ConsumerConfig) -> None:
 
 def _duration(ctx: click.Context, param: click.Parameter, value: object) -> float:
     """Seconds of a Go-style duration ("20s", "500ms", "1m30s"); a bare number is seconds."""
-    text = str(value).strip()
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return parse_duration(text) / 1e9
+        return parse_seconds(str(value))
     except ValidationError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 

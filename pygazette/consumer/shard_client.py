@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any
 
 import grpc
 import grpc.aio
 
+from pygazette.client.channel import Connection, open_channel
 from pygazette.client.errors import ProtocolViolation
-from pygazette.client.journal_client import MAX_MESSAGE_SIZE, channel_target
-from pygazette.protocol.errors import GazetteError, ValidationError
+from pygazette.protocol.errors import (
+    StatusError,
+    ValidationError,
+    bind_status,
+    enum_value_name,
+)
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -54,90 +58,41 @@ __all__ = [
 
 DEFAULT_CONSUMER = "http://localhost:8080"
 
-_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
-    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
-
 
 # Errors.
 def shard_status_name(status: int) -> str:
     """Name of a `consumer.Status` value, or ``"Status(<n>)"`` when it is unknown."""
-    try:
-        return cpb.Status.Name(status)  # type: ignore[arg-type]
-    except ValueError:
-        return f"Status({status})"
+    return enum_value_name(cpb.Status, status)
 
 
-class ShardError(GazetteError):
+class ShardError(StatusError):
     """A Shard RPC answered with a non-OK `consumer.Status`."""
 
-    STATUS: ClassVar[int | None] = None
-
-    def __init__(self, status: int, detail: str = "", header: pb.Header | None = None) -> None:
-        self.status = int(status)
-        self.status_name = shard_status_name(self.status)
-        self.detail = detail
-        self.header = header
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        return f"{self.status_name}: {self.detail}" if self.detail else self.status_name
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self)!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (shard_error_for_status, (self.status, self.detail, self.header))
+    STATUS_ENUM = cpb.Status
 
 
-_BY_STATUS: dict[int, type[ShardError]] = {}
-
-
-def _status_class(name: str) -> Callable[[type[ShardError]], type[ShardError]]:
-    def register(cls: type[ShardError]) -> type[ShardError]:
-        value = int(cpb.Status.Value(name))
-        cls.STATUS = value
-        _BY_STATUS[value] = cls
-        return cls
-
-    return register
-
-
-class _Bound(ShardError):
-    def __init__(
-        self, status: int | None = None, detail: str = "", header: pb.Header | None = None
-    ) -> None:
-        if status is None:
-            assert self.STATUS is not None
-            status = self.STATUS
-        super().__init__(status, detail, header)
-
-
-@_status_class("SHARD_NOT_FOUND")
-class ShardNotFound(_Bound):
+@bind_status("SHARD_NOT_FOUND")
+class ShardNotFound(ShardError):
     """The named shard does not exist."""
 
 
-@_status_class("NO_SHARD_PRIMARY")
-class NoShardPrimary(_Bound):
+@bind_status("NO_SHARD_PRIMARY")
+class NoShardPrimary(ShardError):
     """The shard has no primary at the moment (transient)."""
 
 
-@_status_class("NOT_SHARD_PRIMARY")
-class NotShardPrimary(_Bound):
+@bind_status("NOT_SHARD_PRIMARY")
+class NotShardPrimary(ShardError):
     """The responding process is not the shard's primary (and may not proxy)."""
 
 
-@_status_class("ETCD_TRANSACTION_FAILED")
-class ShardEtcdTransactionFailed(_Bound):
+@bind_status("ETCD_TRANSACTION_FAILED")
+class ShardEtcdTransactionFailed(ShardError):
     """The change's etcd transaction failed (e.g. a stale expect_mod_revision)."""
 
 
-@_status_class("SHARD_STOPPED")
-class ShardStopped(_Bound):
+@bind_status("SHARD_STOPPED")
+class ShardStopped(ShardError):
     """The shard's primary stopped while serving the request."""
 
 
@@ -145,22 +100,14 @@ def shard_error_for_status(
     status: int, detail: str = "", header: pb.Header | None = None
 ) -> ShardError:
     """The exception of a non-OK consumer status (a plain ShardError if unknown)."""
-    cls = _BY_STATUS.get(int(status))
-    if cls is None:
-        return ShardError(status, detail, header)
-    return cls(int(status), detail, header)
+    err = ShardError.for_status(status, detail, header)
+    assert isinstance(err, ShardError)
+    return err
 
 
 def raise_for_shard_status(response: Any, detail: str = "") -> None:
     """Raise the matching ShardError unless `response.status` is OK."""
-    status = int(response.status)
-    if status == cpb.OK:
-        return
-    header: pb.Header | None = None
-    with contextlib.suppress(ValueError, AttributeError):
-        if response.HasField("header"):
-            header = response.header
-    raise shard_error_for_status(status, detail, header)
+    ShardError.raise_for(response, detail)
 
 
 def _check(validator: Callable[[Any], None], response: Any, what: str) -> None:
@@ -178,15 +125,6 @@ def as_shard_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
 
 
 # Channels.
-def _channel(address: str) -> grpc.aio.Channel:
-    target, secure = channel_target(address)
-    if secure:
-        return grpc.aio.secure_channel(
-            target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS
-        )
-    return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-
-
 class ShardPeers:
     """One channel (and Shard stub) per consumer endpoint, shared by all calls."""
 
@@ -199,7 +137,7 @@ class ShardPeers:
         ValueError if it is unusable."""
         stub = self._stubs.get(endpoint)
         if stub is None:
-            channel = _channel(endpoint)
+            _, channel = open_channel(endpoint)
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = cpb_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
         return stub
@@ -219,34 +157,19 @@ def _primary_endpoint(route: pb.Route) -> str:
     return ""
 
 
-class ShardClient:
+class ShardClient(Connection):
     """An asyncio client of one consumer application's Shard service."""
 
     def __init__(self, address: str = DEFAULT_CONSUMER, *, route_stat: bool = True) -> None:
-        self.address = address
-        self.channel = _channel(address)
+        super().__init__(address)
         self.stub = cpb_grpc.ShardStub(self.channel)  # type: ignore[no-untyped-call]
         self.route_stat = route_stat  # Send Stat straight to a known primary.
         self.peers = ShardPeers()
         self._routes: dict[str, str] = {}  # Shard ID → endpoint of its primary.
 
-    async def close(self) -> None:
+    async def close(self, grace: float | None = None) -> None:
         await self.peers.close()
-        await self.channel.close(None)
-
-    async def __aenter__(self) -> ShardClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    def __repr__(self) -> str:
-        return f"ShardClient({self.address!r})"
+        await super().close(grace)
 
     def _learn(self, shard: str, route: pb.Route) -> None:
         endpoint = _primary_endpoint(route)

@@ -13,7 +13,11 @@ Slot 0 of an item's assignments is its primary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
 
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyValue
 from pygazette.protocol.errors import ValidationError
@@ -29,6 +33,20 @@ SEP = "#"
 
 class KeyDecodeError(ValueError):
     """A key or value under the root that doesn't decode (foreign or corrupt)."""
+
+
+_M = TypeVar("_M", bound=Message)
+
+
+def decode_value(kv: KeyValue, into: _M, validate: Callable[[_M], None]) -> _M:
+    """`into`, parsed from the key's value and checked by `validate`; KeyDecodeError naming
+    the key if the value doesn't parse or isn't valid."""
+    try:
+        into.ParseFromString(kv.value)
+        validate(into)
+    except (ValidationError, DecodeError, ValueError) as exc:
+        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
+    return into
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +127,7 @@ class KeyLayout:
 def decode_journal_spec(layout: KeyLayout, kv: KeyValue) -> pb.JournalSpec:
     """The JournalSpec of an item key, which must be valid and named like its key."""
     name = layout.parse_item_key(kv.key)
-    spec = pb.JournalSpec()
-    try:
-        spec.ParseFromString(kv.value)
-        validate_journal_spec(spec)
-    except (ValidationError, ValueError) as exc:
-        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
+    spec = decode_value(kv, pb.JournalSpec(), validate_journal_spec)
     if spec.name != name:
         raise KeyDecodeError(f"JournalSpec name doesn't match item ID ({spec.name} vs {name})")
     return spec
@@ -123,12 +136,7 @@ def decode_journal_spec(layout: KeyLayout, kv: KeyValue) -> pb.JournalSpec:
 def decode_broker_spec(layout: KeyLayout, kv: KeyValue) -> pb.BrokerSpec:
     """The BrokerSpec of a member key, which must be valid and identified like its key."""
     zone, suffix = layout.parse_member_key(kv.key)
-    spec = pb.BrokerSpec()
-    try:
-        spec.ParseFromString(kv.value)
-        validate_broker_spec(spec)
-    except (ValidationError, ValueError) as exc:
-        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
+    spec = decode_value(kv, pb.BrokerSpec(), validate_broker_spec)
     pid = spec.process_spec.id
     if (pid.zone, pid.suffix) != (zone, suffix):
         raise KeyDecodeError(
@@ -142,12 +150,7 @@ def decode_route(kv: KeyValue) -> pb.Route:
     route = pb.Route(primary=-1)
     if not kv.value:
         return route
-    try:
-        route.ParseFromString(kv.value)
-        validate_route(route)
-    except (ValidationError, ValueError) as exc:
-        raise KeyDecodeError(f"{kv.key}: {exc}") from exc
-    return route
+    return decode_value(kv, route, validate_route)
 
 
 def routes_equivalent(a: pb.Route, b: pb.Route) -> bool:

@@ -3,12 +3,14 @@
 Every error pygazette raises on purpose derives from `GazetteError`. Bad input
 is a `ValidationError` (also a `ValueError`), whose message is prefixed by the
 dotted path of the offending field, as Gazette's own validation errors are.
-A non-OK `Status` in an RPC response becomes a `BrokerError` subclass.
+A non-OK `Status` in an RPC response becomes a `BrokerError` subclass (a `StatusError`
+family; the consumer's `ShardError` is another).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from pygazette.protocol.pb import protocol_pb2 as pb
 
@@ -27,10 +29,13 @@ __all__ = [
     "OffsetNotYetAvailable",
     "ProposalMismatch",
     "RegisterMismatch",
+    "StatusError",
     "Suspended",
     "ValidationError",
     "WrongAppendOffset",
     "WrongRoute",
+    "bind_status",
+    "enum_value_name",
     "error_for_status",
     "raise_for_status",
     "status_name",
@@ -68,22 +73,49 @@ class ValidationError(GazetteError, ValueError):
         return f"ValidationError({str(self)!r})"
 
 
+def enum_value_name(enum: Any, value: int) -> str:
+    """Name of a value of a protobuf status enum, or ``"Status(<n>)"`` when it is unknown."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"Status({value})"
+
+
 def status_name(status: int) -> str:
     """Name of a `pb.Status` value, or ``"Status(<n>)"`` when it is unknown."""
-    try:
-        return pb.Status.Name(status)
-    except ValueError:
-        return f"Status({status})"
+    return enum_value_name(pb.Status, status)
 
 
-class BrokerError(GazetteError):
-    """An RPC answered with a non-OK `Status`."""
+class StatusError(GazetteError):
+    """An RPC answered with a non-OK status.
 
+    Each service's errors are a family: a direct subclass naming the service's status enum
+    (`STATUS_ENUM`: `BrokerError` for `protocol.Status`, the consumer's `ShardError` for
+    `consumer.Status`), and one subclass per status value, registered with `@bind_status`,
+    whose `STATUS` is fixed (so it may be built without one). `for_status` builds the family's
+    exception of a status (the family class itself for a status it has no subclass of).
+    """
+
+    STATUS_ENUM: ClassVar[Any] = None
     STATUS: ClassVar[int | None] = None
+    _family: ClassVar[type[StatusError]]
+    _by_status: ClassVar[dict[int, type[StatusError]]]
 
-    def __init__(self, status: int, detail: str = "", header: pb.Header | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "STATUS_ENUM" in cls.__dict__:  # The base class of a family.
+            cls._family = cls
+            cls._by_status = {}
+
+    def __init__(
+        self, status: int | None = None, detail: str = "", header: pb.Header | None = None
+    ) -> None:
+        if status is None:
+            if self.STATUS is None:
+                raise TypeError(f"{type(self).__name__} needs a status")
+            status = self.STATUS
         self.status = int(status)
-        self.status_name = status_name(self.status)
+        self.status_name = enum_value_name(self.STATUS_ENUM, self.status)
         self.detail = detail
         self.header = header
         super().__init__(str(self))
@@ -97,121 +129,133 @@ class BrokerError(GazetteError):
         return f"{type(self).__name__}({str(self)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_broker_error, (self.status, self.detail, self.header))
+        return (self._family.for_status, (self.status, self.detail, self.header))
+
+    @classmethod
+    def for_status(
+        cls, status: int, detail: str = "", header: pb.Header | None = None
+    ) -> StatusError:
+        """The family's exception of a non-OK status."""
+        sub = cls._by_status.get(int(status), cls._family)
+        return sub(int(status), detail, header)
+
+    @classmethod
+    def raise_for(cls, response: Any, detail: str = "") -> None:
+        """Raise the family's exception of `response.status` unless it is OK, with the
+        response's header when it has one."""
+        status = int(response.status)
+        if status == cls.STATUS_ENUM.Value("OK"):
+            return
+        header: pb.Header | None = None
+        try:
+            if response.HasField("header"):
+                header = response.header
+        except (ValueError, AttributeError):
+            header = None
+        raise cls.for_status(status, detail, header)
 
 
-def _rebuild_broker_error(status: int, detail: str, header: pb.Header | None) -> BrokerError:
-    return error_for_status(status, detail, header)
+_E = TypeVar("_E", bound=StatusError)
 
 
-_BY_STATUS: dict[int, type[BrokerError]] = {}
+def bind_status(name: str) -> Callable[[type[_E]], type[_E]]:
+    """Register a subclass of a StatusError family as the exception of status `name`."""
 
-
-def _status_class(status_key: str) -> Any:
-    """Register a BrokerError subclass for the named status (if the stubs know it)."""
-
-    def register(cls: type[BrokerError]) -> type[BrokerError]:
-        value = pb.Status.Value(status_key)
+    def register(cls: type[_E]) -> type[_E]:
+        value = int(cls.STATUS_ENUM.Value(name))
         cls.STATUS = value
-        _BY_STATUS[value] = cls
+        cls._by_status[value] = cls
         return cls
 
     return register
 
 
-class _Bound(BrokerError):
-    """A BrokerError subclass whose status is fixed by the class."""
+class BrokerError(StatusError):
+    """An RPC answered with a non-OK `Status`."""
 
-    def __init__(
-        self, status: int | None = None, detail: str = "", header: pb.Header | None = None
-    ) -> None:
-        if status is None:
-            assert self.STATUS is not None
-            status = self.STATUS
-        super().__init__(status, detail, header)
+    STATUS_ENUM = pb.Status
 
 
-@_status_class("JOURNAL_NOT_FOUND")
-class JournalNotFound(_Bound):
+@bind_status("JOURNAL_NOT_FOUND")
+class JournalNotFound(BrokerError):
     """The named journal does not exist."""
 
 
-@_status_class("NO_JOURNAL_PRIMARY_BROKER")
-class NoJournalPrimaryBroker(_Bound):
+@bind_status("NO_JOURNAL_PRIMARY_BROKER")
+class NoJournalPrimaryBroker(BrokerError):
     """The journal has no primary broker at the moment (transient)."""
 
 
-@_status_class("NOT_JOURNAL_PRIMARY_BROKER")
-class NotJournalPrimaryBroker(_Bound):
+@bind_status("NOT_JOURNAL_PRIMARY_BROKER")
+class NotJournalPrimaryBroker(BrokerError):
     """The responding broker is not the journal's primary."""
 
 
-@_status_class("INSUFFICIENT_JOURNAL_BROKERS")
-class InsufficientJournalBrokers(_Bound):
+@bind_status("INSUFFICIENT_JOURNAL_BROKERS")
+class InsufficientJournalBrokers(BrokerError):
     """Fewer brokers are assigned than the journal's replication requires."""
 
 
-@_status_class("NOT_JOURNAL_BROKER")
-class NotJournalBroker(_Bound):
+@bind_status("NOT_JOURNAL_BROKER")
+class NotJournalBroker(BrokerError):
     """The responding broker is not assigned to the journal."""
 
 
-@_status_class("OFFSET_NOT_YET_AVAILABLE")
-class OffsetNotYetAvailable(_Bound):
+@bind_status("OFFSET_NOT_YET_AVAILABLE")
+class OffsetNotYetAvailable(BrokerError):
     """A non-blocking read asked for an offset that is not readable yet."""
 
 
-@_status_class("WRONG_ROUTE")
-class WrongRoute(_Bound):
+@bind_status("WRONG_ROUTE")
+class WrongRoute(BrokerError):
     """A replication peer disagrees with the route of the request."""
 
 
-@_status_class("PROPOSAL_MISMATCH")
-class ProposalMismatch(_Bound):
+@bind_status("PROPOSAL_MISMATCH")
+class ProposalMismatch(BrokerError):
     """A replication peer disagrees with the proposed fragment or registers."""
 
 
-@_status_class("ETCD_TRANSACTION_FAILED")
-class EtcdTransactionFailed(_Bound):
+@bind_status("ETCD_TRANSACTION_FAILED")
+class EtcdTransactionFailed(BrokerError):
     """A coordination-store transaction failed (e.g. a stale expect_mod_revision)."""
 
 
-@_status_class("NOT_ALLOWED")
-class NotAllowed(_Bound):
+@bind_status("NOT_ALLOWED")
+class NotAllowed(BrokerError):
     """The journal's flags forbid the operation."""
 
 
-@_status_class("WRONG_APPEND_OFFSET")
-class WrongAppendOffset(_Bound):
+@bind_status("WRONG_APPEND_OFFSET")
+class WrongAppendOffset(BrokerError):
     """The append's offset precondition is not the journal's write head."""
 
 
-@_status_class("INDEX_HAS_GREATER_OFFSET")
-class IndexHasGreaterOffset(_Bound):
+@bind_status("INDEX_HAS_GREATER_OFFSET")
+class IndexHasGreaterOffset(BrokerError):
     """The fragment index knows a larger offset than the replication pipeline."""
 
 
-@_status_class("REGISTER_MISMATCH")
-class RegisterMismatch(_Bound):
+@bind_status("REGISTER_MISMATCH")
+class RegisterMismatch(BrokerError):
     """The append's check_registers selector did not match the registers."""
 
 
-@_status_class("SUSPENDED")
-class Suspended(_Bound):
+@bind_status("SUSPENDED")
+class Suspended(BrokerError):
     """The journal is suspended (and has no readable content)."""
 
 
-@_status_class("FRAGMENT_STORE_UNHEALTHY")
-class FragmentStoreUnhealthy(_Bound):
+@bind_status("FRAGMENT_STORE_UNHEALTHY")
+class FragmentStoreUnhealthy(BrokerError):
     """A fragment store the operation depends on is failing its health checks."""
 
 
 def error_for_status(status: int, detail: str = "", header: pb.Header | None = None) -> BrokerError:
     """Build the exception for a non-OK status (a plain BrokerError if unknown)."""
-    cls = _BY_STATUS.get(int(status))
-    if cls is None:
-        return BrokerError(status, detail, header)
-    return cls(int(status), detail, header)
+    err = BrokerError.for_status(status, detail, header)
+    assert isinstance(err, BrokerError)
+    return err
 
 
 def raise_for_status(response: Any, detail: str = "") -> None:
@@ -220,15 +264,6 @@ def raise_for_status(response: Any, detail: str = "") -> None:
     The response's header is attached when it has one. With no `detail`,
     a FRAGMENT_STORE_UNHEALTHY response's `store_health_error` is used.
     """
-    status = int(response.status)
-    if status == pb.OK:
-        return
-    header: pb.Header | None = None
-    try:
-        if response.HasField("header"):
-            header = response.header
-    except (ValueError, AttributeError):
-        header = None
     if not detail:
         detail = str(getattr(response, "store_health_error", "") or "")
-    raise error_for_status(status, detail, header)
+    BrokerError.raise_for(response, detail)

@@ -24,6 +24,7 @@ __all__ = [
     "codec_to_extension",
     "fragment_content_path",
     "fragment_file_name",
+    "fragment_location",
     "parse_fragment_file_name",
     "parse_fragment_path",
     "sha1sum_from_digest",
@@ -136,6 +137,13 @@ def fragment_content_path(frag: pb.Fragment) -> str:
     """
     parts = [p for p in (frag.journal, frag.path_postfix, fragment_file_name(frag)) if p]
     return go_path_clean("/".join(parts))
+
+
+def fragment_location(frag: pb.Fragment) -> str:
+    """Where the fragment lives, for people to read: its store URL (without query arguments)
+    and its content path."""
+    store = frag.backing_store.split("?", 1)[0]
+    return store + fragment_content_path(frag)
 
 
 def _go_path_dir(path: str) -> str:

@@ -7,7 +7,7 @@ import re
 
 from pygazette.protocol.errors import ValidationError
 
-__all__ = ["format_duration", "parse_duration"]
+__all__ = ["format_duration", "parse_duration", "parse_seconds"]
 
 _NS_PER_UNIT = {
     "ns": 1,
@@ -51,6 +51,17 @@ def parse_duration(text: str) -> int:
             total += int(frac) * scale // 10 ** len(frac)
         pos = m.end()
     return sign * total
+
+
+def parse_seconds(text: str) -> float:
+    """Seconds of a command-line duration: a Go duration ("20s", "1m30s", "500ms") or a bare
+    number of seconds ("2.5")."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    return parse_duration(text) / 1e9
 
 
 def _fraction(value: int, unit: int) -> str:

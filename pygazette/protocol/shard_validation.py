@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from google.protobuf import duration_pb2
-
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.labels import intersect_label_sets as _intersect_labels
 from pygazette.protocol.labels import label_values, union_label_sets
@@ -29,12 +27,12 @@ from pygazette.protocol.pb import recoverylog_pb2 as rpb
 from pygazette.protocol.validation import (
     TOKEN_SYMBOLS,
     go_path_clean,
-    validate_endpoint,
+    validate_apply_change,
     validate_header,
     validate_journal_name,
     validate_label_selector,
     validate_label_set,
-    validate_process_id,
+    validate_process_spec,
     validate_route,
     validate_single_value_labels,
     validate_token,
@@ -83,12 +81,7 @@ SHARD_ID_LABEL = "id"
 # A message producer ID is 6 bytes (Gazette's message.ProducerID).
 PRODUCER_ID_LEN = 6
 
-_NANOS = 1_000_000_000
 _MAX_UINT32 = (1 << 32) - 1
-
-
-def _duration_nanos(d: duration_pb2.Duration) -> int:
-    return int(d.seconds) * _NANOS + int(d.nanos)
 
 
 def _journal(name: str, field: str) -> None:
@@ -157,10 +150,10 @@ def validate_shard_spec(spec: cpb.ShardSpec) -> None:
         )
     if spec.hint_backups < 0:
         raise ValidationError(f"invalid HintBackups ({spec.hint_backups}; expected >= 0)")
-    min_txn = _duration_nanos(spec.min_txn_duration)
+    min_txn = spec.min_txn_duration.ToNanoseconds()
     if min_txn < 0:
         raise ValidationError(f"invalid MinTxnDuration ({min_txn}; expected >= 0)")
-    max_txn = _duration_nanos(spec.max_txn_duration)
+    max_txn = spec.max_txn_duration.ToNanoseconds()
     if max_txn <= 0:
         raise ValidationError(f"invalid MaxTxnDuration ({max_txn}; expected > 0)")
     try:
@@ -184,14 +177,7 @@ def validate_shard_spec(spec: cpb.ShardSpec) -> None:
 
 def validate_consumer_spec(spec: cpb.ConsumerSpec) -> None:
     """The embedded ProcessSpec: a valid process ID and endpoint. (Any shard_limit.)"""
-    try:
-        validate_process_id(spec.process_spec.id)
-    except ValidationError as err:
-        raise err.extend("Id") from None
-    try:
-        validate_endpoint(spec.process_spec.endpoint)
-    except ValidationError as err:
-        raise err.extend("Endpoint") from None
+    validate_process_spec(spec.process_spec)
 
 
 def _enum_name(enum: object, value: int) -> str:
@@ -374,29 +360,15 @@ def validate_shard_list_response(resp: cpb.ListResponse) -> None:
 
 
 def _validate_change(change: cpb.ApplyRequest.Change) -> None:
-    rev = change.expect_mod_revision
-    if change.HasField("upsert"):
-        if change.delete:
-            raise ValidationError("both Upsert and Delete are set (expected exactly one)")
-        try:
-            validate_shard_spec(change.upsert)
-        except ValidationError as err:
-            raise err.extend("Upsert") from None
-        if rev < 0 and rev != -1:
-            raise ValidationError(f"invalid ExpectModRevision ({rev}; expected >= 0 or -1)")
-        if change.HasField("primary_hints"):
-            try:
-                validate_fsm_hints(change.primary_hints)
-            except ValidationError as err:
-                raise err.extend("PrimaryHints") from None
-    elif change.delete:
-        _shard_id_field(change.delete, "Delete")
-        if rev <= 0 and rev != -1:
-            raise ValidationError(f"invalid ExpectModRevision ({rev}; expected > 0 or -1)")
-        if change.HasField("primary_hints"):
-            raise ValidationError("hints may be set only with an upsert, not a delete")
-    else:
-        raise ValidationError("neither Upsert nor Delete are set (expected exactly one)")
+    validate_apply_change(change, validate_shard_spec, validate_shard_id)
+    if not change.HasField("primary_hints"):
+        return
+    if not change.HasField("upsert"):
+        raise ValidationError("hints may be set only with an upsert, not a delete")
+    try:
+        validate_fsm_hints(change.primary_hints)
+    except ValidationError as err:
+        raise err.extend("PrimaryHints") from None
 
 
 def validate_shard_apply_request(req: cpb.ApplyRequest) -> None:
@@ -546,7 +518,7 @@ def _finish(spec: cpb.ShardSpec, labels: pb.LabelSet) -> cpb.ShardSpec:
     if labels.labels:
         spec.labels.CopyFrom(labels)
     for name in _DURATIONS:
-        if _duration_nanos(getattr(spec, name)) == 0:
+        if getattr(spec, name).ToNanoseconds() == 0:
             spec.ClearField(name)
     return spec
 
@@ -564,7 +536,7 @@ def union_shard_specs(a: cpb.ShardSpec, b: cpb.ShardSpec) -> cpb.ShardSpec:
         if not getattr(out, name):
             setattr(out, name, getattr(b, name))
     for name in _DURATIONS:
-        if _duration_nanos(getattr(out, name)) == 0:
+        if getattr(out, name).ToNanoseconds() == 0:
             getattr(out, name).CopyFrom(getattr(b, name))
     return _finish(out, union_label_sets(a.labels, b.labels))
 
@@ -582,7 +554,7 @@ def intersect_shard_specs(a: cpb.ShardSpec, b: cpb.ShardSpec) -> cpb.ShardSpec:
         if getattr(a, name) != getattr(b, name):
             out.ClearField(name)
     for name in _DURATIONS:
-        if _duration_nanos(getattr(a, name)) != _duration_nanos(getattr(b, name)):
+        if getattr(a, name).ToNanoseconds() != getattr(b, name).ToNanoseconds():
             out.ClearField(name)
     return _finish(out, _intersect_labels(a.labels, b.labels))
 
@@ -601,6 +573,6 @@ def subtract_shard_specs(a: cpb.ShardSpec, b: cpb.ShardSpec) -> cpb.ShardSpec:
         if getattr(a, name) == getattr(b, name):
             out.ClearField(name)
     for name in _DURATIONS:
-        if _duration_nanos(getattr(a, name)) == _duration_nanos(getattr(b, name)):
+        if getattr(a, name).ToNanoseconds() == getattr(b, name).ToNanoseconds():
             out.ClearField(name)
     return _finish(out, _subtract_labels(a.labels, b.labels))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import duration_pb2
@@ -54,6 +55,7 @@ __all__ = [
     "split_journal_meta",
     "validate_append_request",
     "validate_append_response",
+    "validate_apply_change",
     "validate_apply_request",
     "validate_apply_response",
     "validate_broker_spec",
@@ -77,6 +79,7 @@ __all__ = [
     "validate_list_response",
     "validate_path_component",
     "validate_process_id",
+    "validate_process_spec",
     "validate_read_request",
     "validate_read_response",
     "validate_replicate_request",
@@ -711,15 +714,20 @@ def validate_header(h: pb.Header) -> None:
         raise ValidationError(problem, ["Etcd"])
 
 
-def validate_broker_spec(spec: pb.BrokerSpec) -> None:
+def validate_process_spec(spec: pb.ProcessSpec) -> None:
+    """A valid process ID and endpoint (the part a BrokerSpec and a ConsumerSpec share)."""
     try:
-        validate_process_id(spec.process_spec.id)
+        validate_process_id(spec.id)
     except ValidationError as err:
         raise err.extend("Id") from None
     try:
-        validate_endpoint(spec.process_spec.endpoint)
+        validate_endpoint(spec.endpoint)
     except ValidationError as err:
         raise err.extend("Endpoint") from None
+
+
+def validate_broker_spec(spec: pb.BrokerSpec) -> None:
+    validate_process_spec(spec.process_spec)
     if spec.journal_limit > MAX_BROKER_JOURNAL_LIMIT:
         raise ValidationError(
             f"invalid JournalLimit ({spec.journal_limit}; expected 0 <= JournalLimit <= "
@@ -934,23 +942,35 @@ def validate_list_request(req: pb.ListRequest) -> None:
                 )
 
 
-def _validate_change(change: pb.ApplyRequest.Change) -> None:
+def validate_apply_change(
+    change: Any, validate_spec: Callable[[Any], None], validate_name: Callable[[str], None]
+) -> None:
+    """One change of an ApplyRequest, of journals or of shards: exactly one of an upsert (a
+    spec valid by `validate_spec`) or a delete (a name valid by `validate_name`), with a sane
+    expect_mod_revision: >= 0 (0 creates) or -1 (any) for an upsert, > 0 or -1 for a delete."""
     rev = change.expect_mod_revision
     if change.HasField("upsert"):
         if change.delete:
             raise ValidationError("both Upsert and Delete are set (expected exactly one)")
         try:
-            validate_journal_spec(change.upsert)
+            validate_spec(change.upsert)
         except ValidationError as err:
             raise err.extend("Upsert") from None
         if rev < 0 and rev != -1:
             raise ValidationError(f"invalid ExpectModRevision ({rev}; expected >= 0 or -1)")
     elif change.delete:
-        _journal_field(change.delete, "Delete")
+        try:
+            validate_name(change.delete)
+        except ValidationError as err:
+            raise err.extend("Delete") from None
         if rev <= 0 and rev != -1:
             raise ValidationError(f"invalid ExpectModRevision ({rev}; expected > 0 or -1)")
     else:
         raise ValidationError("neither Upsert nor Delete are set (expected exactly one)")
+
+
+def _validate_change(change: pb.ApplyRequest.Change) -> None:
+    validate_apply_change(change, validate_journal_spec, validate_journal_name)
 
 
 def validate_apply_request(req: pb.ApplyRequest) -> None:

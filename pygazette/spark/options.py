@@ -13,7 +13,8 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pygazette.client.journal_client import broker_address_from_env, channel_target
+from pygazette.client.channel import channel_target
+from pygazette.client.journal_client import broker_address_from_env
 from pygazette.protocol.errors import GazetteError, ValidationError
 from pygazette.protocol.selector import format_selector, parse_selector
 from pygazette.protocol.validation import validate_journal_name

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pygazette.allocator.allocator import ObservedState
+from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.allocation import JournalDecoder, route_value
-from pygazette.broker.cluster_resolver import ClusterResolver, ResolveError
+from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.persister import Persister
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.embedded import EmbeddedKeyspace

@@ -211,6 +211,19 @@ def shardspace(prefix: str, *shard_lines: str, common: str = "") -> str:
     return text
 
 
+def apply_shards(dep: Deployment, prefix: str, *shard_lines: str, common: str = "") -> str:
+    """`shards apply` of the `shardspace` of these shards, which must succeed."""
+    return ok(
+        dep.cli(
+            "shards",
+            "apply",
+            "--specs",
+            "-",
+            stdin=shardspace(prefix, *shard_lines, common=common),
+        )
+    )
+
+
 def listed(dep: Deployment, selector: str) -> list[dict[str, Any]]:
     out = ok(dep.cli("shards", "list", "-l", selector, "--format", "json"))
     shards: list[dict[str, Any]] = json.loads(out).get("shards", [])
@@ -416,15 +429,7 @@ def test_apply_checks_specs_and_referenced_journals(
 def test_delete_by_revision(deployment: Deployment, prefix: str) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-del", f"{prefix}-keep"])
-    ok(
-        dep.cli(
-            "shards",
-            "apply",
-            "--specs",
-            "-",
-            stdin=shardspace(prefix, f"- id: {prefix}-del\n", f"- id: {prefix}-keep\n"),
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {prefix}-del\n", f"- id: {prefix}-keep\n")
     [gone] = listed(dep, f"id={prefix}-del")
     no_revision = one_line_error(
         dep.cli(
@@ -452,15 +457,7 @@ def test_delete_by_revision(deployment: Deployment, prefix: str) -> None:
 def test_a_disabled_shard_is_not_assigned(deployment: Deployment, prefix: str) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-off"])
-    ok(
-        dep.cli(
-            "shards",
-            "apply",
-            "--specs",
-            "-",
-            stdin=shardspace(prefix, f"- id: {prefix}-off\n  disable: true\n"),
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {prefix}-off\n  disable: true\n")
     table = ok(dep.cli("shards", "list", "-l", f"id={prefix}-off", "--rf", "-p"))
     assert table_rows(table)[1] == [f"{prefix}-off", "IDLE", "0", "<none>"]
 
@@ -515,15 +512,7 @@ def edit(
 def test_edit_applies_the_edited_specs(deployment: Deployment, prefix: str, tmp_path: Path) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-ed1", f"{prefix}-ed2"])
-    ok(
-        dep.cli(
-            "shards",
-            "apply",
-            "--specs",
-            "-",
-            stdin=shardspace(prefix, f"- id: {prefix}-ed1\n", f"- id: {prefix}-ed2\n"),
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {prefix}-ed1\n", f"- id: {prefix}-ed2\n")
     selector = f"test={prefix}"
     proc, shown = edit(dep, tmp_path, selector, [{"do": "replace", "old": "100ms", "new": "250ms"}])
     assert ok(proc).startswith("applied shard changes at revision ")
@@ -550,11 +539,7 @@ def test_edit_reopens_invalid_edits_with_the_error(
 ) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-inv"])
-    ok(
-        dep.cli(
-            "shards", "apply", "--specs", "-", stdin=shardspace(prefix, f"- id: {prefix}-inv\n")
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {prefix}-inv\n")
     proc, shown = edit(
         dep,
         tmp_path,
@@ -577,11 +562,7 @@ def test_edit_reopens_when_the_shards_changed_meanwhile(
 ) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-race"])
-    ok(
-        dep.cli(
-            "shards", "apply", "--specs", "-", stdin=shardspace(prefix, f"- id: {prefix}-race\n")
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {prefix}-race\n")
     concurrent = tmp_path / "concurrent.yaml"
     concurrent.write_text(
         shardspace(prefix, f"- id: {prefix}-race\n  revision: -1\n").replace("100ms", "3s")
@@ -612,19 +593,12 @@ def test_edit_reopens_when_the_shards_changed_meanwhile(
 def test_unassign(deployment: Deployment, prefix: str) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-ok", f"{prefix}-bad"])
-    ok(
-        dep.cli(
-            "shards",
-            "apply",
-            "--specs",
-            "-",
-            stdin=shardspace(
-                prefix,
-                f"- id: {prefix}-bad\n",
-                # The poison message goes to in/a, which this one does not read.
-                f"- id: {prefix}-ok\n  sources:\n  - journal: {prefix}/in/b\n",
-            ),
-        )
+    apply_shards(
+        dep,
+        prefix,
+        f"- id: {prefix}-bad\n",
+        # The poison message goes to in/a, which this one does not read.
+        f"- id: {prefix}-ok\n  sources:\n  - journal: {prefix}/in/b\n",
     )
     bad, good = f"{prefix}-bad", f"{prefix}-ok"
     wait_primary(dep, bad)
@@ -675,7 +649,7 @@ def test_lag_prune_and_recover(deployment: Deployment, prefix: str, tmp_path: Pa
     # Small recovery-log fragments: each commit (state.json rewritten) spans fragments, so
     # older fragments hold only files that later commits replaced.
     setup_journals(dep, prefix, [shard], fragment_length=1024)
-    ok(dep.cli("shards", "apply", "--specs", "-", stdin=shardspace(prefix, f"- id: {shard}\n")))
+    apply_shards(dep, prefix, f"- id: {shard}\n")
     wait_primary(dep, shard)
 
     counts: dict[str, int] = {}
@@ -749,15 +723,7 @@ def test_prune_skips_logs_without_complete_hints(deployment: Deployment, prefix:
     setup_journals(dep, prefix, [shard], fragment_length=1024)
     # Two backup hint sets: the first recovery writes backup.0 (without live files: the log
     # was empty); backup.1 is missing until another recovery.
-    ok(
-        dep.cli(
-            "shards",
-            "apply",
-            "--specs",
-            "-",
-            stdin=shardspace(prefix, f"- id: {shard}\n", common="hint_backups: 2\n"),
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {shard}\n", common="hint_backups: 2\n")
     wait_primary(dep, shard)
     feed(dep, shard, f"{prefix}/in/a", [f"k{i}" for i in range(20)])
     proc = dep.cli("shards", "prune", "-l", f"id={shard}", "--file-root", str(dep.broker.file_root))
@@ -771,15 +737,7 @@ def test_prune_skips_logs_without_complete_hints(deployment: Deployment, prefix:
 def test_errors_are_one_line(deployment: Deployment, prefix: str, tmp_path: Path) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-e1", f"{prefix}-e2"])
-    ok(
-        dep.cli(
-            "shards",
-            "apply",
-            "--specs",
-            "-",
-            stdin=shardspace(prefix, f"- id: {prefix}-e1\n", f"- id: {prefix}-e2\n"),
-        )
-    )
+    apply_shards(dep, prefix, f"- id: {prefix}-e1\n", f"- id: {prefix}-e2\n")
     unreachable = one_line_error(dep.cli("shards", "list", "--consumer", "http://127.0.0.1:1"))
     assert "consumer unavailable at http://127.0.0.1:1" in unreachable
     by_env = one_line_error(

@@ -13,13 +13,12 @@ from pygazette.cli.journalspace import (
     apply_request,
     dump_journalspace,
     extract_tree,
-    format_duration,
     from_list,
-    parse_duration,
     parse_journalspace,
     shared_prefix,
 )
 from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.go_duration import format_duration, parse_duration
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 

@@ -22,9 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import overload
 
-from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import recoverylog_pb2 as rpb
-from pygazette.protocol.validation import validate_journal_name
+from pygazette.protocol.shard_validation import validate_segment
 
 __all__ = ["Segment", "SegmentError", "SegmentSet"]
 
@@ -71,21 +70,9 @@ class Segment:
         )
 
     def validate(self) -> None:
-        """Raise `ValidationError` if the segment is inconsistent in itself."""
-        if self.author == 0:
-            raise ValidationError("Author is zero")
-        if self.first_seq_no <= 0:
-            raise ValidationError("FirstSeqNo <= 0")
-        if self.first_offset < 0:
-            raise ValidationError("FirstOffset < 0")
-        if self.last_seq_no < self.first_seq_no:
-            raise ValidationError("LastSeqNo < segment.FirstSeqNo")
-        if self.last_offset != 0 and self.last_offset <= self.first_offset:
-            raise ValidationError("LastOffset <= segment.FirstOffset")
-        try:
-            validate_journal_name(self.log)
-        except ValidationError as err:
-            raise err.extend("Log") from None
+        """Raise `ValidationError` if the segment is inconsistent in itself (Gazette's
+        Segment.Validate)."""
+        validate_segment(self.to_pb())
 
 
 class _NotReducible(Exception):

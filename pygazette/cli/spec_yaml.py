@@ -1,0 +1,214 @@
+"""Strict YAML loading and field parsing shared by the journalspace and shardspace formats.
+
+Both formats are YAML documents of partial specs, read with the same rules: a document must
+be a mapping; unknown fields are refused; each field is checked for its type (and range) and
+a bad one is reported as one line, `<where>: <field>: <problem>`, where `where` names the
+node or shard at fault. A zero value (0, "", an unset or zero duration) is "not specified".
+Durations are Go durations ("5m", "1h30m", "100ms") in YAML, protobuf Durations in specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from google.protobuf import message
+
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.go_duration import parse_duration
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+__all__ = [
+    "StrictLoader",
+    "check_keys",
+    "duration_field",
+    "field_error",
+    "labels_to_yaml",
+    "load_document",
+    "parse_bool",
+    "parse_duration_ns",
+    "parse_int",
+    "parse_labels",
+    "parse_mapping",
+    "parse_str",
+    "set_duration_field",
+    "type_name",
+]
+
+# Loading ---------------------------------------------------------------------------------
+
+
+class StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate mapping keys, as Gazette's strict decoding does."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        try:
+            duplicate = key in seen
+        except TypeError:
+            continue  # An unhashable key: construct_mapping reports it.
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r}",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,  # type: ignore[arg-type]
+)
+
+
+def load_document(
+    text: str | bytes,
+    kind: str,
+    contents: str,
+    loader: type[yaml.SafeLoader] = StrictLoader,
+) -> dict[Any, Any]:
+    """The top-level mapping of a `kind` ("shardspace") YAML document, which should hold
+    `contents` ("common and shards"). Errors are one line: malformed YAML (with its line and
+    column), an empty document, or one that is not a mapping."""
+    try:
+        doc = yaml.load(text, Loader=loader)  # A SafeLoader.
+    except yaml.YAMLError as exc:
+        raise ValidationError(f"invalid YAML: {_yaml_problem(exc)}") from None
+    if doc is None:
+        raise ValidationError(f"empty {kind}: expected a YAML mapping with {contents}")
+    if not isinstance(doc, dict):
+        raise ValidationError(
+            f"invalid {kind}: expected a YAML mapping at the top, got {type_name(doc)}"
+        )
+    return doc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "malformed document"
+        if mark is not None:
+            return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+        return problem
+    return " ".join(str(exc).split())
+
+
+# Fields ----------------------------------------------------------------------------------
+
+
+def field_error(where: str, message: str) -> ValidationError:
+    return ValidationError(f"{where}: {message}")
+
+
+def type_name(value: Any) -> str:
+    """What a YAML value is, for an error message ("nothing" for a missing value)."""
+    return "nothing" if value is None else type(value).__name__
+
+
+def parse_int(
+    value: Any, where: str, key: str, lo: int | None = None, hi: int | None = None
+) -> int:
+    """An integer, within `[lo, hi]` if those are given."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise field_error(where, f"{key}: expected an integer, got {value!r}")
+    if lo is not None and hi is not None and not lo <= value <= hi:
+        raise field_error(where, f"{key}: {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def parse_str(value: Any, where: str, key: str) -> str:
+    """A string; an integer is taken as its decimal digits."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise field_error(where, f"{key}: expected a string, got {value!r}")
+
+
+def parse_bool(value: Any, where: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise field_error(where, f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def parse_duration_ns(value: Any, where: str, key: str, examples: str) -> int:
+    """Nanoseconds of a non-negative Go duration (or 0); `examples` ("1s or 100ms") are named
+    when the value is not a string."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        return 0
+    if not isinstance(value, str):
+        raise field_error(where, f"{key}: expected a duration such as {examples}, got {value!r}")
+    try:
+        ns = parse_duration(value)
+    except ValidationError as exc:
+        raise field_error(where, f"{key}: {exc}") from None
+    if ns < 0:
+        raise field_error(where, f"{key}: negative duration {value!r}")
+    return ns
+
+
+def parse_mapping(value: Any, where: str, key: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise field_error(where, f"{key}: expected a mapping, got {type_name(value)}")
+    return value
+
+
+def check_keys(obj: dict[Any, Any], allowed: Sequence[str], where: str, what: str) -> None:
+    """Refuse any key of `obj` that is not `allowed` (a `what` field)."""
+    for key in obj:
+        if key not in allowed:
+            raise field_error(
+                where, f"unknown {what} field {key!r} (expected one of: {', '.join(allowed)})"
+            )
+
+
+def parse_labels(value: Any, where: str) -> pb.LabelSet:
+    """A list of `{name, value}` entries (a missing value is "")."""
+    if value is None:
+        return pb.LabelSet()
+    if not isinstance(value, list):
+        raise field_error(where, "labels: expected a list of {name, value} entries")
+    pairs: list[tuple[str, str]] = []
+    for item in value:
+        item = parse_mapping(item, where, "labels")
+        check_keys(item, ("name", "value"), where, "label")
+        if not item.get("name"):
+            raise field_error(where, "labels: every label needs a name")
+        raw_value = item.get("value")
+        pairs.append(
+            (
+                parse_str(item["name"], where, "labels.name"),
+                "" if raw_value is None else parse_str(raw_value, where, "labels.value"),
+            )
+        )
+    return label_set(pairs)
+
+
+def labels_to_yaml(labels: pb.LabelSet) -> list[dict[str, str]]:
+    """The inverse of `parse_labels`."""
+    return [{"name": lb.name, "value": lb.value} for lb in labels.labels]
+
+
+# Duration fields of specs ----------------------------------------------------------------
+
+
+def duration_field(msg: message.Message, name: str) -> int:
+    """Nanoseconds of the Duration field `name` of `msg` (0 if unset)."""
+    return int(getattr(msg, name).ToNanoseconds()) if msg.HasField(name) else 0
+
+
+def set_duration_field(msg: message.Message, name: str, ns: int) -> None:
+    """Set the Duration field `name` of `msg` to `ns` nanoseconds, clearing it for 0."""
+    if ns:
+        getattr(msg, name).FromNanoseconds(ns)
+    else:
+        msg.ClearField(name)
