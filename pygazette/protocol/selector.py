@@ -147,7 +147,9 @@ def _format_labels(labels: Sequence[pb.Label], exclude: bool) -> list[str]:
         if len(values) == 1 and values[0] == "":
             parts.append(("!" if exclude else "") + name)
         elif len(values) == 1:
-            parts.append(name + ("!=" if exclude else "=") + values[0])
+            # A value starting with "=" needs "==" ("a===" reads back as a=("=")).
+            op = "!=" if exclude else ("==" if values[0].startswith("=") else "=")
+            parts.append(name + op + values[0])
         else:
             op = " notin (" if exclude else " in ("
             parts.append(name + op + ",".join(values) + ")")

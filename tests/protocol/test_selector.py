@@ -213,3 +213,9 @@ def test_rewrite_prefix_meta_label() -> None:
     assert out == sel(
         ls("name:prefix", "a/", "name:prefix", "b/", "xx", "yy"), ls("name:prefix", "c/")
     )
+
+
+def test_a_value_starting_with_equals_round_trips() -> None:
+    sel = parse_selector("aa===")
+    assert [(x.name, x.value) for x in sel.include.labels] == [("aa", "=")]
+    assert parse_selector(format_selector(sel)) == sel
