@@ -9,7 +9,6 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -43,7 +42,6 @@ from tests.consumer.test_resolver import (
     until,
 )
 from tests.support.etcd_process import EtcdProcess
-from tests.support.gazette_process import gazette_binaries
 from tests.support.ports import free_port
 
 RS = cpb.ReplicaStatus
@@ -525,82 +523,3 @@ async def test_stat_is_proxied_to_the_primary(etcd: EtcdProcess, root: str) -> N
     finally:
         await p2.close()
         await p1.close()
-
-
-# Gazette's own gazctl against the service.
-async def _gazctl(gazctl: Path, url: str, *args: str, stdin: str = "") -> str:
-    proc = await asyncio.create_subprocess_exec(
-        str(gazctl),
-        "shards",
-        *args,
-        f"--consumer.address={url}",
-        "--broker.address=http://127.0.0.1:1",  # Not needed: no journals are referenced.
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(60):
-        out, err = await proc.communicate(stdin.encode())
-    assert proc.returncode == 0, f"gazctl shards {' '.join(args)}: {err.decode()}"
-    return out.decode()
-
-
-SHARDSPACE = """
-common:
-  max_txn_duration: 1s
-  labels:
-  - name: app
-    value: ctl
-shards:
-- id: ctl-000
-  hot_standbys: 1
-- id: ctl-001
-  labels:
-  - name: tier
-    value: gold
-"""
-
-
-@pytest.mark.timeout(1800)  # The first use builds gazctl from the Go module proxy.
-async def test_gazctl_lists_applies_and_unassigns(etcd: EtcdProcess, root: str) -> None:
-    gazctl = (await asyncio.to_thread(gazette_binaries)).gazctl
-    p = await start_proc(etcd, root, "consumer-1", allocate=False, auto_status=False)
-    try:
-        await _gazctl(gazctl, p.endpoint, "apply", stdin=SHARDSPACE)
-        async with ShardClient(p.endpoint) as client:
-            listed = await client.list_shards("app=ctl")
-        assert [s.spec.id for s in listed] == ["ctl-000", "ctl-001"]
-        assert listed[0].spec.hot_standbys == 1
-        assert [lb.value for lb in listed[1].spec.labels.labels] == ["ctl", "gold"]
-
-        def key(shard: str, suffix: str, slot: int) -> str:
-            return p.layout.assignment_key(AssignmentKey(shard, ZONE, suffix, slot))
-
-        failed = RS(code=RS.FAILED, errors=["boom"]).SerializeToString()
-        result = await p.ks.txn(
-            [],
-            [
-                Put(key("ctl-000", "consumer-1", 0), RS(code=RS.PRIMARY).SerializeToString()),
-                Put(key("ctl-000", "consumer-2", 1), failed),
-            ],
-        )
-        await p.ks.wait_for_revision(result.revision)
-
-        doc = json.loads(await _gazctl(gazctl, p.endpoint, "list", "-l", "tier=gold", "-o", "json"))
-        assert doc["status"] == "OK" and [s["spec"]["id"] for s in doc["shards"]] == ["ctl-001"]
-        doc = json.loads(
-            await _gazctl(gazctl, p.endpoint, "list", "-l", "id=ctl-000", "-o", "json")
-        )
-        [shard] = doc["shards"]
-        assert shard["route"]["endpoints"] == [p.endpoint, ""]  # consumer-2 isn't a member.
-        assert [s["code"] for s in shard["status"]] == ["PRIMARY", "FAILED"]
-        table = await _gazctl(gazctl, p.endpoint, "list", "--primary", "-l", "app=ctl")
-        assert "consumer-1:PRIMARY" in table
-
-        await _gazctl(gazctl, p.endpoint, "unassign", "--failed", "-l", "id=ctl-000")
-        assert p.ks.get(key("ctl-000", "consumer-2", 1)) is None
-        assert p.ks.get(key("ctl-000", "consumer-1", 0)) is not None
-        await _gazctl(gazctl, p.endpoint, "unassign", "-l", "id=ctl-000")
-        assert p.ks.get(key("ctl-000", "consumer-1", 0)) is None
-    finally:
-        await p.close()
