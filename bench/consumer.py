@@ -10,7 +10,15 @@ each. Then:
   the shards are created, and each shard's rate is its partition's chunks over the time
   from its becoming primary to its last final sum being read (read-committed) — all sums
   are checked. Baseline (the ceiling): read-committed reading and JSON-decoding the same
-  chunk partitions, in this process, with no processing.
+  chunk partitions, in this process, with no processing, one journal at a time. Beside the
+  rates, CPU time per chunk (Linux): the consumer processes' over the run, the ceiling's
+  over its reading — a figure that the machine's other load disturbs far less. Note that
+  the four shards run at once on two processes, each a single core at most (the GIL), so
+  two primaries share a core while the ceiling has one to itself: the per-shard ratio is
+  bounded by about half the CPU ratio. `throughput_solo` is the like-for-like figure.
+- `throughput_solo`: one shard alone (S/4 streams x M chunks in a journal of its own, a
+  SQLite store recorded to its recovery log, a hot standby), its rate beside the same
+  ceiling measured on its journal.
 - `latency`: a live chunker run (Go's scheme: a worker waits for each completed stream's
   sum) reports final chunk published -> its sum read, p50 / p99. Baseline: the round trip
   of a committed message through a journal (publish, read-committed read) with no consumer.
@@ -22,7 +30,7 @@ each. Then:
   until the standby is PRIMARY, and until its first committed transaction (the sum of a
   stream published right after the kill is read), beside the lease TTL that bounds it.
 
-    python bench/consumer.py [--quick]
+    python bench/consumer.py [--quick] [--max-txn-duration 100ms]
 
 Prints one JSON document.
 """
@@ -78,25 +86,34 @@ from pygazette.protocol.pb import recoverylog_pb2 as rpb  # noqa: E402
 MiB = 1 << 20
 PARTS = [f"examples/stream-sum/chunks/part-{i:03d}" for i in range(4)]
 SHARDS = [f"chunks-part-{i:03d}" for i in range(4)]
+SOLO_JOURNAL = "bench/consumer/solo-chunks"
+SOLO_SHARD = "bench-solo"
 ECHO_JOURNAL = "bench/consumer/echo"
 RECOVERY_LOG = "bench/consumer/recovery-log"
 RECOVERY_LOG_CT = "application/x-gazette-recoverylog"
 
 
-def shards_yaml(standbys: int) -> str:
+RECOVERY_LOG_PREFIX = "examples/stream-sum/recovery-logs"
+
+
+def shards_yaml(
+    standbys: int,
+    max_txn_duration: str = "1s",
+    shards: list[tuple[str, str]] | None = None,
+) -> str:
     lines = [
         "common:",
-        "  recovery_log_prefix: examples/stream-sum/recovery-logs",
+        f"  recovery_log_prefix: {RECOVERY_LOG_PREFIX}",
         "  hint_prefix: /gazette/hints",
         "  hint_backups: 2",
-        "  max_txn_duration: 1s",
+        f"  max_txn_duration: {max_txn_duration}",
         f"  hot_standbys: {standbys}",
         "  labels:",
         "  - name: store",
         "    value: sqlite",
         "shards:",
     ]
-    for shard, part in zip(SHARDS, PARTS, strict=True):
+    for shard, part in shards if shards is not None else list(zip(SHARDS, PARTS, strict=True)):
         lines += [f"- id: {shard}", "  sources:", f"  - journal: {part}"]
     return "\n".join(lines) + "\n"
 
@@ -119,6 +136,33 @@ def pct(values: list[float], q: float) -> float:
 
 def ms(seconds: float) -> float:
     return round(seconds * 1e3, 1)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (None where /proc doesn't say)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def consumers_cpu(cluster: ConsumerCluster) -> float | None:
+    """CPU seconds used so far by the running consumer processes, together."""
+    total = 0.0
+    for proc in cluster.consumers:
+        if proc.proc is None or proc.proc.poll() is not None:
+            return None
+        used = cpu_seconds(proc.proc.pid)
+        if used is None:
+            return None
+        total += used
+    return total
+
+
+def us_per(seconds: float | None, n: int) -> float | None:
+    return None if seconds is None or not n else round(seconds / n * 1e6, 2)
 
 
 # Throughput ------------------------------------------------------------------------------
@@ -157,26 +201,32 @@ async def preload(
     return expected, per_part, part_of
 
 
-async def primaries_times(cluster: ConsumerCluster, within: float = 120.0) -> dict[str, float]:
-    """Wait until every shard is primary; when each was first seen primary."""
+async def primaries_times(
+    cluster: ConsumerCluster, within: float = 120.0, shards: list[str] | None = None
+) -> dict[str, float]:
+    """Wait until every shard (of `shards`, default SHARDS) is primary; when each was
+    first seen primary."""
+    wanted = set(SHARDS if shards is None else shards)
     ks = await cluster.keyspace(STREAM_SUM_PREFIX)
     layout = KeyLayout(STREAM_SUM_PREFIX)
     seen: dict[str, float] = {}
     deadline = time.monotonic() + within
-    while len(seen) < len(SHARDS):
+    while len(seen) < len(wanted):
         now = time.monotonic()
         for kv in ks.range(layout.assign_prefix):
             key = layout.parse_assignment_key(kv.key)
+            if key.item not in wanted:
+                continue
             status = cpb.ReplicaStatus()
             status.ParseFromString(kv.value)
             if status.code == cpb.ReplicaStatus.PRIMARY and key.item not in seen:
                 seen[key.item] = now
             if status.code == cpb.ReplicaStatus.FAILED:
                 raise RuntimeError(f"shard {key.item} failed: {list(status.errors)}")
-        if len(seen) == len(SHARDS):
+        if len(seen) == len(wanted):
             break
         if now > deadline:
-            raise TimeoutError(f"shards not primary: {sorted(set(SHARDS) - set(seen))}")
+            raise TimeoutError(f"shards not primary: {sorted(wanted - set(seen))}")
         with contextlib.suppress(TimeoutError):
             await ks.wait_for_change(ks.revision, 1.0)
     return seen
@@ -211,11 +261,13 @@ async def read_sums(
     return arrived, mismatches, duplicates
 
 
-async def read_ceiling(client: JournalClient) -> dict[str, Any]:
-    """Read-committed + decode of every chunk partition, no processing: chunks/s each."""
+async def read_ceiling(client: JournalClient, journals: list[str] | None = None) -> dict[str, Any]:
+    """Read-committed + decode of every chunk partition (or `journals`), one at a time, no
+    processing: chunks/s each, and this process's CPU time per chunk."""
     rates = []
     total = 0
-    for part in PARTS:
+    cpu_start = time.process_time()
+    for part in PARTS if journals is None else journals:
         start = time.perf_counter()
         n = 0
         async with ReadCommitted(client, part, framing=FRAMING) as it:
@@ -231,7 +283,13 @@ async def read_ceiling(client: JournalClient) -> dict[str, Any]:
         "chunks": total,
         "per_journal_chunks_per_s": round(statistics.mean(rates)),
         "journals_chunks_per_s": [round(r) for r in rates],
+        "cpu_us_per_chunk": us_per(time.process_time() - cpu_start, total),
     }
+
+
+def cpu_ratio(ceiling: dict[str, Any], consumer_us: float | None) -> float | None:
+    ceiling_us = ceiling["cpu_us_per_chunk"]
+    return None if not consumer_us or ceiling_us is None else round(ceiling_us / consumer_us, 3)
 
 
 async def throughput(
@@ -240,11 +298,13 @@ async def throughput(
     expected, per_part, part_of = await preload(client, args.streams, args.chunks)
     begin = await barrier(client, FINAL_SUMS_JOURNAL)
     specs = tmp / "shards.yaml"
-    specs.write_text(shards_yaml(args.standbys))
+    specs.write_text(shards_yaml(args.standbys, args.max_txn_duration))
     sums = asyncio.create_task(read_sums(client, begin, expected, args.within))
+    cpu_before = consumers_cpu(cluster)
     await cluster.apply_shards(specs, cluster.consumers[0])
     primary_at = await primaries_times(cluster)
     arrived, mismatches, duplicates = await sums
+    cpu_after = consumers_cpu(cluster)
     per_shard = []
     for shard, part in zip(SHARDS, PARTS, strict=True):
         last = max(t for sid, t in arrived.items() if part_of[sid] == part)
@@ -253,12 +313,17 @@ async def throughput(
     total_chunks = sum(per_part.values())
     ceiling = await read_ceiling(client)
     shard_rate = statistics.median(per_shard)
+    consumer_us = us_per(
+        None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
+        total_chunks,
+    )
     return {
         "streams": args.streams,
         "chunks": total_chunks,
         "shards": len(SHARDS),
         "consumer_processes": 2,
         "hot_standbys": args.standbys,
+        "max_txn_duration": args.max_txn_duration,
         "store": "sqlite (recorded to a recovery log)",
         "sums_verified": len(arrived) - mismatches,
         "mismatches": mismatches,
@@ -273,6 +338,68 @@ async def throughput(
         "ratio_per_process_to_baseline": round(
             total_chunks / elapsed / 2 / ceiling["per_journal_chunks_per_s"], 3
         ),
+        # Both consumer processes (primaries, standbys, everything) from the shards'
+        # creation to the last sum.
+        "consumer_cpu_us_per_chunk": consumer_us,
+        "ratio_cpu_baseline_to_consumer": cpu_ratio(ceiling, consumer_us),
+    }
+
+
+async def throughput_solo(
+    cluster: ConsumerCluster, client: JournalClient, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    """One shard alone on its own journal (see the module docstring)."""
+    streams = max(1, args.streams // len(PARTS))
+    expected: dict[bytes, Sum] = {}
+    chunks = 0
+
+    def to_solo(_msg: Any) -> tuple[str, str]:
+        return SOLO_JOURNAL, CONTENT_TYPE_JSON_LINES
+
+    async with AppendService(client) as service:
+        pub = Publisher(service, framings={CONTENT_TYPE_JSON_LINES: FRAMING})
+        batch: list[dict[str, Any]] = []
+        for chunk, expect in generate(streams, args.chunks, random.Random(15)):
+            batch.append(chunk)
+            if expect is not None:
+                expected[expect.stream_id] = expect
+            if len(batch) >= 2000:
+                chunks += len(batch)
+                pub.publish_committed_many(to_solo, batch)
+                batch = []
+                await asyncio.sleep(0)
+        chunks += len(batch)
+        pub.publish_committed_many(to_solo, batch)
+    begin = await barrier(client, FINAL_SUMS_JOURNAL)
+    specs = tmp / "solo-shard.yaml"
+    specs.write_text(
+        shards_yaml(args.standbys, args.max_txn_duration, [(SOLO_SHARD, SOLO_JOURNAL)])
+    )
+    sums = asyncio.create_task(read_sums(client, begin, expected, args.within))
+    before = {p.member_id: cpu_seconds(p.proc.pid) for p in cluster.consumers if p.proc}
+    await cluster.apply_shards(specs, cluster.consumers[0])
+    primary_at = (await primaries_times(cluster, shards=[SOLO_SHARD]))[SOLO_SHARD]
+    primary = await cluster.primary_of(STREAM_SUM_PREFIX, SOLO_SHARD)
+    arrived, mismatches, duplicates = await sums
+    used = None
+    if primary is not None and primary.proc is not None:
+        start, end = before.get(primary.member_id), cpu_seconds(primary.proc.pid)
+        used = None if start is None or end is None else end - start
+    rate = chunks / max(1e-6, max(arrived.values()) - primary_at)
+    ceiling = await read_ceiling(client, [SOLO_JOURNAL])
+    primary_us = us_per(used, chunks)
+    return {
+        "streams": streams,
+        "chunks": chunks,
+        "sums_verified": len(arrived) - mismatches,
+        "mismatches": mismatches,
+        "duplicates": duplicates,
+        "chunks_per_s": round(rate),
+        "baseline_read_committed_decode": ceiling,
+        "ratio_to_baseline": round(rate / ceiling["per_journal_chunks_per_s"], 3),
+        # The primary's process, from the shard's creation to its last sum.
+        "primary_cpu_us_per_chunk": primary_us,
+        "ratio_cpu_baseline_to_primary": cpu_ratio(ceiling, primary_us),
     }
 
 
@@ -508,11 +635,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         upsert=journal_spec(ECHO_JOURNAL, CONTENT_TYPE_JSON_LINES)
                     ),
                     pb.ApplyRequest.Change(upsert=journal_spec(RECOVERY_LOG, RECOVERY_LOG_CT)),
+                    pb.ApplyRequest.Change(
+                        upsert=journal_spec(SOLO_JOURNAL, CONTENT_TYPE_JSON_LINES)
+                    ),
+                    pb.ApplyRequest.Change(
+                        upsert=journal_spec(f"{RECOVERY_LOG_PREFIX}/{SOLO_SHARD}", RECOVERY_LOG_CT)
+                    ),
                 ],
             )
             for i in range(2):
                 cluster.add_consumer(STREAM_SUM_APP, STREAM_SUM_PREFIX, f"summer-{i}")
             result["throughput"] = await throughput(cluster, client, args, tmp)
+            result["throughput_solo"] = await throughput_solo(cluster, client, args, tmp)
         result["latency"] = await latency(cluster, args)
         result["recovery"] = await recovery(cluster, args, tmp)
         result["takeover"] = await takeover(cluster, args)
@@ -537,6 +671,9 @@ def main() -> None:
     parser.add_argument("--takeover-rounds", type=int, default=0)
     parser.add_argument("--standbys", type=int, default=1)
     parser.add_argument("--lease-ttl", default="3s")
+    parser.add_argument(
+        "--max-txn-duration", default="1s", help="the shards' max_txn_duration (Go duration)"
+    )
     parser.add_argument("--within", type=float, default=300.0, help="seconds a phase may take")
     parser.add_argument("--play-log", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)

@@ -9,6 +9,20 @@ batch checkpoints exactly that, however far the reader has run ahead. ACKs are i
 advance the offsets a transaction checkpoints; the transaction does not hand them to the
 application). A decode error ends the journal's reading with the error queued, so that the
 shard fails on it rather than skip data.
+
+The queue is bounded by messages, as Gazette's read channel is: a reader queues its next
+batch only while fewer than `queue_messages` envelopes wait (a batch larger than that is
+queued once the queue is empty). Reading ahead further gains nothing — readers and the
+transaction loop share one thread — and every message queued is an object that outlives
+the young GC generations, which makes the collector's full passes frequent and long.
+Take batches with `get` / `get_nowait`, which release their room.
+
+Batches hold at most `batch_messages` messages (a large read is sequenced that many at a
+time, each batch with its own exact checkpoint): a transaction closes only between batches,
+so this bounds how far it runs past `max_txn_duration`, and with the bounded queue it lets
+a transaction close (nothing is ready) while the readers still have content to deliver, so
+that the next transaction pipelines with its commit, as Gazette's message-at-a-time loop
+does.
 """
 
 from __future__ import annotations
@@ -54,7 +68,8 @@ class SourceReaders:
         framings: Mapping[str, Framing | None],
         *,
         ring_size: int = 4096,
-        queue_batches: int = 8,
+        queue_messages: int = 4096,
+        batch_messages: int = 1024,
     ) -> None:
         self.client = client
         self.sources = list(sources)
@@ -62,10 +77,34 @@ class SourceReaders:
         self.states = {j: list(s) for j, s in states.items()}
         self.framings = dict(framings)
         self.ring_size = ring_size
-        self.queue: asyncio.Queue[SourceBatch] = asyncio.Queue(
-            maxsize=max(1, queue_batches) * max(1, len(self.sources))
-        )
+        self.queue_messages = max(1, queue_messages)
+        self.batch_messages = max(1, batch_messages)
+        # Unbounded itself: `_put` bounds it by messages.
+        self.queue: asyncio.Queue[SourceBatch] = asyncio.Queue()
+        self._queued = 0  # Envelopes in queued batches.
+        self._room = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+
+    async def get(self) -> SourceBatch:
+        """The next batch, waiting for one."""
+        return self._took(await self.queue.get())
+
+    def get_nowait(self) -> SourceBatch:
+        """The next batch if one is queued (asyncio.QueueEmpty otherwise)."""
+        return self._took(self.queue.get_nowait())
+
+    def _took(self, batch: SourceBatch) -> SourceBatch:
+        self._queued -= max(1, len(batch.envelopes))
+        self._room.set()
+        return batch
+
+    async def _put(self, batch: SourceBatch) -> None:
+        weight = max(1, len(batch.envelopes))
+        while self._queued and self._queued + weight > self.queue_messages:
+            self._room.clear()
+            await self._room.wait()
+        self._queued += weight
+        self.queue.put_nowait(batch)
 
     def start_offset(self, source: cpb.ShardSpec.Source) -> int:
         """Where reading of a source starts: its checkpoint offset, at least `min_offset`."""
@@ -95,19 +134,17 @@ class SourceReaders:
         async with reader:
             while True:
                 try:
-                    batch = await reader.next_batch()
+                    batch = await reader.next_batch(self.batch_messages)
                 except StopAsyncIteration:
-                    await self.queue.put(SourceBatch(journal, ended=True))
+                    await self._put(SourceBatch(journal, ended=True))
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    await self.queue.put(SourceBatch(journal, error=exc))
+                    await self._put(SourceBatch(journal, error=exc))
                     return
                 offsets, states = sequencer.checkpoint(PRUNE_HORIZON_NS)
-                await self.queue.put(
-                    SourceBatch(journal, batch, offsets.get(journal, offset), states)
-                )
+                await self._put(SourceBatch(journal, batch, offsets.get(journal, offset), states))
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -198,7 +199,7 @@ class Transactions:
         """The next batch; None on timeout, on stop, or when `prev` finished first (if it
         wasn't done already)."""
         if self._get is None:
-            self._get = asyncio.ensure_future(self.readers.queue.get())
+            self._get = asyncio.ensure_future(self.readers.get())
         waits: set[asyncio.Future[Any]] = {self._get, stop_wait}
         if prev is not None and not prev.done():
             waits.add(prev.waiter())
@@ -218,7 +219,7 @@ class Transactions:
             self._get = None
             return batch
         try:
-            return self.readers.queue.get_nowait()
+            return self.readers.get_nowait()
         except asyncio.QueueEmpty:
             return None
 
@@ -240,14 +241,18 @@ class Transactions:
 
     async def _consume(self, batch: SourceBatch) -> tuple[int, int]:
         """Hand a batch's messages (not its ACKs) to the application."""
-        shard, store, app, publisher = self.shard, self.store, self.app, self.publisher
+        shard, store, publisher = self.shard, self.store, self.publisher
+        consume = self.app.consume_message
         messages = nbytes = 0
         for env in batch.envelopes:
             nbytes += env.end - env.begin
             if env.flags == ACK_TXN:
                 continue
             messages += 1
-            await maybe_await(app.consume_message(shard, store, env, publisher))
+            # A plain function returns None: no coroutine per message then.
+            result = consume(shard, store, env, publisher)
+            if result is not None and inspect.isawaitable(result):
+                await result
         if not batch.ended:
             self.offsets[batch.journal] = batch.read_through
             self.states[batch.journal] = batch.states

@@ -234,6 +234,10 @@ class ReadCommitted:
         )
         self.replays = 0
         self._ready: deque[Envelope] = deque()
+        # Read-uncommitted envelopes not yet sequenced (`next_batch(limit)` sequences a
+        # read's envelopes `limit` at a time), and the index of the next one.
+        self._pending: list[Envelope] = []
+        self._pending_at = 0
 
     def __aiter__(self) -> ReadCommitted:
         return self
@@ -244,20 +248,35 @@ class ReadCommitted:
             await self._fill()
         return ready.popleft()
 
-    async def next_batch(self) -> list[Envelope]:
-        """The committed messages sequenced from the next read (at least one)."""
+    async def next_batch(self, limit: int = 0) -> list[Envelope]:
+        """The committed messages sequenced from the next read (at least one). With
+        `limit`, at most `limit` of the read's messages are sequenced per call (the rest wait
+        for the next calls), so that the sequencer's `checkpoint()` after each call is
+        exactly as of the batch returned, however large the reads."""
         ready = self._ready
         while not ready:
-            await self._fill()
+            await self._fill(limit)
         batch = list(ready)
         ready.clear()
         return batch
 
-    async def _fill(self) -> None:
-        """Sequence the next batch of read-uncommitted messages (StopAsyncIteration at the
-        end; decode errors pass through)."""
+    async def _fill(self, limit: int = 0) -> None:
+        """Sequence read-uncommitted messages: the rest of the last read, or the next read
+        (StopAsyncIteration at the end; decode errors pass through); at most `limit` of
+        them, if set."""
         seq = self.sequencer
-        batch = await self.uncommitted.next_batch()
+        if self._pending_at >= len(self._pending):
+            self._pending = await self.uncommitted.next_batch()
+            self._pending_at = 0
+        batch, start = self._pending, self._pending_at
+        if limit > 0 and len(batch) - start > limit:
+            batch = batch[start : start + limit]
+            self._pending_at += limit
+        elif start:
+            batch = batch[start:]
+            self._pending_at = len(self._pending)
+        else:
+            self._pending_at = len(batch)
         out: list[Envelope] = []
         i, n = 0, len(batch)
         while i < n:

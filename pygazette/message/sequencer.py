@@ -236,6 +236,12 @@ class Sequencer:
         offsets = self._offsets
         n = len(envs)
         i = start
+        # The last producer seen in this call, and its _Partial: a run of one producer's
+        # messages (the common case) looks its state up once. (Only within this call:
+        # checkpoint() may drop _Partials.)
+        last_journal: str | None = None
+        last_producer: bytes | None = None
+        partial: _Partial | None = None
         while i < n:
             env = envs[i]
             i += 1
@@ -243,10 +249,13 @@ class Sequencer:
                 # The common case, inline: a message that commits (or duplicates) alone.
                 clock = env.clock
                 if clock:
-                    jp = (env.journal, env.producer)
-                    partial = partials.get(jp)
-                    if partial is None:
-                        partial = partials[jp] = _Partial(jp, clock - 1, clock - 1, -1)
+                    if env.producer is not last_producer or env.journal is not last_journal:
+                        jp = (env.journal, env.producer)
+                        partial = partials.get(jp)
+                        if partial is None:
+                            partial = partials[jp] = _Partial(jp, clock - 1, clock - 1, -1)
+                        last_journal, last_producer = env.journal, env.producer
+                    assert partial is not None
                     if clock <= partial.min_clock:
                         offsets[env.journal] = env.end  # A duplicate.
                         continue
@@ -258,6 +267,7 @@ class Sequencer:
                 offsets[env.journal] = env.end
                 out.append(env)
                 continue
+            last_producer = None  # queue_uncommitted may create or reset _Partials.
             if self.queue_uncommitted(env) == QueueOutcome.ACK_COMMIT_REPLAY:
                 return i
             while self.step():

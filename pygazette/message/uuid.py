@@ -246,20 +246,46 @@ _CANONICAL = re.compile(
 ).fullmatch
 
 
+# Canonical UUID texts by all but their first 8 characters (the low 32 bits of the
+# timestamp): (producer, the timestamp's high 28 bits shifted into place, the clock's
+# 4-bit counter, flags). A producer's UUIDs differ only in those 8 characters for minutes
+# at a time, so most texts parse with one lookup and one int() of 8 hex digits.
+_SUFFIXES: dict[str, tuple[bytes, int, int, int]] = {}
+_MAX_SUFFIXES = 4096
+
+
 def parse_uuid_text(text: str) -> tuple[bytes, int, int]:
     """(producer, clock, flags) of a UUID's text form.
 
     Accepts the canonical 36-character form (any case), and the other forms Go's uuid.Parse
     accepts: 32 hex digits, "{...}" and "urn:uuid:...". Raises ValueError otherwise.
     """
-    if len(text) != 36:
+    if len(text) == 36:
+        parts = _SUFFIXES.get(text[8:])
+        if parts is not None:
+            low = text[:8]
+            # int() would also take signs, white space, underscores and non-ASCII digits.
+            if low.isascii() and low.isalnum():
+                try:
+                    ts_low = int(low, 16)
+                except ValueError:
+                    pass  # Not hex: the full parse below raises.
+                else:
+                    producer, ts_high, counter, flags = parts
+                    return producer, ((ts_high | ts_low) << 4) | counter, flags
+    else:
         text = _canonical(text)
     if _CANONICAL(text) is None:
         raise ValueError(f"invalid UUID {text!r}")
     # The 60-bit timestamp: high 12 bits (without the version nibble), middle, low.
-    ts = int(text[15:18] + text[9:13] + text[0:8], 16)
+    ts_high = int(text[15:18] + text[9:13], 16) << 32
     seq = int(text[19:23], 16)
-    return bytes.fromhex(text[24:36]), (ts << 4) | ((seq >> 10) & 0xF), seq & MAX_FLAGS
+    producer = bytes.fromhex(text[24:36])
+    counter, flags = (seq >> 10) & 0xF, seq & MAX_FLAGS
+    if len(_SUFFIXES) >= _MAX_SUFFIXES:
+        _SUFFIXES.clear()
+    _SUFFIXES[text[8:]] = (producer, ts_high, counter, flags)
+    return producer, ((ts_high | int(text[0:8], 16)) << 4) | counter, flags
 
 
 def _canonical(text: str) -> str:
