@@ -341,3 +341,23 @@ def test_memory_state_forgets_finished_streams(tmp_path: Path) -> None:
     assert store.state["sums"] == {sid.hex(): [1, crc64.checksum(b"a")]}
     feed(app, shard, store, FakePublisher(), [new_chunk(sid, 2, None)], 1)
     assert store.state["sums"] == {}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_crc64_update_many_equals_update_per_stream(seed: int) -> None:
+    """The vectorized fold of a whole transaction equals Go's CRC-64 stream by stream, for
+    chunk sizes on both sides of its fast path and streams of very different lengths."""
+    rng = random.Random(seed)
+    for nstreams, maxchunks, sizes in (
+        (rng.randint(0, 300), 60, [32]),
+        (rng.randint(1, 300), 60, list(range(71))),
+        (rng.randint(1, 5), 500, [0, 1, 7, 8, 9, 32]),
+        (rng.randint(1, 50), 20, [32, 300]),
+    ):
+        values = [rng.getrandbits(64) for _ in range(nstreams)]
+        pieces = [
+            [rng.randbytes(rng.choice(sizes)) for _ in range(rng.randint(0, maxchunks))]
+            for _ in range(nstreams)
+        ]
+        want = [crc64.update(v, b"".join(p)) for v, p in zip(values, pieces, strict=True)]
+        assert crc64.update_many(values, pieces) == want
