@@ -73,6 +73,7 @@ from pygazette.client import JournalClient, apply_journals  # noqa: E402
 from pygazette.client.append_service import AppendService  # noqa: E402
 from pygazette.client.list_apply import list_all  # noqa: E402
 from pygazette.client.retry_reader import read_journal  # noqa: E402
+from pygazette.consumer.runner import tune_gc  # noqa: E402
 from pygazette.keyspace.layout import KeyLayout  # noqa: E402
 from pygazette.message.framing import CONTENT_TYPE_JSON_LINES  # noqa: E402
 from pygazette.message.publisher import Publisher  # noqa: E402
@@ -678,6 +679,9 @@ def main() -> None:
     parser.add_argument("--play-log", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # The consumer processes run with `tune_gc()`; so does this process's ceiling reader,
+    # or the ratios would compare collector settings rather than the consumer.
+    tune_gc()
     if args.play_log:
         print(json.dumps(asyncio.run(play_log(args.broker, args.play_log))))
         return

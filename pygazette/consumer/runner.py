@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import importlib
 import logging
 import os
@@ -54,7 +55,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConsumerConfig", "ConsumerProcess", "load_app", "run", "run_consumer", "serve"]
+__all__ = [
+    "ConsumerConfig",
+    "ConsumerProcess",
+    "load_app",
+    "run",
+    "run_consumer",
+    "serve",
+    "tune_gc",
+]
 
 DEFAULT_CONSUMER_PREFIX = "/gazette/consumers"
 
@@ -269,10 +278,25 @@ class ConsumerProcess:
         log.info("consumer stopped")
 
 
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections for a streaming process.
+
+    A primary decodes thousands of messages per read; with CPython's defaults they survive
+    into the older generations and make full collections frequent (a fifth of a primary's
+    CPU in `bench/consumer.py`). Objects alive after start-up (modules, the application)
+    are frozen out of every pass, and the youngest generation is collected every 20,000
+    allocations instead of 700.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)
+
+
 async def run_consumer(config: ConsumerConfig) -> None:
     """Serve until SIGINT/SIGTERM (then drain and stop), or until membership is lost."""
     process = ConsumerProcess(config)
     await process.start()
+    tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
