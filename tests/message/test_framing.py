@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pygazette.message import (
@@ -306,13 +306,21 @@ def test_fixed_round_trip(msgs: list, cuts: list[int], offset: int) -> None:
     st.integers(1, 100),
     st.lists(st.integers(0, 10**6), max_size=6),
 )
+@example([{"UUID": 0}, {}], 1, [])  # A line whose UUID isn't a string: a whole bad line.
 def test_a_message_cut_at_the_end_is_reported_not_lost(
     msgs: list, cut_back: int, cuts: list[int]
 ) -> None:
     data = b"".join(orjson.dumps(m) + b"\n" for m in msgs)
     cut = max(0, len(data) - cut_back)
     out = unpack(JSONFraming(), data[:cut], [c % (cut + 1) for c in cuts])
-    whole = [e for e in out if isinstance(e, Envelope)]
+    # Whole lines come out as messages, or as decode errors where a line isn't one (e.g. a
+    # "UUID" key whose value is not a string): either way, reported and not lost.
+    whole = [
+        e
+        for e in out
+        if isinstance(e, Envelope)
+        or (isinstance(e, MessageDecodeError) and not isinstance(e, PartialMessage))
+    ]
     ends = [e.end for e in whole]
     # Every whole message before the cut is there; the rest is one PartialMessage.
     assert all(data[e - 1 : e] == b"\n" for e in ends)
@@ -322,3 +330,4 @@ def test_a_message_cut_at_the_end_is_reported_not_lost(
         assert len(partials) == 1 and partials[0].end - partials[0].begin == rest
     else:
         assert not partials
+
