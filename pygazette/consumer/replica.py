@@ -178,7 +178,7 @@ class ShardReplica:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         except Exception:
-            pass
+            pass  # Its failure was reported (FAILED status) where it happened.
 
     async def wait_read_through(
         self, read_through: dict[str, int], within: float

@@ -212,12 +212,10 @@ class ShardResolver:
             entry = self._local.pop(sid, None)
             if entry is not None:
                 prev = entry.assignment
-                if asn.slot < prev.slot:
-                    pass  # Promoted: the same replica carries on.
-                elif prev.kv.create_revision == asn.kv.create_revision:
-                    pass  # Same assignment, new value.
-                else:
-                    # Deleted and re-created: a new replica for the new assignment.
+                # A promoted replica, or the same assignment with a new value, carries on;
+                # an assignment deleted and re-created gets a new replica.
+                promoted = asn.slot < prev.slot
+                if not promoted and prev.kv.create_revision != asn.kv.create_revision:
                     self._stop_entry(entry)
                     entry = None
             if entry is None:

@@ -298,11 +298,10 @@ class ShardService(cpb_grpc.ShardServicer):
             for a in resolver.shard_assignments(state, shard):
                 status = resolver.decoder.replica_status(a.kv)
                 assert status is not None
-                if status.code == cpb.ReplicaStatus.FAILED:
-                    pass  # A FAILED assignment is always removed.
-                elif not request.only_failed and a.slot == 0:
-                    pass  # So is a primary, unless only failed ones are asked for.
-                else:
+                # A FAILED assignment is always removed; so is a primary, unless only
+                # failed ones are asked for.
+                failed = status.code == cpb.ReplicaStatus.FAILED
+                if not failed and (request.only_failed or a.slot != 0):
                     continue
                 compares.append(Compare(a.kv.key, a.kv.mod_revision))
                 ops.append(Delete(a.kv.key))
