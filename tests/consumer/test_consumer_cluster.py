@@ -33,6 +33,7 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.support.broker_process import BrokerProcess
 from tests.support.consumer_process import ConsumerProcess
 from tests.support.etcd_process import EtcdProcess, etcd_binary
+from tests.support.journal_data import small_journal_spec
 
 pytestmark = [
     pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed"),
@@ -47,17 +48,6 @@ OUT = "tests/consumer/out"
 LOGS = "tests/consumer/recovery"
 SHARD = "counter-000"
 LEASE = "3s"
-
-
-def journal(name: str, content_type: str) -> pb.JournalSpec:
-    spec = pb.JournalSpec(
-        name=name, replication=1, labels=label_set({"content-type": content_type})
-    )
-    spec.fragment.length = 1 << 20
-    spec.fragment.compression_codec = pb.SNAPPY
-    spec.fragment.stores.append("file:///")
-    spec.fragment.refresh_interval.seconds = 1
-    return spec
 
 
 def shard_spec(shard_id: str = SHARD, *, standbys: int = 1, log: bool = True) -> cpb.ShardSpec:
@@ -178,9 +168,10 @@ async def group(
     g = Group(tmp_path, etcd, broker)
     await g.ks.open()
     async with JournalClient(broker.url) as client:
-        specs = [journal(j, NDJSON) for j in [*SOURCES, OUT]]
+        specs = [small_journal_spec(j) for j in [*SOURCES, OUT]]
         specs += [
-            journal(f"{LOGS}/{s}", RECOVERY_LOG) for s in (SHARD, "counter-001", "counter-002")
+            small_journal_spec(f"{LOGS}/{s}", RECOVERY_LOG)
+            for s in (SHARD, "counter-001", "counter-002")
         ]
         await apply_journals(
             client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]

@@ -16,11 +16,11 @@ from pygazette.client.append_service import AppendService
 from pygazette.consumer.shard_client import ShardClient
 from pygazette.message.publisher import Publisher
 from pygazette.message.reader import ReadCommitted
-from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.support.broker_process import BrokerProcess
 from tests.support.consumer_process import ConsumerProcess
+from tests.support.journal_data import small_journal_spec
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NDJSON = "application/x-ndjson"
@@ -31,15 +31,6 @@ def readme_counter_source() -> str:
     blocks = re.findall(r"```python\n(# counter\.py.*?)```", text, re.S)
     assert blocks, "README.md lost its counter.py example"
     return blocks[0]
-
-
-def journal(name: str) -> pb.JournalSpec:
-    spec = pb.JournalSpec(name=name, replication=1, labels=label_set({"content-type": NDJSON}))
-    spec.fragment.length = 1 << 20
-    spec.fragment.compression_codec = pb.SNAPPY
-    spec.fragment.stores.append("file:///")
-    spec.fragment.refresh_interval.seconds = 1
-    return spec
 
 
 async def test_readme_counter_runs_on_an_embedded_keyspace(
@@ -58,7 +49,7 @@ async def test_readme_counter_runs_on_an_embedded_keyspace(
             await apply_journals(
                 client,
                 [
-                    pb.ApplyRequest.Change(upsert=journal(j), expect_mod_revision=0)
+                    pb.ApplyRequest.Change(upsert=small_journal_spec(j), expect_mod_revision=0)
                     for j in ("examples/words", "examples/counts")
                 ],
             )

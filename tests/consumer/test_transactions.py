@@ -23,23 +23,14 @@ from pygazette.message.envelope import Envelope
 from pygazette.message.framing import framing_for
 from pygazette.message.publisher import Publisher
 from pygazette.message.reader import ReadCommitted
-from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import small_journal_spec
 
 NDJSON = "application/x-ndjson"
 SOURCES = ["tests/consumer/in-a", "tests/consumer/in-b"]
 OUT = "tests/consumer/out"
-
-
-def journal(name: str) -> pb.JournalSpec:
-    spec = pb.JournalSpec(name=name, replication=1, labels=label_set({"content-type": NDJSON}))
-    spec.fragment.length = 1 << 20
-    spec.fragment.compression_codec = pb.SNAPPY
-    spec.fragment.stores.append("file:///")
-    spec.fragment.refresh_interval.seconds = 1
-    return spec
 
 
 @dataclass
@@ -93,7 +84,7 @@ async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
         await apply_journals(
             c,
             [
-                pb.ApplyRequest.Change(upsert=journal(j), expect_mod_revision=0)
+                pb.ApplyRequest.Change(upsert=small_journal_spec(j), expect_mod_revision=0)
                 for j in [*SOURCES, OUT]
             ],
         )

@@ -1,4 +1,4 @@
-"""Writing test records to journals and waiting for their fragments to persist."""
+"""Test journals: specs, writing records, and waiting for their fragments to persist."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from pygazette.client import SyncJournalClient
+from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 
@@ -51,3 +52,16 @@ def fragment_path(file_root: Path, url: str) -> Path:
     """The file of a `file://` fragment URL, signed relative to the broker's file root."""
     assert url.startswith("file://"), url
     return file_root / unquote(urlsplit(url).path).lstrip("/")
+
+
+def small_journal_spec(name: str, content_type: str = "application/x-ndjson") -> pb.JournalSpec:
+    """A replication-1 journal of `content_type` in the broker's file store: 1 MiB snappy
+    fragments, listed every second (what the consumer tests create their journals with)."""
+    spec = pb.JournalSpec(
+        name=name, replication=1, labels=label_set({"content-type": content_type})
+    )
+    spec.fragment.length = 1 << 20
+    spec.fragment.compression_codec = pb.SNAPPY
+    spec.fragment.stores.append("file:///")
+    spec.fragment.refresh_interval.seconds = 1
+    return spec
