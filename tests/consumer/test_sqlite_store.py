@@ -36,6 +36,7 @@ from tests.consumer.test_store_support import (
     take_over,
 )
 from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import small_journal_spec
 
 SHARD = FakeShard()
 LOG = "tests/stores/sqlite/recovery-log"
@@ -465,7 +466,7 @@ async def test_exactly_once_transactions_fail_over_through_the_recovery_log(
         await apply_journals(
             client,
             [
-                pb.ApplyRequest.Change(upsert=tt.journal(j), expect_mod_revision=0)
+                pb.ApplyRequest.Change(upsert=small_journal_spec(j), expect_mod_revision=0)
                 for j in [*tt.SOURCES, tt.OUT]
             ],
         )
