@@ -21,6 +21,7 @@ import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -122,10 +123,11 @@ class Broker:
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
                 ("grpc.http2.max_ping_strikes", 0),
             ]
-        self._server = grpc.aio.server(options=options)
-        self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
-        if self.port == 0:
-            raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
+        # Wrappers around every RPC handler (request checks, authorization, RPC metrics),
+        # outermost first.
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
+        self._server = grpc.aio.server(options=options, interceptors=interceptors)
+        self.port = self._listen(self._server)
         endpoint = cfg.advertise_url or f"http://{cfg.host}:{self.port}"
         identity = BrokerIdentity(cfg.zone, cfg.broker_id or default_broker_id(), endpoint)
         limits = AppendLimits(cfg.min_append_rate, RateLimiter(cfg.max_append_rate))
@@ -176,6 +178,14 @@ class Broker:
         self.retention.start()
         await self._server.start()  # Peers can reach us before we are assigned anything.
         await self.member.join()
+
+    def _listen(self, server: grpc.aio.Server) -> int:
+        """Bind the gRPC port; the bound port number (for `port` 0, the one picked)."""
+        cfg = self.config
+        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        if port == 0:
+            raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
+        return port
 
     def _add_retention(self) -> None:
         """The Retention service (`journals prune`) and the periodic retention pass."""

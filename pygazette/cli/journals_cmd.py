@@ -11,7 +11,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
 import click
@@ -20,6 +20,7 @@ import grpc.aio
 from google.protobuf import text_format
 
 from pygazette.cli import output
+from pygazette.cli.client_settings import ClientSettings, client_settings
 from pygazette.cli.journalspace import apply_request, parse_journalspace
 from pygazette.cli.records import MessageAligner, RecordError, RecordSplitter
 from pygazette.client.append_service import AppendService, AsyncAppend
@@ -62,6 +63,7 @@ class CliState:
     """Options of the root command that subcommands use."""
 
     broker: str = DEFAULT_BROKER
+    client_settings: ClientSettings = field(default_factory=ClientSettings)
 
 
 def broker_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,7 +92,7 @@ def run_with_client(broker: str, fn: Callable[[JournalClient], Awaitable[T]]) ->
         raise CommandError(f"invalid broker address: {exc}") from None
 
     async def run() -> T:
-        async with JournalClient(broker) as client:
+        async with client_settings().journal_client(broker) as client:
             return await fn(client)
 
     try:

@@ -29,6 +29,7 @@ import grpc.aio
 from google.protobuf import text_format
 
 from pygazette.cli import output
+from pygazette.cli.client_settings import client_settings
 from pygazette.cli.journals_cmd import (
     CliState,
     CommandError,
@@ -55,7 +56,6 @@ from pygazette.consumer.recoverylog.player import Player
 from pygazette.consumer.recoverylog.segments import Segment
 from pygazette.consumer.shard_client import (
     DEFAULT_CONSUMER,
-    ShardClient,
     ShardError,
     ShardEtcdTransactionFailed,
     shard_status_name,
@@ -156,7 +156,7 @@ class ShardService:
         except ValueError as exc:
             raise CommandError(f"invalid consumer address: {exc}") from None
         self.address = address
-        self.client = ShardClient(address)
+        self.client = client_settings().shard_client(address)
 
     async def close(self) -> None:
         await self.client.close()
@@ -221,7 +221,7 @@ class Session:
                 channel_target(self.broker)
             except ValueError as exc:
                 raise CommandError(f"invalid broker address: {exc}") from None
-            self._journals = JournalClient(self.broker)
+            self._journals = client_settings().journal_client(self.broker)
         return self._journals
 
     async def close(self) -> None:
