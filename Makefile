@@ -4,10 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8080
+# `make serve`'s HTTP port: /metrics, /debug/ready, /debug/live and the journal gateway
+# (not 8081: that is `consumer serve`'s default gRPC port).
+HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster demo demo-consumer clean interop interop-bin interop-go bench-gazette
+.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette
 
 all: test
 
@@ -27,7 +30,7 @@ deps: venv
 	@./.ci/install-system-deps
 
 serve: venv
-	$(VENV)/bin/pygazette serve --port $(PORT) --data-dir $(DATA)
+	$(VENV)/bin/pygazette serve --port $(PORT) --http-port $(HTTP_PORT) --data-dir $(DATA)
 
 proto: venv
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
@@ -89,6 +92,13 @@ bench-gazette: venv interop-bin
 
 bench-cluster: deps
 	$(PY) bench/cluster.py
+
+# pygazette beside Kafka (KRaft, jars from Maven Central cached in ~/.cache/pygazette/kafka),
+# NATS JetStream and Redis Streams, all started here; prints one JSON document.
+# PEERS_ARGS=--quick for a tiny run, e.g. PEERS_ARGS="--systems pygazette-r1,kafka-1".
+PEERS_ARGS ?=
+bench-peers: deps
+	$(PY) bench/peers.py $(PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

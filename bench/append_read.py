@@ -27,7 +27,13 @@ Reads: `tail_read` is what followers read, the newest 24 MiB of a journal's open
 content older than the 32 MiB a spool taking large appends keeps in the page cache, so from
 disk; `persisted_read` reads fragments from the file store.
 
-    python bench/append_read.py [--quick]
+With `--tls` and/or `--auth`, a second broker runs beside the first with the same settings plus
+TLS (mutual: the client presents a certificate, `--server-ca-file`) and/or authorization
+(`--auth-keys`; the client signs tokens with pygazette's `KeyedAuth`, as the client library
+does), and joins the same alternating rounds; `secured` holds its figures and their ratios to
+the plaintext broker's.
+
+    python bench/append_read.py [--quick] [--tls] [--auth]
 
 Prints one JSON document.
 """
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import platform
@@ -256,7 +263,71 @@ def ratio(x: float, base: float) -> float:
     return round(x / base, 3) if base else 0.0
 
 
-async def main(quick: bool) -> dict[str, object]:
+def secured_broker_args(tmp: Path, tls: bool, auth: bool) -> tuple[list[str], dict[str, object]]:
+    """`serve` flags of the secured broker, and what a client needs to reach it."""
+    from pygazette.auth.keyed_auth import KeyedAuth
+    from pygazette.auth.tls import ClientTLS, channel_credentials
+    from tests.support.tls_material import generate_tls_material
+
+    args: list[str] = []
+    client: dict[str, object] = {}
+    if tls:
+        m = generate_tls_material(tmp / "tls")
+        args += ["--server-cert-file", str(m.server_cert), "--server-cert-key-file"]
+        args += [str(m.server_key), "--server-ca-file", str(m.ca)]
+        client["credentials"] = channel_credentials(
+            ClientTLS(ca_file=m.ca, cert_file=m.client_cert, key_file=m.client_key)
+        )
+    if auth:
+        keys = base64.b64encode(os.urandom(32)).decode()
+        args += ["--auth-keys", keys]
+        client["auth"] = KeyedAuth(keys)
+    return args, client
+
+
+def secured_channel(port: int, client: dict[str, object]) -> grpc.aio.Channel:
+    """A channel to the secured broker, signing every RPC when it authorizes."""
+    from pygazette.auth.client_interceptor import auth_interceptors
+    from pygazette.auth.keyed_auth import KeyedAuth
+
+    auth = client.get("auth")
+    interceptors = auth_interceptors(auth) if isinstance(auth, KeyedAuth) else None
+    creds = client.get("credentials")
+    if isinstance(creds, grpc.ChannelCredentials):
+        return grpc.aio.secure_channel(
+            f"127.0.0.1:{port}", creds, options=OPTIONS, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", options=OPTIONS, interceptors=interceptors
+    )
+
+
+def secured_figures(
+    big: dict[str, dict[str, float]],
+    small: dict[str, dict[str, float]],
+    tail: dict[str, float],
+    tls: bool,
+    auth: bool,
+) -> dict[str, object]:
+    """The secured broker's figures beside the plaintext broker's, as ratios."""
+    b, s = big["secured"], small["secured"]
+    return {
+        "tls": "mutual" if tls else False,
+        "auth": auth,
+        "append_1mib": {**b, "ratio_to_plaintext": ratio(b["mb_per_s"], big["broker"]["mb_per_s"])},
+        "append_4kib": {
+            **s,
+            "ratio_to_plaintext": ratio(s["mb_per_s"], small["broker"]["mb_per_s"]),
+        },
+        "tail_read_mb_per_s": {
+            "secured": tail["secured"],
+            "plaintext": tail["broker"],
+            "ratio_to_plaintext": ratio(tail["secured"], tail["broker"]),
+        },
+    }
+
+
+async def main(quick: bool, tls: bool = False, auth: bool = False) -> dict[str, object]:
     n_big, n_small, read_mib, persist_mib = (50, 500, 64, 32) if quick else (300, 3000, 256, 128)
     rounds = 2 if quick else 6
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-"))
@@ -288,8 +359,32 @@ async def main(quick: bool) -> dict[str, object]:
         env=env,
         stderr=subprocess.DEVNULL,
     )
+    secure = tls or auth
+    secured: subprocess.Popen[bytes] | None = None
+    secured_port = free_port()
+    client: dict[str, object] = {}
+    if secure:
+        flags, client = secured_broker_args(tmp, tls, auth)
+        secured = subprocess.Popen(  # noqa: ASYNC220
+            [
+                sys.executable,
+                "-m",
+                "pygazette.cli.main",
+                "serve",
+                "--port",
+                str(secured_port),
+                "--data-dir",
+                str(tmp / "secured"),
+                *flags,
+            ],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
     load = {}
+    secured_out: dict[str, object] = {}
     try:
+        if secured is not None:
+            wait_listening(secured_port, secured)
         wait_listening(raw_port, raw)
         wait_listening(tuned_port, tuned)
         wait_listening(broker_port, broker)
@@ -311,6 +406,20 @@ async def main(quick: bool) -> dict[str, object]:
             )
             stubs = {"raw": raw_stub, "raw_same_heap": tuned_stub, "broker": stub}
             servers = {"raw": raw.pid, "raw_same_heap": tuned.pid, "broker": broker.pid}
+            sc: grpc.aio.Channel | None = None
+            if secured is not None:
+                sc = secured_channel(secured_port, client)
+                secured_stub = pb_grpc.JournalStub(sc)
+                await secured_stub.Apply(
+                    pb.ApplyRequest(
+                        changes=[
+                            pb.ApplyRequest.Change(upsert=spec(j, 1 << 34, pb.NONE))
+                            for j in ("bench/tail", "bench/small")
+                        ]
+                    )
+                )
+                stubs["secured"] = secured_stub
+                servers["secured"] = secured.pid
 
             meter = CpuMeter(servers)
             big = await append_rounds(stubs, "bench/tail", MiB, n_big, rounds, meter)
@@ -333,6 +442,20 @@ async def main(quick: bool) -> dict[str, object]:
             tail_read = await meter.measure(
                 "broker", tail_read_run(stub, "bench/tail", head, recent, TAIL_TIMES)
             )
+            tails = {"broker": tail_read}
+            if sc is not None:
+                tails["secured"] = await meter.measure(
+                    "secured",
+                    tail_read_run(
+                        stubs["secured"],
+                        "bench/tail",
+                        await write_head(stubs["secured"], "bench/tail"),
+                        recent,
+                        TAIL_TIMES,
+                    ),
+                )
+                secured_out = secured_figures(big, small, tails, tls, auth)
+                await sc.close()
             load["tail_read"] = meter.load()
             # Catching up: the open spool from its beginning, mostly older than that window.
             meter = CpuMeter(servers)
@@ -358,7 +481,7 @@ async def main(quick: bool) -> dict[str, object]:
             load["persisted_read"] = meter.load()
         page_cache = page_cache_write(tmp / "page-cache-probe", MiB, n_big)
     finally:
-        for p in (raw, tuned, broker):
+        for p in (raw, tuned, broker, *([secured] if secured is not None else [])):
             p.terminate()
             p.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -366,7 +489,7 @@ async def main(quick: bool) -> dict[str, object]:
     raw_big, raw_small = big["raw"], small["raw"]
     big_b, small_b = big["broker"], small["broker"]
     same_big, same_small = big["raw_same_heap"], small["raw_same_heap"]
-    return {
+    out: dict[str, object] = {
         "benchmark": "append_read",
         "machine": {
             "cpus": os.cpu_count(),
@@ -417,10 +540,15 @@ async def main(quick: bool) -> dict[str, object]:
             "ratio_same_heap": ratio(persisted_read, same_read),
         },
     }
+    if secured_out:
+        out["secured"] = secured_out
+    return out
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--tls", action="store_true", help="also a broker serving mutual TLS")
+    parser.add_argument("--auth", action="store_true", help="also a broker checking JWTs")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick)), indent=2))
+    print(json.dumps(asyncio.run(main(args.quick, args.tls, args.auth)), indent=2))

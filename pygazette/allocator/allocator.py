@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from pygazette.allocator.converge import BatchedTxn, TxnFailed, converge, unchanged
+from pygazette.allocator.metrics import MAX_FLOW_RUNTIME
 from pygazette.allocator.solver import DesiredAssignment, solve_desired_assignments
 from pygazette.allocator.state import AllocatorDecoder, AllocatorState
 from pygazette.keyspace.keyspace import Keyspace, KeyspaceUnavailable
@@ -89,7 +90,8 @@ class Allocator:
             timeout: float | None = None
             if state.is_leader():
                 if state.network_hash != last_hash:
-                    desired = solve_desired_assignments(state)
+                    with MAX_FLOW_RUNTIME.time():
+                        desired = solve_desired_assignments(state)
                     last_hash = state.network_hash
                     if len(desired) < state.item_slots:
                         log.warning(

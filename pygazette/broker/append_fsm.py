@@ -51,10 +51,13 @@ import grpc.aio
 
 from pygazette.allocator.request_fence import ResolveError
 from pygazette.allocator.session import MemberSession
+from pygazette.auth.capability import Capability
+from pygazette.auth.client_interceptor import journal_claims_scope
 from pygazette.broker.allocation import assignments_advertise, route_value
 from pygazette.broker.append_service import AppendAborted, AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.flow_control import FlowControlUnderflow, MinRatePolicer, throttle
+from pygazette.broker.metrics import record_append
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replica import Replica
@@ -208,6 +211,7 @@ class ClusterAppends:
         *,
         pulse: bool = False,
     ) -> pb.AppendResponse:
+        started = time.monotonic()
         read_through = 0
         proxy_header = first.header if first.HasField("header") else None
         while True:
@@ -250,6 +254,8 @@ class ClusterAppends:
             if isinstance(outcome, ReadThrough):
                 read_through = outcome.revision or res.header.etcd.revision + 1
                 continue
+            if not pulse and outcome.status == pb.OK:
+                record_append(outcome.commit, started)
             return outcome
 
     async def _as_primary(
@@ -361,7 +367,9 @@ class ClusterAppends:
                     # peer takes the next proposal as confirming the last one.
                     pln.abort()
                     pln = Pipeline(_copy_header(res.header), self.peers)
-                await pln.open()
+                # Peers' Replicate streams are signed for this journal only, as Gazette's.
+                with journal_claims_scope(Capability.REPLICATE, res.spec.name):
+                    await pln.open()
                 proposal = roll_proposal(
                     rs.fragment(), rs.first_append_time, roll_to, res.spec.fragment, time.time()
                 )
@@ -648,7 +656,10 @@ class ClusterAppends:
                 yield req
 
         try:
-            resp: pb.AppendResponse = await stub.Append(requests())
+            # Re-signed by this broker for this journal only, as Gazette proxies.
+            with journal_claims_scope(Capability.APPEND, first.journal):
+                call = stub.Append(requests())
+            resp: pb.AppendResponse = await call
         except grpc.aio.AioRpcError as exc:
             raise AppendAborted(exc.code(), exc.details() or "proxied append failed") from exc
         return resp

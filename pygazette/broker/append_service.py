@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pygazette.broker.flow_control import (
     RateLimiter,
     throttle,
 )
+from pygazette.broker.metrics import record_append, record_rollback
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
 from pygazette.broker.spool import PendingAppend
@@ -109,6 +111,7 @@ async def serve_append(
     resolver: Resolver,
     limits: AppendLimits,
 ) -> pb.AppendResponse:
+    started = time.monotonic()
     it = aiter(requests)
     try:
         first = await anext(it)
@@ -137,7 +140,10 @@ async def serve_append(
 
     async with replica.pipeline:
         await replica.index.first_refresh_done.wait()
-        return await _append_locked(first, it, replica, resolver, limits)
+        resp = await _append_locked(first, it, replica, resolver, limits)
+    if resp.status == pb.OK:
+        record_append(resp.commit, started)
+    return resp
 
 
 async def _append_locked(
@@ -248,7 +254,11 @@ async def _append_locked(
                 grpc.StatusCode.INVALID_ARGUMENT, "expected end of stream after the empty chunk"
             )
     except FlowControlUnderflow as exc:
+        record_rollback(pending.length)
         raise AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+    except BaseException:
+        record_rollback(pending.length)
+        raise
     finally:
         if big:
             _big_appends -= 1

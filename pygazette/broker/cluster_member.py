@@ -28,6 +28,8 @@ from urllib.parse import unquote
 
 from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
 from pygazette.allocator.session import MemberSession
+from pygazette.auth.authorizer import Authorizer
+from pygazette.auth.tls import ClientTLS
 from pygazette.broker.allocation import JournalDecoder, assignments_advertise, route_of
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
@@ -55,6 +57,9 @@ class ClusterConfig:
     lease_ttl: float
     journal_limit: int
     drain_timeout: float
+    peer_tls: ClientTLS | None = None  # Towards `https://` peers.
+    etcd_tls: ClientTLS | None = None  # Towards an `https://` etcd.
+    peer_auth: Authorizer | None = None  # Signs RPCs to peers (proxying, Replicate).
 
 
 class MemberFailed(Exception):
@@ -92,7 +97,7 @@ class ClusterMember:
         cfg = self.config
         self.layout = KeyLayout(cfg.etcd_prefix)
         self.member_key = self.layout.member_key(self.identity.zone, self.identity.suffix)
-        self.keyspace = EtcdKeyspace(cfg.etcd_url, cfg.etcd_prefix)
+        self.keyspace = EtcdKeyspace(cfg.etcd_url, cfg.etcd_prefix, tls=cfg.etcd_tls)
         await self.keyspace.open()
         self.decoder = JournalDecoder(self.layout)
         # The allocator state must be re-extracted before the resolver reads it: register first.
@@ -111,7 +116,7 @@ class ClusterMember:
         self.session = MemberSession(
             self.keyspace, self.member_key, self.spec.SerializeToString(), cfg.lease_ttl
         )
-        self.peers = Peers()
+        self.peers = Peers(tls=cfg.peer_tls, auth=cfg.peer_auth)
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
         self.resolver.on_primary = self.appends.pulse_loop
         self.resolver.lease_alive = self.session.lease_alive

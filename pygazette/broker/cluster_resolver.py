@@ -34,6 +34,7 @@ from typing import Any
 from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.request_fence import ResolveError, pass_request_fence, same_process
 from pygazette.allocator.state import AllocatorState, Assignment
+from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.allocation import JournalDecoder, route_of
 from pygazette.broker.persister import Persister
 from pygazette.broker.replica import Replica
@@ -267,6 +268,9 @@ class ClusterResolver(Resolver):
                 res.item = item
             except KeyDecodeError:
                 res.spec = None
+        if res.spec is not None and not journal_permitted(res.spec):
+            # The caller's claims don't reach it: act as if it doesn't exist (as Gazette).
+            res.spec, res.item = None, None
         if res.spec is not None:
             res.assignments = list(state.assignments_of(journal))
             header.route.CopyFrom(self.journal_route(state, journal))

@@ -22,9 +22,11 @@ from typing import Any
 import grpc
 
 from pygazette.allocator.request_fence import ResolveError
+from pygazette.auth.verified_claims import journal_name_permitted, journal_permitted
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
+from pygazette.broker.metrics import ReadMeter
 from pygazette.broker.path_postfix import check_apply_request
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read
@@ -105,7 +107,9 @@ class JournalService(pb_grpc.JournalServicer):
                     spec.ParseFromString(kv.value)
                 except Exception:  # A foreign or corrupt value: skip it.
                     continue
-                if journal_selected(request.selector, spec):
+                if journal_selected(request.selector, spec) and journal_permitted(
+                    spec, rewrite_prefix=True
+                ):
                     matched.append((spec, kv.mod_revision, kv.create_revision))
             routes = self._routes([spec.name for spec, _, _ in matched])
             # Unchanged specs (count and max mod revision) and routes: an unchanged snapshot.
@@ -150,6 +154,13 @@ class JournalService(pb_grpc.JournalServicer):
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         for change in request.changes:
+            if not (
+                journal_permitted(change.upsert)
+                if change.HasField("upsert")
+                else journal_name_permitted(change.delete)
+            ):
+                name = change.upsert.name if change.HasField("upsert") else change.delete
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"not authorized to {name}")
             if change.HasField("upsert"):
                 key = self._journal_key(change.upsert.name)
                 spec = canonical_journal_spec(change.upsert)
@@ -214,10 +225,14 @@ class JournalService(pb_grpc.JournalServicer):
                 await context.abort(exc.code(), exc.details() or "proxied read failed")
             return
         assert res.replica is not None
-        async for resp in serve_local_read(
-            request, res.replica, res.header, self.stores, self._peer_reader(res)
-        ):
-            yield resp
+        meter = ReadMeter(res.replica.name)
+        try:
+            async for resp in serve_local_read(
+                request, res.replica, res.header, self.stores, self._peer_reader(res), meter
+            ):
+                yield resp
+        finally:
+            meter.close()
 
     def _peer_reader(self, res: Resolution) -> PeerRead:
         """Reads of content this broker lacks, from the journal's other members."""
@@ -257,7 +272,14 @@ class JournalService(pb_grpc.JournalServicer):
                             pos = resp.offset + len(resp.content)
                         yield resp
                 except (grpc.aio.AioRpcError, PeerUnavailable) as exc:
-                    log.info("reading a gap from a peer failed", extra={"error": str(exc)})
+                    log.info(
+                        "reading a gap from a peer failed",
+                        extra={
+                            "journal": req.journal,
+                            "peer": route.endpoints[i],
+                            "error": str(exc),
+                        },
+                    )
 
         return read
 

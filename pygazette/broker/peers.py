@@ -2,7 +2,9 @@
 
 Brokers talk to each other to replicate (Replicate) and to proxy clients' Append, Read and
 ListFragments to the broker that serves them. Endpoints are the URLs brokers advertise in
-their BrokerSpecs (`http://host:port`).
+their BrokerSpecs (`http://host:port`, or `https://host:port` for a TLS peer: as Gazette's
+dispatcher does, the scheme decides, and `https://` peers are reached with the broker's peer
+TLS material).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
+from pygazette.auth.authorizer import Authorizer
+from pygazette.auth.client_interceptor import auth_interceptors
+from pygazette.auth.tls import ClientTLS, channel_credentials
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -34,7 +39,12 @@ def endpoint_target(endpoint: str) -> str:
 
 
 class Peers:
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
+        self._tls = tls
+        # Signs every RPC to a peer with narrow claims, as Gazette's brokers re-sign.
+        self._interceptors = auth_interceptors(auth)
+        # Built (its files read and checked) now, at start-up; system roots if none given.
+        self._credentials = channel_credentials(tls) if tls is not None else None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.JournalStub] = {}
 
@@ -42,9 +52,10 @@ class Peers:
         stub = self._stubs.get(endpoint)
         if stub is None:
             target = endpoint_target(endpoint)
-            channel = grpc.aio.insecure_channel(
+            channel = self._open(
+                endpoint,
                 target,
-                options=[
+                [
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     # Notice a dead or frozen peer within seconds, not minutes.
@@ -59,6 +70,19 @@ class Peers:
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
         return stub
+
+    def _open(
+        self, endpoint: str, target: str, options: list[tuple[str, int]]
+    ) -> grpc.aio.Channel:
+        if not endpoint.startswith("https://"):
+            return grpc.aio.insecure_channel(
+                target, options=options, interceptors=self._interceptors
+            )
+        if self._credentials is None:
+            self._credentials = channel_credentials(self._tls)
+        return grpc.aio.secure_channel(
+            target, self._credentials, options=options, interceptors=self._interceptors
+        )
 
     async def close(self) -> None:
         channels = list(self._channels.values())

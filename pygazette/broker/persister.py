@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pygazette.broker.metrics import SPOOL_COMPLETED, SPOOL_PERSISTED, STORE_PUT_BYTES
 from pygazette.broker.path_postfix import TemplateError, evaluate_path_postfix
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path, parse_fragment_path
@@ -149,6 +150,8 @@ class Persister:
         stores = list(target.spec.fragment.stores)
         job = _Job(spool, target, stores[0] if stores else "", spool.end - spool.begin)
         job.check_existing = check_existing
+        if job.size:
+            SPOOL_COMPLETED.inc()
         self._pending += 1
         self._idle.clear()
         if not check_existing:
@@ -197,6 +200,10 @@ class Persister:
     def backlog_bytes(self, store: str) -> int:
         """Bytes of closed spools waiting to persist to `store`."""
         return self._backlog.get(store, 0)
+
+    def backlogs(self) -> dict[str, int]:
+        """Bytes of closed spools waiting to persist, by store URL ("": no store)."""
+        return dict(self._backlog)
 
     def refusal(self, spec: pb.JournalSpec) -> str:
         """Why appends to `spec`'s journal must be refused now ("" if they need not be)."""
@@ -288,6 +295,7 @@ class Persister:
                 index.add_persisted(covering)
                 index.remove_local(spool)
                 spool.delete()
+                SPOOL_PERSISTED.inc()
                 return
         if await store.exists(path):
             log.info("fragment already persisted", extra={"journal": frag.journal, "path": path})
@@ -300,13 +308,16 @@ class Persister:
                     job.compressed = await self._in_pool(self._compress, spool)
                 source, disposable = job.compressed, True
             await store.put_file(path, source, content_encoding=encoding, disposable=disposable)
-            self.uploaded_bytes += source.stat().st_size
+            size = source.stat().st_size
+            self.uploaded_bytes += size
+            STORE_PUT_BYTES.labels(job.store, encoding or "identity").inc(size)
         frag.mod_time = int(time.time())
         index = job.target.index
         index.add_persisted(frag)
         index.remove_local(spool)
         spool.delete()
         self.persisted_count += 1
+        SPOOL_PERSISTED.inc()
         self.persisted_bytes += frag.end - frag.begin
         log.info(
             "persisted fragment",

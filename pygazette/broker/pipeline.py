@@ -148,7 +148,10 @@ class Pipeline:
             why = str(exc) or type(exc).__name__
         if not self.broken:
             self.broken = f"replication to {_pid(stream.member)} failed: {why}"
-            log.warning("replication pipeline broken", extra={"error": self.broken})
+            log.warning(
+                "replication pipeline broken",
+                extra={"peer": _pid(stream.member), "error": self.broken},
+            )
 
     async def close(self) -> None:
         """Half-close every stream and wait (briefly) for the peers to end theirs."""

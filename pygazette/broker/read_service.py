@@ -21,6 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from pygazette.broker.metrics import ReadMeter
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
 from pygazette.broker.spool import Spool
@@ -58,8 +59,12 @@ async def serve_read(
     if not journal_spec_flags_allow_read(replica.spec):
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolver.header())
         return
-    async for resp in serve_local_read(req, replica, resolver.header(), stores):
-        yield resp
+    meter = ReadMeter(replica.name)
+    try:
+        async for resp in serve_local_read(req, replica, resolver.header(), stores, meter=meter):
+            yield resp
+    finally:
+        meter.close()
 
 
 # Reads [offset, end) of the journal from a peer broker that holds it (cluster mode).
@@ -72,6 +77,7 @@ async def serve_local_read(
     first_header: pb.Header,
     stores: StoreRegistry,
     peer_read: PeerRead | None = None,
+    meter: ReadMeter | None = None,
 ) -> AsyncIterator[pb.ReadResponse]:
     """Serve a read from this broker's replica of the journal (`first_header` goes first).
 
@@ -188,6 +194,8 @@ async def serve_local_read(
             async for chunk in chunks:
                 yield pb.ReadResponse(offset=offset, content=chunk)
                 offset += len(chunk)
+                if meter is not None:
+                    meter.add(len(chunk))
         except FileNotFoundError:
             continue  # The spool persisted and went away mid-read: query again.
         except StoreNotFound:

@@ -42,6 +42,7 @@ import os
 import struct
 from typing import TYPE_CHECKING
 
+from pygazette.broker.metrics import record_rollback
 from pygazette.broker.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -229,6 +230,7 @@ class ReplicatedSpool:
 
     def rollback(self) -> None:
         """Drop uncommitted content (its bytes past the end are overwritten later)."""
+        record_rollback(self.delta)
         self.pending = None
         self._running = None
         self.delta = 0

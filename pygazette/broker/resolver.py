@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.keyspace.keyspace import Keyspace
@@ -100,7 +101,12 @@ class Resolver:
             await replica.stop(persist=True)
 
     def resolve(self, journal: str) -> Replica | None:
-        return self.replicas.get(journal)
+        """The journal's replica; None if there is none, or if the claims of the RPC being
+        served don't reach it (then it answers as if the journal doesn't exist)."""
+        replica = self.replicas.get(journal)
+        if replica is not None and not journal_permitted(replica.spec):
+            return None
+        return replica
 
     def route(self) -> pb.Route:
         return pb.Route(

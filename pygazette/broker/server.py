@@ -19,22 +19,32 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
+from prometheus_client.metrics_core import Metric
 
+from pygazette.allocator.metrics import AllocatorCollector, LeaseCollector
+from pygazette.auth.keyed_auth import KeyedAuth
+from pygazette.auth.request_guard import RequestGuard
+from pygazette.auth.server_interceptor import AuthServerInterceptor
+from pygazette.auth.tls import ClientTLS, ServerTLS, server_credentials
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_member import ClusterConfig, ClusterMember
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.journal_service import JournalService
+from pygazette.broker.metrics import BrokerCollector
 from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT, Persister
 from pygazette.broker.resolver import BrokerIdentity, Resolver
 from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.retention_service import RetentionService
+from pygazette.broker.rpc_metrics import RpcCounters, RpcMetricsInterceptor
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, Keyspace
+from pygazette.keyspace.metrics import KeyspaceCollector
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -71,10 +81,27 @@ class BrokerConfig:
     lease_ttl: float = 20.0
     journal_limit: int = 1024
     drain_timeout: float = 60.0
+    # TLS of the gRPC port (mTLS when it has a CA); None: plaintext.
+    tls: ServerTLS | None = None
+    # What this broker trusts and presents towards `https://` peers, and towards etcd.
+    peer_tls: ClientTLS | None = None
+    etcd_tls: ClientTLS | None = None
+    # Gazette's --auth-keys: base64 HMAC keys (the first signs, any verifies; `AA==` lets
+    # requests without a token through). Empty: no authorization.
+    auth_keys: str = ""
 
 
 class BrokerAlreadyRunning(RuntimeError):
     pass
+
+
+class SideServer(Protocol):
+    """A server started and stopped with the broker (its HTTP port: metrics, health, the
+    journal gateway; built by the CLI, which may depend on layers the broker must not)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 def default_broker_id() -> str:
@@ -101,6 +128,36 @@ class Broker:
         self._server: grpc.aio.Server | None = None
         self.port = config.port
         self.member: ClusterMember | None = None
+        # Observability: Journal RPC counters, what `/debug/ready` says (None: serving) and
+        # metrics read from the broker's state when scraped (`collect`).
+        self.rpc_counters = RpcCounters()
+        self.ready_reason: str | None = "starting"
+        self._collectors: list[Any] = []
+        self.endpoint = ""
+        self._side: SideServer | None = None
+        self.side_server: Callable[[Broker], SideServer] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        """Metrics read from this broker's state (a prometheus-client collector)."""
+        for collector in self._collectors:
+            yield from collector.collect()
+
+    def _served_journals(self) -> Iterator[tuple[str, bool]]:
+        clustered = self.member is not None
+        for name, replica in list(self.resolver.replicas.items()):
+            yield name, replica.primary or not clustered
+
+    def _add_collectors(self) -> None:
+        self._collectors = [
+            BrokerCollector(self.persister, self._served_journals),
+            KeyspaceCollector(self.keyspace),
+        ]
+        member = self.member
+        if member is not None:
+            self._collectors += [
+                AllocatorCollector(member.observed, lambda: getattr(member, "allocator", None)),
+                LeaseCollector(lambda: member.session),
+            ]
 
     async def start(self) -> None:
         cfg = self.config
@@ -125,11 +182,21 @@ class Broker:
             ]
         # Wrappers around every RPC handler (request checks, authorization, RPC metrics),
         # outermost first.
-        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [RequestGuard()]
+        # Verifies every RPC's token, and signs this broker's own RPCs to peers.
+        self.auth = KeyedAuth(cfg.auth_keys) if cfg.auth_keys else None
+        if self.auth is not None:
+            interceptors.append(AuthServerInterceptor(self.auth))
+        interceptors.append(RpcMetricsInterceptor(self.rpc_counters))
         self._server = grpc.aio.server(options=options, interceptors=interceptors)
         self.port = self._listen(self._server)
-        endpoint = cfg.advertise_url or f"http://{cfg.host}:{self.port}"
+        scheme = "https" if cfg.tls is not None else "http"
+        endpoint = cfg.advertise_url or f"{scheme}://{cfg.host}:{self.port}"
         identity = BrokerIdentity(cfg.zone, cfg.broker_id or default_broker_id(), endpoint)
+        self.endpoint = endpoint
+        if self.side_server is not None:
+            self._side = self.side_server(self)
+            await self._side.start()  # Live (and saying "starting") while spools recover.
         limits = AppendLimits(cfg.min_append_rate, RateLimiter(cfg.max_append_rate))
         if cfg.etcd_url:
             await self._start_clustered(identity, limits)
@@ -151,6 +218,8 @@ class Broker:
             self.resolver.start()  # Recovers spools left by an earlier run.
             self.retention.start()
             await self._server.start()
+        self._add_collectors()
+        self.ready_reason = None
         log.info("broker serving", extra={"endpoint": endpoint, "data_dir": str(self.data_dir)})
 
     async def _start_clustered(self, identity: BrokerIdentity, limits: AppendLimits) -> None:
@@ -158,7 +227,14 @@ class Broker:
         assert self._server is not None
         self.member = ClusterMember(
             ClusterConfig(
-                cfg.etcd_url, cfg.etcd_prefix, cfg.lease_ttl, cfg.journal_limit, cfg.drain_timeout
+                cfg.etcd_url,
+                cfg.etcd_prefix,
+                cfg.lease_ttl,
+                cfg.journal_limit,
+                cfg.drain_timeout,
+                peer_tls=cfg.peer_tls,
+                peer_auth=self.auth,
+                etcd_tls=cfg.etcd_tls,
             ),
             identity=identity,
             spool_root=self.data_dir / "spools",
@@ -182,7 +258,10 @@ class Broker:
     def _listen(self, server: grpc.aio.Server) -> int:
         """Bind the gRPC port; the bound port number (for `port` 0, the one picked)."""
         cfg = self.config
-        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        if cfg.tls is not None:
+            port = server.add_secure_port(f"{cfg.host}:{cfg.port}", server_credentials(cfg.tls))
+        else:
+            port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         if port == 0:
             raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
         return port
@@ -214,6 +293,10 @@ class Broker:
         the lease is revoked unless the broker `failed` (then its lease is gone already or
         must lapse on its own).
         """
+        self.ready_reason = "stopping"
+        if self._side is not None:
+            await self._side.stop()
+            self._side = None
         await self.retention.stop()
         if self.member is not None:
             self.member.stop_serving()
@@ -241,13 +324,17 @@ class Broker:
         await self._server.wait_for_termination()
 
 
-async def run_broker(config: BrokerConfig) -> None:
+async def run_broker(
+    config: BrokerConfig, side_server: Callable[[Broker], SideServer] | None = None
+) -> None:
     """Serve until SIGINT or SIGTERM, then shut down cleanly.
 
     In cluster mode, a signal first drains this broker's journals to its peers; and the
     broker also stops on its own if it loses its membership (raising MemberFailed).
+    `side_server` builds a server started and stopped with the broker (its HTTP port).
     """
     broker = Broker(config)
+    broker.side_server = side_server
     await broker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -267,6 +354,7 @@ async def run_broker(config: BrokerConfig) -> None:
         await broker.stop(failed=True)
         raise ended.exception()  # type: ignore[misc]
     if stopping.done():
+        broker.ready_reason = "draining"
         await member.drain()
     ended.cancel()
     stopping.cancel()

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from pygazette.broker.metrics import record_commit
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 
@@ -375,6 +376,7 @@ class Spool:
         if self.sync:
             os.fdatasync(self._log_fd)
         self.end = pending.begin + pending.length
+        record_commit(pending.length)
         if pending.length >= _PREFAULT_MIN_APPEND:
             self._prefault_ahead = min(
                 _PREFAULT_AHEAD, max(self._prefault_ahead, _PREFAULT_APPENDS * pending.length)

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import click
 
+from pygazette.auth.authorizer import Authorizer
+from pygazette.auth.tls import ClientTLS, explain_connect_failure
+from pygazette.client.channel import channel_target
 from pygazette.client.journal_client import JournalClient
 from pygazette.consumer.shard_client import ShardClient
 
@@ -19,13 +22,35 @@ from pygazette.consumer.shard_client import ShardClient
 class ClientSettings:
     """Connection options shared by every client the CLI opens."""
 
+    # TLS towards https:// brokers and consumers (`--broker-cert-file`, `--consumer-…`).
+    broker_tls: ClientTLS | None = None
+    consumer_tls: ClientTLS | None = None
+    # Signs (--auth-keys) or carries (--auth-token) the authorization of every RPC.
+    auth: Authorizer | None = None
+
+    def unavailable(self, address: str, details: str, *, consumer: bool = False) -> str:
+        """`details` of an UNAVAILABLE RPC to `address`, explained if TLS is the cause."""
+        tls = self.consumer_tls if consumer else self.broker_tls
+        explained = explain_connect_failure(
+            details,
+            secure=channel_target(address)[1],
+            client_cert=tls is not None and bool(tls.cert_file),
+        )
+        return explained or details
+
     def journal_client(self, address: str) -> JournalClient:
         """A client of the broker at `address`."""
-        return JournalClient(address)
+        try:
+            return JournalClient(address, tls=self.broker_tls, auth=self.auth)
+        except ValueError as exc:  # TLS files for an http:// address, or bad TLS files.
+            raise click.ClickException(f"broker {address}: {exc}") from None
 
     def shard_client(self, address: str) -> ShardClient:
         """A client of the consumer process at `address`."""
-        return ShardClient(address)
+        try:
+            return ShardClient(address, tls=self.consumer_tls, auth=self.auth)
+        except ValueError as exc:  # TLS files for an http:// address, or bad TLS files.
+            raise click.ClickException(f"consumer {address}: {exc}") from None
 
 
 def client_settings() -> ClientSettings:

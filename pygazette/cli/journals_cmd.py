@@ -100,6 +100,7 @@ def run_with_client(broker: str, fn: Callable[[JournalClient], Awaitable[T]]) ->
     except grpc.aio.AioRpcError as exc:
         details = (exc.details() or "").replace("\n", " ")
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            details = client_settings().unavailable(broker, details)
             raise CommandError(f"broker unavailable at {broker}: {details}") from None
         raise CommandError(f"{exc.code().name}: {details}") from None
 

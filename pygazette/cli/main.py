@@ -8,20 +8,20 @@ error reporting every subcommand relies on.
 
 Expected failures (bad input, broker statuses, an unreachable broker) print a single line,
 `error: ...`, on stderr and exit non-zero; the Gazette status name is part of that line when
-a broker answered with one. Logging goes to stderr in logfmt, at "warning" unless asked.
+a broker answered with one. Logging goes to stderr in logfmt (the servers also write JSON
+lines: `--log-format json`), at "warning" unless asked (`pygazette/log_format.py`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import click
 
+from pygazette.auth.configured import AUTH_KEYS_ENV, AUTH_TOKEN_ENV, authorizer_from
+from pygazette.auth.tls_flags import client_tls_flags, client_tls_from_flags
 from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
 from pygazette.cli.attach_uuids_cmd import attach_uuids
 from pygazette.cli.consumer_cmd import consumer
@@ -29,48 +29,8 @@ from pygazette.cli.journals_cmd import CliState, journals
 from pygazette.cli.serve_cmd import serve
 from pygazette.cli.shards_cmd import shards
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER
+from pygazette.log_format import DEFAULT_LOG_LEVEL, LOG_LEVELS, configure_logging
 from pygazette.protocol.errors import BrokerError, GazetteError
-
-_LOG_LEVELS = ["debug", "info", "warning", "error"]
-_RECORD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
-
-
-class LogfmtFormatter(logging.Formatter):
-    """`time=... level=... logger=... msg="..." key=value ...` lines; `extra` fields included."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        fields: list[tuple[str, Any]] = [
-            ("time", f"{ts}.{int(record.msecs):03d}Z"),
-            ("level", record.levelname.lower()),
-            ("logger", record.name),
-            ("msg", record.getMessage()),
-        ]
-        fields.extend(
-            (k, v) for k, v in record.__dict__.items() if k not in _RECORD_ATTRS and k[0] != "_"
-        )
-        line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields)
-        if record.exc_info:
-            line += " exc=" + _logfmt_value(self.formatException(record.exc_info))
-        return line
-
-
-def _logfmt_value(value: Any) -> str:
-    text = str(value)
-    if text and not any(c in text for c in ' ="\n\t\\'):
-        return text
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    if level.lower() != "debug":
-        logging.getLogger("asyncio").setLevel(logging.WARNING)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -84,17 +44,48 @@ def configure_logging(level: str) -> None:
 )
 @click.option(
     "--log-level",
-    type=click.Choice(_LOG_LEVELS, case_sensitive=False),
-    default="warning",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=DEFAULT_LOG_LEVEL,
     show_default=True,
     envvar="PYGAZETTE_LOG_LEVEL",
     help="Logging verbosity (logs go to stderr).",
 )
+@client_tls_flags("broker", "BROKER", "brokers")
+@client_tls_flags("consumer", "CONSUMER", "consumers")
+@click.option(
+    "--auth-keys",
+    envvar=[AUTH_KEYS_ENV, "BROKER_AUTH_KEYS"],
+    default="",
+    metavar="KEYS",
+    help="Base64 keys (whitespace or comma separated); the first signs each RPC's "
+    "authorization token (also $AUTH_KEYS).",
+)
+@click.option(
+    "--auth-token",
+    envvar=[AUTH_TOKEN_ENV, "BROKER_AUTH_TOKEN"],
+    default="",
+    metavar="TOKEN",
+    help="A bearer token to send with every RPC instead (also $AUTH_TOKEN).",
+)
 @click.pass_context
-def cli(ctx: click.Context, broker: str, log_level: str) -> None:
+def cli(
+    ctx: click.Context,
+    /,
+    broker: str,
+    log_level: str,
+    auth_keys: str,
+    auth_token: str,
+    **tls_flags: str,
+) -> None:
     """pygazette: Gazette journals and brokers, in Python."""
     configure_logging(log_level)
     ctx.obj = CliState(broker=broker)
+    try:
+        ctx.obj.client_settings.auth = authorizer_from(auth_keys, auth_token)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth-keys") from None
+    ctx.obj.client_settings.broker_tls = client_tls_from_flags(tls_flags, "broker")
+    ctx.obj.client_settings.consumer_tls = client_tls_from_flags(tls_flags, "consumer")
 
 
 cli.add_command(journals)

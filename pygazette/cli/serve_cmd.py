@@ -3,6 +3,7 @@
 pygazette serve --port P --data-dir D
 pygazette serve --etcd URL --zone Z --id SUFFIX --port P --data-dir D
                 [--advertise URL] [--lease-ttl 20s] [--journal-limit N]
+Either with --http-port H: metrics, health and the journal gateway over HTTP (`cli.http_port`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,19 @@ import faulthandler
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
+from pygazette.auth.configured import AUTH_KEYS_ENV
+from pygazette.auth.keyed_auth import parse_auth_keys
+from pygazette.auth.tls import TLSConfigError
+from pygazette.auth.tls_flags import (
+    client_tls_flags,
+    client_tls_from_flags,
+    server_tls_flags,
+    server_tls_from_flags,
+)
 from pygazette.broker.cluster_member import MemberFailed
 from pygazette.broker.heap_tuning import tune_heap_for_large_messages
 from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
@@ -25,8 +36,10 @@ from pygazette.broker.server import (
     default_broker_id,
     run_broker,
 )
-from pygazette.keyspace.etcd import parse_etcd_url
+from pygazette.cli.http_port import broker_http, http_options
+from pygazette.keyspace.etcd import etcd_url_is_tls, parse_etcd_url
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
+from pygazette.log_format import announce, configure_from_options, log_options
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.go_duration import parse_duration, parse_seconds
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -54,6 +67,15 @@ def _process_token(field: str, min_len: int, max_len: int) -> object:
         return value
 
     return check
+
+def _broker_tls_config(flags: dict[str, str], etcd_url: str) -> dict[str, Any]:
+    """BrokerConfig's TLS fields from the TLS flags (one-line errors for bad files)."""
+    server, peer = server_tls_from_flags(flags)
+    etcd = client_tls_from_flags(flags, "etcd")
+    if etcd is not None and not etcd_url_is_tls(etcd_url):
+        raise click.UsageError("--etcd-* TLS files need an https:// --etcd URL")
+    return {"tls": server, "peer_tls": peer, "etcd_tls": etcd}
+
 
 def _duration_option(ctx: click.Context, param: click.Parameter, value: object) -> float:
     """Seconds of a Go-style duration ("20s", "1m30s", "500ms"); a bare number is seconds."""
@@ -183,6 +205,19 @@ def _duration_option(ctx: click.Context, param: click.Parameter, value: object) 
     show_default=True,
     help="On SIGTERM, how long to wait for journals to move to other brokers.",
 )
+@log_options
+@http_options(", and the journal gateway: GET/HEAD/PUT /<journal>")
+@server_tls_flags("BROKER")
+@client_tls_flags("etcd", "ETCD", "etcd")
+@click.option(
+    "--auth-keys",
+    envvar=[AUTH_KEYS_ENV, "BROKER_AUTH_KEYS"],
+    default="",
+    metavar="KEYS",
+    help="Authorize every RPC (Gazette's --broker.auth-keys): base64 keys, whitespace or "
+    "comma separated; the first signs this broker's RPCs to peers, any verifies; `AA==` "
+    "lets requests without a token through (also $AUTH_KEYS).",
+)
 def serve(
     port: int,
     host: str,
@@ -201,8 +236,20 @@ def serve(
     lease_ttl: float,
     journal_limit: int,
     drain_timeout: float,
+    auth_keys: str,
+    http_port: int,
+    http_address: str,
+    log_level: str | None,
+    log_format: str,
+    **tls_flags: str,
 ) -> None:
     """Serve journals: single-node (embedded keyspace), or as a cluster member with --etcd."""
+    configure_from_options(log_level, log_format)
+    if auth_keys:
+        try:
+            parse_auth_keys(auth_keys)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--auth-keys") from None
     interval_ns = parse_duration(retention_interval)
     if interval_ns < 0:
         raise click.BadParameter("must not be negative", param_hint="--retention-interval")
@@ -242,15 +289,20 @@ def serve(
         lease_ttl=lease_ttl,
         journal_limit=journal_limit,
         drain_timeout=drain_timeout,
+        **_broker_tls_config(tls_flags, etcd_url),
+        auth_keys=auth_keys,
     )
     where = f" (cluster on {etcd_url} as {zone}#{broker_id})" if etcd_url else ""
-    click.echo(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}", err=True)
+    announce(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}")
     # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     tune_heap_for_large_messages()
     try:
-        asyncio.run(run_broker(config))
+        side = broker_http(http_port, http_address, config.tls, config.peer_tls)
+        asyncio.run(run_broker(config, side))
     except MemberFailed as exc:
         raise click.ClickException(f"left the cluster: {exc}") from None
     except KeyspaceUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+    except TLSConfigError as exc:
+        raise click.ClickException(f"TLS: {exc}") from None

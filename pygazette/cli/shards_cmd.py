@@ -137,6 +137,7 @@ def shards(ctx: click.Context, consumer: str) -> None:
 def _rpc_error(exc: grpc.aio.AioRpcError, what: str, address: str) -> CommandError:
     details = " ".join((exc.details() or "").split())
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        details = client_settings().unavailable(address, details, consumer=what == "consumer")
         return CommandError(f"{what} unavailable at {address}: {details}")
     return CommandError(f"{what} at {address}: {exc.code().name}: {details}")
 

@@ -20,6 +20,8 @@ from typing import TypeAlias
 import grpc
 import grpc.aio
 
+from pygazette.auth.capability import Capability
+from pygazette.auth.client_interceptor import journal_claims_scope
 from pygazette.client.errors import ClientError, ProtocolViolation
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import backoff
@@ -156,7 +158,8 @@ class Appender:
         if self._call is not None:
             return
         validate_journal_name(self.request.journal)
-        self._call = self.client.rpc_append(None)
+        with journal_claims_scope(Capability.APPEND, self.request.journal):
+            self._call = self.client.rpc_append(None)
         self._state = "started"
         preamble = pb.AppendRequest()
         preamble.CopyFrom(self.request)

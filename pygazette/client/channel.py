@@ -16,6 +16,10 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
+from pygazette.auth.authorizer import Authorizer
+from pygazette.auth.client_interceptor import auth_interceptors
+from pygazette.auth.tls import ClientTLS, channel_credentials
+
 __all__ = [
     "KEEPALIVE_TIMEOUT_MS",
     "KEEPALIVE_TIME_MS",
@@ -68,12 +72,23 @@ class ChannelOptions(TypedDict, total=False):
     max_message_size: int  # Largest message sent or received (MAX_MESSAGE_SIZE).
     keepalive_time_ms: int  # Ping interval while an RPC is open (KEEPALIVE_TIME_MS).
     options: list[tuple[str, int | str]] | None  # More gRPC channel arguments.
+    # For "https://" addresses: the CA to trust (else the system roots) and the client
+    # certificate to present. Giving it for a plaintext address is an error.
+    tls: ClientTLS | None
+    # Authorization of every RPC: `KeyedAuth` (signs from --auth-keys) or `BearerAuth`.
+    auth: Authorizer | None
 
 
 def open_channel(address: str, **channel: Unpack[ChannelOptions]) -> tuple[str, grpc.aio.Channel]:
     """The gRPC target of `address` and a new channel to it (TLS for "https://"), with
-    `options` added to the defaults. ValueError if the address is unusable."""
+    `options` added to the defaults. ValueError if the address is unusable, or if TLS material
+    is given for a plaintext one (`TLSConfigError`, a ValueError, if the material is bad)."""
     target, secure = channel_target(address)
+    tls = channel.get("tls")
+    if tls is not None and not secure:
+        raise ValueError(
+            f"TLS certificates were given, but {address!r} is not an https:// address"
+        )
     max_message_size = channel.get("max_message_size", MAX_MESSAGE_SIZE)
     opts: list[tuple[str, int | str]] = [
         ("grpc.max_receive_message_length", max_message_size),
@@ -89,9 +104,14 @@ def open_channel(address: str, **channel: Unpack[ChannelOptions]) -> tuple[str, 
         ("grpc.max_reconnect_backoff_ms", 2000),
     ]
     opts.extend(channel.get("options") or [])
+    auth = channel.get("auth")
+    # Signs every RPC on the channel (see `pygazette.auth.client_interceptor`).
+    icp = auth_interceptors(auth)
     if secure:
-        return target, grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=opts)
-    return target, grpc.aio.insecure_channel(target, options=opts)
+        return target, grpc.aio.secure_channel(
+            target, channel_credentials(tls), options=opts, interceptors=icp
+        )
+    return target, grpc.aio.insecure_channel(target, options=opts, interceptors=icp)
 
 
 class Connection:

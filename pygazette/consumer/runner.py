@@ -37,6 +37,17 @@ import grpc.aio
 
 from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
 from pygazette.allocator.session import MemberSession
+from pygazette.auth.configured import AUTH_KEYS_ENV
+from pygazette.auth.keyed_auth import KeyedAuth, parse_auth_keys
+from pygazette.auth.request_guard import RequestGuard
+from pygazette.auth.server_interceptor import AuthServerInterceptor
+from pygazette.auth.tls import ClientTLS, ServerTLS, TLSConfigError, server_credentials
+from pygazette.auth.tls_flags import (
+    client_tls_flags,
+    client_tls_from_flags,
+    server_tls_flags,
+    server_tls_from_flags,
+)
 from pygazette.client.journal_client import JournalClient
 from pygazette.consumer.application import Application
 from pygazette.consumer.local_session import LocalSession
@@ -45,6 +56,7 @@ from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.keyspace import Keyspace, KeyValue
 from pygazette.keyspace.layout import KeyLayout
+from pygazette.log_format import configure_from_options, log_options
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.go_duration import parse_seconds
 from pygazette.protocol.pb import consumer_pb2 as cpb
@@ -88,6 +100,19 @@ class ConsumerConfig:
     lease_ttl: float = 20.0
     drain_timeout: float = 30.0
     hints_interval: float = 5.0
+    # The HTTP port (/metrics, /debug/ready, /debug/live; 0: none) and its address (default:
+    # `host`).
+    http_port: int = 0
+    http_address: str = ""
+    # TLS of the Shard gRPC port (mTLS with a CA), towards https:// peers (proxied Stats),
+    # brokers and etcd; None: plaintext (or system roots for https:// URLs).
+    tls: ServerTLS | None = None
+    peer_tls: ClientTLS | None = None
+    broker_tls: ClientTLS | None = None
+    etcd_tls: ClientTLS | None = None
+    # Gazette-style --auth-keys: verify Shard RPCs, and sign this process's RPCs to brokers
+    # and to peers (proxied Stats). Empty: no authorization.
+    auth_keys: str = ""
 
 
 def load_app(spec: str) -> Application:
@@ -123,7 +148,8 @@ class ConsumerProcess:
         self.config = config
         if not config.id:
             config.id = f"{socket.gethostname()}-{config.port}"
-        self.endpoint = config.advertise or f"http://{config.host}:{config.port}"
+        scheme = "https" if config.tls is not None else "http"
+        self.endpoint = config.advertise or f"{scheme}://{config.host}:{config.port}"
         self.spec = cpb.ConsumerSpec(shard_limit=config.shard_limit)
         self.spec.process_spec.id.zone = config.zone
         self.spec.process_spec.id.suffix = config.id
@@ -149,6 +175,7 @@ class ConsumerProcess:
         # Imported here: `pygazette --help` and the journal commands need none of it.
         from pygazette.consumer.key_space import ShardDecoder
         from pygazette.consumer.resolver import ShardResolver
+        from pygazette.consumer.shard_client import ShardPeers
         from pygazette.consumer.shard_service import ShardService
 
         cfg = self.config
@@ -157,7 +184,7 @@ class ConsumerProcess:
         self.layout = KeyLayout(cfg.etcd_prefix)
         self.member_key = self.layout.member_key(cfg.zone, cfg.id)
         if cfg.etcd_url:
-            etcd = EtcdKeyspace(cfg.etcd_url, cfg.etcd_prefix)
+            etcd = EtcdKeyspace(cfg.etcd_url, cfg.etcd_prefix, tls=cfg.etcd_tls)
             await etcd.open()
             self.keyspace = etcd
             self.session = MemberSession(
@@ -168,7 +195,8 @@ class ConsumerProcess:
             self.session = LocalSession(
                 self.keyspace, self.member_key, self.spec.SerializeToString()
             )
-        self.client = JournalClient(cfg.broker)
+        auth = KeyedAuth(cfg.auth_keys) if cfg.auth_keys else None
+        self.client = JournalClient(cfg.broker, tls=cfg.broker_tls, auth=auth)
         self.decoder = ShardDecoder(self.layout)
         self.observed = ObservedState(self.keyspace, self.layout, self.decoder, self.member_key)
         self.context = ConsumerContext(
@@ -188,18 +216,33 @@ class ConsumerProcess:
             process_spec=self.spec.process_spec,
         )
         self.resolver.lease_alive = lambda: self.session.lease_alive()
-        self.service = ShardService(self.resolver, self.keyspace, self.layout)
+        self.service = ShardService(
+            self.resolver,
+            self.keyspace,
+            self.layout,
+            peers=ShardPeers(tls=cfg.peer_tls, auth=auth),
+        )
         self._server = grpc.aio.server(
             options=[
                 ("grpc.so_reuseport", 0),  # A second process on the port fails to start.
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
-            ]
+            ],
+            # The request guard first (outermost): see pygazette/auth/request_guard.py.
+            interceptors=[
+                RequestGuard(),
+                *([AuthServerInterceptor(auth)] if auth is not None else []),
+            ],
         )
         cpb_grpc.add_ShardServicer_to_server(  # type: ignore[no-untyped-call]
             self.service, self._server
         )
-        bound = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        if cfg.tls is not None:
+            bound = self._server.add_secure_port(
+                f"{cfg.host}:{cfg.port}", server_credentials(cfg.tls)
+            )
+        else:
+            bound = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         if bound == 0:
             raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
         await self._server.start()
@@ -277,6 +320,50 @@ class ConsumerProcess:
             self._lock_fd = -1
         log.info("consumer stopped")
 
+    # Observability: what /debug/ready says, and the metrics of the shards held here.
+    not_ready: str | None = "starting"  # None once started (joined its group).
+
+    def ready_reason(self) -> str | None:
+        """None when serving: joined, and every local shard's recovery settled (it is
+        primary, standby or failed, not still idle or backfilling); else why not."""
+        if self.not_ready is not None:
+            return self.not_ready
+        unsettled = (cpb.ReplicaStatus.IDLE, cpb.ReplicaStatus.BACKFILL)
+        pending = sum(
+            1 for r in self.resolver.replicas.values() if r.status.code in unsettled
+        )
+        return f"{pending} shard(s) recovering" if pending else None
+
+    def local_replicas(self) -> dict[str, Any]:
+        resolver = getattr(self, "resolver", None)
+        return dict(resolver.replicas) if resolver is not None else {}
+
+
+async def _start_http(process: ConsumerProcess) -> Any:
+    """The process's HTTP port, started (None without --http-port)."""
+    cfg = process.config
+    if not cfg.http_port:
+        return None
+    # Composed by the CLI, which may depend on the gateway (the consumer layer must not).
+    from pygazette.allocator.metrics import LeaseCollector
+    from pygazette.cli.http_port import consumer_http
+    from pygazette.consumer.metrics import ShardCollector
+
+    def member_session() -> MemberSession | None:
+        session = getattr(process, "session", None)
+        return session if isinstance(session, MemberSession) else None
+
+    http = consumer_http(
+        cfg.http_port,
+        cfg.http_address,
+        cfg.host,
+        process.ready_reason,
+        [ShardCollector(process.local_replicas), LeaseCollector(member_session)],
+        tls=cfg.tls,
+    )
+    await http.start()
+    return http
+
 
 def tune_gc() -> None:
     """Fewer, cheaper garbage collections for a streaming process.
@@ -295,7 +382,9 @@ def tune_gc() -> None:
 async def run_consumer(config: ConsumerConfig) -> None:
     """Serve until SIGINT/SIGTERM (then drain and stop), or until membership is lost."""
     process = ConsumerProcess(config)
+    http = await _start_http(process)
     await process.start()
+    process.not_ready = None
     tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -307,12 +396,19 @@ async def run_consumer(config: ConsumerConfig) -> None:
     if ended.done() and ended.exception() is not None:
         stopping.cancel()
         log.error("leaving the consumer group", extra={"error": str(ended.exception())})
+        process.not_ready = "stopping"
+        if http is not None:
+            await http.stop()
         await process.stop(failed=True)
         raise ConsumerFailed(str(ended.exception()))
     if stopping.done():
+        process.not_ready = "draining"
         await process.drain()
     ended.cancel()
     stopping.cancel()
+    process.not_ready = "stopping"
+    if http is not None:
+        await http.stop()
     await process.stop()
 
 
@@ -380,6 +476,32 @@ def _options(with_app: bool) -> list[Any]:
             callback=_duration,
             help="How often a primary stores its recorded FSM hints.",
         ),
+        click.option(
+            "--http-port",
+            type=click.IntRange(0, 65535),
+            default=0,
+            show_default=True,
+            envvar="CONSUMER_HTTP_PORT",
+            help="Port for HTTP: /metrics, /debug/ready, /debug/live (0: off).",
+        ),
+        click.option(
+            "--http-address",
+            default="",
+            help="Interface address of the HTTP port [default: --host].",
+        ),
+        log_options,
+        server_tls_flags("CONSUMER"),
+        client_tls_flags("broker", "BROKER", "brokers"),
+        client_tls_flags("etcd", "ETCD", "etcd"),
+        click.option(
+            "--auth-keys",
+            default="",
+            envvar=[AUTH_KEYS_ENV, "CONSUMER_AUTH_KEYS"],
+            metavar="KEYS",
+            help="Base64 keys (whitespace or comma separated): verify Shard RPCs (any key) and "
+            "sign this process's RPCs to brokers and peers (the first); `AA==` lets requests "
+            "without a token through (also $AUTH_KEYS).",
+        ),
     ]
     return opts
 
@@ -399,6 +521,7 @@ def _with_options(with_app: bool) -> Callable[[F], F]:
 def _serve(app: Application, app_name: str, **kw: Any) -> None:
     from pygazette.keyspace.keyspace import KeyspaceUnavailable
 
+    configure_from_options(kw.get("log_level"), kw.get("log_format") or "text")
     prefix = kw["etcd_prefix"] or f"{DEFAULT_CONSUMER_PREFIX}/{app_name}"
     config = ConsumerConfig(
         app=app,
@@ -414,10 +537,25 @@ def _serve(app: Application, app_name: str, **kw: Any) -> None:
         shard_limit=kw["shard_limit"],
         lease_ttl=kw["lease_ttl"],
         hints_interval=kw["hints_interval"],
+        http_port=kw.get("http_port") or 0,
+        http_address=kw.get("http_address") or "",
+        auth_keys=kw.get("auth_keys") or "",
     )
+    if config.auth_keys:
+        try:
+            parse_auth_keys(config.auth_keys)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--auth-keys") from None
+    config.tls, config.peer_tls = server_tls_from_flags(kw)
+    config.broker_tls = client_tls_from_flags(kw, "broker")
+    config.etcd_tls = client_tls_from_flags(kw, "etcd")
+    if config.broker_tls is not None and not config.broker.startswith("https://"):
+        raise click.UsageError("--broker-* TLS files need an https:// --broker URL")
+    if config.etcd_tls is not None and not config.etcd_url.startswith("https://"):
+        raise click.UsageError("--etcd-* TLS files need an https:// --etcd URL")
     try:
         asyncio.run(run_consumer(config))
-    except (ConsumerFailed, KeyspaceUnavailable, OSError) as exc:
+    except (ConsumerFailed, KeyspaceUnavailable, OSError, TLSConfigError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from pygazette.auth.authorizer import Authorizer
+from pygazette.auth.tls import ClientTLS
 from pygazette.client.channel import Connection, open_channel
 from pygazette.client.errors import ProtocolViolation
 from pygazette.protocol.errors import (
@@ -128,7 +130,9 @@ def as_shard_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
 class ShardPeers:
     """One channel (and Shard stub) per consumer endpoint, shared by all calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ClientTLS | None = None, auth: Authorizer | None = None) -> None:
+        self._tls = tls  # For "https://" endpoints.
+        self._auth = auth  # Signs each RPC (a proxying consumer re-signs with its own key).
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, cpb_grpc.ShardStub] = {}
 
@@ -137,7 +141,10 @@ class ShardPeers:
         ValueError if it is unusable."""
         stub = self._stubs.get(endpoint)
         if stub is None:
-            _, channel = open_channel(endpoint)
+            secure = endpoint.startswith("https://")
+            _, channel = open_channel(
+                endpoint, tls=self._tls if secure else None, auth=self._auth
+            )
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = cpb_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
         return stub
@@ -160,11 +167,19 @@ def _primary_endpoint(route: pb.Route) -> str:
 class ShardClient(Connection):
     """An asyncio client of one consumer application's Shard service."""
 
-    def __init__(self, address: str = DEFAULT_CONSUMER, *, route_stat: bool = True) -> None:
-        super().__init__(address)
+    def __init__(
+        self,
+        address: str = DEFAULT_CONSUMER,
+        *,
+        route_stat: bool = True,
+        tls: ClientTLS | None = None,
+        auth: Authorizer | None = None,
+    ) -> None:
+        super().__init__(address, tls=tls, auth=auth)
         self.stub = cpb_grpc.ShardStub(self.channel)  # type: ignore[no-untyped-call]
         self.route_stat = route_stat  # Send Stat straight to a known primary.
-        self.peers = ShardPeers()
+        # Shards' primaries, at their advertised endpoints.
+        self.peers = ShardPeers(tls=tls, auth=auth)
         self._routes: dict[str, str] = {}  # Shard ID → endpoint of its primary.
 
     async def close(self, grace: float | None = None) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from pygazette.auth.verified_claims import labels_permitted
 from pygazette.consumer.hints import HintsError, encode_hints, fetch_hints
 from pygazette.consumer.key_space import canonical_shard_spec
 from pygazette.consumer.resolver import (
@@ -54,6 +55,7 @@ from pygazette.keyspace.layout import KeyLayout
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
+from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import selector_matches
 from pygazette.protocol.shard_validation import (
     hint_primary_key,
@@ -103,6 +105,8 @@ class ShardService(cpb_grpc.ShardServicer):
     async def Stat(self, request: cpb.StatRequest, context: Context) -> cpb.StatResponse:  # type: ignore[override]
         await _validate(validate_stat_request, request, context)
         proxied = request.HasField("header")
+        if not self._permitted(request.shard):  # As if it didn't exist (Gazette's resolver).
+            return cpb.StatResponse(status=cpb.SHARD_NOT_FOUND, header=self.resolver.header())
         res = await self._resolve(context, request, proxied)
         if res.status != cpb.OK:
             return cpb.StatResponse(status=res.status, header=res.header)
@@ -188,7 +192,8 @@ class ShardService(cpb_grpc.ShardServicer):
             if found is None:
                 continue
             spec, kv = found
-            if not selector_matches(request.selector, shard_label_set_ext(spec)):
+            labels = shard_label_set_ext(spec)
+            if not selector_matches(request.selector, labels) or not labels_permitted(labels):
                 continue
             assignments = resolver.shard_assignments(state, item.id)
             shard = resp.shards.add(
@@ -209,6 +214,16 @@ class ShardService(cpb_grpc.ShardServicer):
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         for change in request.changes:
+            # Upserts are authorized on the shard's labels, deletes on its id alone.
+            if not labels_permitted(
+                shard_label_set_ext(change.upsert)
+                if change.HasField("upsert")
+                else _id_labels(change.delete)
+            ):
+                shard_id = change.upsert.id if change.HasField("upsert") else change.delete
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, f"not authorized to {shard_id}"
+                )
             if change.HasField("upsert"):
                 key = self.layout.item_key(change.upsert.id)
                 value = canonical_shard_spec(change.upsert).SerializeToString(deterministic=True)
@@ -252,7 +267,7 @@ class ShardService(cpb_grpc.ShardServicer):
         state = resolver.observed.current
         resp = cpb.GetHintsResponse(status=cpb.OK, header=resolver.header())
         found = resolver.shard_spec(state, request.shard)
-        if found is None:
+        if found is None or not labels_permitted(shard_label_set_ext(found[0])):
             resp.status = cpb.SHARD_NOT_FOUND
             return resp
         spec, _kv = found
@@ -295,6 +310,8 @@ class ShardService(cpb_grpc.ShardServicer):
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         for shard in request.shards:
+            if not labels_permitted(_id_labels(shard)):  # By the "id" label alone.
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"not authorized to {shard}")
             for a in resolver.shard_assignments(state, shard):
                 status = resolver.decoder.replica_status(a.kv)
                 assert status is not None
@@ -323,6 +340,11 @@ class ShardService(cpb_grpc.ShardServicer):
         return resp
 
     # Helpers.
+    def _permitted(self, shard: str) -> bool:
+        """Whether the RPC's claims reach `shard` (true of a shard that doesn't exist)."""
+        found = self.resolver.shard_spec(self.resolver.observed.current, shard)
+        return found is None or labels_permitted(shard_label_set_ext(found[0]))
+
     async def _txn(self, compares: list[Compare], ops: list[Put | Delete], context: Context) -> Any:
         try:
             return await self.keyspace.txn(compares, ops)
@@ -358,6 +380,10 @@ async def _until_stopped(
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     raise ReplicaStopped("the shard stopped")
+
+
+def _id_labels(shard: str) -> pb.LabelSet:
+    return pb.LabelSet(labels=[pb.Label(name="id", value=shard)])
 
 
 async def _validate(validator: Callable[[Any], None], request: object, context: Context) -> None:

@@ -34,6 +34,7 @@ from pygazette.consumer.checkpoint import (
     checkpoint_ack_intents,
     checkpoint_sources,
 )
+from pygazette.consumer.metrics import TXN_SECONDS
 from pygazette.consumer.progress import Progress
 from pygazette.consumer.shard_api import Shard
 from pygazette.consumer.source_reader import SourceBatch, SourceReaders
@@ -298,7 +299,9 @@ class Transactions:
             nbytes += b
         if not prev_done:
             await self._complete(prev)  # Stalled: the previous commit is slow.
-        return await self._commit(messages, nbytes)
+        committed = await self._commit(messages, nbytes)
+        TXN_SECONDS.observe(time.monotonic() - began)
+        return committed
 
     async def _commit(self, messages: int, nbytes: int) -> _Committed:
         app, shard, store, publisher = self.app, self.shard, self.store, self.publisher

@@ -9,6 +9,9 @@ etcd compacted past it, the mirror reloads.
 
 Writes go straight to etcd as transactions guarded by mod revisions, as Gazette's do. The
 lease calls that membership needs live here too: grant, keep alive, revoke.
+
+An `https://` etcd URL is reached over TLS (`ClientTLS`: the CA to trust, and a client
+certificate for an etcd run with `--client-cert-auth`), through `_TLSEtcdClient`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -23,8 +27,10 @@ from urllib.parse import urlsplit
 
 import aetcd
 import aetcd.rpc as etcd_rpc
+import aetcd.watcher as etcd_watcher
 import grpc
 
+from pygazette.auth.tls import ClientTLS, channel_credentials
 from pygazette.keyspace.keyspace import (
     DEFAULT_ROOT,
     ClusterIdentity,
@@ -46,13 +52,16 @@ _REQUIRE_LEADER = (("hasleader", "true"),)
 
 
 def parse_etcd_url(url: str) -> tuple[str, int]:
-    """Host and port of an etcd client URL such as "http://127.0.0.1:2379"."""
+    """Host and port of an etcd client URL such as "http://127.0.0.1:2379" (or
+    "https://…", see `etcd_url_is_tls`)."""
     text = url.strip()
     if "," in text:
         raise ValueError(f"one etcd endpoint expected, got {url!r}")
     parts = urlsplit(text if "://" in text else "http://" + text)
-    if parts.scheme not in ("http", ""):
-        raise ValueError(f"unsupported etcd URL scheme {parts.scheme!r} in {url!r} (use http://)")
+    if parts.scheme not in ("http", "https", ""):
+        raise ValueError(
+            f"unsupported etcd URL scheme {parts.scheme!r} in {url!r} (use http:// or https://)"
+        )
     if not parts.hostname:
         raise ValueError(f"etcd URL has no host: {url!r}")
     try:
@@ -60,6 +69,36 @@ def parse_etcd_url(url: str) -> tuple[str, int]:
     except ValueError:
         raise ValueError(f"etcd URL has a bad port: {url!r}") from None
     return parts.hostname, port
+
+
+def etcd_url_is_tls(url: str) -> bool:
+    """Whether the etcd URL asks for TLS ("https://")."""
+    return url.strip().lower().startswith("https://")
+
+
+class _TLSEtcdClient(aetcd.Client):  # type: ignore[misc]
+    """`aetcd.Client` over a TLS channel (aetcd itself only opens insecure ones). Only
+    `connect` differs: it opens a secure channel, then the same stubs `aetcd` would."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        target = f"{self._host}:{self._port}"
+        self.channel = grpc.aio.secure_channel(
+            target, self._credentials, options=list(self._options.items())
+        )
+        self.kvstub = etcd_rpc.KVStub(self.channel)
+        self.clusterstub = etcd_rpc.ClusterStub(self.channel)
+        self.leasestub = etcd_rpc.LeaseStub(self.channel)
+        self.maintenancestub = etcd_rpc.MaintenanceStub(self.channel)
+        self._watcher = etcd_watcher.Watcher(
+            etcd_rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+        )
+        self._connected.set()
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -84,11 +123,17 @@ def _kv(raw: Any) -> KeyValue:
 class EtcdKeyspace(Keyspace):
     """A Keyspace mirroring `<root>/` of an etcd cluster."""
 
-    def __init__(self, url: str, root: str = DEFAULT_ROOT) -> None:
+    def __init__(self, url: str, root: str = DEFAULT_ROOT, *, tls: ClientTLS | None = None) -> None:
         super().__init__(root)
         self.url = url
         host, port = parse_etcd_url(url)
-        self._client = aetcd.Client(
+        if tls is not None and not etcd_url_is_tls(url):
+            raise ValueError(f"etcd TLS options given, but {url!r} is not an https:// URL")
+        client_type: Any = aetcd.Client
+        if etcd_url_is_tls(url):
+            # Files are read and checked now, at start-up.
+            client_type = functools.partial(_TLSEtcdClient, channel_credentials(tls))
+        self._client = client_type(
             host=host,
             port=port,
             timeout=None,

@@ -59,7 +59,7 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
 
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
-        ranges, listings = runtime.call(opts.broker, lambda c: batch_ranges(c, opts))
+        ranges, listings = runtime.call(opts.target, lambda c: batch_ranges(c, opts))
         parts, losses = plan(
             ranges,
             listings,
@@ -82,5 +82,5 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
             return iter(())  # Spark's stand-in partition when the plan is empty.
         opts = self.opts
         return read_partition(
-            opts.broker, partition, self.layout, opts.fail_on_data_loss, opts.file_root
+            opts.target, partition, self.layout, opts.fail_on_data_loss, opts.file_root
         )

@@ -13,18 +13,26 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pygazette.auth.configured import authorizer_from
+from pygazette.auth.tls import ClientTLS, TLSConfigError, check_client
 from pygazette.client.channel import channel_target
 from pygazette.client.journal_client import broker_address_from_env
 from pygazette.protocol.errors import GazetteError, ValidationError
 from pygazette.protocol.selector import format_selector, parse_selector
 from pygazette.protocol.validation import validate_journal_name
 from pygazette.spark.framing import Framing
+from pygazette.spark.runtime import BrokerAuth, BrokerTarget
 
 EARLIEST = -2
 LATEST = -1
 
 # Options Spark itself passes to sources and sinks; accepted and ignored.
 _SPARK_OPTIONS = frozenset({"checkpointlocation"})
+
+# TLS towards "https://" brokers: the CA to trust, and a client certificate and key (mTLS).
+TLS_OPTIONS = ("tlsCAFile", "tlsCertFile", "tlsKeyFile")
+# Authorization of every broker RPC, as the CLI's --auth-keys / --auth-token.
+AUTH_OPTIONS = ("authKeys", "authToken")
 
 READ_OPTIONS = (
     "broker",
@@ -39,6 +47,8 @@ READ_OPTIONS = (
     "failOnDataLoss",
     "minPartitions",
     "fileRoot",
+    *TLS_OPTIONS,
+    *AUTH_OPTIONS,
 )
 WRITE_OPTIONS = (
     "broker",
@@ -49,6 +59,8 @@ WRITE_OPTIONS = (
     "keyColumn",
     "partitioner",
     "writerId",
+    *TLS_OPTIONS,
+    *AUTH_OPTIONS,
 )
 
 
@@ -91,6 +103,13 @@ class ReadOptions:
     # The brokers' file store root as mounted on executors: `file://` fragment URLs (signed
     # relative to it, as Gazette signs them) are read directly under it. None: through brokers.
     file_root: str | None = None
+    tls: ClientTLS | None = None  # tlsCAFile, tlsCertFile, tlsKeyFile.
+    auth: BrokerAuth = field(default_factory=lambda: BrokerAuth(), repr=False)
+
+    @property
+    def target(self) -> BrokerTarget:
+        """The broker with its TLS material, as `runtime` calls take it."""
+        return BrokerTarget(self.broker, self.tls, self.auth)
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,13 @@ class WriteOptions:
     partitioner: str  # "modulo" | "rendezvous"
     writer_id: str | None
     checkpoint_location: str | None = field(default=None)
+    tls: ClientTLS | None = None  # tlsCAFile, tlsCertFile, tlsKeyFile.
+    auth: BrokerAuth = field(default_factory=lambda: BrokerAuth(), repr=False)
+
+    @property
+    def target(self) -> BrokerTarget:
+        """The broker with its TLS material, as `runtime` calls take it."""
+        return BrokerTarget(self.broker, self.tls, self.auth)
 
 
 def _lookup(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
@@ -155,6 +181,34 @@ def _broker(opts: dict[str, str]) -> str:
     except ValueError as exc:
         raise OptionError(f"option broker: {exc}") from None
     return broker
+
+
+def _tls(opts: dict[str, str], broker: str) -> ClientTLS | None:
+    """The TLS options, their files checked here on the driver (executors read them again:
+    the paths must be valid there too)."""
+    ca, cert, key = (opts.get(name, "").strip() or None for name in TLS_OPTIONS)
+    if cert is None and key is None and ca is None:
+        return None
+    if not channel_target(broker)[1]:
+        raise OptionError(
+            f"options {'/'.join(TLS_OPTIONS)} need an https:// broker, not {broker!r}"
+        )
+    tls = ClientTLS(ca_file=ca, cert_file=cert, key_file=key)
+    try:
+        check_client(tls)
+    except TLSConfigError as exc:
+        raise OptionError(f"TLS options: {exc}") from None
+    return tls
+
+
+def _auth(opts: dict[str, str]) -> BrokerAuth:
+    """The authKeys / authToken options, the keys checked here on the driver."""
+    auth = BrokerAuth(opts.get("authKeys", "").strip(), opts.get("authToken", "").strip())
+    try:
+        authorizer_from(auth.keys, auth.token)
+    except ValueError as exc:
+        raise OptionError(f"option authKeys: {exc}") from None
+    return auth
 
 
 def _journal_name(option: str, name: str) -> str:
@@ -298,8 +352,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
                     f"(option journals is {','.join(journals)})"
                 )
 
+    broker = _broker(opts)
     return ReadOptions(
-        broker=_broker(opts),
+        broker=broker,
         journals=journals,
         selector=selector,
         framing=framing,
@@ -311,6 +366,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failOnDataLoss", "true")),
         min_partitions=min_partitions,
         file_root=_file_root(opts["fileRoot"]) if "fileRoot" in opts else None,
+        tls=_tls(opts, broker),
+        auth=_auth(opts),
     )
 
 
@@ -358,8 +415,9 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     for key, value in options.items():
         if key.lower() == "checkpointlocation":
             checkpoint = str(value)
+    broker = _broker(opts)
     return WriteOptions(
-        broker=_broker(opts),
+        broker=broker,
         journal=journal,
         journals=journals,
         selector=selector,
@@ -368,4 +426,6 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         partitioner=partitioner,
         writer_id=writer_id,
         checkpoint_location=checkpoint,
+        tls=_tls(opts, broker),
+        auth=_auth(opts),
     )

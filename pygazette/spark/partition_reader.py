@@ -119,7 +119,7 @@ async def piece_bytes(
 
 
 def read_partition(
-    broker: str,
+    broker: runtime.Broker,
     partition: GazettePartition,
     layout: Layout,
     fail_on_data_loss: bool,

@@ -4,6 +4,9 @@ Each Python process (the driver's planner workers, executor workers) gets one as
 a daemon thread, and one `JournalClient` per broker address on it, reused by every task the
 process runs (Spark reuses Python workers). A forked child notices the fork and starts its
 own loop: a loop and gRPC channels never cross a fork.
+
+A broker is named by its address, or by a `BrokerTarget` (its address and the TLS material to
+reach it with); either is picklable and travels to executors with the options.
 """
 
 from __future__ import annotations
@@ -13,18 +16,45 @@ import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pygazette.auth.configured import authorizer_from
+from pygazette.auth.tls import ClientTLS
 from pygazette.client.journal_client import JournalClient
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAuth:
+    """How RPCs to a broker are authorized: pre-shared keys to sign tokens with, or a token
+    (both empty: not at all). Strings, so they travel to executors with the options."""
+
+    keys: str = field(default="", repr=False)
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerTarget:
+    """A broker's address and the TLS material ("https://" addresses) to reach it with."""
+
+    address: str
+    tls: ClientTLS | None = None
+    auth: BrokerAuth = field(default_factory=BrokerAuth)
+
+    def __str__(self) -> str:
+        return self.address
+
+
+Broker = str | BrokerTarget
 
 
 class _LoopThread:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        self.clients: dict[str, JournalClient] = {}
+        self.clients: dict[Broker, JournalClient] = {}
         self._thread = threading.Thread(target=self._run, name="pygazette-spark", daemon=True)
         self._thread.start()
 
@@ -56,14 +86,22 @@ def _current() -> _LoopThread:
         return _runtime
 
 
-async def _client(rt: _LoopThread, broker: str) -> JournalClient:
+async def _client(rt: _LoopThread, broker: Broker) -> JournalClient:
     client = rt.clients.get(broker)
     if client is None:
-        client = rt.clients[broker] = JournalClient(broker)
+        if isinstance(broker, BrokerTarget):
+            client = JournalClient(
+                broker.address,
+                tls=broker.tls,
+                auth=authorizer_from(broker.auth.keys, broker.auth.token),
+            )
+        else:
+            client = JournalClient(broker)
+        rt.clients[broker] = client
     return client
 
 
-def call(broker: str, fn: Callable[[JournalClient], Awaitable[T]]) -> T:
+def call(broker: Broker, fn: Callable[[JournalClient], Awaitable[T]]) -> T:
     """Run `fn(client)` on this process's loop, with the shared client of `broker`."""
     rt = _current()
 
@@ -74,7 +112,7 @@ def call(broker: str, fn: Callable[[JournalClient], Awaitable[T]]) -> T:
 
 
 def iterate(
-    broker: str, fn: Callable[[JournalClient], AsyncIterator[T]], *, read_ahead: int = 4
+    broker: Broker, fn: Callable[[JournalClient], AsyncIterator[T]], *, read_ahead: int = 4
 ) -> Generator[T, None, None]:
     """Iterate `fn(client)`, an async iterator, from synchronous code.
 

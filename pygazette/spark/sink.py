@@ -115,7 +115,7 @@ def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> Sin
     targets: tuple[str, ...] = ()
     if opts.journals or opts.selector:
         found = runtime.call(
-            opts.broker,
+            opts.target,
             lambda c: jn.resolve_journals(c, opts.journals, opts.selector),
         )
         if not found:
@@ -125,7 +125,7 @@ def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> Sin
         targets = tuple(found)
     elif opts.journal is not None:
         journal = opts.journal
-        runtime.call(opts.broker, lambda c: jn.resolve_journals(c, (journal,), ""))
+        runtime.call(opts.target, lambda c: jn.resolve_journals(c, (journal,), ""))
 
     if opts.writer_id is not None:
         identity = opts.writer_id
@@ -240,7 +240,7 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
         fence: Fence = fence_of(partition)
         for journal in sorted(spools):
             outcome = runtime.call(
-                plan.opts.broker,
+                plan.opts.target,
                 functools.partial(_append, journal=journal, spool=spools[journal], fence=fence),
             )
             commit.outcomes.append(outcome)

@@ -93,4 +93,4 @@ def _samples(opts: ReadOptions) -> list[bytes]:
             out.append(data)
         return out
 
-    return runtime.call(opts.broker, go)
+    return runtime.call(opts.target, go)

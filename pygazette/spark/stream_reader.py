@@ -79,7 +79,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 for j in journals
             }
 
-        offsets = _sorted(runtime.call(opts.broker, go))
+        offsets = _sorted(runtime.call(opts.target, go))
         log.info("stream starts at %s", offsets)
         return offsets
 
@@ -105,7 +105,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             journals = await jn.resolve_journals(client, opts.journals, opts.selector)
             return await jn.write_heads(client, journals)
 
-        self._target = _sorted(runtime.call(opts.broker, go))
+        self._target = _sorted(runtime.call(opts.target, go))
         log.info("Trigger.AvailableNow reads up to %s", self._target)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
@@ -150,7 +150,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             end.update(admitted)
             return end
 
-        return _sorted(runtime.call(opts.broker, go))
+        return _sorted(runtime.call(opts.target, go))
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return _sorted(self._heads) if self._heads else None
@@ -165,7 +165,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         ranges = {j: (start.get(j, e), e) for j, e in end.items() if e > start.get(j, e)}
         if not ranges:
             return []
-        listings = runtime.call(opts.broker, lambda c: jn.all_fragments(c, sorted(ranges)))
+        listings = runtime.call(opts.target, lambda c: jn.all_fragments(c, sorted(ranges)))
         parts, losses = plan(
             ranges, listings, opts.framing, min_partitions=opts.min_partitions, streaming=True
         )
@@ -178,7 +178,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             return iter(())
         opts = self.opts
         return read_partition(
-            opts.broker, partition, self.layout, opts.fail_on_data_loss, opts.file_root
+            opts.target, partition, self.layout, opts.fail_on_data_loss, opts.file_root
         )
 
     def stop(self) -> None:

@@ -22,7 +22,8 @@ def test_parse_etcd_url() -> None:
     assert parse_etcd_url("http://127.0.0.1:2379") == ("127.0.0.1", 2379)
     assert parse_etcd_url("localhost:1234") == ("localhost", 1234)
     assert parse_etcd_url("http://etcd") == ("etcd", 2379)
-    for bad in ["https://x:1", "http://a:1,http://b:2", "http://:1", "http://x:notaport"]:
+    assert parse_etcd_url("https://etcd:2379") == ("etcd", 2379)  # TLS (--etcd-*-file flags).
+    for bad in ["ftp://x:1", "http://a:1,http://b:2", "http://:1", "http://x:notaport"]:
         with pytest.raises(ValueError):
             parse_etcd_url(bad)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from pygazette.auth.tls import ClientTLS, channel_credentials
 from tests.support.ports import free_port
 
 
@@ -25,8 +26,12 @@ class BrokerProcess:
         port: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        tls: ClientTLS | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # Given, the process serves TLS (its flags are in `extra_args`): this is what the
+        # readiness check trusts and presents (a client certificate, for mTLS).
+        self.tls = tls
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
@@ -39,7 +44,8 @@ class BrokerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def file_root(self) -> Path:
@@ -86,13 +92,19 @@ class BrokerProcess:
                 continue
             # Something listens; make sure it is our broker speaking HTTP/2 (not a stray
             # process that grabbed the port), and that it answers.
-            with grpc.insecure_channel(self.address) as channel:
+            with self._ready_channel() as channel:
                 try:
                     grpc.channel_ready_future(channel).result(max(0.1, deadline - time.monotonic()))
                     return
                 except grpc.FutureTimeoutError:
                     break
         raise TimeoutError(f"broker did not serve on {self.address}:\n{self.log()}")
+
+    def _ready_channel(self) -> grpc.Channel:
+        """A channel as the process serves: TLS (with the test's material) or plaintext."""
+        if self.tls is None:
+            return grpc.insecure_channel(self.address)
+        return grpc.secure_channel(self.address, channel_credentials(self.tls))
 
     def log(self) -> str:
         try:

@@ -16,6 +16,9 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from pygazette.auth.authorizer import Authorizer
+from pygazette.auth.client_interceptor import auth_interceptors
+from pygazette.auth.tls import ClientTLS, channel_credentials
 from pygazette.broker.allocation import assignments_advertise, route_of
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout, decode_route
@@ -32,8 +35,7 @@ class ClusterBroker(BrokerProcess):
         self.zone = zone
         self.suffix = suffix
         args = [
-            "--etcd",
-            cluster.etcd.url,
+            *cluster.etcd.client_flags,
             "--etcd-prefix",
             cluster.root,
             "--zone",
@@ -47,8 +49,12 @@ class ClusterBroker(BrokerProcess):
         ]
         if cluster.shared_store:
             args += ["--file-root", str(cluster.file_root)]
+        args += cluster.broker_args
         super().__init__(
-            cluster.tmp / f"data-{suffix}", extra_args=args, env={"PYGAZETTE_LOG_LEVEL": "info"}
+            cluster.tmp / f"data-{suffix}",
+            extra_args=args,
+            env={"PYGAZETTE_LOG_LEVEL": "info"},
+            tls=cluster.tls,
         )
 
     @property
@@ -65,13 +71,21 @@ class Cluster:
         *,
         lease_ttl: str = LEASE_TTL,
         shared_store: bool = True,
+        broker_args: Sequence[str] = (),
+        tls: ClientTLS | None = None,
+        auth: Authorizer | None = None,
     ) -> None:
         self.tmp = tmp
+        self.auth = auth  # Signs the RPCs of `stub` (brokers serving with --auth-keys).
         self.etcd = etcd
         self.root = root
         self.lease_ttl = lease_ttl
         # Without a shared store each broker keeps `file:///` under its own data directory.
         self.shared_store = shared_store
+        # More `serve` flags of every broker (e.g. TLS), and what clients of TLS brokers
+        # trust and present (`stub`, readiness checks); None: brokers serve plaintext.
+        self.broker_args = list(broker_args)
+        self.tls = tls
         self.file_root = tmp / "store"
         self.file_root.mkdir(parents=True, exist_ok=True)
         self.layout = KeyLayout(root)
@@ -96,7 +110,7 @@ class Cluster:
 
     async def observe(self) -> EtcdKeyspace:
         if self.ks is None:
-            self.ks = EtcdKeyspace(self.etcd.url, self.root)
+            self.ks = EtcdKeyspace(self.etcd.url, self.root, tls=self.etcd.client_tls)
             await self.ks.open()
         return self.ks
 
@@ -117,13 +131,23 @@ class Cluster:
     def stub(self, broker: ClusterBroker) -> pb_grpc.JournalStub:
         ch = self._channels.get(broker.address)
         if ch is None:
-            ch = self._channels[broker.address] = grpc.aio.insecure_channel(
-                broker.address,
-                options=[
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 500),
-                ],
-            )
+            options = [
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 500),
+            ]
+            if self.tls is not None:
+                credentials = channel_credentials(self.tls)
+                ch = grpc.aio.secure_channel(
+                    broker.address,
+                    credentials,
+                    options=options,
+                    interceptors=auth_interceptors(self.auth),
+                )
+            else:
+                ch = grpc.aio.insecure_channel(
+                    broker.address, options=options, interceptors=auth_interceptors(self.auth)
+                )
+            self._channels[broker.address] = ch
         return pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
 
     def running(self) -> list[ClusterBroker]:

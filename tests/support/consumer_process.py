@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pygazette.auth.tls import ClientTLS
 from tests.support.broker_process import BrokerProcess
 
 
@@ -26,8 +27,9 @@ class ConsumerProcess(BrokerProcess):
         port: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        tls: ClientTLS | None = None,
     ) -> None:
-        super().__init__(data_dir, port=port, extra_args=extra_args, env=env)
+        super().__init__(data_dir, port=port, extra_args=extra_args, env=env, tls=tls)
         self.app = app
         self.broker = broker
         self.etcd = etcd

@@ -1,15 +1,19 @@
-"""A real single-member etcd server on loopback, for cluster tests."""
+"""A real single-member etcd server on loopback, for cluster tests; optionally over TLS with
+client certificates required (`tls=`: the material of `tests.support.tls_material`)."""
 
 from __future__ import annotations
 
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+from pygazette.auth.tls import ClientTLS, client_ssl_context
 from tests.support.ports import free_port
+from tests.support.tls_material import TLSMaterial
 
 
 def etcd_binary() -> str | None:
@@ -17,8 +21,9 @@ def etcd_binary() -> str | None:
 
 
 class EtcdProcess:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, tls: TLSMaterial | None = None) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -26,7 +31,30 @@ class EtcdProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def client_tls(self) -> ClientTLS | None:
+        """What a client presents to and trusts of this etcd (None: plaintext)."""
+        if self.tls is None:
+            return None
+        return ClientTLS(self.tls.ca, self.tls.client_cert, self.tls.client_key)
+
+    @property
+    def client_flags(self) -> list[str]:
+        """`pygazette` flags reaching this etcd: --etcd URL and its TLS files."""
+        flags = ["--etcd", self.url]
+        if self.tls is not None:
+            flags += [
+                "--etcd-cert-file",
+                str(self.tls.client_cert),
+                "--etcd-cert-key-file",
+                str(self.tls.client_key),
+                "--etcd-trusted-ca-file",
+                str(self.tls.ca),
+            ]
+        return flags
 
     def start(self, timeout: float = 60.0) -> None:
         binary = etcd_binary()
@@ -47,6 +75,15 @@ class EtcdProcess:
             "--heartbeat-interval=200",
             "--election-timeout=2000",
         ]
+        context: ssl.SSLContext | None = None
+        if self.tls is not None:
+            cmd += [
+                f"--cert-file={self.tls.server_cert}",
+                f"--key-file={self.tls.server_key}",
+                f"--trusted-ca-file={self.tls.ca}",
+                "--client-cert-auth",
+            ]
+            context = client_ssl_context(self.client_tls)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -55,7 +92,9 @@ class EtcdProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited early:\n{self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                with urllib.request.urlopen(
+                    self.url + "/health", timeout=1, context=context
+                ) as resp:
                     if b'"true"' in resp.read():
                         return
             except OSError:

@@ -130,8 +130,11 @@ class GazetteBroker:
         prefix: str | None = None,
         broker_id: str = "gazette-broker",
         extra_args: list[str] | None = None,
+        auth_keys: str = "",
     ) -> None:
         self.binary = binary
+        # Serve with --broker.auth-keys (the readiness check then signs its List).
+        self.auth_keys = auth_keys
         self.etcd = etcd
         self.work_dir = work_dir
         self.file_root = file_root or work_dir / "fragments"
@@ -168,6 +171,7 @@ class GazetteBroker:
             f"--etcd.prefix={self.prefix}",
             "--broker.watch-delay=0s",
             "--log.level=warn",
+            *([f"--broker.auth-keys={self.auth_keys}"] if self.auth_keys else []),
             *self.extra_args,
         ]
 
@@ -186,6 +190,13 @@ class GazetteBroker:
         from pygazette.protocol.pb import protocol_pb2 as pb
         from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 
+        metadata: tuple[tuple[str, str], ...] = ()
+        if self.auth_keys:
+            from pygazette.auth.capability import Capability
+            from pygazette.auth.claims import Claims
+            from pygazette.auth.keyed_auth import KeyedAuth
+
+            metadata = KeyedAuth(self.auth_keys).metadata(Claims(Capability.LIST))
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -195,7 +206,7 @@ class GazetteBroker:
             try:
                 with grpc.insecure_channel(self.address) as channel:
                     stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
-                    for resp in stub.List(pb.ListRequest(), timeout=2):
+                    for resp in stub.List(pb.ListRequest(), timeout=2, metadata=metadata):
                         if resp.status == pb.OK and resp.header.process_id.suffix:
                             return
                         last = pb.Status.Name(resp.status)

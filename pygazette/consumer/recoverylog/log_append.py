@@ -49,7 +49,7 @@ async def append_to_log(
             if attempt == 0 or attempt % 10 == 0:
                 log.warning(
                     "recovery log append failed (will retry)",
-                    extra={"journal": journal, "err": str(exc), "attempt": attempt},
+                    extra={"journal": journal, "error": str(exc), "attempt": attempt},
                 )
             await asyncio.sleep(backoff(attempt))
             attempt += 1

@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
+from pygazette.consumer.metrics import RECOVERED_BYTES
 from pygazette.consumer.recoverylog.fsm import (
     FSM,
     Author,
@@ -136,6 +137,7 @@ class _LogReader:
                 raise
             if not chunk:
                 continue  # The RetryReader restarts the stream itself.
+            RECOVERED_BYTES.inc(len(chunk))
             if self._pos == len(self._buf):
                 self._buf, self._pos = chunk, 0
             else:
@@ -540,7 +542,7 @@ class Player:
             else:
                 log.info(
                     "did not apply recovery log operation",
-                    extra={"log": op.log, "offset": first_offset, "err": str(err)},
+                    extra={"log": op.log, "offset": first_offset, "error": str(err)},
                 )
 
         # Local effects follow the FSM's reading of the op: create, link, unlink, write.

@@ -1,0 +1,171 @@
+"""Authorization with pre-shared HMAC keys, as Gazette's `--auth-keys` (`auth.KeyedAuth`).
+
+Keys are base64, separated by whitespace and/or commas. The first key signs (HS256); any key
+verifies (HS256 or HS384). The special key `AA==` (one zero byte) lets requests without an
+authorization header through, with exactly the capability they need, for rolling
+authorization out across a running cluster.
+
+Verification follows Gazette: a token must carry `exp`; `iat`, if present, must not lie in
+the future; 5 seconds of clock skew are allowed either way. Signed tokens are cached per
+(capability, selector) until half their lifetime has passed, so a hot path doesn't sign
+per call.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import jwt
+
+from pygazette.auth.authorizer import DEFAULT_TOKEN_TTL, bearer_metadata
+from pygazette.auth.capability import Capability, missing_capability_message
+from pygazette.auth.claims import Claims, claims_from_json, claims_to_json, label_selector
+
+__all__ = [
+    "ALLOW_MISSING_KEY",
+    "AuthRefused",
+    "KeyedAuth",
+    "parse_auth_keys",
+]
+
+ALLOW_MISSING_KEY = "AA=="
+LEEWAY_SECONDS = 5.0
+SIGNING_ALGORITHM = "HS256"
+VERIFY_ALGORITHMS = ["HS256", "HS384"]
+MAX_CACHED_TOKENS = 4096
+
+ERR_MISSING = "missing or empty Authorization token"
+ERR_NOT_BEARER = "invalid or unsupported Authorization header (expected 'Bearer')"
+
+# Gazette accepts keys of any length; PyJWT warns about short HMAC keys on every call.
+warnings.filterwarnings("ignore", category=jwt.warnings.InsecureKeyLengthWarning)
+
+# Claims that match nothing: what a failed verification leaves behind, just in case.
+NEVER_MATCH = label_selector(include={"this-label-will": "never-match"})
+
+
+class AuthRefused(Exception):
+    """A request's authorization was refused. `unauthenticated` tells a token that is
+    missing or invalid (gRPC UNAUTHENTICATED) from one lacking a capability
+    (PERMISSION_DENIED)."""
+
+    def __init__(self, message: str, *, unauthenticated: bool) -> None:
+        super().__init__(message)
+        self.unauthenticated = unauthenticated
+
+
+def parse_auth_keys(text: str) -> tuple[list[bytes], bool]:
+    """The keys of an `--auth-keys` value, and whether `AA==` (allow missing) is among them.
+
+    ValueError if a key is not base64 or no key (other than `AA==`) is given."""
+    keys: list[bytes] = []
+    allow_missing = False
+    for i, key in enumerate(re.split(r"[\s,]+", text.strip()) if text.strip() else []):
+        if key == ALLOW_MISSING_KEY:
+            allow_missing = True
+            continue
+        try:
+            keys.append(base64.b64decode(key, validate=True))
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"auth key at index {i} is not valid base64: {exc}") from None
+    if not keys:
+        raise ValueError("at least one auth key must be provided (base64, comma separated)")
+    return keys, allow_missing
+
+
+@dataclass(slots=True)
+class _Cached:
+    metadata: tuple[tuple[str, str], ...]
+    refresh_at: float
+
+
+class KeyedAuth:
+    """Signs (client side) and verifies (server side) tokens with pre-shared keys."""
+
+    def __init__(self, base64_keys: str) -> None:
+        self.keys, self.allow_missing = parse_auth_keys(base64_keys)
+        self._cache: dict[tuple[int, bytes, float], _Cached] = {}
+        self._lock = threading.Lock()
+        # Tokens verified before (a client reuses its token for many RPCs): their claims.
+        self._verified: dict[str, Claims] = {}
+
+    def __repr__(self) -> str:
+        return f"KeyedAuth(<{len(self.keys)} keys>, allow_missing={self.allow_missing})"
+
+    # Signing.
+    def sign(self, claims: Claims, ttl: float = DEFAULT_TOKEN_TTL) -> str:
+        """A token for `claims`, issued now and expiring in `ttl` seconds."""
+        now = time.time()
+        doc = claims_to_json(
+            Claims(claims.capability, claims.selector, expires_at=now + ttl, issued_at=now)
+        )
+        return jwt.encode(doc, self.keys[0], algorithm=SIGNING_ALGORITHM)
+
+    def metadata(
+        self, claims: Claims, ttl: float = DEFAULT_TOKEN_TTL
+    ) -> tuple[tuple[str, str], ...]:
+        """The authorization metadata for `claims`: a cached token while it has at least half
+        its lifetime left, else a freshly signed one."""
+        cap, sel = claims.cache_key()
+        key = (cap, sel, ttl)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and now < cached.refresh_at:
+            return cached.metadata
+        md = bearer_metadata(self.sign(claims, ttl))
+        with self._lock:
+            if len(self._cache) >= MAX_CACHED_TOKENS:
+                self._cache.clear()
+            self._cache[key] = _Cached(md, now + ttl / 2)
+        return md
+
+    # Verifying.
+    def verify(self, authorization: str | None, require: int) -> Claims:
+        """The verified claims of an `authorization` header value, which must grant
+        `require`; AuthRefused if they can't be had."""
+        if not authorization:
+            if self.allow_missing:
+                return Claims(Capability(require) if require else 0, expires_at=time.time() + 3600)
+            raise AuthRefused(ERR_MISSING, unauthenticated=True)
+        if not authorization.startswith("Bearer "):
+            raise AuthRefused(ERR_NOT_BEARER, unauthenticated=True)
+        token = authorization[len("Bearer ") :]
+        claims = self._verified.get(token)
+        if claims is None or (claims.expires_at or 0) + LEEWAY_SECONDS < time.time():
+            doc = self._decode(token)
+            try:
+                claims = claims_from_json(doc)
+            except ValueError as exc:
+                raise AuthRefused(f"verifying Authorization: {exc}", unauthenticated=True) from None
+            with self._lock:
+                if len(self._verified) >= MAX_CACHED_TOKENS:
+                    self._verified.clear()
+                self._verified[token] = claims
+        if (message := missing_capability_message(claims.capability, require)) is not None:
+            raise AuthRefused(message, unauthenticated=False)
+        return claims
+
+    def _decode(self, token: str) -> dict[str, object]:
+        last: Exception | None = None
+        for key in self.keys:
+            try:
+                doc: dict[str, object] = jwt.decode(
+                    token,
+                    key,
+                    algorithms=VERIFY_ALGORITHMS,
+                    leeway=LEEWAY_SECONDS,
+                    options={"require": ["exp"], "verify_iat": True},
+                )
+                return doc
+            except jwt.InvalidSignatureError as exc:
+                last = exc  # Another key may have signed it.
+            except jwt.PyJWTError as exc:
+                last = exc
+                break
+        raise AuthRefused(f"verifying Authorization: {last}", unauthenticated=True)

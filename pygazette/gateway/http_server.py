@@ -1,0 +1,84 @@
+"""A server's HTTP port (`--http-port`): an aiohttp server for `/metrics`, `/debug/live`,
+`/debug/ready` and, on a broker, the journal gateway on every other path.
+
+Given an `ssl.SSLContext` (the server's TLS material; it asks for and verifies client
+certificates when the server runs mTLS) it serves HTTPS.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Iterable
+
+from aiohttp import web
+
+from pygazette.client.journal_client import JournalClient
+from pygazette.gateway.exposition import MetricsExposition
+from pygazette.gateway.health import Readiness, health_routes
+from pygazette.gateway.journal_gateway import JournalGateway
+
+log = logging.getLogger(__name__)
+
+# On shutdown, how long open requests (blocking reads) may take to finish before they are
+# cancelled.
+SHUTDOWN_TIMEOUT = 1.0
+
+
+class HttpServer:
+    def __init__(
+        self,
+        routes: Iterable[web.RouteDef],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.app = web.Application()
+        self.app.add_routes(list(routes))
+        self.ssl_context = ssl_context
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @classmethod
+    def for_server(
+        cls,
+        *,
+        readiness: Readiness,
+        metrics: MetricsExposition,
+        journal_client: JournalClient | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_append_bytes: int = 0,
+    ) -> HttpServer:
+        """Health and metrics; with `journal_client`, the journal gateway too."""
+        routes = [*health_routes(readiness), *metrics.routes()]
+        if journal_client is not None:
+            routes += JournalGateway(journal_client, max_append_bytes=max_append_bytes).routes()
+        return cls(routes, ssl_context=ssl_context)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0: any free port); the bound port."""
+        runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=self.ssl_context)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        for address in runner.addresses:
+            if isinstance(address, tuple) and len(address) >= 2:
+                self.port = int(address[1])
+                break
+        log.info("http serving", extra={"address": f"{self.scheme}://{host}:{self.port}"})
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()

@@ -1,0 +1,332 @@
+"""The HTTP journal gateway: Gazette's `http_gateway` semantics over a broker's gRPC port.
+
+    GET  /<journal>?offset=N&block=true   Read RPC; 206 and the content, streamed
+    HEAD /<journal>?offset=N              Read RPC with metadata_only; 206, headers only
+    PUT  /<journal>                       Append RPC with the request body; 204
+
+It is a gRPC client of a broker (normally its own process's port, so proxying to a journal's
+primary, authorization and every check happen in the broker): `JournalClient` is handed in.
+An HTTP `Authorization` header is forwarded as the `authorization` metadata of the RPC.
+
+Responses carry Gazette's headers: `X-Route-Token` (the journal's route) and `Location` (the
+journal at its primary broker); for reads `Content-Range: bytes <offset>-<MaxInt64>/<MaxInt64>`,
+`X-Write-Head`, `X-Fragment-Name`, `X-Fragment-Location` (a fragment URL, when the broker gave
+one) and `X-Fragment-Last-Modified`; for appends `X-Commit-Begin`, `X-Commit-End`,
+`X-Commit-SHA1-Sum` and `X-Write-Head`. Response statuses map as Gazette maps them: OK → 206
+(reads) / 204 (appends), JOURNAL_NOT_FOUND → 404, OFFSET_NOT_YET_AVAILABLE → 416,
+INSUFFICIENT_JOURNAL_BROKERS → 503 (reads), any other status → 500 with its name as the body;
+a malformed request → 400. Where Gazette answers a failed RPC with 500, the gateway maps the
+gRPC code: UNAUTHENTICATED → 401, PERMISSION_DENIED → 403, UNAVAILABLE → 503,
+INVALID_ARGUMENT → 400, DEADLINE_EXCEEDED → 408, the rest → 500.
+
+A GET streams: each content chunk is written to the client as the broker sends it, and the
+read follows the journal across fragments; it ends when the broker ends the stream (a
+non-blocking read at the write head, the client going away, or a jump in offsets, which,
+as in Gazette, ends the response and leaves the client to retry from where it got to).
+Unlike Gazette, no `X-Close-Error` trailer is sent (aiohttp cannot send trailers).
+
+A PUT is one atomic append: the body is streamed into the Append RPC in chunks as it
+arrives, and commits only once all of it has; a client that goes away mid-body leaves
+nothing appended. With `max_append_bytes`, larger bodies are refused with 413 (before any
+byte is appended when the request declares its Content-Length).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+from aiohttp import web
+from google.protobuf import text_format
+
+from pygazette.client.journal_client import JournalClient
+from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_to_hex
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import validate_append_request, validate_read_request
+
+log = logging.getLogger(__name__)
+
+MAX_INT64 = (1 << 63) - 1
+# Body bytes gathered into one AppendRequest chunk (aiohttp hands them over in small pieces).
+APPEND_CHUNK = 1 << 20
+
+FRAGMENT_LAST_MODIFIED_HEADER = "X-Fragment-Last-Modified"
+FRAGMENT_LOCATION_HEADER = "X-Fragment-Location"
+FRAGMENT_NAME_HEADER = "X-Fragment-Name"
+ROUTE_TOKEN_HEADER = "X-Route-Token"
+WRITE_HEAD_HEADER = "X-Write-Head"
+COMMIT_BEGIN_HEADER = "X-Commit-Begin"
+COMMIT_END_HEADER = "X-Commit-End"
+COMMIT_SUM_HEADER = "X-Commit-SHA1-Sum"
+
+_READ_STATUS = {
+    pb.JOURNAL_NOT_FOUND: 404,
+    pb.INSUFFICIENT_JOURNAL_BROKERS: 503,
+    pb.OFFSET_NOT_YET_AVAILABLE: 416,
+}
+_APPEND_STATUS = {pb.JOURNAL_NOT_FOUND: 404}
+_GRPC_STATUS = {
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 408,
+}
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+
+
+class BadRequest(ValueError):
+    pass
+
+
+class AppendTooLarge(Exception):
+    pass
+
+
+def _error(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text + "\n")
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
+    return _error(_GRPC_STATUS.get(exc.code(), 500), exc.details() or exc.code().name)
+
+
+def _metadata(request: web.Request) -> tuple[tuple[str, str], ...] | None:
+    token = request.headers.get("Authorization")
+    return (("authorization", token),) if token else None
+
+
+def parse_read_request(request: web.Request) -> pb.ReadRequest:
+    """The ReadRequest of a GET or HEAD, as Gazette's gateway decodes it (BadRequest if not)."""
+    offset, block = 0, False
+    for key, value in request.query.items():
+        name = key.lower()
+        if name == "offset":
+            try:
+                offset = int(value)
+            except ValueError:
+                raise BadRequest(f"invalid offset {value!r}") from None
+            if not -(1 << 63) <= offset <= MAX_INT64:
+                raise BadRequest(f"invalid offset {value!r}")
+        elif name == "block":
+            if value in _TRUE:
+                block = True
+            elif value in _FALSE:
+                block = False
+            else:
+                raise BadRequest(f"invalid block {value!r}")
+        else:
+            raise BadRequest(f"schema: invalid path {key!r}")
+    req = pb.ReadRequest(
+        journal=request.path[1:],
+        offset=offset,
+        block=block,
+        metadata_only=request.method == "HEAD",
+    )
+    try:
+        validate_read_request(req)
+    except ValidationError as exc:
+        raise BadRequest(str(exc)) from exc
+    return req
+
+
+def parse_append_request(request: web.Request) -> pb.AppendRequest:
+    for key in request.query:
+        raise BadRequest(f"schema: invalid path {key!r}")
+    req = pb.AppendRequest(journal=request.path[1:])
+    try:
+        validate_append_request(req)
+    except ValidationError as exc:
+        raise BadRequest(str(exc)) from exc
+    return req
+
+
+def _add_route_headers(resp: web.StreamResponse, request: web.Request, header: pb.Header) -> None:
+    route = header.route
+    if not route.members:
+        return
+    resp.headers[ROUTE_TOKEN_HEADER] = text_format.MessageToString(route, as_one_line=True)
+    if 0 <= route.primary < len(route.endpoints):
+        base = route.endpoints[route.primary].rstrip("/")
+        resp.headers["Location"] = base + request.path
+
+
+def _add_read_headers(
+    resp: web.StreamResponse, request: web.Request, first: pb.ReadResponse
+) -> None:
+    if first.HasField("header"):
+        _add_route_headers(resp, request, first.header)
+    if first.HasField("fragment"):
+        frag = first.fragment
+        resp.headers[FRAGMENT_NAME_HEADER] = fragment_file_name(frag)
+        if frag.mod_time:
+            resp.headers[FRAGMENT_LAST_MODIFIED_HEADER] = email.utils.formatdate(
+                frag.mod_time, usegmt=True
+            )
+        if first.fragment_url:
+            resp.headers[FRAGMENT_LOCATION_HEADER] = first.fragment_url
+        resp.headers["Content-Range"] = f"bytes {first.offset}-{MAX_INT64}/{MAX_INT64}"
+    if first.write_head:
+        resp.headers[WRITE_HEAD_HEADER] = str(first.write_head)
+
+
+class JournalGateway:
+    """GET/HEAD/PUT of journals through `client` (see the module docstring)."""
+
+    def __init__(self, client: JournalClient, *, max_append_bytes: int = 0) -> None:
+        self.client = client
+        self.max_append_bytes = max_append_bytes
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.route("*", "/{journal:.*}", self.handle)]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if request.method in ("GET", "HEAD"):
+                return await self.serve_read(request)
+            if request.method == "PUT":
+                return await self.serve_append(request)
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        return _error(400, f"unknown method: {request.method}")
+
+    # Reads.
+    async def serve_read(self, request: web.Request) -> web.StreamResponse:
+        req = parse_read_request(request)
+        call = self.client.rpc_read(req, metadata=_metadata(request))
+        try:
+            return await self._stream_read(request, req, call)
+        finally:
+            call.cancel()  # Ends the RPC if the client went away mid-stream.
+
+    async def _stream_read(
+        self,
+        request: web.Request,
+        req: pb.ReadRequest,
+        call: Any,
+    ) -> web.StreamResponse:
+        responses: AsyncIterator[pb.ReadResponse] = aiter(call)
+        try:
+            first = await anext(responses)
+        except StopAsyncIteration:
+            return _error(500, "broker terminated RPC")
+        except grpc.aio.AioRpcError as exc:
+            return _rpc_error(exc)
+        if first.status != pb.OK:
+            refused = _error(_READ_STATUS.get(first.status, 500), pb.Status.Name(first.status))
+            _add_read_headers(refused, request, first)
+            return refused
+
+        resp = web.StreamResponse(status=206)
+        resp.content_type = "application/octet-stream"
+        _add_read_headers(resp, request, first)
+        await resp.prepare(request)
+        if req.metadata_only:
+            await resp.write_eof()
+            return resp
+        offset = first.offset
+        try:
+            async for chunk in responses:
+                if chunk.status != pb.OK:
+                    break  # E.g. OFFSET_NOT_YET_AVAILABLE at the head of a non-blocking read.
+                if chunk.offset != offset:
+                    if chunk.HasField("fragment"):
+                        offset = chunk.offset  # Metadata of the next fragment.
+                        continue
+                    break  # An offset jump ends the response; the client retries from there.
+                content = chunk.content
+                if content:
+                    await resp.write(content)
+                    offset += len(content)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                log.warning("http gateway: read failed mid-stream", extra={"error": str(exc)})
+        except (ConnectionResetError, ConnectionError):
+            return resp  # The client went away.
+        await resp.write_eof()
+        return resp
+
+    # Appends.
+    async def serve_append(self, request: web.Request) -> web.StreamResponse:
+        first = parse_append_request(request)
+        limit = self.max_append_bytes
+        if limit and request.content_length is not None and request.content_length > limit:
+            return _error(413, f"append body of {request.content_length} bytes exceeds {limit}")
+        body = _Body(request, limit)
+        call = self.client.rpc_append(body.requests(first), metadata=_metadata(request))
+        try:
+            resp = await call
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            if body.too_large:
+                return _error(413, f"append body exceeds {limit} bytes; nothing was appended")
+            if body.failed is not None:
+                log.info("http gateway: append body failed", extra={"error": body.failed})
+                return _error(400, f"reading the body failed: {body.failed}; nothing was appended")
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return _rpc_error(exc)
+        if resp.status != pb.OK:
+            out = _error(_APPEND_STATUS.get(resp.status, 500), pb.Status.Name(resp.status))
+            _add_route_headers(out, request, resp.header)
+            return out
+        out = web.Response(status=204)
+        _add_route_headers(out, request, resp.header)
+        commit = resp.commit
+        out.headers[COMMIT_BEGIN_HEADER] = str(commit.begin)
+        out.headers[COMMIT_END_HEADER] = str(commit.end)
+        out.headers[WRITE_HEAD_HEADER] = str(commit.end)
+        out.headers[COMMIT_SUM_HEADER] = sha1sum_to_hex(commit.sum)
+        return out
+
+
+class _Body:
+    """A PUT body as an Append stream (see `requests`)."""
+
+    def __init__(self, request: web.Request, limit: int) -> None:
+        self.request = request
+        self.limit = limit
+        self.too_large = False
+        self.failed: str | None = None
+
+    async def requests(self, first: pb.AppendRequest) -> AsyncIterator[pb.AppendRequest]:
+        """`first`, the body in chunks, then the empty chunk that commits.
+
+        A body that does not arrive in full (the client went away, or sent fewer bytes than
+        its Content-Length) raises here, which cancels the RPC: the broker rolls the append
+        back.
+        """
+        yield first
+        total = 0
+        buf = bytearray()
+        body = self.request.content
+        while True:
+            try:
+                piece = await body.readany()
+            except Exception as exc:
+                self.failed = str(exc) or type(exc).__name__
+                raise
+            if piece:
+                buf += piece
+                total += len(piece)
+                if self.limit and total > self.limit:
+                    self.too_large = True
+                    raise AppendTooLarge(f"append body exceeds {self.limit} bytes")
+                if len(buf) < APPEND_CHUNK:
+                    continue
+            if buf:
+                yield pb.AppendRequest(content=bytes(buf))
+                buf.clear()
+            if not piece:
+                break
+        expected = self.request.content_length
+        if expected is not None and total != expected:
+            self.failed = f"received {total} of {expected} bytes"
+            raise ConnectionResetError(self.failed)
+        yield pb.AppendRequest()  # Commit.

@@ -1,0 +1,132 @@
+"""`/metrics` and the health endpoints of a real broker process (`serve --http-port`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
+from tests.support.broker_process import BrokerProcess
+from tests.support.http_scrape import get, scrape, scrape_text, value, wait_status
+from tests.support.ports import free_port
+
+
+@pytest.fixture
+def http_broker(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
+    http_port = free_port()
+    proc = BrokerProcess(tmp_path / "data", extra_args=["--http-port", str(http_port)])
+    proc.start()
+    base = f"http://127.0.0.1:{http_port}"
+    try:
+        wait_status(base + "/debug/ready")
+        yield proc, base
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+async def stub(http_broker: tuple[BrokerProcess, str]) -> AsyncIterator[pb_grpc.JournalStub]:
+    async with grpc.aio.insecure_channel(http_broker[0].address) as channel:
+        yield pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+
+
+async def test_health_endpoints(http_broker: tuple[BrokerProcess, str]) -> None:
+    _, base = http_broker
+    assert get(base + "/debug/ready") == (200, b"ready\n")
+    assert get(base + "/debug/live") == (200, b"ok\n")
+
+
+async def test_metrics_after_a_workload(
+    http_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    _, base = http_broker
+    journal = "metrics/workload"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    before = await asyncio.to_thread(scrape, base)
+
+    sizes = [1, 100, 4096, 70_000, 300_000, 7]  # K appends, N bytes.
+    for size in sizes:
+        resp = await append(stub, journal, b"x" * size)
+        assert resp.status == pb.OK
+    content, _ = await read_all(stub, journal)
+    assert len(content) == sum(sizes)
+
+    text = await asyncio.to_thread(scrape_text, base)
+    after = await asyncio.to_thread(scrape, base)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    k, n = len(sizes), sum(sizes)
+    assert value(after, "gazette_write_head", journal=journal) == n
+    assert moved("gazette_spool_commits_total") == k
+    assert moved("gazette_spool_commit_bytes_total") == n
+    assert moved("pygazette_append_bytes_count", journal=journal) == k
+    assert moved("pygazette_append_bytes_sum", journal=journal) == n
+    assert moved("pygazette_append_duration_seconds_count", journal=journal) == k
+    assert moved("pygazette_read_content_bytes_total", journal=journal) == n
+    assert moved("pygazette_read_bytes_count", journal=journal) == 1
+
+    # Gazette's RPC counters, named exactly as Gazette names them (`…_totals`, no `_total`
+    # appended); the parser reports counter samples with `_total` added.
+    assert "# TYPE gazette_journal_server_started_totals counter\n" in text
+    assert 'gazette_journal_server_started_totals{operation="Append"} ' in text
+    assert "gazette_journal_server_started_totals_total" not in text
+    started, completed = (
+        "gazette_journal_server_started_totals_total",
+        "gazette_journal_server_completed_totals_total",
+    )
+    assert moved(started, operation="Append") == k
+    assert moved(completed, operation="Append", status="ok") == k
+    assert moved(started, operation="Read") == 1
+    assert moved(completed, operation="Read", status="ok") == 1
+
+    # State read when scraped, and the process collector.
+    assert value(after, "pygazette_broker_journals", role="primary") == 1
+    assert value(after, "pygazette_store_healthy", store="file:///") == 1
+    assert value(after, "process_resident_memory_bytes") > 0
+    assert value(after, "process_open_fds") > 0
+    assert "gazette_spool_commits_created" not in text  # Gazette has no `_created` series.
+
+
+async def test_rollbacks_and_refusals_are_counted(
+    http_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    _, base = http_broker
+    journal = "metrics/rollback"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    before = await asyncio.to_thread(scrape, base)
+    # A stream ending without its commit chunk rolls the append back.
+    with pytest.raises(grpc.aio.AioRpcError):
+        await append(stub, journal, b"y" * 1000, commit=False)
+    missing = await stub.Read(pb.ReadRequest(journal="metrics/missing")).read()
+    assert missing.status == pb.JOURNAL_NOT_FOUND
+    after = await asyncio.to_thread(scrape, base)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("gazette_spool_rollbacks_total") == 1
+    assert moved("gazette_spool_rollback_bytes_total") == 1000
+    assert moved("gazette_spool_commits_total") == 0
+    assert (
+        moved("gazette_journal_server_completed_totals_total", operation="Append", status="<error>")
+        == 1
+    )
+    assert (
+        moved(
+            "gazette_journal_server_completed_totals_total",
+            operation="Read",
+            status="JOURNAL_NOT_FOUND",
+        )
+        == 1
+    )
+    # An unknown journal adds no per-journal series.
+    assert value(after, "pygazette_read_bytes_count", journal="metrics/missing") == 0
