@@ -251,6 +251,6 @@ class Summer:
 
 
 if __name__ == "__main__":
-    from pygazette.consumer.runner import run
+    from pygazette.cli.run_consumer import run
 
     run(Summer(), name="stream-sum")

@@ -97,6 +97,6 @@ def read_count(conn: Any, ngram: str, *, prefix: bool = False) -> list[tuple[str
 
 
 if __name__ == "__main__":
-    from pygazette.consumer.runner import run
+    from pygazette.cli.run_consumer import run
 
     run(Counter(), name="word-count")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pygazette.consumer.runner import serve
+from pygazette.cli.run_consumer import serve
 
 
 @click.group("consumer")

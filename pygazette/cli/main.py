@@ -9,7 +9,7 @@ error reporting every subcommand relies on.
 Expected failures (bad input, broker statuses, an unreachable broker) print a single line,
 `error: ...`, on stderr and exit non-zero; the Gazette status name is part of that line when
 a broker answered with one. Logging goes to stderr in logfmt (the servers also write JSON
-lines: `--log-format json`), at "warning" unless asked (`pygazette/log_format.py`).
+lines: `--log-format json`), at "warning" unless asked (`pygazette/cli/log_format.py`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from collections.abc import Sequence
 import click
 
 from pygazette.auth.configured import AUTH_KEYS_ENV, AUTH_TOKEN_ENV, authorizer_from
-from pygazette.auth.tls_flags import client_tls_flags, client_tls_from_flags
 from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
 from pygazette.cli.attach_uuids_cmd import attach_uuids
 from pygazette.cli.consumer_cmd import consumer
 from pygazette.cli.journals_cmd import CliState, journals
+from pygazette.cli.log_format import DEFAULT_LOG_LEVEL, LOG_LEVELS, configure_logging
 from pygazette.cli.serve_cmd import serve
 from pygazette.cli.shards_cmd import shards
+from pygazette.cli.tls_flags import client_tls_flags, client_tls_from_flags
 from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER
-from pygazette.log_format import DEFAULT_LOG_LEVEL, LOG_LEVELS, configure_logging
 from pygazette.protocol.errors import BrokerError, GazetteError
 
 

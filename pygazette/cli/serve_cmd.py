@@ -20,12 +20,6 @@ import click
 from pygazette.auth.configured import AUTH_KEYS_ENV
 from pygazette.auth.keyed_auth import parse_auth_keys
 from pygazette.auth.tls import TLSConfigError
-from pygazette.auth.tls_flags import (
-    client_tls_flags,
-    client_tls_from_flags,
-    server_tls_flags,
-    server_tls_from_flags,
-)
 from pygazette.broker.cluster_member import MemberFailed
 from pygazette.broker.heap_tuning import tune_heap_for_large_messages
 from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
@@ -37,9 +31,15 @@ from pygazette.broker.server import (
     run_broker,
 )
 from pygazette.cli.http_port import broker_http, http_options
+from pygazette.cli.log_format import announce, configure_from_options, log_options
+from pygazette.cli.tls_flags import (
+    client_tls_flags,
+    client_tls_from_flags,
+    server_tls_flags,
+    server_tls_from_flags,
+)
 from pygazette.keyspace.etcd import etcd_url_is_tls, parse_etcd_url
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
-from pygazette.log_format import announce, configure_from_options, log_options
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.go_duration import parse_duration, parse_seconds
 from pygazette.protocol.pb import protocol_pb2 as pb

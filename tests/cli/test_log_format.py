@@ -15,7 +15,7 @@ import grpc.aio
 import pytest
 from click.testing import CliRunner
 
-from pygazette.log_format import (
+from pygazette.cli.log_format import (
     JsonFormatter,
     LogfmtFormatter,
     configure_from_options,

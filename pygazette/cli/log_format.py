@@ -8,7 +8,7 @@ event's `extra` fields (journal, shard, peer, ...) as fields of the line; and th
            "msg": "...", "journal": "a/b"}
 
 A record's traceback, if it has one, is the `exc` field. This module depends on nothing else
-in pygazette, so the command line and the consumer runner's own entry point both use it.
+in pygazette.
 """
 
 from __future__ import annotations
