@@ -294,6 +294,12 @@ def serve(
     )
     where = f" (cluster on {etcd_url} as {zone}#{broker_id})" if etcd_url else ""
     announce(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}")
+    if http_port:
+        scheme = "https" if config.tls is not None else "http"
+        announce(
+            f"HTTP on {scheme}://{http_address or host}:{http_port}: /metrics, /debug/ready, "
+            "/debug/live, and journals at /<journal name>"
+        )
     # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     tune_heap_for_large_messages()
