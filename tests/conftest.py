@@ -9,10 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.support.broker_process import BrokerProcess
 from tests.support.etcd_process import EtcdProcess, etcd_binary
 from tests.support.s3_server import S3Server, export_credentials, restore_environment
+
+# Property tests check properties, not speed: on a shared 2-core machine a single example
+# can take longer than Hypothesis's default 200 ms deadline without anything being wrong.
+settings.register_profile("pygazette", deadline=None)
+settings.load_profile("pygazette")
 
 
 @pytest.fixture
