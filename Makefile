@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette
+.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette s3server-bin
 
 all: test
 
@@ -39,7 +39,7 @@ lint: venv
 	$(VENV)/bin/ruff check pygazette pyspark_gazette tests bench examples
 	$(VENV)/bin/mypy pygazette pyspark_gazette
 
-test: deps lint
+test: deps lint s3server-bin
 	$(VENV)/bin/pytest -q --ignore=tests/interop
 	$(MAKE) interop
 
@@ -50,6 +50,11 @@ INTEROP_GO_ENV := CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 
 interop-bin:
 	./interop/build-binaries
+
+# The S3-compatible server (versitygw) that tests/*/test_real_s3*.py run the s3:// store
+# against, built once from the Go module proxy into interop/bin/ (interop/build-s3server).
+s3server-bin:
+	./interop/build-s3server
 
 interop-go: venv interop-bin
 	cd interop && PYGAZETTE="$(abspath $(VENV))/bin/pygazette" $(INTEROP_GO_ENV) \

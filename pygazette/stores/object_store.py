@@ -89,7 +89,8 @@ class ObjectStore(FragmentStore):
         return key
 
     def _error(self, op: str, key: str, exc: BaseException) -> StoreError:
-        where = f"{self.url}{key}"
+        # The store URL without its query (endpoint, region, ...), then the object's key.
+        where = f"{self.url.split('?', 1)[0]}{key}"
         if isinstance(exc, FileNotFoundError):
             return StoreNotFound(f"{op} {where}: not found")
         return StoreError(f"{op} {where}: {describe(exc)}")
