@@ -90,6 +90,12 @@ async def test_metrics_after_a_workload(
 
     # State read when scraped, and the process collector.
     assert value(after, "pygazette_broker_journals", role="primary") == 1
+    # The store's first health check runs in the background (0 while pending).
+    for _ in range(600):
+        if value(after, "pygazette_store_healthy", store="file:///") == 1:
+            break
+        await asyncio.sleep(0.05)
+        after = await asyncio.to_thread(scrape, base)
     assert value(after, "pygazette_store_healthy", store="file:///") == 1
     assert value(after, "process_resident_memory_bytes") > 0
     assert value(after, "process_open_fds") > 0
