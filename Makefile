@@ -10,17 +10,17 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette s3server-bin
+.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
 
 all: test
 
-# The `spark` extra is part of the development install. editable_mode=compat puts the checkout
-# on sys.path, where PySpark finds the top-level module pyspark_gazette and so registers the
-# `gazette` format by itself.
+# The `spark` extra is part of the development install. The editable install puts the checkout
+# on sys.path (a static .pth file: see `package-dir` in pyproject.toml), where PySpark finds the
+# top-level module pyspark_gazette and so registers the `gazette` format by itself.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev,spark]' --config-settings editable_mode=compat
+	$(PIP) install -q -e '.[dev,spark]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -71,6 +71,14 @@ test-faults: deps
 	PYGAZETTE_FAULT_ROUNDS=$(FAULT_ROUNDS) $(VENV)/bin/pytest -q \
 		tests/broker/test_cluster_faults.py --timeout=3600
 
+# The chaos suite (tests/chaos/run.py): stream-sum on etcd, 4 brokers at replication 3 and
+# 3 summers, under a seeded schedule of kills, freezes, etcd restarts, partitions and store
+# outages for CHAOS_MINUTES; prints a JSON report last. `make test` runs a 1-minute smoke.
+CHAOS_MINUTES ?= 10
+CHAOS_SEED ?= 1
+chaos: deps
+	$(PY) -m tests.chaos.run --minutes $(CHAOS_MINUTES) --seed $(CHAOS_SEED)
+
 bench: venv
 	$(PY) bench/append_read.py
 	$(PY) bench/publish.py
@@ -81,6 +89,11 @@ bench-fragments: venv
 # The Spark connector's benchmark (needs Java 17, see `make deps`).
 bench-spark: deps
 	$(PY) bench/spark_read.py
+
+# The gazette source against Spark's Kafka source (spark-sql-kafka-0-10) on the same records;
+# fetches the Kafka broker and connector jars with mvn into ~/.cache/pygazette on first use.
+bench-spark-kafka: deps
+	$(PY) bench/spark_read.py --vs-kafka
 
 # End to end: a local broker, a streaming aggregation journal -> journal on Spark, and a batch
 # job turning a journal's fragments into Parquet.
@@ -94,6 +107,11 @@ demo-consumer: deps
 
 bench-gazette: venv interop-bin
 	$(PY) bench/vs_gazette.py
+
+# Both brokers driven by Gazette's own Go client (interop/loadgen): single broker, 3 brokers
+# at r=2 and r=3, alternating rounds; GAZETTE_GO_ARGS="--quick --rounds 1" for a short run.
+bench-gazette-go: venv interop-bin
+	$(PY) bench/vs_gazette.py --go-client $(GAZETTE_GO_ARGS)
 
 bench-cluster: deps
 	$(PY) bench/cluster.py

@@ -9,6 +9,13 @@ latencies, slower).
 
     python bench/vs_gazette.py [--quick]
 
+With `--go-client` both brokers are driven by Gazette's own Go client instead
+(`bench/gazette_go_client.py`, `interop/loadgen`): single broker and 3 brokers at r=2 and r=3,
+appends, tail reads, register-checked and append → blocking-read latencies, a consumer-like
+loop; `--rounds`, `--topologies`, `--workloads`, `--py-spy DIR`.
+
+    python bench/vs_gazette.py --go-client [--quick] [--rounds 2]
+
 Prints one JSON document.
 """
 
@@ -155,8 +162,54 @@ async def run_both(
     }
 
 
+def go_client_main(args: argparse.Namespace) -> dict[str, object]:
+    """`--go-client`: both brokers driven by Gazette's Go client (bench/gazette_go_client.py)."""
+    from gazette_go_client import FULL, QUICK, TINY, TOPOLOGIES, go_client_bench
+
+    topologies = [t for t in TOPOLOGIES if not args.topologies or t.name in args.topologies]
+    return go_client_bench(
+        sizes=TINY if args.smoke else QUICK if args.quick else FULL,
+        rounds=args.rounds,
+        topologies=topologies,
+        workloads=args.workloads or None,
+        py_spy=args.py_spy,
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument(
+        "--go-client",
+        action="store_true",
+        help="drive both brokers with Gazette's Go client (interop/loadgen): single broker, "
+        "and 3 brokers at r=2 and r=3",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--go-client: rounds per system")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--go-client: a run of seconds that only checks everything works (no figures)",
+    )
+    parser.add_argument(
+        "--topologies", nargs="*", default=[], help="--go-client: of single, r2, r3 (default all)"
+    )
+    parser.add_argument(
+        "--workloads",
+        nargs="*",
+        default=[],
+        help="--go-client: of append_4kib, append_1mib, raw_append_4kib, tail_read, "
+        "register_latency, wakeup_latency, consumer (default all)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="--go-client: sample pygazette's brokers with py-spy into DIR",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick)), indent=2))
+    if args.go_client:
+        print(json.dumps(go_client_main(args), indent=2))
+    else:
+        print(json.dumps(asyncio.run(main(args.quick)), indent=2))

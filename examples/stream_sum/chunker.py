@@ -63,6 +63,7 @@ from pygazette.client.watched_list import WatchedList
 from pygazette.message.framing import CONTENT_TYPE_JSON_LINES, MessageDecodeError
 from pygazette.message.publisher import Publisher
 from pygazette.message.reader import ReadCommitted
+from pygazette.protocol.fragment_name import sha1sum_to_hex
 
 log = logging.getLogger("stream_sum.chunker")
 
@@ -82,6 +83,9 @@ class ChunkerConfig:
     timeout: float = 40.0
     consumer: str = ""  # Shard service address: settle every shard before the audit.
     seed: int | None = None
+    # Given, every acknowledged append of chunks is written here as a JSON line
+    # {"journal", "begin", "end", "sha1"} (the broker's commit), for an outside audit.
+    ack_log: str = ""
 
 
 class SumTimeout(Exception):
@@ -258,6 +262,31 @@ async def audit_sums(
     return result
 
 
+class _AckLog:
+    """Writes each acknowledged append's commit once, as a JSON line (see `ack_log`)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", encoding="utf-8")
+        self._seen: set[tuple[str, int, int]] = set()
+
+    def record(self, op: Any) -> None:
+        # Called once per AsyncAppend, on the thread that resolves it; AsyncAppends of one
+        # batch share its response, written once.
+        if op.error() is not None or op.response is None or self._file.closed:
+            return
+        commit = op.response.commit
+        key = (commit.journal, int(commit.begin), int(commit.end))
+        if key in self._seen or key[1] == key[2]:
+            return
+        self._seen.add(key)
+        sha1 = sha1sum_to_hex(commit.sum)
+        doc = {"journal": key[0], "begin": key[1], "end": key[2], "sha1": sha1}
+        self._file.write(json.dumps(doc) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 async def barrier(client: JournalClient, journal: str) -> int:
     """The journal's write head, by an empty append (Go's write barrier), retried through
     broker restarts and hand-offs as Go's AppendService retries it."""
@@ -289,18 +318,51 @@ async def settle_shards(
     (Shard Stat): once each answers, every sum of those chunks has been committed."""
     from pygazette.consumer.shard_client import ShardClient
 
+    deadline = time.monotonic() + within
     out: dict[str, dict[str, int]] = {}
     async with ShardClient(consumer) as shards:
-        for shard in await shards.list_shards():
+        for shard in await shards.list_shards(within=within):
             read_through = {
                 src.journal: published[src.journal]
                 for src in shard.spec.sources
                 if src.journal in published
             }
-            if read_through:
-                resp = await shards.stat(shard.spec.id, read_through, within=within)
-                out[shard.spec.id] = dict(resp.publish_at)
+            if not read_through:
+                continue
+            attempt = 0
+            while True:
+                try:
+                    resp = await shards.stat(
+                        shard.spec.id,
+                        read_through,
+                        within=max(0.1, deadline - time.monotonic()),
+                    )
+                    break
+                except Exception as exc:
+                    # The primary may be handing off (stopped, not yet assigned, or its
+                    # process gone): ask again until the deadline, as for a sum.
+                    if not _transient_stat_error(exc) or time.monotonic() >= deadline:
+                        raise
+                    log.info("shard stat (will retry)", extra={"shard": shard.spec.id})
+                    await asyncio.sleep(backoff(attempt))
+                    attempt += 1
+            out[shard.spec.id] = dict(resp.publish_at)
     return out
+
+
+def _transient_stat_error(exc: BaseException) -> bool:
+    """Whether a Stat failed only because the shard's primary is changing hands."""
+    import grpc
+    import grpc.aio
+
+    from pygazette.consumer.shard_client import NoShardPrimary, NotShardPrimary, ShardStopped
+
+    if isinstance(exc, (ShardStopped, NoShardPrimary, NotShardPrimary)):
+        return True
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -327,6 +389,7 @@ async def run_chunker(cfg: ChunkerConfig) -> dict[str, Any]:
         failure = ""
         service = AppendService(client)
         publisher = Publisher(service, framings={CONTENT_TYPE_JSON_LINES: FRAMING})
+        acks = _AckLog(cfg.ack_log) if cfg.ack_log else None
 
         async def worker(n_streams: int, wrng: random.Random) -> None:
             nonlocal chunks
@@ -335,6 +398,8 @@ async def run_chunker(cfg: ChunkerConfig) -> dict[str, Any]:
                 if chunk["SeqNo"] == 1:
                     verifier.streams.add(bytes(chunk["ID"]))
                 aa = publisher.publish_committed(mapping, chunk)
+                if acks is not None and last_appends.get(aa.journal) is not aa:
+                    aa.add_done_callback(acks.record)
                 last_appends[aa.journal] = aa
                 chunks += 1
                 since_yield += 1
@@ -381,6 +446,8 @@ async def run_chunker(cfg: ChunkerConfig) -> dict[str, Any]:
                 await reader
             await service.close(cancel=True)
             await parts.stop()
+            if acks is not None:
+                acks.close()
     elapsed = time.monotonic() - started
     ok = not failure and not (result.duplicates or result.mismatches or result.missing)
     summary: dict[str, Any] = {
@@ -428,6 +495,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--consumer", default="", help="summer's Shard service: settle shards before the audit"
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--ack-log", default="", help="append every acknowledged chunk append here (JSON lines)"
+    )
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "warning"))
     args = parser.parse_args(argv)
     if args.streams < 1 or args.chunks < 0 or args.workers < 1 or args.chunk_bytes < 1:
@@ -442,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
         consumer=args.consumer,
         seed=args.seed,
+        ack_log=args.ack_log,
     )
     try:
         summary = asyncio.run(run_chunker(cfg))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from pygazette.auth.authorizer import Authorizer, BearerAuth
-from pygazette.auth.keyed_auth import KeyedAuth
+if TYPE_CHECKING:
+    from pygazette.auth.authorizer import Authorizer
 
 __all__ = ["AUTH_KEYS_ENV", "AUTH_TOKEN_ENV", "authorizer_from", "authorizer_from_env"]
 
@@ -21,9 +22,15 @@ def authorizer_from(
 ) -> Authorizer | None:
     """KeyedAuth(auth_keys) if keys are given, else BearerAuth(auth_token) if a token is,
     else None. ValueError (a one-line message) for unusable keys."""
+    # Imported when used: the command line reads these options on every run, and JWT
+    # signing (PyJWT, cryptography) is costly to import.
     if auth_keys and auth_keys.strip():
+        from pygazette.auth.keyed_auth import KeyedAuth
+
         return KeyedAuth(auth_keys)
     if auth_token and auth_token.strip():
+        from pygazette.auth.authorizer import BearerAuth
+
         return BearerAuth(auth_token)
     return None
 

@@ -19,11 +19,13 @@ import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
+
+if TYPE_CHECKING:
+    # `cryptography` is imported where files are checked: a plaintext client needs none of it.
+    from cryptography import x509
 
 __all__ = [
     "ClientTLS",
@@ -86,6 +88,8 @@ def _read(path: Pathish, what: str) -> bytes:
 
 
 def _certificates(data: bytes, path: Pathish, what: str) -> list[x509.Certificate]:
+    from cryptography import x509
+
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError as exc:
@@ -106,6 +110,9 @@ def load_ca(ca_file: Pathish, what: str = "CA") -> bytes:
 
 def load_key_pair(cert_file: Pathish, key_file: Pathish) -> tuple[bytes, bytes]:
     """The PEM bytes of a certificate (chain) and its private key, checked to match."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     cert_data = _read(cert_file, "certificate")
     key_data = _read(key_file, "private key")
     leaf = _certificates(cert_data, cert_file, "certificate")[0]

@@ -32,6 +32,7 @@ from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read
 from pygazette.broker.replicate_service import ReplicateAborted, serve_replicate
 from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver
+from pygazette.broker.spool import InsufficientStorage
 from pygazette.broker.store_health_service import serve_fragment_store_health
 from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
 from pygazette.protocol.errors import ValidationError
@@ -344,6 +345,10 @@ class JournalService(pb_grpc.JournalServicer):
         except AppendAborted as exc:
             await context.abort(exc.code, str(exc))
             raise  # Not reached: abort raises.
+        except InsufficientStorage as exc:
+            # The spool's disk is full: the append was rolled back whole (see spool.py).
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise  # Not reached: abort raises.
 
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Context
@@ -359,6 +364,9 @@ class JournalService(pb_grpc.JournalServicer):
                 yield resp
         except ReplicateAborted as exc:
             await context.abort(exc.code, str(exc))
+        except InsufficientStorage as exc:
+            # This replica's spool disk is full: the primary fails the append (see spool.py).
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
     async def ListFragments(
         self, request: pb.FragmentsRequest, context: Context

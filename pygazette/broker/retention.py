@@ -1,8 +1,16 @@
-"""Retention: removing a journal's fragments once they are older than `fragment.retention`.
+"""Retention: removing a journal's fragments once they are older than `fragment.retention`,
+or once the journal keeps more persisted content than its `pygazette.dev/retention-bytes`.
 
 A fragment's age is its store modification time, an upper bound on when its content was
 appended. Retention <= 0 keeps everything (gazctl's `journals prune` would remove every
-persisted fragment of such a journal). The plan works from a fresh listing of every store of
+persisted fragment of such a journal).
+
+Size-bounded retention (`protocol.retention_bytes`) counts journal content: with a bound of
+N bytes and the largest persisted offset H, a fragment beginning before H - N has expired,
+whatever its age, so the persisted history kept spans at most N bytes — oldest removed
+first — except that the fragment holding H is kept even when it alone is larger. Age and size
+expire fragments independently; the same rules below decide what an expired fragment may
+take away. The plan works from a fresh listing of every store of
 the journal — not the broker's cover set — so smaller overlapping copies, which gazctl leaves
 behind, expire too. Beyond age, a fragment is kept while removing it would take away the
 only copy of offsets that readers of the retained history still need:
@@ -12,8 +20,9 @@ only copy of offsets that readers of the retained history still need:
   that retention had emptied would start the journal again at offset 0);
 - retention trims history from its beginning: an expired fragment lying after the start of
   the retained content (out-of-order persistence, e.g. after a store outage, can leave old
-  fragments between young ones) is kept unless other kept fragments hold all its offsets —
-  removing it would leave a gap that readers of the retained content must stop at.
+  fragments between young ones) is kept unless other kept fragments hold all its offsets
+  from that start on — removing it would leave a gap that readers of the retained content
+  must stop at. (Its offsets before that start may go: readers jump to the start.)
 
 Expired fragments wholly covered by kept ones (duplicates in another store, smaller copies)
 are removed. The broker applies the plan on a timer (`RetentionEnforcer`) and on demand
@@ -33,6 +42,7 @@ from typing import TYPE_CHECKING
 from pygazette.broker.cover_set import CoverSet
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.retention_bytes import retention_bytes
 from pygazette.stores.store import StoreError, StoreRegistry
 
 if TYPE_CHECKING:
@@ -58,27 +68,40 @@ class RetentionPlan:
     kept: list[tuple[pb.Fragment, str]] = field(default_factory=list)  # Expired, yet kept.
 
 
-def plan_retention(listing: Sequence[pb.Fragment], retention: float, now: float) -> RetentionPlan:
-    """Which fragments of `listing` (one journal, every store) retention removes at `now`."""
+def plan_retention(
+    listing: Sequence[pb.Fragment], retention: float, now: float, max_bytes: int = 0
+) -> RetentionPlan:
+    """Which fragments of `listing` (one journal, every store) retention removes at `now`.
+
+    `retention` is the maximum age in seconds, `max_bytes` the most journal content to keep
+    (`pygazette.dev/retention-bytes`); either <= 0 does not bound.
+    """
     plan = RetentionPlan()
-    if retention <= 0 or not listing:
-        return plan
-    cutoff = now - retention
-    expired = [f for f in listing if f.mod_time and f.mod_time <= cutoff]
-    if not expired:
+    if (retention <= 0 and max_bytes <= 0) or not listing:
         return plan
     head_end = max(f.end for f in listing)
+    cutoff = now - retention if retention > 0 else None
+    first_kept = head_end - max_bytes if max_bytes > 0 else None
+
+    def is_expired(f: pb.Fragment) -> bool:
+        if first_kept is not None and f.begin < first_kept:
+            return True
+        return cutoff is not None and bool(f.mod_time) and f.mod_time <= cutoff
+
+    expired = [f for f in listing if is_expired(f)]
+    if not expired:
+        return plan
     head = min((f for f in listing if f.end == head_end), key=lambda f: f.begin)
     kept: CoverSet[pb.Fragment] = CoverSet()
     for f in listing:
-        if f is head or not (f.mod_time and f.mod_time <= cutoff):
+        if f is head or not is_expired(f):
             kept.add(f)
     retained_from = min([f.begin for f in kept] or [head.begin])
     order = {id(f): i for i, f in enumerate(listing)}
     for f in sorted(expired, key=lambda f: (f.begin - f.end, f.begin, order[id(f)])):
         if f is head:
             plan.kept.append((f, KEPT_HEAD))
-        elif f.end <= retained_from or kept.covers(f.begin, f.end):
+        elif f.end <= retained_from or kept.covers(max(f.begin, retained_from), f.end):
             plan.remove.append(f)
         else:
             plan.kept.append((f, KEPT_GAP))
@@ -100,7 +123,12 @@ async def prune_journal(
 ) -> PruneResult:
     """Apply retention to `replica`'s journal, from a fresh listing of all its stores."""
     listing = await replica.list_stores()
-    plan = plan_retention(listing, retention_seconds(replica.spec), now or time.time())
+    plan = plan_retention(
+        listing,
+        retention_seconds(replica.spec),
+        now or time.time(),
+        retention_bytes(replica.spec),
+    )
     if dry_run:
         return PruneResult(plan.remove, plan.kept, [])
     removed: list[pb.Fragment] = []
@@ -124,7 +152,8 @@ async def prune_journal(
 
 
 class RetentionEnforcer:
-    """Prunes every journal this broker serves, every `interval` seconds (0: never)."""
+    """Prunes every journal this broker serves, every `interval` seconds (0: never): those
+    with a `fragment.retention`, a `pygazette.dev/retention-bytes` label, or both."""
 
     def __init__(self, resolver: Resolver, stores: StoreRegistry, interval: float) -> None:
         self.resolver = resolver
@@ -146,7 +175,10 @@ class RetentionEnforcer:
         """One pass over every journal; returns how many fragments were removed."""
         total = 0
         for replica in list(self.resolver.replicas.values()):
-            if retention_seconds(replica.spec) <= 0 or not replica.spec.fragment.stores:
+            spec = replica.spec
+            if not spec.fragment.stores or (
+                retention_seconds(spec) <= 0 and retention_bytes(spec) <= 0
+            ):
                 continue
             try:
                 result = await prune_journal(replica, self.stores, dry_run=False)

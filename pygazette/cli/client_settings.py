@@ -1,21 +1,26 @@
-"""How the CLI's commands connect to brokers and consumers: the root command's TLS and
-authorization options, turned into `JournalClient`s and `ShardClient`s.
+"""How the CLI's commands connect to brokers and consumers: the root command's options
+(`CliState`: the broker address, TLS and authorization), turned into `JournalClient`s and
+`ShardClient`s.
 
 Every command opens its clients through `client_settings()`, so a connection option given once
-to `pygazette` applies to every RPC the command makes.
+to `pygazette` applies to every RPC the command makes. The clients' modules are imported when a
+client is opened: the root command builds these settings on every run, `--help` included.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import click
 
-from pygazette.auth.authorizer import Authorizer
-from pygazette.auth.tls import ClientTLS, explain_connect_failure
-from pygazette.client.channel import channel_target
-from pygazette.client.journal_client import JournalClient
-from pygazette.consumer.shard_client import ShardClient
+from pygazette.client.defaults import DEFAULT_BROKER
+
+if TYPE_CHECKING:
+    from pygazette.auth.authorizer import Authorizer
+    from pygazette.auth.tls import ClientTLS
+    from pygazette.client.journal_client import JournalClient
+    from pygazette.consumer.shard_client import ShardClient
 
 
 @dataclass
@@ -30,6 +35,9 @@ class ClientSettings:
 
     def unavailable(self, address: str, details: str, *, consumer: bool = False) -> str:
         """`details` of an UNAVAILABLE RPC to `address`, explained if TLS is the cause."""
+        from pygazette.auth.tls import explain_connect_failure
+        from pygazette.client.channel import channel_target
+
         tls = self.consumer_tls if consumer else self.broker_tls
         explained = explain_connect_failure(
             details,
@@ -40,6 +48,8 @@ class ClientSettings:
 
     def journal_client(self, address: str) -> JournalClient:
         """A client of the broker at `address`."""
+        from pygazette.client.journal_client import JournalClient
+
         try:
             return JournalClient(address, tls=self.broker_tls, auth=self.auth)
         except ValueError as exc:  # TLS files for an http:// address, or bad TLS files.
@@ -47,10 +57,20 @@ class ClientSettings:
 
     def shard_client(self, address: str) -> ShardClient:
         """A client of the consumer process at `address`."""
+        from pygazette.consumer.shard_client import ShardClient
+
         try:
             return ShardClient(address, tls=self.consumer_tls, auth=self.auth)
         except ValueError as exc:  # TLS files for an http:// address, or bad TLS files.
             raise click.ClickException(f"consumer {address}: {exc}") from None
+
+
+@dataclass
+class CliState:
+    """Options of the root command that subcommands use."""
+
+    broker: str = DEFAULT_BROKER
+    client_settings: ClientSettings = field(default_factory=ClientSettings)
 
 
 def client_settings() -> ClientSettings:

@@ -2,7 +2,9 @@
 shaped like Gazette's `gazctl journals` commands.
 
 Each command runs the async client on a fresh event loop. Expected failures are raised as
-`click.ClickException` or pygazette errors, which `main` prints as one line.
+`click.ClickException` or pygazette errors, which `main` prints as one line. What only one
+command needs (the append pipeline, the retrying reader, record framings, YAML) is imported by
+that command, so that e.g. `journals list` starts quickly.
 """
 
 from __future__ import annotations
@@ -11,38 +13,29 @@ import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 import grpc
 import grpc.aio
-from google.protobuf import text_format
 
 from pygazette.cli import output
-from pygazette.cli.client_settings import ClientSettings, client_settings
-from pygazette.cli.journalspace import apply_request, parse_journalspace
-from pygazette.cli.records import MessageAligner, RecordError, RecordSplitter
-from pygazette.client.append_service import AppendService, AsyncAppend
-from pygazette.client.appender import append
+from pygazette.cli.client_settings import CliState, client_settings
 from pygazette.client.channel import channel_target
-from pygazette.client.fragments import list_all_fragments
-from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER, JournalClient
+from pygazette.client.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER
 from pygazette.client.list_apply import apply_journals_in_batches, list_all, list_journals
-from pygazette.client.retry_reader import read_journal
-from pygazette.client.watched_list import WatchedList
-from pygazette.message.mapping import (
-    MappingFunc,
-    modulo_mapping,
-    random_mapping,
-    rendezvous_mapping,
-)
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.go_duration import parse_duration
 from pygazette.protocol.labels import label_value, label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
 from pygazette.protocol.validation import CONTENT_TYPE_LABEL
+
+if TYPE_CHECKING:
+    from pygazette.client.append_service import AppendService, AsyncAppend
+    from pygazette.client.journal_client import JournalClient
+    from pygazette.client.watched_list import WatchedList
+    from pygazette.message.mapping import MappingFunc
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +49,6 @@ RECORDS_APPEND_CUTOFF = 8 << 20
 
 class CommandError(click.ClickException):
     """An expected failure of a command, printed as one line."""
-
-
-@dataclass
-class CliState:
-    """Options of the root command that subcommands use."""
-
-    broker: str = DEFAULT_BROKER
-    client_settings: ClientSettings = field(default_factory=ClientSettings)
 
 
 def broker_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,6 +138,10 @@ def apply_cmd(
     match its current revision (0 creates it, -1 applies regardless); "delete: true" deletes
     the journals listed beneath a node. Nothing is applied unless every spec is valid.
     """
+    from google.protobuf import text_format
+
+    from pygazette.cli.journalspace import apply_request, parse_journalspace
+
     text = _read_text(specs_path)
     tree = parse_journalspace(text)
     request = apply_request(tree)
@@ -250,6 +239,8 @@ def _only_journal(listing: pb.ListResponse, selector: str) -> str:
 
 
 def _mapping(name: str, partitions: WatchedList) -> MappingFunc:
+    from pygazette.message.mapping import modulo_mapping, random_mapping, rendezvous_mapping
+
     if name == "modulo":
         return modulo_mapping(_key_of, partitions)
     if name == "rendezvous":
@@ -293,6 +284,9 @@ async def _append_records(
     base64_keys: bool,
 ) -> int:
     """Append the input's records, each mapped to a journal; returns the appends queued."""
+    from pygazette.cli.records import RecordError, RecordSplitter
+    from pygazette.client.append_service import AppendService
+
     splitter = RecordSplitter(framing)
     mapping = _mapping(mapping_name, partitions)
     keyed = mapping_name != "random"
@@ -392,6 +386,10 @@ def append_cmd(
     written with the same framing (e.g. for lines: "key\\nrecord\\n"); records of equal keys
     go to the same journal. Use --base64 for binary keys with lines framing.
     """
+    from pygazette.cli.records import RecordError
+    from pygazette.client.appender import append
+    from pygazette.client.watched_list import WatchedList
+
     sel = _selector(selector)
     if framing == "none" and mapping_name != "random":
         raise click.UsageError("--framing none may only be used with --mapping random")
@@ -467,6 +465,9 @@ def read_cmd(
     lines, CSV or fixed framing), so messages of different journals never interleave;
     content of other types is copied as it is read.
     """
+    from pygazette.cli.records import MessageAligner
+    from pygazette.client.retry_reader import read_journal
+
     sel = _selector(selector)
     out = sys.stdout.buffer
 
@@ -547,6 +548,8 @@ def fragments_cmd(
     broker: str | None,
 ) -> None:
     """List the fragments of the selected journals."""
+    from pygazette.client.fragments import list_all_fragments
+
     sel = _selector(selector)
     ttl_ns = parse_duration(url_ttl)
     if ttl_ns < 0:

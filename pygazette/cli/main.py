@@ -1,6 +1,10 @@
 """The `pygazette` command: root options, logging, subcommand registration, and the one-line
 error reporting every subcommand relies on.
 
+Subcommands load lazily (`SUBCOMMANDS`, `pygazette/cli/lazy_group.py`): a command imports the
+module of the subcommand it runs and nothing else, so client commands start without the
+broker, the consumer framework or Spark, and `pygazette --help` imports no subcommand at all.
+
     pygazette [--broker URL] [--log-level LEVEL] journals {list,apply,append,read,fragments,
                                                             prune,store-health}
     pygazette serve --port P --data-dir D
@@ -21,19 +25,49 @@ from collections.abc import Sequence
 import click
 
 from pygazette.auth.configured import AUTH_KEYS_ENV, AUTH_TOKEN_ENV, authorizer_from
-from pygazette.cli import prune_cmd as _prune_cmd  # noqa: F401  (registers journals prune)
-from pygazette.cli.attach_uuids_cmd import attach_uuids
-from pygazette.cli.consumer_cmd import consumer
-from pygazette.cli.journals_cmd import CliState, journals
+from pygazette.cli.client_settings import CliState
+from pygazette.cli.lazy_group import LazyCommand, LazyGroup
 from pygazette.cli.log_format import DEFAULT_LOG_LEVEL, LOG_LEVELS, configure_logging
-from pygazette.cli.serve_cmd import serve
-from pygazette.cli.shards_cmd import shards
 from pygazette.cli.tls_flags import client_tls_flags, client_tls_from_flags
-from pygazette.client.journal_client import BROKER_ADDRESS_ENV, DEFAULT_BROKER
-from pygazette.protocol.errors import BrokerError, GazetteError
+from pygazette.client.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER
+
+# Each subcommand's module is imported only when that subcommand runs (or shows its --help),
+# so `pygazette journals read` imports neither the broker nor the consumer framework. The
+# one-line helps are the listing of `pygazette --help`; tests/cli/test_startup.py checks them
+# against the commands' own.
+SUBCOMMANDS: dict[str, LazyCommand] = {
+    "attach-uuids": LazyCommand(
+        "pygazette.cli.attach_uuids_cmd",
+        "attach_uuids",
+        "Stamp a message UUID on every record of the input files (or stdin) and write the "
+        "records to stdout.",
+    ),
+    "consumer": LazyCommand(
+        "pygazette.cli.consumer_cmd",
+        "consumer",
+        "Consumer processes: stateful, exactly-once stream processors in shards.",
+    ),
+    "journals": LazyCommand(
+        "pygazette.cli.journals_cmd",
+        "journals",
+        "Interact with broker journals.",
+        # Registers `journals prune` and `journals store-health`.
+        also_import=("pygazette.cli.prune_cmd",),
+    ),
+    "serve": LazyCommand(
+        "pygazette.cli.serve_cmd",
+        "serve",
+        "Serve journals: single-node (embedded keyspace), or as a cluster member with --etcd.",
+    ),
+    "shards": LazyCommand("pygazette.cli.shards_cmd", "shards", "Interact with consumer shards."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LazyGroup,
+    lazy_commands=SUBCOMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--broker",
     envvar=BROKER_ADDRESS_ENV,
@@ -88,13 +122,6 @@ def cli(
     ctx.obj.client_settings.consumer_tls = client_tls_from_flags(tls_flags, "consumer")
 
 
-cli.add_command(journals)
-cli.add_command(serve)
-cli.add_command(attach_uuids)
-cli.add_command(shards)
-cli.add_command(consumer)
-
-
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -125,10 +152,6 @@ def run(argv: Sequence[str] | None = None) -> int:
         return _fail(exc.format_message(), exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
         return _fail("interrupted", 130)
-    except BrokerError as exc:
-        return _fail(str(exc))
-    except GazetteError as exc:
-        return _fail(str(exc))
     except BrokenPipeError:
         # The reader of our output went away (e.g. `| head`): stop quietly.
         try:
@@ -139,6 +162,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as exc:
         return _fail(str(exc))
+    except Exception as exc:
+        # Imported here, not above, so that `--help` needs no protobuf.
+        from pygazette.protocol.errors import GazetteError
+
+        if isinstance(exc, GazetteError):  # Broker statuses (BrokerError) and bad input.
+            return _fail(str(exc))
+        raise
     return result if isinstance(result, int) else 0
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from google.protobuf import json_format, message
-
-from pygazette.cli.journalspace import dump_journalspace, from_list
 from pygazette.protocol.fragment_name import fragment_location, sha1sum_to_hex
 from pygazette.protocol.pb import protocol_pb2 as pb
+
+if TYPE_CHECKING:
+    from google.protobuf import message
 
 NONE = "<none>"
 
@@ -72,12 +73,16 @@ def journals_table(journals: Sequence[pb.ListResponse.Journal]) -> str:
 
 def journals_yaml(journals: Sequence[pb.ListResponse.Journal]) -> str:
     """The listing as a hoisted journalspace, which `journals apply` accepts back."""
+    from pygazette.cli.journalspace import dump_journalspace, from_list  # YAML: only here.
+
     return dump_journalspace(from_list(journals))
 
 
 def listing_json(listing: message.Message) -> str:
     """A List response (of journals or shards) as indented JSON: proto field names, and
     fields at their zero values included."""
+    from google.protobuf import json_format  # Costly to import: only for JSON output.
+
     return (
         json_format.MessageToJson(
             listing,
@@ -148,6 +153,8 @@ def removed_fragments_table(fragments: Sequence[pb.Fragment]) -> str:
 
 def fragments_json_lines(fragments: Sequence[pb.FragmentsResponse._Fragment]) -> str:
     """One compact JSON object per fragment and line."""
+    from google.protobuf import json_format
+
     lines = [
         json.dumps(
             json_format.MessageToDict(f, preserving_proto_field_name=True),

@@ -1,8 +1,9 @@
 """`pygazette journals prune` and `pygazette journals store-health`: fragment stores from the CLI.
 
 `prune` asks the broker to remove the selected journals' fragments older than their
-`fragment.retention` (the broker holds the store credentials and lists every store), and
-prints what was removed — or, with --dry-run, what would be. Expired fragments that retention
+`fragment.retention`, or beyond the bytes their `pygazette.dev/retention-bytes` label bounds
+them to (the broker holds the store credentials and lists every store), and prints what was
+removed — or, with --dry-run, what would be. Expired fragments that retention
 keeps are noted on stderr with the reason. `store-health` reports a store's health as the
 broker sees it, like `gazctl journals store-health`.
 """
@@ -37,7 +38,8 @@ from pygazette.protocol.pb import retention_pb2 as rpb
 @broker_option
 @click.pass_context
 def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | None) -> None:
-    """Remove fragments older than each selected journal's retention."""
+    """Remove fragments older than each selected journal's retention, or beyond its
+    pygazette.dev/retention-bytes label (e.g. 10GiB: the oldest go first)."""
     sel = _selector(selector)
 
     async def run(client: JournalClient) -> list[tuple[str, rpb.PruneResponse]]:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import grpc
@@ -29,9 +29,8 @@ import grpc.aio
 from google.protobuf import text_format
 
 from pygazette.cli import output
-from pygazette.cli.client_settings import client_settings
+from pygazette.cli.client_settings import CliState, client_settings
 from pygazette.cli.journals_cmd import (
-    CliState,
     CommandError,
     _broker,
     _read_text,
@@ -51,16 +50,12 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import get_journal
 from pygazette.client.reader import Reader
 from pygazette.client.store_health import fragment_store_health
-from pygazette.consumer.recoverylog.fsm import live_log_segments
-from pygazette.consumer.recoverylog.player import Player
-from pygazette.consumer.recoverylog.segments import Segment
 from pygazette.consumer.shard_client import (
     DEFAULT_CONSUMER,
     ShardError,
     ShardEtcdTransactionFailed,
     shard_status_name,
 )
-from pygazette.message.framing import UnknownContentType, framing_for
 from pygazette.protocol.errors import GazetteError, OffsetNotYetAvailable
 from pygazette.protocol.fragment_name import fragment_content_path, fragment_location
 from pygazette.protocol.labels import label_value, label_values
@@ -74,7 +69,12 @@ from pygazette.protocol.shard_validation import (
     validate_shard_apply_request,
 )
 from pygazette.protocol.validation import CONTENT_TYPE_LABEL
-from pygazette.stores.store import StoreError, StoreRegistry
+
+if TYPE_CHECKING:
+    # Imported by the subcommands that use them (`prune`, `recover`): `shards list` and
+    # `shards apply` load neither recovery logs nor fragment stores.
+    from pygazette.consumer.recoverylog.segments import Segment
+    from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +314,8 @@ def progress_display(description: str) -> Iterator[Callable[..., None]]:
 async def verify_referenced_journals(client: JournalClient, request: cpb.ApplyRequest) -> None:
     """Gazette's VerifyReferencedJournals: each upserted shard's sources exist with a message
     framing content-type, and its recovery log exists labeled as a recovery log."""
+    from pygazette.message.framing import UnknownContentType, framing_for
+
     cache: dict[str, pb.JournalSpec] = {}
 
     async def lookup(name: str, shard: str, what: str) -> pb.JournalSpec:
@@ -845,6 +847,8 @@ class PruneReport:
 def live_segments(hints: rlpb.FSMHints) -> list[Segment]:
     """The hinted live segments (Gazette's FSMHints.LiveLogSegments), with the LastOffset of
     the final one zeroed: playback reads on past it, so it overlaps every later fragment."""
+    from pygazette.consumer.recoverylog.fsm import live_log_segments
+
     try:
         _, segment_set = live_log_segments(hints)
     except ValueError as exc:
@@ -899,6 +903,8 @@ async def prune_recovery_logs(
     overlaps. A log is skipped if a shard recording to it lacks complete hints, or one of its
     stores is unhealthy. Nothing is removed if a fragment to remove is not yet persisted: the
     selector then misses a shard that uses the log."""
+    from pygazette.stores.store import StoreError
+
     report = PruneReport()
     segment_sets: dict[str, list[Segment]] = {}
     skip: dict[str, str] = {}  # Recovery log -> why it is skipped.
@@ -1008,6 +1014,8 @@ def prune_cmd(
     removed from its store. Include every shard that uses a log (forked logs are shared):
     hints of all of them are needed to know a fragment is unused.
     """
+    from pygazette.stores.store import StoreRegistry
+
     sel = _selector(selector)
 
     async def run(session: Session) -> PruneReport:
@@ -1133,6 +1141,8 @@ def recover_cmd(
 
 async def play_recovery_log(session: Session, hints: rlpb.FSMHints, directory: Path) -> None:
     """Play the hinted log into `directory`, finishing at the log's write head."""
+    from pygazette.consumer.recoverylog.player import Player
+
     player = Player(session.journals, hints, directory)
     player.finish_at_write_head()
     try:

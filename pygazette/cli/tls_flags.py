@@ -15,18 +15,14 @@ Every file is read and checked when the flags are turned into settings: a bad fi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from pygazette.auth.tls import (
-    ClientTLS,
-    ServerTLS,
-    TLSConfigError,
-    client_tls_from_files,
-    peer_tls_from_files,
-    server_tls_from_files,
-)
+if TYPE_CHECKING:
+    # Imported where used: every run of the command line declares these flags, and
+    # `pygazette.auth.tls` imports grpc and cryptography.
+    from pygazette.auth.tls import ClientTLS, ServerTLS, TLSConfigError
 
 __all__ = [
     "client_tls_flags",
@@ -117,6 +113,8 @@ def _fail(exc: TLSConfigError) -> click.ClickException:
 
 def server_tls_from_flags(flags: Mapping[str, Any]) -> tuple[ServerTLS | None, ClientTLS | None]:
     """The server TLS and peer TLS of `server_tls_flags` values."""
+    from pygazette.auth.tls import TLSConfigError, peer_tls_from_files, server_tls_from_files
+
     try:
         server = server_tls_from_files(
             flags.get("server_cert_file"),
@@ -136,11 +134,14 @@ def server_tls_from_flags(flags: Mapping[str, Any]) -> tuple[ServerTLS | None, C
 
 def client_tls_from_flags(flags: Mapping[str, Any], service: str) -> ClientTLS | None:
     """The client TLS of `client_tls_flags(service, …)` values (None if none given)."""
+    ca_file = flags.get(f"{service}_trusted_ca_file")
+    cert_file = flags.get(f"{service}_cert_file")
+    key_file = flags.get(f"{service}_cert_key_file")
+    if not (ca_file or cert_file or key_file):
+        return None  # Without importing TLS support.
+    from pygazette.auth.tls import TLSConfigError, client_tls_from_files
+
     try:
-        return client_tls_from_files(
-            flags.get(f"{service}_trusted_ca_file"),
-            flags.get(f"{service}_cert_file"),
-            flags.get(f"{service}_cert_key_file"),
-        )
+        return client_tls_from_files(ca_file, cert_file, key_file)
     except TLSConfigError as exc:
         raise _fail(exc) from None

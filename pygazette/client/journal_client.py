@@ -6,23 +6,23 @@ per-journal state; the Reader, Appender and listing helpers are built on top of 
 
 from __future__ import annotations
 
-import os
 from typing import Unpack
 
 import grpc
 import grpc.aio
 
 from pygazette.client.channel import ChannelOptions, Connection
+from pygazette.client.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER, broker_address_from_env
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 
-DEFAULT_BROKER = "http://localhost:8080"
-BROKER_ADDRESS_ENV = "BROKER_ADDRESS"
-
-
-def broker_address_from_env(default: str = DEFAULT_BROKER) -> str:
-    """The broker address from $BROKER_ADDRESS, else `default`."""
-    return os.environ.get(BROKER_ADDRESS_ENV) or default
+__all__ = [
+    "BROKER_ADDRESS_ENV",
+    "DEFAULT_BROKER",
+    "JournalClient",
+    "broker_address_from_env",
+    "is_unavailable",
+]
 
 
 class JournalClient(Connection):

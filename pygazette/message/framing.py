@@ -20,6 +20,7 @@ Content types, as Gazette registers them:
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import MutableSequence, Sequence
 from typing import Any, ClassVar
@@ -178,6 +179,28 @@ class Framing(ABC):
 
 _REGISTRY: dict[str, Framing] = {}
 
+# Gazette's framings register themselves when their modules are imported. `framing_for`
+# imports them when it first misses, so that they are found however little of the message
+# package was imported (its names load lazily); a framing registered before that for one of
+# their content types stays registered.
+_BUILTIN_FRAMINGS = (
+    "pygazette.message.json_framing",
+    "pygazette.message.csv_framing",
+    "pygazette.message.fixed_framing",
+)
+_builtins_imported = False
+
+
+def _import_builtin_framings() -> None:
+    global _builtins_imported
+    if _builtins_imported:
+        return
+    _builtins_imported = True
+    registered = dict(_REGISTRY)
+    for module in _BUILTIN_FRAMINGS:
+        importlib.import_module(module)
+    _REGISTRY.update(registered)
+
 
 def register_framing(framing: Framing, content_type: str | None = None) -> None:
     """Use `framing` for journals labeled with its content type (or `content_type`)."""
@@ -186,11 +209,12 @@ def register_framing(framing: Framing, content_type: str | None = None) -> None:
 
 def framing_for(content_type: str) -> Framing:
     """The framing registered for a content type; raises UnknownContentType."""
-    try:
-        return _REGISTRY[content_type]
-    except KeyError:
+    framing = _REGISTRY.get(content_type)
+    if framing is None:
+        _import_builtin_framings()
+        framing = _REGISTRY.get(content_type)
+    if framing is None:
         known = ", ".join(sorted(_REGISTRY))
         shown = content_type or "(no content-type label)"
-        raise UnknownContentType(
-            f"no message framing for content-type {shown} (known: {known})"
-        ) from None
+        raise UnknownContentType(f"no message framing for content-type {shown} (known: {known})")
+    return framing

@@ -46,6 +46,19 @@ class GazetteError(Exception):
     """Base class of every error raised by pygazette."""
 
 
+# A validation message quotes the bad value, which may be megabytes of hostile input: past
+# this many characters the middle is elided, so that a status's details (sent back as gRPC
+# trailing metadata, whose limit is a few KiB at most clients) and log lines stay small.
+_MAX_DETAIL = 2048
+
+
+def _clip(detail: str) -> str:
+    if len(detail) <= _MAX_DETAIL:
+        return detail
+    keep = _MAX_DETAIL // 2
+    return f"{detail[:keep]}...({len(detail) - 2 * keep} characters elided)...{detail[-keep:]}"
+
+
 class ValidationError(GazetteError, ValueError):
     """Input failed validation.
 
@@ -55,6 +68,7 @@ class ValidationError(GazetteError, ValueError):
     """
 
     def __init__(self, detail: str, context: list[str] | None = None) -> None:
+        detail = _clip(detail)
         super().__init__(detail)
         self.detail = detail
         self.context: list[str] = list(context or [])

@@ -21,6 +21,7 @@ from google.protobuf import duration_pb2
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.labels import META_LABEL_NAME, META_LABEL_PREFIX, label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.retention_bytes import validate_retention_bytes_label
 
 __all__ = [
     "CONTENT_TYPE_LABEL",
@@ -477,6 +478,7 @@ def _parse_media_type(value: str) -> None:
 
 def _validate_journal_label_constraints(ls: pb.LabelSet) -> None:
     validate_single_value_labels(ls)
+    validate_retention_bytes_label(ls)
     content_types = label_values(ls, CONTENT_TYPE_LABEL)
     if content_types:
         try:
