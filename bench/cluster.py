@@ -6,13 +6,16 @@ each, through its primary:
 
 - commit latency (p50, p99) of sequential small appends;
 - append throughput (MB/s) of concurrent writers of large appends;
+- appends/s of many concurrent writers of small appends (which pipeline);
 
-so replication 3 reads as a ratio to replication 1 measured in the same run. Then, with a
+so replication 3 reads as a ratio to replication 1 measured in the same run. With
+`--rounds N` the two journals are measured alternately N times (a shared machine is noisy)
+and each figure is the median over the rounds, beside every round's. Then, with a
 writer appending continuously, it kill -9s the replication-3 journal's primary (restarting
 it at once, as a supervisor would) and reports the time from the kill to the first
 acknowledged append after it, beside the lease TTL that bounds it.
 
-    python bench/cluster.py [--quick]
+    python bench/cluster.py [--quick] [--rounds N]
 
 Prints one JSON document.
 """
@@ -268,6 +271,28 @@ async def throughput(
     }
 
 
+async def concurrent_small(
+    stub: pb_grpc.JournalStub, journal: str, size: int, writers: int, seconds: float
+) -> dict[str, float]:
+    """Appends/s of many writers of small appends to one journal (they pipeline)."""
+    data = b"z" * size
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def writer() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            resp = await append_once(stub, journal, data)
+            if resp.status != pb.OK:
+                raise RuntimeError(pb.Status.Name(resp.status))
+            done += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    elapsed = time.perf_counter() - t0
+    return {"append_bytes": size, "writers": writers, "appends_per_s": round(done / elapsed, 1)}
+
+
 async def failover(brokers: list[Broker], journal: str) -> dict[str, float]:
     """Kill -9 the primary under a continuous writer; seconds to the first ack after."""
     channels = {b.suffix: grpc.aio.insecure_channel(b.address, options=OPTIONS) for b in brokers}
@@ -306,7 +331,7 @@ async def failover(brokers: list[Broker], journal: str) -> dict[str, float]:
     stop.set()
     await task
     for ch in channels.values():
-        await ch.close()
+        await ch.close(None)
     after = [(t, a) for t, a in acks if t > killed]
     first_ack = min((a for _, a in after), default=float("nan"))
     return {
@@ -316,7 +341,11 @@ async def failover(brokers: list[Broker], journal: str) -> dict[str, float]:
     }
 
 
-async def main(quick: bool) -> dict[str, object]:
+def _median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]}
+
+
+async def main(quick: bool, rounds: int = 1) -> dict[str, object]:
     seconds = 2.0 if quick else 6.0
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-cluster-"))
     etcd, etcd_url = start_etcd(tmp)
@@ -341,15 +370,25 @@ async def main(quick: bool) -> dict[str, object]:
             assert resp.status == pb.OK, resp
             current = await wait_ready(stub, {"bench/r3": 3, "bench/r1": 1})
         results: dict[str, object] = {}
-        for name, key in (("bench/r1", "replication_1"), ("bench/r3", "replication_3")):
-            async with grpc.aio.insecure_channel(
-                primary_address(current[name]), options=OPTIONS
-            ) as ch:
-                stub = pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
-                results[key] = {
-                    "latency": await latency(stub, name, 4096, seconds),
-                    "throughput": await throughput(stub, name, 4 * MiB, 4, seconds),
-                }
+        measured: dict[str, dict[str, list[dict[str, float]]]] = {}
+        for _ in range(rounds):
+            for name, key in (("bench/r1", "replication_1"), ("bench/r3", "replication_3")):
+                async with grpc.aio.insecure_channel(
+                    primary_address(current[name]), options=OPTIONS
+                ) as ch:
+                    stub = pb_grpc.JournalStub(ch)  # type: ignore[no-untyped-call]
+                    m = measured.setdefault(
+                        key, {"latency": [], "throughput": [], "concurrent_small": []}
+                    )
+                    m["latency"].append(await latency(stub, name, 4096, seconds))
+                    m["throughput"].append(await throughput(stub, name, 4 * MiB, 4, seconds))
+                    m["concurrent_small"].append(
+                        await concurrent_small(stub, name, 4096, 16, seconds)
+                    )
+        for key, m in measured.items():
+            results[key] = {what: _median_of(runs) for what, runs in m.items()}
+            if rounds > 1:
+                results[key]["rounds"] = m  # type: ignore[index]
         r1, r3 = results["replication_1"], results["replication_3"]
         assert isinstance(r1, dict) and isinstance(r3, dict)
         results["r3_vs_r1"] = {
@@ -358,6 +397,11 @@ async def main(quick: bool) -> dict[str, object]:
             ),
             "commit_p50_ratio": round(
                 r3["latency"]["commit_p50_ms"] / r1["latency"]["commit_p50_ms"], 3
+            ),
+            "r3_commit_p99_ms": r3["latency"]["commit_p99_ms"],
+            "concurrent_small_ratio": round(
+                r3["concurrent_small"]["appends_per_s"] / r1["concurrent_small"]["appends_per_s"],
+                3,
             ),
         }
         results["failover"] = await failover(brokers, "bench/r3")
@@ -373,5 +417,8 @@ async def main(quick: bool) -> dict[str, object]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter measurements")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure r=1 and r=3 alternately this many times"
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick)), indent=2))
+    print(json.dumps(asyncio.run(main(args.quick, max(1, args.rounds))), indent=2))

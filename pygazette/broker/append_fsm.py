@@ -9,30 +9,43 @@ An Append (or a pulse: an empty append the primary runs on its own) goes through
    current route, own the spool, open Replicate streams to every peer and synchronise them:
    propose our fragment (rolled to a new one on a route change), and roll forward to any
    peer's larger offset (taking its registers) until every peer agrees; then confirm that
-   agreement everywhere with one more round, so that no member (whichever remain after the
-   next route change) cuts back below it;
+   agreement everywhere, so that no member (whichever remain after the next route change)
+   cuts back below it;
 4. advertise — if the assignments don't all advertise this route yet, write it into them
    (one transaction) and resolve again: the allocator only drops replicas of consistent
    journals;
 5. preconditions — registers (`check_registers`), offsets (`offset`, or a greater offset
    in the fragment index, which means consistency was lost), suspension;
-6. stream — roll the fragment first if due (length, flush interval, codec), then send each
-   content chunk to every peer and to the local spool; on commit, propose the extended
-   fragment, with the new registers, and wait for every peer to acknowledge it.
+6. stream — roll the fragment first if due (length, flush interval, codec; everything
+   before is confirmed first), then send each content chunk to every peer and to the local
+   spool; on commit, propose the extended fragment, with the new registers, to every peer
+   and commit it locally; release the append lock;
+7. acknowledge — wait for every peer to acknowledge the commit, then for a confirmation
+   covering it, then for the append before it to be answered; answer.
+
+Appends pipeline as Gazette's do: an append holds the journal's append lock only while it
+streams its content and sends its commit (to every peer, then to the local spool); the next
+append streams behind it while the commit's acknowledgements are on their way, and each
+append then waits for its own round (`pipeline`), so acknowledgements come in order.
 
 Departures from Gazette, all for safety under failures:
 
-- Appends are not pipelined: a proposal goes out only after every peer acknowledged the
-  previous round. Replicas rely on this to confirm content (`replicated_spool`).
-- A commit takes two rounds. The first carries the commit proposal; once every peer holds
-  it, the primary commits to its own spool (only while its etcd lease is surely alive: a
-  frozen or partitioned primary that comes back can't make an append durable) and proposes
-  the new fragment again; once every peer has confirmed it, the append is acknowledged and
-  readers may see it. So an acknowledged append is confirmed on every replica, and content
-  that isn't confirmed was never acknowledged: a new pipeline cuts it from every replica,
-  primary included, and an append that failed never surfaces later. A spool that completes
-  (rolls, or leaves this broker) is cut the same way first, and an append cut short between
-  rounds (its client gone) drops its pipeline: no round runs on it again.
+- An append is acknowledged only once its commit is *confirmed* on every replica: after
+  every peer acknowledged the commit, the primary sends a confirmation (one covers every
+  commit below it) and waits until every peer acknowledged that too; only then may readers
+  see it. A confirmation goes out only while the primary's etcd lease is surely alive (a
+  frozen or partitioned primary that comes back can't make an append durable). So an
+  acknowledged append is confirmed on every replica, and content that isn't confirmed was
+  never acknowledged: a new pipeline cuts it from every replica, primary included, and an
+  append that failed never surfaces later. A spool that completes (rolls, or leaves this
+  broker) is cut the same way first, so a roll waits until everything before it is
+  confirmed. An append cut short while it waits (its client gone), and any failed round,
+  breaks the pipeline: every append in flight behind it fails with it (UNAVAILABLE: it was
+  confirmed nowhere, and never surfaces), and the next append builds a new pipeline. The
+  one exception: an append whose confirmation went out but was not acknowledged by every
+  peer before the failure is in doubt (a peer that took the confirmation keeps it, and the
+  journal may continue from that peer); it fails with UNKNOWN, as an append whose
+  acknowledgement was lost on its way to the client.
 """
 
 from __future__ import annotations
@@ -44,7 +57,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -57,10 +69,11 @@ from pygazette.broker.allocation import assignments_advertise, route_value
 from pygazette.broker.append_service import AppendAborted, AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.flow_control import FlowControlUnderflow, MinRatePolicer, throttle
+from pygazette.broker.invalidation import acquire_or_invalidated
+from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.metrics import record_append
 from pygazette.broker.peers import Peers, PeerUnavailable
-from pygazette.broker.pipeline import Pipeline, PipelineBroken
-from pygazette.broker.replica import Replica
+from pygazette.broker.pipeline import Pipeline, PipelineBroken, Round
 from pygazette.broker.replicated_spool import fragments_equal, roll_proposal
 from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put
 from pygazette.keyspace.layout import decode_route, desired_replication, routes_equivalent
@@ -89,45 +102,6 @@ class ReadThrough:
 
 class ReplicationFailed(Exception):
     pass
-
-
-def _abandon(acquire: asyncio.Future[Any], lock: asyncio.Lock) -> None:
-    """Give up a pending `lock.acquire()`, releasing the lock if it is granted anyway."""
-
-    def release_if_granted(f: asyncio.Future[Any]) -> None:
-        if not f.cancelled() and f.exception() is None:
-            lock.release()
-
-    if acquire.done():
-        release_if_granted(acquire)
-    else:
-        acquire.cancel()
-        acquire.add_done_callback(release_if_granted)
-
-
-async def acquire_or_invalidated(lock: asyncio.Lock, invalidated: asyncio.Event | None) -> bool:
-    """Take `lock`, unless `invalidated` is set first (then return False, not holding it).
-
-    Cancellation-safe: if the caller is cancelled, the lock is not left held.
-    """
-    if invalidated is None:
-        await lock.acquire()
-        return True
-    if invalidated.is_set():
-        return False
-    acquire = asyncio.ensure_future(lock.acquire())
-    wait = asyncio.ensure_future(invalidated.wait())
-    try:
-        await asyncio.wait([acquire, wait], return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        wait.cancel()
-        _abandon(acquire, lock)
-        raise
-    wait.cancel()
-    if not acquire.done() or invalidated.is_set():
-        _abandon(acquire, lock)
-        return False
-    return not acquire.cancelled() and acquire.exception() is None
 
 
 async def _one_empty_chunk() -> AsyncIterator[pb.AppendRequest]:
@@ -165,7 +139,7 @@ class ClusterAppends:
             raise AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         return await self._run(first, it)
 
-    async def pulse_loop(self, replica: Replica) -> None:
+    async def pulse_loop(self, replica: JournalRuntime) -> None:
         """Pulse a journal while this broker is its primary (see the module docstring)."""
         request = pb.AppendRequest(
             journal=replica.name,
@@ -243,17 +217,19 @@ class ClusterAppends:
                     )
                 return await self._proxy(first, it, res)
 
-            replica = res.replica
-            assert replica is not None
-            if not await acquire_or_invalidated(replica.pipeline, res.invalidated):
+            journal = res.replica
+            assert journal is not None
+            if not await acquire_or_invalidated(journal.pipeline, res.invalidated):
                 continue
             try:
-                outcome = await self._as_primary(first, it, res, replica, pulse)
+                outcome = await self._as_primary(first, it, res, journal, pulse)
             finally:
-                replica.pipeline.release()
+                journal.pipeline.release()
             if isinstance(outcome, ReadThrough):
                 read_through = outcome.revision or res.header.etcd.revision + 1
                 continue
+            if isinstance(outcome, PendingCommit):
+                outcome = await outcome.acknowledged()
             if not pulse and outcome.status == pb.OK:
                 record_append(outcome.commit, started)
             return outcome
@@ -263,18 +239,18 @@ class ClusterAppends:
         first: pb.AppendRequest,
         it: AsyncIterator[pb.AppendRequest],
         res: Resolution,
-        replica: Replica,
+        journal: JournalRuntime,
         pulse: bool,
-    ) -> pb.AppendResponse | ReadThrough:
-        assert res.spec is not None and replica.rspool is not None
-        pln = replica.replication
+    ) -> pb.AppendResponse | ReadThrough | PendingCommit:
+        assert res.spec is not None and journal.rspool is not None
+        pln = journal.replication
         if pln is None or not pln.ok or not routes_equivalent(pln.route, res.route):
             if pln is not None:
-                await close_replication(replica)
-            started = await self._start_pipeline(replica, res)
+                await journal.close_replication()
+            started = await self._start_pipeline(journal, res)
             if started is not None:
                 return started
-            pln = replica.replication
+            pln = journal.replication
             assert pln is not None
 
         if not assignments_advertise(res.route, res.assignments):
@@ -289,15 +265,17 @@ class ClusterAppends:
         # larger write head than our spools); while the store can't be listed, or while it
         # fails and closed spools piled up past the bound, appends are refused, as on a
         # single node (a pulse appends nothing: only an unlisted store refuses it).
-        failure = await _first_listing_or_invalidated(replica, res.invalidated)
+        failure = await _first_listing_or_invalidated(journal, res.invalidated)
         if failure is None:
             return ReadThrough(0)
-        if failure or (not pulse and (failure := replica.append_refusal())):
+        if failure or (not pulse and (failure := journal.append_refusal())):
             return pb.AppendResponse(
                 status=pb.FRAGMENT_STORE_UNHEALTHY, header=res.header, store_health_error=failure
             )
-        rs = replica.rspool
+        rs = journal.rspool
         spec = res.spec
+        # Registers as the appends before this one leave them (committed here, if not yet
+        # acknowledged: should one of them fail, the pipeline fails, and this append too).
         registers = _copy(rs.registers)
         if (
             first.HasField("check_registers")
@@ -307,7 +285,7 @@ class ClusterAppends:
             return pb.AppendResponse(
                 status=pb.REGISTER_MISMATCH, header=res.header, registers=registers
             )
-        max_offset = max(rs.end, replica.index.end_offset)
+        max_offset = max(rs.end, journal.index.end_offset)
         suspend = spec.suspend if spec.HasField("suspend") else pb.JournalSpec.Suspend()
         roll_to = 0
         if rs.end < suspend.offset:
@@ -324,49 +302,47 @@ class ClusterAppends:
             return ReadThrough(await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, rs.end))
         if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
             return pb.AppendResponse(status=pb.NOT_ALLOWED, header=res.header)
-        if not roll_to and rs.end > rs.begin and rs.begin == replica.index.begin_offset:
+        if not roll_to and rs.end > rs.begin and rs.begin == journal.index.begin_offset:
             # The spool holds the journal's first known write: roll it, so the store shows
             # that writes happened (Gazette's guard against reusing offsets).
             roll_to = rs.end
 
         try:
-            return await self._stream(first, it, res, replica, pln, registers, roll_to, pulse)
+            return await self._stream(first, it, res, journal, pln, registers, roll_to)
         except PipelineBroken as exc:
             rs.rollback()
-            await close_replication(replica, graceful=False)
+            await journal.close_replication(graceful=False)
             raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
         except AppendAborted:
             raise  # Rolled back on every peer: the pipeline is still in step.
         except BaseException:
             # Cut short otherwise (the client went away or its deadline passed, mid-round):
-            # a round may have reached some peers and not others, a cancelled read ends its
-            # peer's stream, and our spool may hold a commit no peer confirmed. Never run
-            # another round on this pipeline: the next append builds a new one, which cuts
-            # what was not confirmed.
+            # a round may have reached some peers and not others, and our spool may hold a
+            # commit no peer confirmed. Never run another round on this pipeline: the next
+            # append builds a new one, which cuts what was not confirmed.
             rs.rollback()
-            await close_replication(replica, graceful=False)
+            await journal.close_replication(graceful=False)
             raise
 
-    async def _start_pipeline(self, replica: Replica, res: Resolution) -> ReadThrough | None:
-        assert replica.rspool is not None and res.spec is not None
-        if not await acquire_or_invalidated(replica.spool_lock, res.invalidated):
+    async def _start_pipeline(self, journal: JournalRuntime, res: Resolution) -> ReadThrough | None:
+        assert journal.rspool is not None and res.spec is not None
+        if not await acquire_or_invalidated(journal.spool_lock, res.invalidated):
             return ReadThrough(0)
-        rs = replica.rspool
+        rs = journal.rspool
         # Content we hold but never saw confirmed everywhere was never acknowledged (see the
         # module docstring): a new pipeline starts without it.
         if rs.unconfirmed:
             rs.cut_unconfirmed()
-        pln = Pipeline(_copy_header(res.header), self.peers)
+        pln = self._new_pipeline(journal, res)
         try:
             # Roll on a route change: every member starts the next fragment at the same offset.
             roll_to = rs.end if rs.end > rs.begin else 0
             registers = _copy(rs.registers)
             for attempt in range(MAX_SYNC_ROUNDS):
                 if attempt:
-                    # A peer refused the last round: start over on fresh streams, so that no
-                    # peer takes the next proposal as confirming the last one.
+                    # A peer refused the last round: start over on fresh streams.
                     pln.abort()
-                    pln = Pipeline(_copy_header(res.header), self.peers)
+                    pln = self._new_pipeline(journal, res)
                 # Peers' Replicate streams are signed for this journal only, as Gazette's.
                 with journal_claims_scope(Capability.REPLICATE, res.spec.name):
                     await pln.open()
@@ -405,13 +381,13 @@ class ClusterAppends:
                     raise ReplicationFailed(f"unexpected status {pb.Status.Name(resp.status)}")
                 if read_through:
                     pln.abort()
-                    replica.spool_lock.release()
+                    journal.spool_lock.release()
                     return ReadThrough(read_through)
                 if not roll_to:
                     break
                 log.info(
                     "a peer holds a greater offset; rolling the journal forward",
-                    extra={"journal": replica.name, "from": rs.end, "to": roll_to},
+                    extra={"journal": journal.name, "from": rs.end, "to": roll_to},
                 )
             else:
                 raise ReplicationFailed("peers did not agree on a fragment")
@@ -420,48 +396,61 @@ class ClusterAppends:
             # route may change again before any append confirms the offsets we passed
             # (routes wider than the replication take none), and members whose frontier
             # stayed below them would cut back there and write over that content.
-            await _round(pln, rs.fragment(), rs.registers)
+            await pln.confirm_fragment(rs.fragment(), _copy(rs.registers))
         except (PipelineBroken, ReplicationFailed, PeerUnavailable, grpc.aio.AioRpcError) as exc:
             pln.abort()
             rs.rollback()
-            replica.spool_lock.release()
+            journal.spool_lock.release()
             raise AppendAborted(
-                grpc.StatusCode.UNAVAILABLE, f"replication of {replica.name} failed: {exc}"
+                grpc.StatusCode.UNAVAILABLE, f"replication of {journal.name} failed: {exc}"
             ) from exc
         except BaseException:
             pln.abort()
-            replica.spool_lock.release()
+            journal.spool_lock.release()
             raise
-        replica.replication = pln
-        _confirmed(replica)
+        journal.replication = pln
         return None
+
+    def _new_pipeline(self, journal: JournalRuntime, res: Resolution) -> Pipeline:
+        session = self.session
+
+        def may_confirm() -> bool:
+            return session is None or session.lease_alive()
+
+        return Pipeline(
+            _copy_header(res.header),
+            self.peers,
+            may_confirm=may_confirm,
+            on_confirmed=journal.confirm_through,
+        )
 
     async def _stream(
         self,
         first: pb.AppendRequest,
         it: AsyncIterator[pb.AppendRequest],
         res: Resolution,
-        replica: Replica,
+        journal: JournalRuntime,
         pln: Pipeline,
         registers: pb.LabelSet,
         roll_to: int,
-        pulse: bool,
-    ) -> pb.AppendResponse:
-        rs = replica.rspool
+    ) -> pb.AppendResponse | PendingCommit:
+        rs = journal.rspool
         spec = res.spec
         assert rs is not None and spec is not None
         proposal = roll_proposal(
             rs.fragment(), rs.first_append_time, roll_to, spec.fragment, time.time()
         )
         if not fragments_equal(proposal, rs.fragment()):
+            # A spool completes cut to its confirmed frontier: confirm everything first.
+            await pln.confirm(rs.end)
             await rs.apply_proposal(proposal, registers, primary=True)
             await _round(pln, rs.fragment(), registers)
-            _confirmed(replica)
+            await pln.confirm_fragment(rs.fragment(), registers)
 
         begin = rs.end
         codec = rs.codec
         policer = MinRatePolicer(self.limits.min_rate)
-        limiters = [replica.limiter, self.limits.global_limiter]
+        limiters = [journal.limiter, self.limits.global_limiter]
         total_chunks = delayed_chunks = 0
         committing = False
         error: AppendAborted | None = None
@@ -522,7 +511,7 @@ class ClusterAppends:
             error = AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             # The client went away: roll back everywhere before giving up the pipeline.
-            await self._roll_back(replica, pln, registers)
+            await self._roll_back(journal, pln, registers)
             raise
 
         if rs.delta == 0 and error is None and status == pb.OK and committing:
@@ -532,60 +521,51 @@ class ClusterAppends:
                     "register modification requires non-empty Append",
                 )
         if error is not None or status != pb.OK:
-            await self._roll_back(replica, pln, registers)
+            await self._roll_back(journal, pln, registers)
             if error is not None:
                 raise error
             return pb.AppendResponse(status=status, header=res.header)
 
-        # Commit: every peer first, then our own spool.
+        commit = pb.Fragment(journal=journal.name, begin=begin, end=begin, compression_codec=codec)
+        if not rs.delta:
+            # Nothing to commit: acknowledged once all that came before is confirmed.
+            commit.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1().digest()))
+            resp = _response(res, commit, registers, total_chunks, 0)
+            return PendingCommit(journal, pln, None, rs.end, resp, *pln.barrier())
+        # Commit: send the proposal to every peer, then commit our own spool (as Gazette's
+        # pipeline scatters it); the acknowledgements are awaited without the append lock.
         proposal = rs.next_fragment()
-        new_registers = registers
-        if rs.delta:
-            new_registers = update_registers(
-                registers,
-                union=first.union_registers if first.HasField("union_registers") else None,
-                subtract=first.subtract_registers if first.HasField("subtract_registers") else None,
-            )
-        end_before = rs.end
+        new_registers = update_registers(
+            registers,
+            union=first.union_registers if first.HasField("union_registers") else None,
+            subtract=first.subtract_registers if first.HasField("subtract_registers") else None,
+        )
         # The append's own SHA-1, which its spool write already computed.
-        digest = rs.pending.sha.digest() if rs.pending is not None else hashlib.sha1().digest()
-        await _round(pln, proposal, new_registers)  # Every peer holds the append...
-        if self.session is not None and not self.session.lease_alive():
-            raise PipelineBroken("etcd lease may have expired; refusing to commit")
+        assert rs.pending is not None
+        commit.end = begin + rs.delta
+        commit.sum.CopyFrom(sha1sum_from_digest(rs.pending.sha.digest()))
+        rnd = await pln.propose(
+            pb.ReplicateRequest(proposal=proposal, registers=new_registers), commit=True
+        )
         local = await rs.apply_proposal(proposal, new_registers, primary=True)
         if local.status != pb.OK:
-            raise PipelineBroken(f"own spool refused its commit: {local}")
-        if pln.streams and rs.end > end_before:
-            await _round(pln, rs.fragment(), new_registers)  # ...and has confirmed it.
-        _confirmed(replica)
+            pln.fail(f"own spool refused its commit: {local}")
+            raise PipelineBroken(pln.broken)
+        resp = _response(res, commit, new_registers, total_chunks, delayed_chunks)
+        return PendingCommit(journal, pln, rnd, proposal.end, resp, *pln.barrier())
 
-        commit = pb.Fragment(
-            journal=replica.name,
-            begin=begin,
-            end=begin + (proposal.end - end_before),
-            compression_codec=codec,
-        )
-        commit.sum.CopyFrom(sha1sum_from_digest(digest))
-        return pb.AppendResponse(
-            status=pb.OK,
-            header=res.header,
-            commit=commit,
-            registers=_copy(rs.registers),
-            total_chunks=total_chunks,
-            delayed_chunks=delayed_chunks,
-        )
-
-    async def _roll_back(self, replica: Replica, pln: Pipeline, registers: pb.LabelSet) -> None:
-        rs = replica.rspool
+    async def _roll_back(
+        self, journal: JournalRuntime, pln: Pipeline, registers: pb.LabelSet
+    ) -> None:
+        rs = journal.rspool
         assert rs is not None
         rs.rollback()
         if not pln.ok:
             return
         try:
             await _round(pln, rs.fragment(), registers)
-            _confirmed(replica)
         except PipelineBroken:
-            await close_replication(replica, graceful=False)
+            await journal.close_replication(graceful=False)
 
     async def stop(self) -> None:
         tasks = list(self._tasks)
@@ -665,41 +645,76 @@ class ClusterAppends:
         return resp
 
 
+@dataclass(slots=True)
+class PendingCommit:
+    """An append whose commit went out: acknowledged once every peer confirmed it."""
+
+    journal: JournalRuntime
+    pipeline: Pipeline
+    round: Round | None  # The commit's round (None: nothing to commit).
+    end: int  # The journal's end after the commit.
+    response: pb.AppendResponse
+    # The previous append is answered first (`Pipeline.barrier`).
+    previous: asyncio.Future[None] | None
+    answered: asyncio.Future[None]
+
+    async def acknowledged(self) -> pb.AppendResponse:
+        pln = self.pipeline
+        try:
+            if self.round is not None:
+                await pln.wait(self.round)  # Every peer holds the append...
+            await pln.confirm(self.end)  # ...and has confirmed it.
+            if self.previous is not None and not self.previous.done():
+                await asyncio.shield(self.previous)
+        except PipelineBroken as exc:
+            if pln.confirm_sent >= self.end > self.response.commit.begin:
+                # A confirmation covering it went out: a peer may hold it confirmed, and
+                # the journal may continue from that peer.
+                raise AppendAborted(
+                    grpc.StatusCode.UNKNOWN,
+                    f"replication of {self.journal.name} failed while the append was being "
+                    f"confirmed; it may or may not have been committed: {exc}",
+                ) from exc
+            # Confirmed nowhere: the next pipeline cuts it from every member.
+            raise AppendAborted(
+                grpc.StatusCode.UNAVAILABLE, f"replication of {self.journal.name} failed: {exc}"
+            ) from exc
+        except BaseException:
+            # Cut short (the client went away): what it appended must not surface later.
+            pln.fail("an append was cut short while its commit was in flight")
+            raise
+        finally:
+            if not self.answered.done():
+                self.answered.set_result(None)
+        return self.response
+
+
+def _response(
+    res: Resolution,
+    commit: pb.Fragment,
+    registers: pb.LabelSet,
+    total_chunks: int,
+    delayed_chunks: int,
+) -> pb.AppendResponse:
+    return pb.AppendResponse(
+        status=pb.OK,
+        header=res.header,
+        commit=commit,
+        registers=_copy(registers),
+        total_chunks=total_chunks,
+        delayed_chunks=delayed_chunks,
+    )
+
+
 async def _round(pln: Pipeline, proposal: pb.Fragment, registers: pb.LabelSet) -> None:
     """A round every peer must accept (else the pipeline is broken)."""
-    resps = await pln.round(pb.ReplicateRequest(proposal=proposal, registers=_copy(registers)))
-    bad = [r for r in resps if r.status != pb.OK]
-    if bad:
-        pln.broken = f"a peer refused a proposal: {pb.Status.Name(bad[0].status)}"
-        raise PipelineBroken(pln.broken)
-
-
-def _confirmed(replica: Replica) -> None:
-    """A round after every peer took our fragment succeeded: all of it is confirmed."""
-    rs = replica.rspool
-    assert rs is not None
-    rs.set_confirmed(rs.end)
-    replica.set_readable(rs.end)
-
-
-async def close_replication(replica: Replica, *, graceful: bool = True) -> None:
-    """Close the primary's pipeline, giving the spool back."""
-    pln = replica.replication
-    if pln is None:
-        return
-    replica.replication = None
-    if graceful and pln.ok:
-        await pln.close()
-    else:
-        pln.abort()
-    if replica.rspool is not None:
-        replica.rspool.rollback()
-    if replica.spool_lock.locked():
-        replica.spool_lock.release()
+    await pln.wait(
+        await pln.propose(pb.ReplicateRequest(proposal=proposal, registers=_copy(registers)))
+    )
 
 
 async def _first_listing_or_invalidated(
-    replica: Replica, invalidated: asyncio.Event | None
+    replica: JournalRuntime, invalidated: asyncio.Event | None
 ) -> str | None:
     """`replica.await_first_listing()`'s result ("" once listed, else why it can't be), or
     None if the resolution was invalidated first."""

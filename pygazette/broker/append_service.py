@@ -25,8 +25,8 @@ from pygazette.broker.flow_control import (
     RateLimiter,
     throttle,
 )
+from pygazette.broker.journal_runtime import LocalJournal
 from pygazette.broker.metrics import record_append, record_rollback
-from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
 from pygazette.broker.spool import PendingAppend
 from pygazette.protocol.errors import ValidationError
@@ -84,9 +84,7 @@ def _wrap(future: Future[None] | None) -> asyncio.Future[None] | None:
     return None if future is None else asyncio.wrap_future(future)
 
 
-def _write_and_sum(
-    pending: PendingAppend, running: hashlib._Hash, content: bytes, at: int
-) -> None:
+def _write_and_sum(pending: PendingAppend, running: hashlib._Hash, content: bytes, at: int) -> None:
     """Write a chunk at `at` bytes into the append and fold it into the running sum."""
     pending.write_at(content, at)
     running.update(content)
@@ -140,7 +138,7 @@ async def serve_append(
 
     async with replica.pipeline:
         await replica.index.first_refresh_done.wait()
-        resp = await _append_locked(first, it, replica, resolver, limits)
+        resp = await _append_locked(first, it, replica, resolver.header(), limits)
     if resp.status == pb.OK:
         record_append(resp.commit, started)
     return resp
@@ -149,35 +147,93 @@ async def serve_append(
 async def _append_locked(
     first: pb.AppendRequest,
     it: AsyncIterator[pb.AppendRequest],
-    replica: Replica,
-    resolver: Resolver,
+    journal: LocalJournal,
+    header: pb.Header,
     limits: AppendLimits,
 ) -> pb.AppendResponse:
-    header = resolver.header()
+    refused = _precondition_failure(first, journal, header)
+    if refused is not None:
+        return refused
+    spool, pending, running = journal.start_append()
+    received = await _receive_content(
+        it,
+        pending,
+        running,
+        MinRatePolicer(limits.min_rate),
+        [journal.limiter, limits.global_limiter],
+    )
+    commit = pb.Fragment(
+        journal=journal.name,
+        begin=pending.begin,
+        end=pending.begin + pending.length,
+        sum=sha1sum_from_digest(pending.sha.digest()),
+        compression_codec=spool.codec,
+    )
+    if pending.length:
+        # Subtract, then union, in Gazette's order (they differ when both name a label).
+        registers = pb.LabelSet()
+        registers.CopyFrom(journal.registers)
+        if first.HasField("subtract_registers"):
+            registers = subtract_label_sets(registers, first.subtract_registers)
+        if first.HasField("union_registers"):
+            registers = union_label_sets(first.union_registers, registers)
+        await journal.commit_append(spool, pending, running, received.summing, registers)
+    else:
+        journal.drop_empty_append(spool)
+        if first.HasField("union_registers") or first.HasField("subtract_registers"):
+            raise AppendAborted(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "append stream: register modification requires non-empty Append",
+            )
+    return pb.AppendResponse(
+        status=pb.OK,
+        header=header,
+        commit=commit,
+        registers=journal.registers,
+        total_chunks=received.total_chunks,
+        delayed_chunks=received.delayed_chunks,
+    )
+
+
+def _precondition_failure(
+    first: pb.AppendRequest, journal: LocalJournal, header: pb.Header
+) -> pb.AppendResponse | None:
+    """The response refusing the append, or None if it may go ahead."""
     # As Gazette: a journal without registers passes any check (nothing has claimed it yet).
+    registers = journal.registers
     if (
         first.HasField("check_registers")
-        and replica.registers.labels
-        and not selector_matches(first.check_registers, replica.registers)
+        and registers.labels
+        and not selector_matches(first.check_registers, registers)
     ):
-        return pb.AppendResponse(
-            status=pb.REGISTER_MISMATCH, header=header, registers=replica.registers
-        )
-
+        return pb.AppendResponse(status=pb.REGISTER_MISMATCH, header=header, registers=registers)
     # Persisted fragments beyond what this broker spooled mean replication consistency
     # was lost; the client may roll the journal forward by appending at that offset.
-    persisted_end, local_end = replica.index.persisted_end, replica.index.local_end
-    head = replica.head
-    if first.offset and first.offset != head:
+    if first.offset and first.offset != journal.head:
         return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header)
-    if replica.spool is not None and persisted_end > local_end and not first.offset:
+    index = journal.index
+    if journal.spool is not None and index.persisted_end > index.local_end and not first.offset:
         return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
+    return None
 
-    spool = replica.open_spool(head)
-    pending = spool.start_append()
-    running = spool.running_sha()  # Of [spool.begin, pending.begin); extended chunk by chunk.
-    policer = MinRatePolicer(limits.min_rate)
-    limiters = [replica.limiter, limits.global_limiter]
+
+@dataclass(slots=True)
+class _Received:
+    total_chunks: int
+    delayed_chunks: int
+    summing: Future[None] | None  # The running sum's fold of the last chunk, if pending.
+
+
+async def _receive_content(
+    it: AsyncIterator[pb.AppendRequest],
+    pending: PendingAppend,
+    running: hashlib._Hash,
+    policer: MinRatePolicer,
+    limiters: list[RateLimiter],
+) -> _Received:
+    """Stream the append's chunks into `pending` (and `running`) up to its commit chunk and
+    the end of the stream; on any failure, the append is rolled back (its bytes lie past
+    the spool's committed end) and the error raised."""
     loop = asyncio.get_running_loop()
     total_chunks = delayed_chunks = 0
     # A large chunk's work on worker threads: its write, and its hash when not done here.
@@ -271,47 +327,4 @@ async def _append_locked(
         # (A fold into `running`, a copy of the spool's sum, may go on: a rolled-back
         # append drops it, a committed one hands it to the spool.)
         await _settle(writing, hashing, check=False)
-
-    commit = pb.Fragment(
-        journal=replica.name,
-        begin=pending.begin,
-        end=pending.begin + pending.length,
-        sum=sha1sum_from_digest(pending.sha.digest()),
-        compression_codec=spool.codec,
-    )
-    if pending.length:
-        registers = pb.LabelSet()
-        registers.CopyFrom(replica.registers)
-        # Subtract, then union, in Gazette's order (they differ when both name a label).
-        if first.HasField("subtract_registers"):
-            registers = subtract_label_sets(registers, first.subtract_registers)
-        if first.HasField("union_registers"):
-            registers = union_label_sets(first.union_registers, registers)
-        changed = registers if registers != replica.registers else None
-        if spool.sync:
-            await asyncio.to_thread(spool.commit, pending, changed, running, summing)
-        else:
-            spool.commit(pending, changed, running, summing)
-        replica.registers = registers
-        replica.index.spool_committed()
-        if replica.spool_needs_roll(spool.last_append_time or 0.0):
-            replica.close_spool()
-    else:
-        # An empty append commits nothing; drop a spool opened for it alone.
-        if spool.end == spool.begin and replica.spool is spool:
-            replica.spool = None
-            replica.index.remove_local(spool)
-            spool.delete()
-        if first.HasField("union_registers") or first.HasField("subtract_registers"):
-            raise AppendAborted(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "append stream: register modification requires non-empty Append",
-            )
-    return pb.AppendResponse(
-        status=pb.OK,
-        header=header,
-        commit=commit,
-        registers=replica.registers,
-        total_chunks=total_chunks,
-        delayed_chunks=delayed_chunks,
-    )
+    return _Received(total_chunks, delayed_chunks, summing)

@@ -188,12 +188,11 @@ class ClusterResolver(Resolver):
 
     def _demote(self, replica: Replica) -> None:
         """No longer primary: close the pipeline, freeing the spool for the new primary."""
-        from pygazette.broker.append_fsm import close_replication
 
         async def demote() -> None:
             async with replica.pipeline:
                 if not replica.primary:
-                    await close_replication(replica)
+                    await replica.close_replication()
 
         task = asyncio.create_task(demote(), name=f"demote:{replica.name}")
         self._stopping.add(task)

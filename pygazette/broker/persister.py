@@ -12,8 +12,10 @@ file is kept across retries. A fragment already in the store (a restart after th
 before the spool's removal) is not uploaded again. A spool's local files are removed only
 after the store holds the fragment durably; a failed attempt is retried on a backoff that
 is cut short when the store's health check passes again, and the spool stays on disk — and
-readable — meanwhile. A journal without stores keeps no history: its closed spools are
-dropped, as Gazette does.
+readable — meanwhile. A journal without stores keeps its closed spools where they are, in
+its fragment index, readable, as Gazette keeps them in its index (never persisted, so never
+removed by retention; a restart recovers them); once its spec names a store, `unpark`
+persists them.
 
 The bytes of spools waiting for each store are its backlog. Past `backlog_limit`, appends
 to journals persisting there are refused (FRAGMENT_STORE_UNHEALTHY, see `refusal`) until
@@ -104,6 +106,8 @@ class Persister:
         self._backlog: dict[str, int] = {}
         self._last_error: dict[str, str] = {}
         self._pending = 0
+        # Closed spools of journals without stores, by journal, until a store is configured.
+        self._parked: dict[str, list[_Job]] = {}
         self._delayed: dict[asyncio.TimerHandle, _Job] = {}
         self._idle = asyncio.Event()
         self._idle.set()
@@ -164,6 +168,12 @@ class Persister:
 
         handle = asyncio.get_running_loop().call_later(REPLICA_PERSIST_DELAY_SECONDS, release)
         self._delayed[handle] = job
+
+    def unpark(self, journal: str) -> None:
+        """Persist `journal`'s spools kept while it had no store (its spec now names one)."""
+        for job in self._parked.pop(journal, []):
+            if not job.spool.deleted:
+                self.enqueue(job.spool, job.target, check_existing=job.check_existing)
 
     def expedite(self) -> None:
         """Stop delaying replicas' spools (the broker is shutting down)."""
@@ -250,9 +260,19 @@ class Persister:
                 return None  # Dropped meanwhile (a listing showed it persisted).
             spec = job.target.spec
             stores = list(spec.fragment.stores)
-            if not stores or spool.end == spool.begin:
+            if spool.end == spool.begin:
                 job.target.index.remove_local(spool)
                 spool.delete()
+                return None
+            if not stores:
+                # Nowhere to persist: the spool stays local (and in the index) until a
+                # store is configured. Dropping it would lose acknowledged content and move
+                # the journal's write head back.
+                parked = self._parked.setdefault(spool.journal, [])
+                parked[:] = [j for j in parked if not j.spool.deleted]
+                parked.append(
+                    _Job(spool, job.target, "", job.size, check_existing=job.check_existing)
+                )
                 return None
             if stores[0] != job.store:
                 return stores[0]

@@ -1,13 +1,26 @@
-"""A primary's replication pipeline: one Replicate stream to each peer of a route.
+"""A primary's replication pipeline: one Replicate stream to each peer of a route, pipelined.
 
-The pipeline sends each ReplicateRequest to every peer (the first carries the pipeline's
-Header, addressed to that peer) and gathers one response per peer for requests that ask
-for an acknowledgement. It is driven by one append at a time (the journal's append lock),
-so a proposal is only ever sent after every peer acknowledged the previous round; replicas
-rely on that to confirm content (see `replicated_spool`).
+Requests go out to every peer in one order (writes are serialised). A request that asks for
+an acknowledgement opens a *round*; one reader per peer stream pairs that peer's responses
+with the open rounds in order (a replica answers in the order it was asked). So several
+rounds may be in flight at once, as in Gazette's pipeline: the next append's content and
+commit follow the previous commit while its acknowledgements are still on their way, and
+rounds complete in the order they were sent.
 
-Any send or receive error breaks the pipeline: it is closed, and the next append builds
-a new one (and re-synchronises the route).
+Confirmation. Each replica keeps a *confirmed* frontier (`replicated_spool`): content below
+it is held by every member of the route, and a new pipeline cuts what lies above it. The
+primary moves it explicitly: once every peer acknowledged the commits up to an offset, it
+sends a proposal of the fragment it committed there carrying the pipeline's Header again
+(otherwise only a stream's first request carries one). Replicas take that as "confirmed up
+to the proposal's end" and change nothing else (content streamed for the next append stays
+pending). One confirmation covers every commit below its end, so they coalesce; when every
+peer has acknowledged one, `on_confirmed` tells the primary's own spool. A confirmation goes
+out only while `may_confirm()` (the primary's etcd lease is surely alive): a frozen primary
+that comes back can make nothing durable.
+
+Any send or receive error, a refused commit round, or a round unanswered for
+ACK_TIMEOUT_SECONDS breaks the pipeline: every open round fails, the streams are dropped, and
+the next append builds a new one (and re-synchronises the route).
 """
 
 from __future__ import annotations
@@ -15,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +48,7 @@ ACK_TIMEOUT_SECONDS = 30.0
 
 
 class PipelineBroken(Exception):
-    """A peer's stream failed; the pipeline can't be used any more."""
+    """A peer's stream failed (or refused a round); the pipeline can't be used any more."""
 
 
 @dataclass(slots=True)
@@ -41,22 +56,68 @@ class PeerStream:
     index: int  # In the route's members.
     member: pb.ProcessSpec.ID
     call: Any  # grpc.aio.StreamStreamCall[ReplicateRequest, ReplicateResponse]
+    answered: int = 0  # Rounds this peer has answered (since the pipeline opened).
+
+
+@dataclass(slots=True, eq=False)
+class Round:
+    """An acknowledged request in flight: one response from each peer, in route order."""
+
+    future: asyncio.Future[list[pb.ReplicateResponse]]
+    responses: list[pb.ReplicateResponse | None]
+    remaining: int
+    must_be_ok: bool  # A refusal breaks the pipeline (a commit or a confirmation).
+    confirms: int = -1  # A confirmation's offset.
+    commit: tuple[pb.Fragment, pb.LabelSet] | None = None  # A commit's proposal.
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Take a finished future's error, so that one nobody awaited isn't reported as lost."""
+    if not f.cancelled():
+        f.exception()
 
 
 class Pipeline:
-    def __init__(self, header: pb.Header, peers: Peers) -> None:
+    def __init__(
+        self,
+        header: pb.Header,
+        peers: Peers,
+        *,
+        may_confirm: Callable[[], bool] = lambda: True,
+        on_confirmed: Callable[[int], None] = lambda _offset: None,
+    ) -> None:
         self.header = header
         self.route = header.route
         self.peers = peers
+        self.may_confirm = may_confirm
+        self.on_confirmed = on_confirmed
         self.streams: list[PeerStream] = []
         self.broken: str = ""
-        self.rounds = 0  # Acknowledged rounds (the first synchronises the route).
-        self.last_round_first = True  # The last round was the streams' first proposal.
         self._first = True
+        self._write_lock = asyncio.Lock()
+        self._rounds: deque[Round] = deque()  # Open rounds, oldest first.
+        self._base = 0  # Rounds completed (the sequence number of `_rounds[0]`).
+        self._readers: list[asyncio.Task[None]] = []
+        self._closing = False
+        # The last commit every peer acknowledged, and the confirmations sent.
+        self._acked: tuple[pb.Fragment, pb.LabelSet] | None = None
+        self._confirmations: deque[Round] = deque()
+        self.confirmed = -1  # The greatest offset every peer acknowledged as confirmed.
+        # The greatest offset a confirmation went out for (to some peers, at least): below
+        # it, a failed pipeline leaves content whose fate is unknown (a peer that took the
+        # confirmation keeps it, and may be the one the journal continues from).
+        self.confirm_sent = -1
+        # Done when the last append to take `barrier()` has been answered.
+        self._answered: asyncio.Future[None] | None = None
 
     @property
     def ok(self) -> bool:
         return not self.broken
+
+    @property
+    def in_flight(self) -> int:
+        """Rounds sent but not yet answered by every peer."""
+        return len(self._rounds)
 
     async def open(self) -> None:
         route = self.route
@@ -71,7 +132,11 @@ class Pipeline:
                 raise PipelineBroken(self.broken) from exc
             call = stub.Replicate(wait_for_ready=False)
             self.streams.append(PeerStream(i, member, call))
+        for k, stream in enumerate(self.streams):
+            task = asyncio.create_task(self._read_loop(k, stream), name="replicate-acks")
+            self._readers.append(task)
 
+    # Sending.
     def _request_for(self, req: pb.ReplicateRequest, peer: PeerStream) -> pb.ReplicateRequest:
         if not req.HasField("header"):
             return req
@@ -80,102 +145,238 @@ class Pipeline:
         out.header.process_id.CopyFrom(peer.member)
         return out
 
-    async def send(self, req: pb.ReplicateRequest) -> None:
-        """Send to every peer; the first request of the pipeline gets its Header."""
-        if self.broken:
-            raise PipelineBroken(self.broken)
-        if self._first and req.HasField("proposal"):
-            req.header.CopyFrom(self.header)
-            req.deprecated_journal = req.proposal.journal
-            self._first = False
-        if not self.streams:
-            return
-        results = await asyncio.gather(
-            *(s.call.write(self._request_for(req, s)) for s in self.streams),
-            return_exceptions=True,
-        )
-        for stream, result in zip(self.streams, results, strict=True):
-            if isinstance(result, BaseException):
-                self._break(stream, result)
-        if self.broken:
-            raise PipelineBroken(self.broken)
-
-    async def gather(self) -> list[pb.ReplicateResponse]:
-        """One response from each peer (in route order, peers only)."""
-        if self.broken:
-            raise PipelineBroken(self.broken)
-        if not self.streams:
-            return []
-
-        async def read(stream: PeerStream) -> pb.ReplicateResponse:
-            async with asyncio.timeout(ACK_TIMEOUT_SECONDS):
-                resp = await stream.call.read()
-            if resp is _EOF:
-                raise PipelineBroken(f"peer {_pid(stream.member)} closed its stream")
-            assert isinstance(resp, pb.ReplicateResponse)
-            return resp
-
-        results = await asyncio.gather(*(read(s) for s in self.streams), return_exceptions=True)
-        out: list[pb.ReplicateResponse] = []
-        for stream, result in zip(self.streams, results, strict=True):
-            if isinstance(result, BaseException):
-                self._break(stream, result)
+    async def _write(self, req: pb.ReplicateRequest, rnd: Round | None) -> None:
+        async with self._write_lock:
+            if self.broken:
+                raise PipelineBroken(self.broken)
+            if self._first and req.HasField("proposal"):
+                req.header.CopyFrom(self.header)
+                req.deprecated_journal = req.proposal.journal
+                self._first = False
+            if rnd is not None:
+                if not self.streams:
+                    self._complete(rnd)
+                    return
+                self._rounds.append(rnd)
+            if not self.streams:
+                return
+            if len(self.streams) == 1:
+                s = self.streams[0]
+                try:
+                    await s.call.write(self._request_for(req, s))
+                except Exception as exc:
+                    self.fail(_why(s, exc))
             else:
-                out.append(result)
-        if self.broken:
-            raise PipelineBroken(self.broken)
-        return out
+                # The pipeline may fail (and drop its streams) while the writes are awaited.
+                streams = list(self.streams)
+                results = await asyncio.gather(
+                    *(s.call.write(self._request_for(req, s)) for s in streams),
+                    return_exceptions=True,
+                )
+                for stream, result in zip(streams, results, strict=True):
+                    if isinstance(result, BaseException):
+                        self.fail(_why(stream, result))
+            if self.broken:
+                raise PipelineBroken(self.broken)
 
-    async def round(self, req: pb.ReplicateRequest) -> list[pb.ReplicateResponse]:
-        """Send a proposal and gather every peer's answer.
+    async def send(self, req: pb.ReplicateRequest) -> None:
+        """Send to every peer, asking for no acknowledgement (content)."""
+        await self._write(req, None)
 
-        A proposal after the first tells each peer that the previous round was acknowledged
-        by all (replicas confirm their content on it), so a caller must not run another round
-        on this pipeline after one that any peer refused.
+    async def propose(
+        self,
+        req: pb.ReplicateRequest,
+        *,
+        must_be_ok: bool = True,
+        commit: bool = False,
+    ) -> Round:
+        """Send a proposal every peer must acknowledge; returns its round (see `wait`).
+
+        With `commit`, it is a commit of the proposal, which later confirmations may cover.
+        The first proposal of a pipeline gets its Header.
         """
         req.acknowledge = True
-        first = self._first
-        await self.send(req)
-        self.last_round_first = first
-        resps = await self.gather()
-        self.rounds += 1
-        return resps
+        rnd = self._new_round(must_be_ok)
+        if commit:
+            rnd.commit = (req.proposal, req.registers)
+        await self._write(req, rnd)
+        return rnd
 
-    def _break(self, stream: PeerStream, exc: BaseException) -> None:
-        if isinstance(exc, grpc.aio.AioRpcError):
-            why = f"{exc.code().name}: {exc.details()}"
+    async def round(self, req: pb.ReplicateRequest) -> list[pb.ReplicateResponse]:
+        """Send a proposal and gather every peer's answer (whatever it is)."""
+        return await self.wait(await self.propose(req, must_be_ok=False))
+
+    async def wait(self, rnd: Round) -> list[pb.ReplicateResponse]:
+        """The round's responses (in route order, peers only), once every peer answered."""
+        if not rnd.future.done():
+            try:
+                async with asyncio.timeout(ACK_TIMEOUT_SECONDS):
+                    await asyncio.shield(rnd.future)
+            except TimeoutError:
+                self.fail(f"no acknowledgement within {ACK_TIMEOUT_SECONDS:.0f}s")
+        return rnd.future.result()
+
+    async def confirm(self, upto: int) -> None:
+        """Return once every peer confirmed content up to `upto` (a commit every peer
+        acknowledged already, or the end of a synchronised fragment: see `confirm_fragment`)."""
+        if self.confirmed >= upto:
+            return
+        for rnd in self._confirmations:
+            if rnd.confirms >= upto:
+                break
         else:
-            why = str(exc) or type(exc).__name__
+            acked = self._acked
+            if acked is None or acked[0].end < upto:
+                if not self._rounds:
+                    raise PipelineBroken(f"offset {upto} is not acknowledged by every peer")
+                await self.wait(self._rounds[-1])  # Commits up to `upto` are in flight.
+                return await self.confirm(upto)
+            rnd = await self._send_confirmation(*acked)
+        await self.wait(rnd)
+
+    async def confirm_fragment(self, frag: pb.Fragment, registers: pb.LabelSet) -> None:
+        """Confirm everything up to `frag` (a fragment every peer holds, after a round)."""
+        if self.confirmed >= frag.end and self.confirmed >= 0:
+            return
+        await self.wait(await self._send_confirmation(frag, registers))
+
+    async def _send_confirmation(self, frag: pb.Fragment, registers: pb.LabelSet) -> Round:
+        if not self.may_confirm():
+            self.fail("etcd lease may have expired; refusing to confirm")
+            raise PipelineBroken(self.broken)
+        rnd = self._new_round(True)
+        rnd.confirms = frag.end
+        self._confirmations.append(rnd)
+        self.confirm_sent = max(self.confirm_sent, frag.end)
+        req = pb.ReplicateRequest(proposal=frag, registers=registers, acknowledge=True)
+        req.header.CopyFrom(self.header)
+        await self._write(req, rnd)
+        return rnd
+
+    def _new_round(self, must_be_ok: bool) -> Round:
+        fut: asyncio.Future[list[pb.ReplicateResponse]] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieve)
+        n = len(self.streams)
+        return Round(fut, [None] * n, n, must_be_ok)
+
+    def barrier(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """Take a place in the order appends are answered in (as Gazette's read barrier):
+        wait for the first future (the previous append's), answer, then set the second."""
+        previous = self._answered
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._answered = mine
+        return previous, mine
+
+    # Receiving.
+    async def _read_loop(self, k: int, stream: PeerStream) -> None:
+        try:
+            while True:
+                resp = await stream.call.read()
+                if resp is _EOF:
+                    if self._closing and not self._rounds:
+                        return
+                    raise PipelineBroken(f"peer {_pid(stream.member)} closed its stream")
+                assert isinstance(resp, pb.ReplicateResponse)
+                self._deliver(k, stream, resp)
+        except asyncio.CancelledError:
+            self.fail("pipeline aborted")
+        except Exception as exc:
+            self.fail(_why(stream, exc))
+
+    def _deliver(self, k: int, stream: PeerStream, resp: pb.ReplicateResponse) -> None:
+        i = stream.answered - self._base
+        if i >= len(self._rounds):
+            self.fail(f"unexpected response from {_pid(stream.member)}: {resp}")
+            return
+        rnd = self._rounds[i]
+        rnd.responses[k] = resp
+        rnd.remaining -= 1
+        stream.answered += 1
+        # Each peer answers in order, so rounds complete in order too.
+        while self._rounds and self._rounds[0].remaining == 0:
+            self._base += 1
+            self._complete(self._rounds.popleft())
+            if self.broken:
+                return
+
+    def _complete(self, rnd: Round) -> None:
+        resps = [r for r in rnd.responses if r is not None]
+        if rnd.must_be_ok:
+            bad = [r for r in resps if r.status != pb.OK]
+            if bad:
+                self.fail(f"a peer refused a proposal: {pb.Status.Name(bad[0].status)}")
+                if not rnd.future.done():
+                    rnd.future.set_exception(PipelineBroken(self.broken))
+                return
+        if rnd.commit is not None:
+            self._acked = rnd.commit
+        if rnd.confirms >= 0:
+            while self._confirmations and self._confirmations[0] is not rnd:
+                self._confirmations.popleft()
+            if self._confirmations:
+                self._confirmations.popleft()
+            if rnd.confirms > self.confirmed:
+                self.confirmed = rnd.confirms
+                self.on_confirmed(rnd.confirms)
+        if not rnd.future.done():
+            rnd.future.set_result(resps)
+
+    # Failure and shutdown.
+    def fail(self, why: str) -> None:
+        """Break the pipeline: fail every open round and drop the streams."""
         if not self.broken:
-            self.broken = f"replication to {_pid(stream.member)} failed: {why}"
-            log.warning(
-                "replication pipeline broken",
-                extra={"peer": _pid(stream.member), "error": self.broken},
-            )
+            self.broken = why
+            log.warning("replication pipeline broken", extra={"error": why})
+        rounds, self._rounds = self._rounds, deque()
+        self._confirmations.clear()
+        for rnd in rounds:
+            if not rnd.future.done():
+                rnd.future.set_exception(PipelineBroken(self.broken))
+        streams, self.streams = self.streams, []
+        for s in streams:
+            s.call.cancel()
+        current = asyncio.current_task()
+        for task in self._readers:
+            if task is not current:
+                task.cancel()
 
     async def close(self) -> None:
-        """Half-close every stream and wait (briefly) for the peers to end theirs."""
-        streams, self.streams = self.streams, []
+        """Half-close every stream once its open rounds are answered, and wait (briefly)
+        for the peers to end theirs."""
+        if self.broken:
+            self.fail(self.broken)
+            return
+        self._closing = True
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5.0):
+                while self._rounds and not self.broken:
+                    await self.wait(self._rounds[-1])
+        streams = list(self.streams)
+        async with self._write_lock:
+            for s in streams:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(5.0):
+                        await s.call.done_writing()
+        readers = list(self._readers)
+        if readers:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await asyncio.wait(readers)
         if not self.broken:
             self.broken = "pipeline closed"
-        for s in streams:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    await s.call.done_writing()
-        for s in streams:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    while await s.call.read() is not _EOF:
-                        pass
-            s.call.cancel()
+        self.fail(self.broken)
 
     def abort(self) -> None:
         """Drop every stream at once (no goodbyes)."""
-        streams, self.streams = self.streams, []
-        if not self.broken:
-            self.broken = "pipeline aborted"
-        for s in streams:
-            s.call.cancel()
+        self.fail(self.broken or "pipeline aborted")
+
+
+def _why(stream: PeerStream, exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        why = f"{exc.code().name}: {exc.details()}"
+    else:
+        why = str(exc) or type(exc).__name__
+    return f"replication to {_pid(stream.member)} failed: {why}"
 
 
 def _pid(member: pb.ProcessSpec.ID) -> str:

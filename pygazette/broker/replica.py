@@ -14,29 +14,33 @@ In cluster mode the cluster resolver also gives it a role (primary or replica) a
 journal's assignments; the open spool is then driven through `rspool` (a ReplicatedSpool,
 owned by whoever holds `spool_lock`: the primary's replication pipeline, or a peer's
 Replicate stream), and readers see content only up to `readable_end`.
+
+The append paths see a replica only through the narrow interfaces of `journal_runtime`
+(`LocalJournal` for single-node appends, `JournalRuntime` for the cluster's pipeline).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.fragment_index import FragmentIndex
 from pygazette.broker.persister import Persister
-from pygazette.broker.spool import Spool, SpoolCorrupt
+from pygazette.broker.pipeline import Pipeline, PipelineBroken
+from pygazette.broker.replicated_spool import ReplicatedSpool
+from pygazette.broker.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
-
-if TYPE_CHECKING:
-    from pygazette.broker.replicated_spool import ReplicatedSpool
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +93,7 @@ class Replica:
         self.invalidated = asyncio.Event()  # Set (and replaced) when assignments change.
         self.spool_lock = asyncio.Lock()
         self.rspool: ReplicatedSpool | None = None
-        self.replication: Any = None  # The primary's broker.pipeline.Pipeline, if open.
+        self.replication: Pipeline | None = None  # The primary's pipeline, if open.
         self.readable_end: int | None = None
         self.stopping = False
 
@@ -118,8 +122,6 @@ class Replica:
         In-flight appends and Replicate streams see the replica stopping and end; if one
         doesn't within STOP_WAIT_SECONDS, it is cut off.
         """
-        from pygazette.broker.append_fsm import close_replication
-
         self.stopping = True
         self.invalidate()
         holds_pipeline = False
@@ -130,7 +132,7 @@ class Replica:
         except TimeoutError:
             log.warning("append still running at stop", extra={"journal": self.name})
         try:
-            await close_replication(self, graceful=holds_pipeline)
+            await self.close_replication(graceful=holds_pipeline)
             holds_spool = False
             try:
                 async with asyncio.timeout(STOP_WAIT_SECONDS):
@@ -155,6 +157,8 @@ class Replica:
         self.limiter.set_rate(spec.max_append_rate)
         if stores_changed:
             self._refresh_now.set()
+            if spec.fragment.stores:
+                self.persister.unpark(self.name)
         self._flush_wakeup.set()  # A new codec or flush interval may roll the spool now.
 
     def append_refusal(self) -> str:
@@ -199,8 +203,6 @@ class Replica:
 
     def start_clustered(self) -> None:
         """Start in cluster mode: recover spools, then put the open one under replication."""
-        from pygazette.broker.replicated_spool import ReplicatedSpool
-
         self.clustered = True
         self.recover_spools()
         self.rspool = ReplicatedSpool(self)
@@ -227,6 +229,39 @@ class Replica:
     def invalidate(self) -> None:
         self.invalidated.set()
         self.invalidated = asyncio.Event()
+
+    async def close_replication(self, *, graceful: bool = True) -> None:
+        """Close the primary's pipeline, giving the spool back (the caller holds
+        `pipeline`). Gracefully, what every peer acknowledged is confirmed first."""
+        pln = self.replication
+        if pln is None:
+            return
+        self.replication = None
+        rs = self.rspool
+        if graceful and pln.ok:
+            if rs is not None and rs.end > max(pln.confirmed, 0):
+                try:
+                    await pln.confirm(rs.end)
+                except PipelineBroken:
+                    pass
+            await pln.close()
+        else:
+            pln.abort()
+        if rs is not None:
+            rs.rollback()
+        if self.spool_lock.locked():
+            self.spool_lock.release()
+
+    def confirm_through(self, offset: int) -> None:
+        """Every member of the route holds the journal up to `offset`: confirm it here and
+        let readers see it."""
+        if self.rspool is not None:
+            self.rspool.set_confirmed(offset)
+        self.set_readable(offset)
+
+    def persist_spool(self, spool: Spool, *, check_existing: bool = False) -> None:
+        """Hand a closed spool to the persister."""
+        self.persister.enqueue(spool, self, check_existing=check_existing)
 
     def set_readable(self, offset: int) -> None:
         """Let readers see content up to `offset` (cluster mode; it never moves back)."""
@@ -333,6 +368,39 @@ class Replica:
             self.index.add_local(self.spool)
             self._flush_wakeup.set()
         return self.spool
+
+    # Single-node appends (callers hold the pipeline).
+    def start_append(self) -> tuple[Spool, PendingAppend, hashlib._Hash]:
+        """The spool to append to at the write head, the append, and the spool's running
+        SHA-1 (of everything before the append; extend a copy chunk by chunk)."""
+        spool = self.open_spool(self.head)
+        return spool, spool.start_append(), spool.running_sha()
+
+    async def commit_append(
+        self,
+        spool: Spool,
+        pending: PendingAppend,
+        running: hashlib._Hash,
+        summing: concurrent.futures.Future[None] | None,
+        registers: pb.LabelSet,
+    ) -> None:
+        """Commit the append with the journal's new registers; roll the spool if due."""
+        changed = registers if registers != self.registers else None
+        if spool.sync:
+            await asyncio.to_thread(spool.commit, pending, changed, running, summing)
+        else:
+            spool.commit(pending, changed, running, summing)
+        self.registers = registers
+        self.index.spool_committed()
+        if self.spool_needs_roll(spool.last_append_time or 0.0):
+            self.close_spool()
+
+    def drop_empty_append(self, spool: Spool) -> None:
+        """An empty append commits nothing: drop a spool opened for it alone."""
+        if spool.end == spool.begin and self.spool is spool:
+            self.spool = None
+            self.index.remove_local(spool)
+            spool.delete()
 
     # Store listings.
     async def list_stores(self) -> list[pb.Fragment]:

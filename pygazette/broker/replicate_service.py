@@ -6,6 +6,11 @@ of an equivalent route (else WRONG_ROUTE, with its own header, so the primary ca
 whether it is behind). It then owns the journal's spool for the life of the stream,
 applying each request (`replicated_spool`) and answering those that ask for it.
 
+A later proposal that carries a Header again is the primary's *confirmation* (`pipeline`):
+every peer holds the journal up to the proposal's end, so it moves the confirmed frontier
+(`replicated_spool`) there and changes nothing else; content streamed for the next append
+stays pending.
+
 Unlike Gazette's replicas, it drops the stream as soon as its keyspace shows a route the
 stream no longer matches: a primary that was cut off (frozen, partitioned) and has since
 been replaced can't commit anything through it.
@@ -20,9 +25,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from pygazette.allocator.request_fence import ResolveError
-from pygazette.broker.append_fsm import acquire_or_invalidated
 from pygazette.broker.cluster_resolver import ClusterResolver
-from pygazette.broker.replica import Replica
+from pygazette.broker.invalidation import acquire_or_invalidated
+from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.replicated_spool import ReplicationProtocolError, fragments_equal
 from pygazette.keyspace.layout import routes_equivalent
 from pygazette.protocol.errors import ValidationError
@@ -75,6 +80,7 @@ async def serve_replicate(
 
     rs = replica.rspool
     assert rs is not None
+    watch = _RouteWatch(replica, resolver, journal, stream_route)
     try:
         header: pb.Header | None = res.header
         req: pb.ReplicateRequest | None = first
@@ -94,14 +100,15 @@ async def serve_replicate(
                     f"no acknowledgement requested, but the proposal failed: "
                     f"{pb.Status.Name(resp.status)}",
                 )
-            req = await _next(it, replica, resolver, journal, stream_route)
+            req = await watch.next(it)
     finally:
+        watch.close()
         rs.rollback()
         replica.spool_lock.release()
 
 
 async def _apply(
-    replica: Replica, req: pb.ReplicateRequest, is_first: bool
+    replica: JournalRuntime, req: pb.ReplicateRequest, is_first: bool
 ) -> pb.ReplicateResponse | None:
     rs = replica.rspool
     assert rs is not None
@@ -124,54 +131,81 @@ async def _apply(
             fragments_equal(rs.fragment(), req.proposal) and req.registers == rs.registers
         ):
             rs.cut_unconfirmed()
-    else:
-        # The primary sends a proposal only after every peer acknowledged the last round.
-        rs.set_confirmed(rs.end)
-        replica.set_readable(rs.end)
+    elif req.HasField("header"):
+        # A confirmation: every peer holds the journal up to the proposal's end.
+        if req.proposal.end > rs.end:
+            return pb.ReplicateResponse(
+                status=pb.PROPOSAL_MISMATCH, fragment=rs.fragment(), registers=rs.registers
+            )
+        replica.confirm_through(req.proposal.end)
+        return pb.ReplicateResponse(status=pb.OK)
     return await rs.apply_proposal(req.proposal, req.registers, primary=False)
 
 
-async def _next(
-    it: AsyncIterator[pb.ReplicateRequest],
-    replica: Replica,
-    resolver: ClusterResolver,
-    journal: str,
-    stream_route: pb.Route,
-) -> pb.ReplicateRequest | None:
-    """The next request, unless the stream's route stops being this journal's route."""
-    receive = asyncio.ensure_future(anext(it))
-    try:
+class _RouteWatch:
+    """Ends a Replicate stream once its route stops being the journal's route here (or the
+    replica stops): at once while the stream waits for its next request, else before it
+    reads another. One watcher task per stream, woken only when the journal's assignments
+    change, rather than a wait on them beside every request."""
+
+    def __init__(
+        self,
+        replica: JournalRuntime,
+        resolver: ClusterResolver,
+        journal: str,
+        stream_route: pb.Route,
+    ) -> None:
+        self.replica = replica
+        self.resolver = resolver
+        self.journal = journal
+        self.stream_route = stream_route
+        self.stale: ReplicateAborted | None = None
+        self._receiving = False
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch(), name=f"replicate-watch:{journal}")
+
+    def _check(self) -> ReplicateAborted | None:
+        if self.replica.stopping:
+            return ReplicateAborted(grpc.StatusCode.UNAVAILABLE, "replica is stopping")
+        route = self.resolver.journal_route(self.resolver.observed.current, self.journal)
+        if not routes_equivalent(route, self.stream_route) or self.replica.primary:
+            return ReplicateAborted(
+                grpc.StatusCode.ABORTED, "the journal's route changed; stream is stale"
+            )
+        return None
+
+    async def _watch(self) -> None:
         while True:
-            invalidated = replica.invalidated
-            if replica.stopping:
-                raise ReplicateAborted(grpc.StatusCode.UNAVAILABLE, "replica is stopping")
-            route = resolver.journal_route(resolver.observed.current, journal)
-            if not routes_equivalent(route, stream_route) or replica.primary:
-                raise ReplicateAborted(
-                    grpc.StatusCode.ABORTED, "the journal's route changed; stream is stale"
-                )
-            wait = asyncio.ensure_future(invalidated.wait())
-            try:
-                await asyncio.wait([receive, wait], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wait.cancel()
-            if receive.done():
-                try:
-                    req = receive.result()
-                except StopAsyncIteration:
-                    return None
-                _validate(req)
-                return req
-    finally:
-        if not receive.done():
-            receive.cancel()
-        receive.add_done_callback(_retrieve)
+            invalidated = self.replica.invalidated
+            self.stale = self._check()
+            if self.stale is not None:
+                if self._receiving and self._task is not None:
+                    self._task.cancel()
+                return
+            await invalidated.wait()
 
+    async def next(self, it: AsyncIterator[pb.ReplicateRequest]) -> pb.ReplicateRequest | None:
+        """The next request (None at the end of the stream), unless the stream is stale."""
+        stale = self.stale or self._check()
+        if stale is not None:
+            raise stale
+        self._receiving = True
+        try:
+            req = await anext(it)
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            task = self._task
+            if self.stale is not None and task is not None and task.uncancel() == 0:
+                raise self.stale from None
+            raise
+        finally:
+            self._receiving = False
+        _validate(req)
+        return req
 
-def _retrieve(f: asyncio.Future[pb.ReplicateRequest]) -> None:
-    """Take a finished read's outcome, so an unread error isn't reported as lost."""
-    if not f.cancelled():
-        f.exception()
+    def close(self) -> None:
+        self._watcher.cancel()
 
 
 def _validate(req: pb.ReplicateRequest) -> None:

@@ -14,12 +14,12 @@ past the committed end; a proposal is either
 Spools stay crash-safe (`spool.py`) on every replica, which adds one duty Gazette's
 memory-only replicas don't have: a replica may hold commits its primary never got
 acknowledged by every peer (the primary died mid-commit), and may carry them across a
-restart. So each replica tracks a *confirmed* frontier: the end it held when its primary
-sent another proposal after the previous round. A pygazette primary sends a proposal only
-after the previous round was acknowledged by every peer, so everything below the frontier is
-on every replica of the route, while content above it is not known to be; and it
-acknowledges an append only once a second round confirmed it everywhere (`append_fsm`), so
-content above the frontier was never acknowledged. The frontier:
+restart. So each replica tracks a *confirmed* frontier: the offset its primary last
+confirmed, explicitly (`pipeline`: a later proposal carrying the pipeline's Header again),
+once every peer had acknowledged the commits below it. Everything below the frontier is on
+every replica of the route, while content above it is not known to be; and the primary
+acknowledges an append only once every peer acknowledged a confirmation covering it
+(`append_fsm`), so content above the frontier was never acknowledged. The frontier:
 
 - is what a replica lets readers see (it never shows content that could be taken back);
 - is kept in the journal's spool directory (`confirmed`), surviving restarts;
@@ -40,21 +40,33 @@ import hashlib
 import logging
 import os
 import struct
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
+from pygazette.broker.fragment_index import FragmentIndex
 from pygazette.broker.metrics import record_rollback
 from pygazette.broker.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
-
-if TYPE_CHECKING:
-    from pygazette.broker.replica import Replica
 
 log = logging.getLogger(__name__)
 
 CONFIRMED_FILE = "confirmed"
 _THREAD_CHUNK = 128 * 1024
 _U64 = struct.Struct("<Q")
+
+
+class SpoolHost(Protocol):
+    """What a replicated spool needs from its journal's runtime (`replica.Replica`)."""
+
+    name: str
+    spool_dir: Path
+    sync: bool
+    spool: Spool | None  # The open spool.
+    registers: pb.LabelSet
+    index: FragmentIndex
+
+    def persist_spool(self, spool: Spool, *, check_existing: bool = False) -> None: ...
 
 
 class ReplicationProtocolError(Exception):
@@ -104,7 +116,7 @@ def roll_proposal(
 class ReplicatedSpool:
     """The open fragment of one journal on this broker (owned by one pipeline or stream)."""
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: SpoolHost) -> None:
         self.replica = replica
         self.journal = replica.name
         self.pending: PendingAppend | None = None
@@ -119,7 +131,7 @@ class ReplicatedSpool:
             # below the frontier, confirmed).
             replica.spool = None
             spool.close()
-            replica.persister.enqueue(spool, replica, check_existing=True)
+            replica.persist_spool(spool, check_existing=True)
             spool = None
         if spool is not None:
             self.begin, self.end, self.codec = spool.begin, spool.end, spool.codec
@@ -145,9 +157,10 @@ class ReplicatedSpool:
         return int(_U64.unpack(data)[0])
 
     def set_confirmed(self, offset: int) -> None:
-        """Everything below `offset` is held by every replica of the route."""
+        """Everything below `offset` is held by every replica of the route (the frontier
+        never moves back)."""
         assert self.confirmed is not None
-        if offset == self.confirmed:
+        if offset <= self.confirmed:
             return
         self.confirmed = offset
         if self._confirmed_fd < 0:
@@ -244,8 +257,11 @@ class ReplicatedSpool:
             self.rollback()
             if self.replica.spool is not None:
                 self._complete_spool(primary=primary)
-            if p.end > self.end:
-                self.replica.registers = _copy_labels(registers)
+            # Take the proposal's registers, also on an empty roll at our own end (Gazette
+            # keeps its own there): registers can differ at an equal end only when this
+            # replica cut content its primary never confirmed, and kept the registers that
+            # content set; keeping them would fail every later proposal (a livelock).
+            self.replica.registers = _copy_labels(registers)
             self.begin = self.end = p.end
             self.codec = p.compression_codec
             self._sha = hashlib.sha1()
@@ -295,7 +311,7 @@ class ReplicatedSpool:
             spool.delete()
             return
         spool.close()
-        self.replica.persister.enqueue(spool, self.replica, check_existing=not primary)
+        self.replica.persist_spool(spool, check_existing=not primary)
 
     def cut_unconfirmed(self) -> None:
         """Cut committed content above the confirmed frontier (see the module docstring)."""

@@ -222,7 +222,8 @@ async def test_a_primary_stopping_after_a_failed_commit_persists_none_of_it(
     unconfirmed.armed = True
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await append_once(cluster.stub(primary), JOURNAL, _record("failed"), within=10)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # Its confirmation went out: for all the primary can tell, a replica took it.
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
     assert unconfirmed.both_cut_off.is_set()
     unconfirmed.armed = False
 
@@ -255,7 +256,8 @@ async def test_a_roll_forward_outlives_the_peer_it_came_from(
         # Longer than the appends after it: a fragment of it would cover theirs.
         failed = _record("failed", 4000)
         await append_once(cluster.stub(primary), JOURNAL, failed, within=10)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # In doubt (UNKNOWN), not failed outright: one replica holds it confirmed.
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
     unconfirmed.armed = False
 
     # The holder drains: a fourth broker joins the route (the primary synchronises it,

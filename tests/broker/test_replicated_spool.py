@@ -114,7 +114,7 @@ async def test_roll_forward_and_roll_to_empty(tmp_path: Path, persister: Persist
     await _content(rs, b"abc")
     assert (await rs.apply_proposal(_frag(0, 3, b"abc"), pb.LabelSet(), primary=False)).status == 0
     old_spool = r.spool
-    rs.set_confirmed(rs.end)  # As the Replicate service does on a proposal after the first.
+    rs.set_confirmed(rs.end)  # As the Replicate service does on a confirmation.
 
     # An empty proposal at our end rolls to a new fragment, with the proposal's codec.
     roll = _frag(3, 3, codec=pb.GZIP)
@@ -156,7 +156,7 @@ async def test_unconfirmed_content_is_cut_on_a_foreign_proposal(
     regs = label_set({"k": "v1"})
     await _content(rs, b"confirmed;")
     await rs.apply_proposal(_frag(0, 10, b"confirmed;"), regs, primary=False)
-    rs.set_confirmed(rs.end)  # A later proposal confirmed it.
+    rs.set_confirmed(rs.end)  # The primary confirmed it.
     await _content(rs, b"tentative")
     await rs.apply_proposal(
         _frag(0, 19, b"confirmed;tentative"), label_set({"k": "v2"}), primary=False
@@ -213,3 +213,25 @@ async def test_replica_completion_persists_only_confirmed_content(
     stored = sorted((tmp_path / "store" / JOURNAL).iterdir())
     assert [p.name.split("-")[:2] for p in stored] == [["0000000000000000", "0000000000000004"]]
     assert stored[0].read_bytes() == b"kept"
+
+
+async def test_an_empty_roll_at_our_end_takes_the_primarys_registers(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A replica whose registers differ from its primary's at the same end (it cut content
+    the primary never confirmed, and kept the registers that content set) must follow the
+    primary's roll, or every later proposal fails (a livelock the chaos suite found)."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"abc")
+    assert (await rs.apply_proposal(_frag(0, 3, b"abc"), pb.LabelSet(), primary=False)).status == 0
+    rs.set_confirmed(rs.end)
+    r.registers = label_set({"author": "deposed"})  # Left by cut, unconfirmed content.
+
+    primary_regs = label_set({"author": "current"})
+    roll = _frag(3, 3)
+    assert (await rs.apply_proposal(roll, primary_regs, primary=False)).status == pb.OK
+    assert r.registers == primary_regs
+    # The next proposal of the same fragment and registers is agreed, not a mismatch.
+    assert (await rs.apply_proposal(roll, primary_regs, primary=False)).status == pb.OK

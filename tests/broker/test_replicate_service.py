@@ -1,0 +1,65 @@
+"""The replica side of Replicate: how each request moves a replica's spool and frontier.
+
+A proposal commits or rolls back (Gazette's rules, `test_replicated_spool`) but confirms
+nothing by itself: appends pipeline, so a proposal may follow one not yet acknowledged by
+every peer. Only the primary's explicit confirmation (a later proposal carrying the
+Header again) moves the confirmed frontier, and it leaves content in flight alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pygazette.broker.persister import Persister
+from pygazette.broker.replicate_service import _apply
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from tests.broker.test_replicated_spool import _content, _frag, _replica, persister
+
+__all__ = ["persister"]  # The fixture, shared with the spool tests.
+
+
+def _proposal(
+    frag: pb.Fragment, registers: pb.LabelSet, *, header: bool = False
+) -> pb.ReplicateRequest:
+    req = pb.ReplicateRequest(proposal=frag, registers=registers, acknowledge=True)
+    if header:
+        req.header.CopyFrom(pb.Header(process_id=pb.ProcessSpec.ID(zone="z", suffix="s")))
+    return req
+
+
+async def test_only_confirmations_move_the_frontier(tmp_path: Path, persister: Persister) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    regs = label_set({"k": "v"})
+
+    await _content(rs, b"abc")
+    resp = await _apply(r, _proposal(_frag(0, 3, b"abc"), regs), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.end, rs.confirmed, r.readable_end) == (3, 0, 0)  # Committed, not confirmed.
+
+    # The next append streams in; the first one's confirmation arrives meanwhile.
+    await _content(rs, b"def")
+    resp = await _apply(r, _proposal(_frag(0, 3, b"abc"), regs, header=True), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.end, rs.delta, rs.confirmed, r.readable_end) == (3, 3, 3, 3)
+
+    # Its content was kept: it commits.
+    resp = await _apply(r, _proposal(_frag(0, 6, b"abcdef"), regs), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.end, rs.confirmed, r.readable_end) == (6, 3, 3)
+
+    # A confirmation of what this replica doesn't hold is refused, and changes nothing.
+    resp = await _apply(r, _proposal(_frag(0, 9, b"abcdefghi"), regs, header=True), is_first=False)
+    assert resp is not None and resp.status == pb.PROPOSAL_MISMATCH
+    assert (rs.end, rs.confirmed) == (6, 3)
+    # An older confirmation doesn't move the frontier back.
+    resp = await _apply(r, _proposal(_frag(0, 2, b"ab"), regs, header=True), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    assert rs.confirmed == 3
+
+    resp = await _apply(r, _proposal(_frag(0, 6, b"abcdef"), regs, header=True), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.confirmed, r.readable_end) == (6, 6)
+    rs.close()
