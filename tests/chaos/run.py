@@ -67,7 +67,9 @@ class ChaosConfig:
             timing=Timing(gap=(4.0, 6.0), outage=6.0, restart_delay=(0.5, 1.5), past_lease=1.5),
             lease_ttl=5.0,
             rounds=RoundParams(streams=8, chunks=10, workers=4, timeout=90.0),
-            drain_timeout=60.0,
+            # Leaves time for a broker that lost its lease to an etcd restart, and was
+            # restarted by the supervisor, to take its journals back (a slow CI machine).
+            drain_timeout=150.0,
         )
 
 
