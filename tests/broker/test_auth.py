@@ -7,7 +7,9 @@ the journals it reaches; and the client library signs its RPCs from the same key
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -154,10 +156,13 @@ def _calls(
 
 
 async def _replicate(stub: Any, md: Metadata) -> list[pb.ReplicateResponse]:
-    async def reqs() -> Any:
-        yield pb.ReplicateRequest(proposal=pb.Fragment(journal="auth/a"))
-
-    return [r async for r in stub.Replicate(reqs(), metadata=md, timeout=30)]
+    # The broker may refuse the stream before the request is even sent; a write racing
+    # that refusal fails on its own, so the call's status is what this returns or raises.
+    call = stub.Replicate(metadata=md, timeout=30)
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        await call.write(pb.ReplicateRequest(proposal=pb.Fragment(journal="auth/a")))
+        await call.done_writing()
+    return [r async for r in call]
 
 
 RPCS = [
