@@ -10,7 +10,13 @@
   append's commit until its record is readable in the output journal), beside the broker's
   own append-to-read latency (a blocking reader of the input journal).
 
-    python bench/spark_read.py [--quick] [--records N]
+With ``--vs-kafka``, instead: the gazette source against Spark's Kafka source
+(``spark-sql-kafka-0-10``) over the same records in a journal and in a Kafka topic, batch
+``read`` and ``readStream`` with Trigger.AvailableNow, raw bytes and JSON decoded into the
+same schema (see bench/spark_kafka.py for exactly what is measured).
+
+    python bench/spark_read.py [--quick] [--records N] [--runs N]
+    python bench/spark_read.py --vs-kafka [--quick] [--records N] [--runs N] [--partitions N]
 
 Prints one JSON document. Runs Spark local[2] and a broker on loopback.
 """
@@ -33,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -283,37 +290,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, fewer runs")
     parser.add_argument("--records", type=int, default=0)
+    parser.add_argument(
+        "--vs-kafka",
+        action="store_true",
+        help="instead: the gazette source against Spark's Kafka source (spark-sql-kafka-0-10)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=0, help="timed runs of each read (best is reported)"
+    )
+    parser.add_argument(
+        "--partitions", type=int, default=2, help="--vs-kafka: minPartitions of both sources"
+    )
     args = parser.parse_args()
     rows = args.records or (200_000 if args.quick else 1_000_000)
-    runs = 2 if args.quick else 3
+    runs = args.runs or (2 if args.quick else 3)
+    if args.vs_kafka:
+        sys.exit(main_vs_kafka(rows, runs, args.partitions))
 
     with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-") as tmp:
         scratch = Path(tmp)
         broker = Broker(scratch / "data")
-        broker.start()
         journal = "bench/spark/events"
-        with SyncJournalClient(broker.url) as client:
-            create(client, spec(journal))
-            step = 50_000
-            for first in range(0, rows, step):
-                client.append(journal, records(first, min(step, rows - first)))
-        broker.stop()  # Persists the last spool: every record is in a fragment file.
-        broker.start()
+        load_journal(broker, journal, rows)
         file_root = str(scratch / "data" / "fragments")
         fragment_dir = scratch / "data" / "fragments" / journal
         files = sorted(str(p) for p in fragment_dir.glob("*.raw"))
         content_bytes = sum(os.path.getsize(f) for f in files)
 
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("pygazette-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.local.dir", str(scratch / "spark"))
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = session(scratch)
         try:
             result = {
                 "benchmark": "spark_read",
@@ -324,9 +328,7 @@ def main() -> None:
                     "fragments": len(files),
                     "record_bytes": round(content_bytes / rows, 1),
                 },
-                "batch_read": bench_batch(
-                    spark, broker.url, journal, files, rows, runs, file_root
-                ),
+                "batch_read": bench_batch(spark, broker.url, journal, files, rows, runs, file_root),
                 "streaming_read": bench_stream(
                     spark, broker.url, journal, str(fragment_dir), rows, scratch, file_root
                 ),
@@ -336,6 +338,123 @@ def main() -> None:
             spark.stop()
             broker.stop()
     print(json.dumps(result, indent=2))
+
+
+def load_journal(broker: Broker, journal: str, rows: int) -> None:
+    """Start `broker`, append `rows` records to a new journal, and restart the broker so
+    that every record is in a persisted fragment file; the broker is left running."""
+    broker.start()
+    with SyncJournalClient(broker.url) as client:
+        create(client, spec(journal))
+        for block in record_blocks(rows):
+            client.append(journal, block)
+    broker.stop()  # Persists the last spool: every record is in a fragment file.
+    broker.start()
+
+
+def record_blocks(rows: int, step: int = 50_000) -> list[bytes]:
+    return [records(first, min(step, rows - first)) for first in range(0, rows, step)]
+
+
+def session(scratch: Path, jars: list[str] | None = None) -> SparkSession:
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("pygazette-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.local.dir", str(scratch / "spark"))
+    )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+UNAVAILABLE = 3  # Exit status when --vs-kafka cannot run here (the JSON says why).
+
+
+def main_vs_kafka(rows: int, runs: int, partitions: int) -> int:
+    """The gazette source against Spark's Kafka source over the same records; see
+    bench/spark_kafka.py for exactly what is measured. Prints one JSON document."""
+    import pyspark
+    from spark_kafka import ARTIFACT, KafkaTopic, compare, connector_jars
+
+    head: dict[str, object] = {"benchmark": "spark_vs_kafka"}
+    with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-kafka-") as tmp:
+        scratch = Path(tmp)
+        kafka = KafkaTopic(scratch / "kafka", "bench-spark-events")
+        reason = kafka.prepare()
+        found = connector_jars()
+        if isinstance(found, str) or reason is not None:
+            head["unavailable"] = reason or found
+            print(json.dumps(head, indent=2))
+            return UNAVAILABLE
+        connector_version, jars = found
+        broker = Broker(scratch / "data")
+        journal = "bench/spark/events"
+        spark: SparkSession | None = None
+        try:
+            t0 = time.perf_counter()
+            load_journal(broker, journal, rows)
+            t_journal = time.perf_counter() - t0
+            kafka.start()
+            t0 = time.perf_counter()
+            produced = kafka.load(lambda: record_blocks(rows))
+            t_topic = time.perf_counter() - t0
+            assert produced == rows, (produced, rows)
+            file_root = scratch / "data" / "fragments"
+            files = sorted((file_root / journal).glob("*.raw"))
+            content_bytes = sum(os.path.getsize(f) for f in files)
+            spark = session(scratch, jars)
+            result = {
+                **head,
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "spark": {
+                    "pyspark": pyspark.__version__,
+                    "master": "local[2]",
+                    "kafka_connector": f"org.apache.spark:{ARTIFACT}:{connector_version}",
+                    "kafka_connector_jars": [Path(j).name for j in jars],
+                },
+                "kafka": {"version": kafka.version, "brokers": 1, "topic_partitions": 1},
+                "data": {
+                    "records": rows,
+                    "bytes": content_bytes,
+                    "record_bytes": round(content_bytes / rows, 1),
+                    "fragments": len(files),
+                    "schema": SCHEMA,
+                    "load_seconds": {"journal": round(t_journal, 2), "topic": round(t_topic, 2)},
+                },
+                "settings": {
+                    "runs": runs,
+                    "min_partitions": partitions,
+                    "stream_batch_bytes": 32 * MiB,
+                    "sink": "noop",
+                    "statistic": "best of runs after one warm-up run, interleaved",
+                },
+                "reads": compare(
+                    spark,
+                    url=broker.url,
+                    journal=journal,
+                    file_root=str(file_root),
+                    kafka=kafka,
+                    rows=rows,
+                    record_bytes=content_bytes / rows,
+                    schema=SCHEMA,
+                    runs=runs,
+                    partitions=partitions,
+                    stream_batch_bytes=32 * MiB,
+                    scratch=scratch,
+                ),
+            }
+        finally:
+            if spark is not None:
+                spark.stop()
+            broker.stop()
+            kafka.stop()
+    print(json.dumps(result, indent=2))
+    return 0
 
 
 if __name__ == "__main__":

@@ -246,8 +246,11 @@ def blank_records(
     return blank
 
 
-def binary_values(buf: bytes, spans: RecordSpans) -> pa.Array:
-    """The records' payloads as an Arrow binary array (one copy of the bytes)."""
+def binary_values(buf: bytes, spans: RecordSpans, *, newline_framed: bool = False) -> pa.Array:
+    """The records' payloads as an Arrow binary array (one copy of the bytes).
+
+    `newline_framed`: the spans were found by a newline framing's scan, so every newline in
+    their range is a delimiter (no payload holds one)."""
     import pyarrow as pa
 
     n = len(spans)
@@ -267,6 +270,18 @@ def binary_values(buf: bytes, spans: RecordSpans) -> pa.Array:
         lo, hi = int(starts[0]), int(ends[-1])
         if n == 1 or gaps[0] == 0:
             data = arr[lo:hi]
+        elif newline_framed and gaps[0] == 1:
+            # Every newline in the range is a gap, and every gap a newline: removing them all
+            # (bytes.replace, a C loop at memory speed) keeps exactly the payloads.
+            return pa.Array.from_buffers(
+                pa.binary(),
+                n,
+                [
+                    None,
+                    pa.py_buffer(offsets.astype(np.int32)),
+                    pa.py_buffer(buf[lo:hi].replace(LINE_DELIMITER, b"")),
+                ],
+            )
         else:
             keep = np.ones(hi - lo, dtype=np.bool_)
             gap = int(gaps[0])

@@ -325,7 +325,7 @@ class PieceDecoder:
         offsets = spans.starts + self._base
         value: pa.Array | None = None
         if self.layout.value_type is not None:
-            value = fr.binary_values(buf, spans)
+            value = fr.binary_values(buf, spans, newline_framed=framing is Framing.LINES)
             if self.layout.value_type == "string":
                 try:
                     value = value.cast(pa.string())

@@ -58,6 +58,24 @@ def test_lines_round_trip(lines: list[bytes], trailing: bool) -> None:
 
 
 @settings(deadline=None)
+@given(lines_st, st.booleans(), st.integers(min_value=0, max_value=40), st.data())
+def test_newline_framed_payloads_match_the_general_path(
+    lines: list[bytes], trailing: bool, lo: int, data: st.DataObject
+) -> None:
+    """The newline fast path (drop every newline at once) keeps exactly the payloads, for any
+    run of records a piece owns (empty lines and a final line without newline included)."""
+    buf = b"\n".join(lines) + (b"\n" if trailing and lines else b"")
+    spans = fr.scan(Framing.LINES, buf, final=True)
+    lo = min(lo, len(spans))
+    hi = data.draw(st.integers(min_value=lo, max_value=len(spans)))
+    owned = spans.select(lo, hi)
+    fast = fr.binary_values(buf, owned, newline_framed=True)
+    assert fast.to_pylist() == fr.binary_values(buf, owned).to_pylist()
+    assert fast.to_pylist() == buf.split(b"\n")[lo:hi]
+    fast.validate(full=True)
+
+
+@settings(deadline=None)
 @given(lines_st, st.integers(min_value=0, max_value=400))
 def test_scanning_in_pieces_agrees_with_one_scan(lines: list[bytes], cut: int) -> None:
     """Scanning a prefix (not final) then the rest finds exactly the whole-buffer records."""
