@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
+.PHONY: all venv deps serve test bench-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
 
 all: test
 
@@ -40,8 +40,12 @@ lint: venv
 	$(VENV)/bin/mypy pygazette pyspark_gazette
 
 test: deps lint s3server-bin
-	$(VENV)/bin/pytest -q --ignore=tests/interop
+	$(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke"
 	$(MAKE) interop
+
+# Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).
+bench-smoke: deps
+	$(VENV)/bin/pytest -q -m bench_smoke tests/bench
 
 # Interoperability with Gazette itself (interop/README.md): the released gazette, gazctl and
 # etcd are built once from the Go module proxy into interop/bin/; then pygazette's tests

@@ -60,6 +60,7 @@ def run(tmp_path: Path) -> tuple[int, dict[str, Any], str]:
 
 
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(900)
 def test_vs_kafka_reads_the_same_rows_through_both_sources(tmp_path: Path) -> None:
     code, doc, stderr = run(tmp_path)

@@ -156,11 +156,11 @@ def _calls(
 
 
 async def _replicate(stub: Any, md: Metadata) -> list[pb.ReplicateResponse]:
-    # The broker may refuse the stream before the request is even sent; a write racing
-    # that refusal fails on its own, so the call's status is what this returns or raises.
+    # No request is written: the broker answers (refuses, or says it doesn't replicate)
+    # before reading one, and a write racing that answer fails the call on the client side
+    # with its own INTERNAL status.
     call = stub.Replicate(metadata=md, timeout=30)
     with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        await call.write(pb.ReplicateRequest(proposal=pb.Fragment(journal="auth/a")))
         await call.done_writing()
     return [r async for r in call]
 
