@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test bench-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
+.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
 
 all: test
 
@@ -40,7 +40,7 @@ lint: venv
 	$(VENV)/bin/mypy pygazette pyspark_gazette
 
 test: deps lint s3server-bin
-	$(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke"
+	$(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke and not chaos_smoke"
 	$(MAKE) interop
 
 # Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).
@@ -77,11 +77,14 @@ test-faults: deps
 
 # The chaos suite (tests/chaos/run.py): stream-sum on etcd, 4 brokers at replication 3 and
 # 3 summers, under a seeded schedule of kills, freezes, etcd restarts, partitions and store
-# outages for CHAOS_MINUTES; prints a JSON report last. `make test` runs a 1-minute smoke.
+# outages for CHAOS_MINUTES; prints a JSON report last. `make chaos-smoke`: a 1-minute run.
 CHAOS_MINUTES ?= 10
 CHAOS_SEED ?= 1
 chaos: deps
 	$(PY) -m tests.chaos.run --minutes $(CHAOS_MINUTES) --seed $(CHAOS_SEED)
+
+chaos-smoke: deps
+	$(VENV)/bin/pytest -q -m chaos_smoke tests/chaos
 
 bench: venv
 	$(PY) bench/append_read.py
