@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tests.support.ports import free_port
+from tests.support.tcp_proxy import relay
 
 
 class TcpBalancer:
@@ -74,20 +75,7 @@ class TcpBalancer:
         target_r, target_w = target
         self._writers.update((client_w, target_w))
 
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while data := await r.read(1 << 16):
-                    w.write(data)
-                    await w.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    w.close()
-
-        await asyncio.gather(
-            pump(client_r, target_w), pump(target_r, client_w), return_exceptions=True
-        )
+        await relay(client_r, client_w, target_r, target_w)
         self._writers.difference_update((client_w, target_w))
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tests.support.ports import free_port
+from tests.support.tcp_proxy import abort_connection, relay
 
 # name -> pid of the processes a proxy can recognize (read at each connection: pids change
 # as processes restart).
@@ -111,30 +112,17 @@ class PartitionProxy:
             owner = await asyncio.to_thread(owner_of, int(peer[1]), self.port, self.owners())
         if owner is not None and owner in self.denied:
             self.refused += 1
-            _abort(client_w)
+            abort_connection(client_w)
             return
         try:
             target_r, target_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
-            _abort(client_w)
+            abort_connection(client_w)
             return
         conn = (client_w, target_w, owner)
         self._conns.add(conn)
 
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while data := await r.read(1 << 16):
-                    w.write(data)
-                    await w.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    w.close()
-
-        await asyncio.gather(
-            pump(client_r, target_w), pump(target_r, client_w), return_exceptions=True
-        )
+        await relay(client_r, client_w, target_r, target_w)
         self._conns.discard(conn)
 
     def deny(self, names: set[str] | frozenset[str]) -> None:
@@ -149,8 +137,8 @@ class PartitionProxy:
         self.denied = denied
         for conn in list(self._conns):
             if conn[2] is not None and conn[2] in denied:
-                _abort(conn[0])
-                _abort(conn[1])
+                abort_connection(conn[0])
+                abort_connection(conn[1])
                 self._conns.discard(conn)
 
     def close(self) -> None:
@@ -158,8 +146,8 @@ class PartitionProxy:
             if self._server is not None:
                 self._server.close()
             for client_w, target_w, _ in list(self._conns):
-                _abort(client_w)
-                _abort(target_w)
+                abort_connection(client_w)
+                abort_connection(target_w)
 
             current = asyncio.current_task()
             rest = [t for t in asyncio.all_tasks() if t is not current]
@@ -171,13 +159,3 @@ class PartitionProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
-
-
-def _abort(w: asyncio.StreamWriter) -> None:
-    """Close with a reset, as a failed network would."""
-    with contextlib.suppress(OSError):
-        transport = w.transport
-        if isinstance(transport, asyncio.Transport):
-            transport.abort()
-        else:
-            w.close()

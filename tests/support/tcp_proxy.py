@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -48,7 +49,7 @@ class TcpProxy:
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         if self._cut:
-            _abort(client_w)
+            abort_connection(client_w)
             return
         try:
             target_r, target_w = await asyncio.open_connection("127.0.0.1", self.target_port)
@@ -57,22 +58,7 @@ class TcpProxy:
             return
         self._writers.update((client_w, target_w))
 
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, responses: bool) -> None:
-            try:
-                while data := await r.read(1 << 16):
-                    if responses and self._blackhole:
-                        continue
-                    w.write(data)
-                    await w.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    w.close()
-
-        await asyncio.gather(
-            pump(client_r, target_w, False), pump(target_r, client_w, True), return_exceptions=True
-        )
+        await relay(client_r, client_w, target_r, target_w, lambda: self._blackhole)
         self._writers.difference_update((client_w, target_w))
 
     def blackhole(self) -> None:
@@ -95,7 +81,7 @@ class TcpProxy:
     async def _abort_all(self, *, cut: bool) -> None:
         self._cut = cut
         for w in list(self._writers):
-            _abort(w)
+            abort_connection(w)
         self._writers.clear()
         self._blackhole = False
 
@@ -112,7 +98,35 @@ class TcpProxy:
         self.loop.close()
 
 
-def _abort(w: asyncio.StreamWriter) -> None:
+async def relay(
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    target_r: asyncio.StreamReader,
+    target_w: asyncio.StreamWriter,
+    drop_responses: Callable[[], bool] = lambda: False,
+) -> None:
+    """Copy bytes both ways until either side closes (what the target sends back is dropped
+    while `drop_responses()`); each side is closed when its source ends."""
+
+    async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, responses: bool) -> None:
+        try:
+            while data := await r.read(1 << 16):
+                if responses and drop_responses():
+                    continue
+                w.write(data)
+                await w.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                w.close()
+
+    await asyncio.gather(
+        pump(client_r, target_w, False), pump(target_r, client_w, True), return_exceptions=True
+    )
+
+
+def abort_connection(w: asyncio.StreamWriter) -> None:
     """Close with a reset, as a failed network or a dead server would."""
     with contextlib.suppress(OSError):
         transport = w.transport
