@@ -8,7 +8,9 @@ primary here) and `gazette_shard_read_head`{shard,journal} (the offset through w
 transactions read each source). Counted as they happen: `gazette_recoverylog_recovered_bytes_total`
 (bytes read from recovery logs, per chunk) and pygazette's own
 `pygazette_shard_transaction_duration_seconds` (from a transaction's first message to its
-commit being handed to the store; one observation per transaction).
+commit being handed to the store; one observation per transaction) and
+`pygazette_shard_recoveries_total`{shard} (replicas recovered again in place after a
+transient failure: see `transient_failure`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ TXN_SECONDS = Histogram(
     "pygazette_shard_transaction_duration_seconds",
     "Seconds from a consumer transaction's first message to its commit.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+RECOVERIES = Counter(
+    "pygazette_shard_recoveries",
+    "Times a shard replica recovered again in place after a transient failure.",
+    labelnames=["shard"],
 )
 
 

@@ -13,9 +13,17 @@ stopped when the assignment goes away. Its life:
    recorder — then open the store on the played files with a Recorder of that author,
    restore the checkpoint, rotate the verified hints into the backup keys, report PRIMARY
    and run transactions (`transaction.Transactions`), storing recorded hints periodically.
-3. Any failure — the app raising, a message that doesn't decode, a store that can't open, a
-   fenced commit — ends the replica with FAILED and the error in its ReplicaStatus; nothing
-   of the failed transaction is committed, and other shards are unaffected.
+3. A failure of the infrastructure under it — the lease uncertain through an etcd restart,
+   an in-doubt recovery log append, a fenced log, an unreachable fragment store, a full
+   disk (`transient_failure.is_transient`) — abandons the transaction (nothing of it is
+   committed), logs and counts the error (`pygazette_shard_recoveries_total`), and after a
+   backoff, once the lease is surely alive, recovers the shard again from step 1: the
+   checkpoint's ACK intents go out then, as after a process restart. Its assignment's
+   status stays what it was (statuses only grow per assignment). Gazette leaves such a
+   shard FAILED until an operator unassigns it.
+4. Any other failure — the app raising, a message that doesn't decode, a store that can't
+   open, a corrupt log — ends the replica with FAILED and the error in its ReplicaStatus;
+   nothing of the failed transaction is committed, and other shards are unaffected.
 """
 
 from __future__ import annotations
@@ -42,10 +50,12 @@ from pygazette.consumer.hints import (
     store_recorded_hints,
     store_recovered_hints,
 )
+from pygazette.consumer.metrics import RECOVERIES
 from pygazette.consumer.progress import Progress
 from pygazette.consumer.source_reader import SourceReaders
 from pygazette.consumer.store import Store
 from pygazette.consumer.transaction import Transactions
+from pygazette.consumer.transient_failure import is_transient
 from pygazette.keyspace.keyspace import Keyspace, KeyValue
 from pygazette.message.framing import Framing, framing_for
 from pygazette.message.publisher import Publisher
@@ -64,6 +74,9 @@ log = logging.getLogger(__name__)
 __all__ = ["RECOVERY_LOG_CONTENT_TYPE", "ConsumerContext", "ShardReplica"]
 
 RECOVERY_LOG_CONTENT_TYPE = "application/x-gazette-recoverylog"
+# A replica interrupted by a transient failure recovers again after this backoff (doubling).
+RESTART_BACKOFF_FIRST = 0.25
+RESTART_BACKOFF_MAX = 10.0
 StatusReporter = Callable[[cpb.ReplicaStatus], Awaitable[None]]
 
 
@@ -248,22 +261,62 @@ class ShardReplica:
                 raise RuntimeError("recovery log playback ended unexpectedly")
 
     async def _serve(self) -> None:
+        attempt = 0
         try:
-            await self._serve_replica()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if self._stopping.is_set():
-                log.info("shard stopped", extra={"shard": self.id, "error": str(exc)})
-            else:
-                log.error("shard failed", extra={"shard": self.id, "error": f"{exc!r}"})
-                await self._set_status(cpb.ReplicaStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            while True:
+                try:
+                    await self._serve_replica()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if self._stopping.is_set():
+                        log.info("shard stopped", extra={"shard": self.id, "error": str(exc)})
+                        return
+                    error = f"{type(exc).__name__}: {exc}"
+                    if not is_transient(exc):
+                        log.error("shard failed", extra={"shard": self.id, "error": f"{exc!r}"})
+                        await self._set_status(cpb.ReplicaStatus.FAILED, error)
+                        return
+                    log.warning(
+                        "shard interrupted (will recover it again)",
+                        extra={"shard": self.id, "error": f"{exc!r}", "attempt": attempt},
+                    )
+                    RECOVERIES.labels(self.id).inc()
+                self._release_store()
+                self._serving.clear()
+                # Recovering again. Its assignment keeps the status it reached (statuses only
+                # grow, as Gazette reduces them, and only FAILED carries errors): the error
+                # is logged and counted instead.
+                await self._set_status(cpb.ReplicaStatus.BACKFILL)
+                if not await self._wait_to_restart(attempt):
+                    return  # Stopped meanwhile.
+                attempt += 1
         finally:
             self._ended.set()
-            if self.store is not None:
-                with contextlib.suppress(Exception):
-                    self.store.destroy()
+            self._release_store()
             shutil.rmtree(self._local_dir, ignore_errors=True)
+
+    def _release_store(self) -> None:
+        store, self.store, self.recorder = self.store, None, None
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.destroy()
+
+    async def _wait_to_restart(self, attempt: int) -> bool:
+        """Back off before recovering the shard again, then wait until the consumer's lease
+        is surely alive (a replica that may have lost it must not take the recovery log).
+        False if the replica was stopped meanwhile."""
+        delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * (2 ** min(attempt, 16)))
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
+            if self._stopping.is_set():
+                return False
+            if self.ctx.lease_check():
+                return True
+            delay = RESTART_BACKOFF_FIRST  # Keep-alives renew the lease within a second.
 
     async def _serve_replica(self) -> None:
         ctx = self.ctx

@@ -1,0 +1,189 @@
+"""A primary replica interrupted by a transient failure recovers in place, exactly once.
+
+The real `ShardReplica` (recovery log, JSONFileStore, the `Counter` app) runs against a real
+broker, in this process, with a lease check the test controls. While the lease is uncertain
+(as through an etcd restart) the shard must not commit: it abandons the transaction and,
+once the lease is sure again, plays its log and goes on. Gazette would leave the shard
+FAILED until an operator unassigned it; here it is never FAILED, and the committed outputs
+still count 1, 2, …, N per key. An application error, by contrast, still fails the shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc.aio import AioRpcError, Metadata
+
+from pygazette.client import JournalClient, apply_journals
+from pygazette.client.append_service import DependencyFailed
+from pygazette.consumer.metrics import RECOVERIES
+from pygazette.consumer.recoverylog import RecorderFailed
+from pygazette.consumer.replica import ConsumerContext, ShardReplica
+from pygazette.consumer.transaction import LeaseLost
+from pygazette.consumer.transient_failure import is_transient
+from pygazette.keyspace.embedded import EmbeddedKeyspace
+from pygazette.keyspace.keyspace import KeyspaceUnavailable, KeyValue
+from pygazette.message.framing import MessageDecodeError
+from pygazette.protocol.errors import FragmentStoreUnhealthy
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import protocol_pb2 as pb
+from tests.consumer.apps import Counter
+from tests.consumer.test_consumer_cluster import (
+    LOGS,
+    OUT,
+    RECOVERY_LOG,
+    SHARD,
+    SOURCES,
+    Inputs,
+    assert_exactly_once,
+    committed_outputs,
+    shard_spec,
+)
+from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import small_journal_spec
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _rpc_error(code: grpc.StatusCode) -> AioRpcError:
+    return AioRpcError(code, Metadata(), Metadata(), details="test")
+
+
+def test_transient_failures_are_those_of_the_infrastructure() -> None:
+    lease = LeaseLost("consumer lease may have expired; not committing")
+    transient: list[BaseException] = [
+        lease,
+        RecorderFailed("commit failed"),
+        KeyspaceUnavailable("etcd down"),
+        FragmentStoreUnhealthy(detail="store down"),
+        OSError(errno.ENOSPC, "No space left on device"),
+        _rpc_error(grpc.StatusCode.UNAVAILABLE),
+        _rpc_error(grpc.StatusCode.UNKNOWN),
+        ExceptionGroup("both", [lease, KeyspaceUnavailable("x")]),
+    ]
+    wrapped = DependencyFailed("a dependency failed")
+    wrapped.__cause__ = lease
+    transient.append(wrapped)
+    for exc in transient:
+        assert is_transient(exc), exc
+
+    app_error = ValueError("cannot count key")
+    permanent: list[BaseException] = [
+        app_error,
+        MessageDecodeError("not JSON"),
+        OSError("cannot open the store"),  # No errno: not a full disk.
+        _rpc_error(grpc.StatusCode.INVALID_ARGUMENT),
+        ExceptionGroup("mixed", [lease, app_error]),
+    ]
+    wrapped_app = DependencyFailed("a dependency failed")
+    wrapped_app.__cause__ = app_error
+    permanent.append(wrapped_app)
+    # Raised while handling a transient failure is still the application's.
+    try:
+        try:
+            raise lease
+        except LeaseLost:
+            raise ValueError("app bug") from None
+    except ValueError as exc:
+        permanent.append(exc)
+    for exc in permanent:
+        assert not is_transient(exc), exc
+
+
+class _Harness:
+    def __init__(self, tmp: Path, client: JournalClient) -> None:
+        self.lease_ok = True
+        self.statuses: list[cpb.ReplicaStatus] = []
+        self.changed = asyncio.Condition()
+        self.ks = EmbeddedKeyspace(tmp / "keyspace.json")
+        self.ctx = ConsumerContext(
+            app=Counter(),
+            client=client,
+            keyspace=self.ks,
+            data_dir=tmp / "consumer",
+            lease_check=lambda: self.lease_ok,
+            hints_interval=0.5,
+        )
+
+    async def report(self, status: cpb.ReplicaStatus) -> None:
+        """The replica's status reporter: every change it makes comes through here."""
+        self.statuses.append(status)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait(self, cond: Callable[[], bool], within: float = 60.0) -> None:
+        async with asyncio.timeout(within), self.changed:
+            await self.changed.wait_for(cond)
+
+    def codes(self) -> list[str]:
+        return [cpb.ReplicaStatus.Code.Name(s.code) for s in self.statuses]
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.url) as c:
+        specs = [small_journal_spec(j) for j in [*SOURCES, OUT]]
+        specs.append(small_journal_spec(f"{LOGS}/{SHARD}", RECOVERY_LOG))
+        await apply_journals(
+            c, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]
+        )
+        yield c
+
+
+async def test_primary_recovers_in_place_when_its_lease_was_uncertain(
+    tmp_path: Path, client: JournalClient
+) -> None:
+    h = _Harness(tmp_path, client)
+    spec = shard_spec(standbys=0)
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    recoveries = RECOVERIES.labels(SHARD)
+    before_recoveries = recoveries._value.get()
+    replica.update(spec, assignment, 0, [])
+    try:
+        inputs = Inputs(client)
+        await h.wait(lambda: replica.is_primary)
+        await inputs.publish(200)
+        assert_exactly_once(await committed_outputs(client, inputs.sent, 60), inputs.sent)
+
+        # The lease becomes uncertain: the next transaction must not commit.
+        h.lease_ok = False
+        await inputs.publish(200)
+        await h.wait(lambda: not replica.is_primary)
+        assert recoveries._value.get() == before_recoveries + 1
+        # Nothing it read meanwhile is committed; it waits for the lease, not FAILED.
+        stuck = await committed_outputs(client, 0, 0.5)
+        assert len(stuck) < inputs.sent
+        assert "FAILED" not in h.codes()
+
+        h.lease_ok = True
+        await h.wait(lambda: replica.is_primary)
+        await inputs.publish(200)
+        outputs = await committed_outputs(client, inputs.sent, 60)
+        assert_exactly_once(outputs, inputs.sent)
+        assert "FAILED" not in h.codes(), h.codes()
+        assert replica.status.code == cpb.ReplicaStatus.PRIMARY
+    finally:
+        await replica.stop()
+
+
+async def test_application_errors_still_fail_the_shard(
+    tmp_path: Path, client: JournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COUNTER_FAIL_ON", "k3")
+    h = _Harness(tmp_path, client)
+    spec = shard_spec(standbys=0)
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        await Inputs(client).publish(10)
+        await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.FAILED)
+        assert any("cannot count key" in e for e in replica.status.errors)
+    finally:
+        await replica.stop()
