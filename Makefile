@@ -40,7 +40,7 @@ lint: venv
 	$(VENV)/bin/mypy pygazette pyspark_gazette
 
 test: deps lint s3server-bin
-	$(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke and not chaos_smoke"
+	$(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke"
 	$(MAKE) interop
 
 # Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).

@@ -141,6 +141,7 @@ class SumsVerifier:
     foreign: int = 0
     undecodable: int = 0
     read_offset: int = 0
+    timed_out: list[bytes] = field(default_factory=list)  # Streams whose wait timed out.
 
     async def run(self) -> None:
         async with ReadCommitted(
@@ -198,7 +199,11 @@ class SumsVerifier:
             )
         else:
             self.waiters.pop(stream_id, None)
-            raise SumTimeout(f"timeout waiting for the sum of stream {stream_id.hex()}")
+            self.timed_out.append(stream_id)
+            raise SumTimeout(
+                f"timeout waiting for the sum of stream {stream_id.hex()} "
+                f"(final chunk in {journal or '?'}; sums read through {self.read_offset})"
+            )
         return self.received[stream_id]
 
 
@@ -208,6 +213,7 @@ class AuditResult:
     duplicates: int = 0
     mismatches: int = 0
     missing: int = 0
+    missing_ids: set[bytes] = field(default_factory=set)
     foreign: int = 0
     sums_read: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
@@ -256,6 +262,7 @@ async def audit_sums(
     for stream_id in expected:
         if stream_id not in seen:
             result.missing += 1
+            result.missing_ids.add(stream_id)
             if len(result.problems) < 20:
                 result.problems.append({"missing": stream_id.hex()})
     del result.problems[20:]
@@ -474,6 +481,12 @@ async def run_chunker(cfg: ChunkerConfig) -> dict[str, Any]:
     }
     if failure:
         summary["failure"] = failure
+        summary["failed_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # A sum that timed out yet is in the audit was late (the verifier's read lagged),
+        # not lost: the audit reads the sums journal afresh.
+        summary["late_sums"] = [
+            i.hex() for i in verifier.timed_out if i not in result.missing_ids and i in expected
+        ]
     if result.problems:
         summary["problems"] = result.problems
     return summary

@@ -178,6 +178,7 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
         "mismatches": totals.mismatches,
         "duplicate_sums": totals.duplicates,
         "missing_sums": totals.missing,
+        "late_sums": totals.late,
         "lost_appends": result.lost,
         "head_reads": heads.reads,
         "head_regressions": heads.regressions,

@@ -15,9 +15,6 @@ import pytest
 from tests.chaos.run import ChaosConfig, run_chaos
 from tests.support.etcd_process import etcd_binary
 
-# Not in `make test` yet (`make chaos-smoke` runs it): under its fault schedule a few
-# streams' sums can miss the chunker's deadline (SumTimeout), a problem still open; every
-# other check (no mismatch, duplicate or lost append, no write-head regression) holds.
 pytestmark = [
     pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed"),
     pytest.mark.timeout(420),

@@ -43,12 +43,14 @@ class ChunkerTotals:
     mismatches: int = 0
     missing: int = 0
     chunks: int = 0
+    late: int = 0  # Sums that missed the chunker's deadline but were there at its audit.
     failures: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, summary: dict[str, Any]) -> None:
         self.rounds += 1
         for key in ("streams", "verified", "duplicates", "mismatches", "missing", "chunks"):
             setattr(self, key, getattr(self, key) + int(summary.get(key, 0)))
+        self.late += len(summary.get("late_sums", []))
         if not summary.get("ok"):
             self.failed_rounds += 1
             if len(self.failures) < 10:
