@@ -18,7 +18,7 @@ which makes grpc.aio itself faster at 1 MiB messages. So the raw server runs twi
 (fresh page-cache pages), which the raw server never does. On a VM whose host takes back
 free guest memory (balloon free-page reporting), the first touch of such a page is a host
 page fault, and this rate drops to a few hundred MB/s; the broker's spool prefaulter takes
-those faults on a background thread, ahead of the appends (pygazette/broker/spool.py).
+those faults on a background thread, ahead of the appends (pygazette/broker/fragment/spool.py).
 Measured last, on a file kept until the end, so it neither warms nor starves the broker's
 own page-cache allocations.
 
@@ -429,7 +429,7 @@ async def main(quick: bool, tls: bool = False, auth: bool = False) -> dict[str, 
             load["append_4kib"] = meter.load()
 
             # Tail: what followers read, the newest content of the open spool (within the
-            # page-cache window a spool keeps, see pygazette/broker/spool.py).
+            # page-cache window a spool keeps, see pygazette/broker/fragment/spool.py).
             meter = CpuMeter(servers)
             head = await write_head(stub, "bench/tail")
             recent = TAIL_MIB * MiB

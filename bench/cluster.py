@@ -8,7 +8,9 @@ each, through its primary:
 - append throughput (MB/s) of concurrent writers of large appends;
 - appends/s of many concurrent writers of small appends (which pipeline);
 
-so replication 3 reads as a ratio to replication 1 measured in the same run. With
+so replication 3 reads as a ratio to replication 1 measured in the same run. Each figure
+also carries `broker_cpu_ms_per_append`: the CPU time (user and system) all three brokers
+spent on the measurement, per append (steadier than rates on a shared machine). With
 `--rounds N` the two journals are measured alternately N times (a shared machine is noisy)
 and each figure is the median over the rounds, beside every round's. Then, with a
 writer appending continuously, it kill -9s the replication-3 journal's primary (restarting
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import grpc
@@ -246,6 +248,33 @@ async def latency(
     }
 
 
+def brokers_cpu_seconds(brokers: list[Broker]) -> float:
+    """CPU time (user and system) the broker processes have spent so far."""
+    total = 0.0
+    for b in brokers:
+        proc = b.proc.proc
+        if proc is None or proc.poll() is not None:
+            continue
+        try:
+            stat = Path(f"/proc/{proc.pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def metered(
+    brokers: list[Broker], measurement: Awaitable[dict[str, float]]
+) -> dict[str, float]:
+    """`measurement`'s figures, with the brokers' CPU time per append it made."""
+    before = brokers_cpu_seconds(brokers)
+    result = await measurement
+    spent = brokers_cpu_seconds(brokers) - before
+    result["broker_cpu_ms_per_append"] = round(spent * 1000 / max(1.0, result["appends"]), 3)
+    return result
+
+
 async def throughput(
     stub: pb_grpc.JournalStub, journal: str, size: int, writers: int, seconds: float
 ) -> dict[str, float]:
@@ -267,6 +296,7 @@ async def throughput(
     return {
         "append_bytes": size,
         "writers": writers,
+        "appends": total // size,
         "mb_per_s": round(total / MiB / elapsed, 2),
     }
 
@@ -290,7 +320,12 @@ async def concurrent_small(
     t0 = time.perf_counter()
     await asyncio.gather(*(writer() for _ in range(writers)))
     elapsed = time.perf_counter() - t0
-    return {"append_bytes": size, "writers": writers, "appends_per_s": round(done / elapsed, 1)}
+    return {
+        "append_bytes": size,
+        "writers": writers,
+        "appends": done,
+        "appends_per_s": round(done / elapsed, 1),
+    }
 
 
 async def failover(brokers: list[Broker], journal: str) -> dict[str, float]:
@@ -380,10 +415,12 @@ async def main(quick: bool, rounds: int = 1) -> dict[str, object]:
                     m = measured.setdefault(
                         key, {"latency": [], "throughput": [], "concurrent_small": []}
                     )
-                    m["latency"].append(await latency(stub, name, 4096, seconds))
-                    m["throughput"].append(await throughput(stub, name, 4 * MiB, 4, seconds))
+                    m["latency"].append(await metered(brokers, latency(stub, name, 4096, seconds)))
+                    m["throughput"].append(
+                        await metered(brokers, throughput(stub, name, 4 * MiB, 4, seconds))
+                    )
                     m["concurrent_small"].append(
-                        await concurrent_small(stub, name, 4096, 16, seconds)
+                        await metered(brokers, concurrent_small(stub, name, 4096, 16, seconds))
                     )
         for key, m in measured.items():
             results[key] = {what: _median_of(runs) for what, runs in m.items()}
@@ -401,6 +438,12 @@ async def main(quick: bool, rounds: int = 1) -> dict[str, object]:
             "r3_commit_p99_ms": r3["latency"]["commit_p99_ms"],
             "concurrent_small_ratio": round(
                 r3["concurrent_small"]["appends_per_s"] / r1["concurrent_small"]["appends_per_s"],
+                3,
+            ),
+            # All brokers' CPU per small append (sequential ones), r=3 over r=1.
+            "small_append_cpu_ratio": round(
+                r3["latency"]["broker_cpu_ms_per_append"]
+                / r1["latency"]["broker_cpu_ms_per_append"],
                 3,
             ),
         }

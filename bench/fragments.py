@@ -35,9 +35,9 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pygazette.broker.fragment_index import FragmentIndex  # noqa: E402
-from pygazette.broker.persister import Persister  # noqa: E402
-from pygazette.broker.spool import Spool  # noqa: E402
+from pygazette.broker.fragment.fragment_index import FragmentIndex  # noqa: E402
+from pygazette.broker.fragment.persister import Persister  # noqa: E402
+from pygazette.broker.fragment.spool import Spool  # noqa: E402
 from pygazette.client.journal_client import JournalClient  # noqa: E402
 from pygazette.client.retry_reader import read_journal  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402

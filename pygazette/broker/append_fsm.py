@@ -123,6 +123,8 @@ class ClusterAppends:
         self.session = session
         self.pulse_interval = PULSE_INTERVAL_SECONDS
         self._tasks: set[asyncio.Task[None]] = set()
+        # Routes found advertised by assignments (see `_advertises`).
+        self._advertised: set[tuple[object, ...]] = set()
 
     # Entry points.
     async def serve(self, requests: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
@@ -253,7 +255,7 @@ class ClusterAppends:
             pln = journal.replication
             assert pln is not None
 
-        if not assignments_advertise(res.route, res.assignments):
+        if not self._advertises(res):
             return ReadThrough(await self._advertise(res))
         members, wanted = len(res.route.members), desired_replication(res.spec)
         if members > wanted:
@@ -323,6 +325,25 @@ class ClusterAppends:
             rs.rollback()
             await journal.close_replication(graceful=False)
             raise
+
+    def _advertises(self, res: Resolution) -> bool:
+        """`assignments_advertise(res.route, res.assignments)`, remembered: an assignment's
+        value is fixed by its key and mod revision, so decoding (and validating) the routes
+        they advertise is done once, not on every append."""
+        route = res.route
+        key = (
+            route.primary,
+            tuple((m.zone, m.suffix) for m in route.members),
+            tuple((a.kv.key, a.kv.mod_revision) for a in res.assignments),
+        )
+        if key in self._advertised:
+            return True
+        if not assignments_advertise(route, res.assignments):
+            return False
+        if len(self._advertised) >= 10_000:
+            self._advertised.clear()
+        self._advertised.add(key)
+        return True
 
     async def _start_pipeline(self, journal: JournalRuntime, res: Resolution) -> ReadThrough | None:
         assert journal.rspool is not None and res.spec is not None
@@ -437,10 +458,9 @@ class ClusterAppends:
         rs = journal.rspool
         spec = res.spec
         assert rs is not None and spec is not None
-        proposal = roll_proposal(
-            rs.fragment(), rs.first_append_time, roll_to, spec.fragment, time.time()
-        )
-        if not fragments_equal(proposal, rs.fragment()):
+        frag = rs.fragment()
+        proposal = roll_proposal(frag, rs.first_append_time, roll_to, spec.fragment, time.time())
+        if not fragments_equal(proposal, frag):
             # A spool completes cut to its confirmed frontier: confirm everything first.
             await pln.confirm(rs.end)
             await rs.apply_proposal(proposal, registers, primary=True)
@@ -489,24 +509,24 @@ class ClusterAppends:
                         "only the first AppendRequest may carry options; later ones carry content",
                     )
                     break
-                content = req.content
-                if not content:
+                content = req.content  # Each read of a bytes field copies it: read it once.
+                size = len(content)
+                if not size:
                     committing = True
                     continue
                 if not may_write:
                     status = pb.NOT_ALLOWED
                     break
                 total_chunks += 1
-                policer.received(len(content))
-                waited = await throttle(limiters, len(content))
+                policer.received(size)
+                waited = await throttle(limiters, size)
                 if waited:
                     delayed_chunks += 1
                     policer.excuse(waited)
+                # Queued for every peer (their writers send it meanwhile), then spooled here.
                 delta = rs.delta
-                await asyncio.gather(
-                    pln.send(pb.ReplicateRequest(content=content, content_delta=delta)),
-                    rs.apply_content(content, delta),
-                )
+                await pln.send(pb.ReplicateRequest(content=content, content_delta=delta), size)
+                await rs.apply_content(content, delta)
         except FlowControlUnderflow as exc:
             error = AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):

@@ -25,10 +25,10 @@ from pygazette.broker.flow_control import (
     RateLimiter,
     throttle,
 )
+from pygazette.broker.fragment.spool import PendingAppend
 from pygazette.broker.journal_runtime import LocalJournal
 from pygazette.broker.metrics import record_append, record_rollback
 from pygazette.broker.resolver import Resolver
-from pygazette.broker.spool import PendingAppend
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import subtract_label_sets, union_label_sets

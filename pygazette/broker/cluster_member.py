@@ -34,9 +34,9 @@ from pygazette.broker.allocation import JournalDecoder, assignments_advertise, r
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
-from pygazette.broker.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicated_spool import ReplicatedSpool
 from pygazette.broker.resolver import BrokerIdentity

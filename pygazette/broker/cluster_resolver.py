@@ -36,7 +36,7 @@ from pygazette.allocator.request_fence import ResolveError, pass_request_fence, 
 from pygazette.allocator.state import AllocatorState, Assignment
 from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.allocation import JournalDecoder, route_of
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import BrokerIdentity, Resolver
 from pygazette.keyspace.keyspace import Keyspace, KeyValue

@@ -35,6 +35,11 @@ async def acquire_or_invalidated(lock: asyncio.Lock, invalidated: asyncio.Event 
         return True
     if invalidated.is_set():
         return False
+    if not lock.locked() and not lock._waiters:
+        # Free, and nobody waits for it: taken at once, without suspending (so without the
+        # two tasks the contended case needs to watch `invalidated` meanwhile).
+        await lock.acquire()
+        return True
     acquire = asyncio.ensure_future(lock.acquire())
     wait = asyncio.ensure_future(invalidated.wait())
     try:

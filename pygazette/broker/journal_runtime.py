@@ -16,10 +16,10 @@ import hashlib
 from typing import Protocol
 
 from pygazette.broker.flow_control import RateLimiter
-from pygazette.broker.fragment_index import FragmentIndex
+from pygazette.broker.fragment.fragment_index import FragmentIndex
+from pygazette.broker.fragment.spool import PendingAppend, Spool
 from pygazette.broker.pipeline import Pipeline
 from pygazette.broker.replicated_spool import ReplicatedSpool
-from pygazette.broker.spool import PendingAppend, Spool
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 

@@ -26,13 +26,13 @@ from pygazette.auth.verified_claims import journal_name_permitted, journal_permi
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
+from pygazette.broker.fragment.path_postfix import check_apply_request
+from pygazette.broker.fragment.spool import InsufficientStorage
 from pygazette.broker.metrics import ReadMeter
-from pygazette.broker.path_postfix import check_apply_request
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read
 from pygazette.broker.replicate_service import ReplicateAborted, serve_replicate
 from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver
-from pygazette.broker.spool import InsufficientStorage
 from pygazette.broker.store_health_service import serve_fragment_store_health
 from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
 from pygazette.protocol.errors import ValidationError
@@ -229,7 +229,13 @@ class JournalService(pb_grpc.JournalServicer):
         meter = ReadMeter(res.replica.name)
         try:
             async for resp in serve_local_read(
-                request, res.replica, res.header, self.stores, self._peer_reader(res), meter
+                request,
+                res.replica,
+                res.header,
+                self.stores,
+                self._peer_reader(res),
+                meter,
+                invalidated=res.invalidated,
             ):
                 yield resp
         finally:
@@ -346,7 +352,7 @@ class JournalService(pb_grpc.JournalServicer):
             await context.abort(exc.code, str(exc))
             raise  # Not reached: abort raises.
         except InsufficientStorage as exc:
-            # The spool's disk is full: the append was rolled back whole (see spool.py).
+            # The spool's disk is full: the append was rolled back whole (see fragment/spool.py).
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise  # Not reached: abort raises.
 
@@ -365,7 +371,7 @@ class JournalService(pb_grpc.JournalServicer):
         except ReplicateAborted as exc:
             await context.abort(exc.code, str(exc))
         except InsufficientStorage as exc:
-            # This replica's spool disk is full: the primary fails the append (see spool.py).
+            # This replica's spool disk is full: the primary fails the append (fragment/spool.py).
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
     async def ListFragments(
@@ -423,8 +429,7 @@ class JournalService(pb_grpc.JournalServicer):
             # Gazette's time range is inclusive, and a fragment not yet persisted (mod_time
             # 0) passes its lower bound and fails its upper one.
             if (frag.mod_time and frag.mod_time < request.begin_mod_time) or (
-                request.end_mod_time
-                and (not frag.mod_time or frag.mod_time > request.end_mod_time)
+                request.end_mod_time and (not frag.mod_time or frag.mod_time > request.end_mod_time)
             ):
                 continue
             entry = resp.fragments.add(spec=frag)

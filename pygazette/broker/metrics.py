@@ -26,7 +26,7 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from pygazette.broker.persister import Persister
+    from pygazette.broker.fragment.persister import Persister
     from pygazette.protocol.pb import protocol_pb2 as pb
 
 # Gazette exposes no `_created` series; neither do we.

@@ -21,6 +21,15 @@ that comes back can make nothing durable.
 Any send or receive error, a refused commit round, or a round unanswered for
 ACK_TIMEOUT_SECONDS breaks the pipeline: every open round fails, the streams are dropped, and
 the next append builds a new one (and re-synchronises the route).
+
+Cost per request. Each peer stream has one writer task fed by a queue: sending a request
+queues it for every peer (in the same order everywhere) and returns; the sender waits only
+while a peer has more than MAX_QUEUED_BYTES of content queued. So no task is created per
+request, and an append's next chunk or commit follows its content without waiting for gRPC
+to take it. One watchdog timer per pipeline, not a timeout per wait, fails a round that
+is unanswered for too long. And a confirmation goes out as soon as the commits it covers are
+acknowledged (from the reader that completes them), unless one already in flight covers
+them: they coalesce, as they would when each append's waiter asked for one.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -45,18 +54,34 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 
 # A peer must answer a proposal within this long, or the pipeline is broken.
 ACK_TIMEOUT_SECONDS = 30.0
+# Content queued for one peer beyond which a sender waits (until it is down to half).
+MAX_QUEUED_BYTES = 8 << 20
 
 
 class PipelineBroken(Exception):
     """A peer's stream failed (or refused a round); the pipeline can't be used any more."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class PeerStream:
     index: int  # In the route's members.
     member: pb.ProcessSpec.ID
     call: Any  # grpc.aio.StreamStreamCall[ReplicateRequest, ReplicateResponse]
+    header: pb.Header  # The pipeline's Header, as this peer gets it.
     answered: int = 0  # Rounds this peer has answered (since the pipeline opened).
+    # Requests for the writer, with their content sizes (None: half-close the stream).
+    queue: deque[tuple[pb.ReplicateRequest | None, int]] = field(default_factory=deque)
+    queued: int = 0  # Content bytes queued.
+    wakeup: asyncio.Future[None] | None = None  # The idle writer waits on it.
+
+    def put(self, req: pb.ReplicateRequest | None, size: int) -> None:
+        self.queue.append((req, size))
+        self.queued += size
+        w = self.wakeup
+        if w is not None:
+            self.wakeup = None
+            if not w.done():
+                w.set_result(None)
 
 
 @dataclass(slots=True, eq=False)
@@ -69,6 +94,7 @@ class Round:
     must_be_ok: bool  # A refusal breaks the pipeline (a commit or a confirmation).
     confirms: int = -1  # A confirmation's offset.
     commit: tuple[pb.Fragment, pb.LabelSet] | None = None  # A commit's proposal.
+    deadline: float = 0.0  # Loop time by which every peer must have answered.
 
 
 def _retrieve(f: asyncio.Future[Any]) -> None:
@@ -94,10 +120,13 @@ class Pipeline:
         self.streams: list[PeerStream] = []
         self.broken: str = ""
         self._first = True
-        self._write_lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
         self._rounds: deque[Round] = deque()  # Open rounds, oldest first.
         self._base = 0  # Rounds completed (the sequence number of `_rounds[0]`).
         self._readers: list[asyncio.Task[None]] = []
+        self._writers: list[asyncio.Task[None]] = []
+        self._drained: asyncio.Event | None = None  # Senders wait on it for the queues.
+        self._watchdog: asyncio.TimerHandle | None = None  # Fails an unanswered round.
         self._closing = False
         # The last commit every peer acknowledged, and the confirmations sent.
         self._acked: tuple[pb.Fragment, pb.LabelSet] | None = None
@@ -131,10 +160,15 @@ class Pipeline:
                 self.broken = str(exc)
                 raise PipelineBroken(self.broken) from exc
             call = stub.Replicate(wait_for_ready=False)
-            self.streams.append(PeerStream(i, member, call))
+            header = pb.Header()
+            header.CopyFrom(self.header)
+            header.process_id.CopyFrom(member)
+            self.streams.append(PeerStream(i, member, call, header))
         for k, stream in enumerate(self.streams):
             task = asyncio.create_task(self._read_loop(k, stream), name="replicate-acks")
             self._readers.append(task)
+            task = asyncio.create_task(self._write_loop(stream), name="replicate-writes")
+            self._writers.append(task)
 
     # Sending.
     def _request_for(self, req: pb.ReplicateRequest, peer: PeerStream) -> pb.ReplicateRequest:
@@ -142,46 +176,86 @@ class Pipeline:
             return req
         out = pb.ReplicateRequest()
         out.CopyFrom(req)
-        out.header.process_id.CopyFrom(peer.member)
+        out.header.CopyFrom(peer.header)
         return out
 
-    async def _write(self, req: pb.ReplicateRequest, rnd: Round | None) -> None:
-        async with self._write_lock:
-            if self.broken:
-                raise PipelineBroken(self.broken)
-            if self._first and req.HasField("proposal"):
-                req.header.CopyFrom(self.header)
-                req.deprecated_journal = req.proposal.journal
-                self._first = False
-            if rnd is not None:
-                if not self.streams:
-                    self._complete(rnd)
-                    return
-                self._rounds.append(rnd)
+    def _enqueue(self, req: pb.ReplicateRequest, rnd: Round | None, size: int = 0) -> None:
+        """Queue `req` for every peer's writer (at once: in one order on every stream)."""
+        if self.broken:
+            raise PipelineBroken(self.broken)
+        if self._closing:
+            raise PipelineBroken("pipeline is closing")
+        if self._first and req.HasField("proposal"):
+            req.header.CopyFrom(self.header)
+            req.deprecated_journal = req.proposal.journal
+            self._first = False
+        if rnd is not None:
             if not self.streams:
+                self._complete(rnd)
                 return
-            if len(self.streams) == 1:
-                s = self.streams[0]
-                try:
-                    await s.call.write(self._request_for(req, s))
-                except Exception as exc:
-                    self.fail(_why(s, exc))
-            else:
-                # The pipeline may fail (and drop its streams) while the writes are awaited.
-                streams = list(self.streams)
-                results = await asyncio.gather(
-                    *(s.call.write(self._request_for(req, s)) for s in streams),
-                    return_exceptions=True,
-                )
-                for stream, result in zip(streams, results, strict=True):
-                    if isinstance(result, BaseException):
-                        self.fail(_why(stream, result))
-            if self.broken:
-                raise PipelineBroken(self.broken)
+            rnd.deadline = self._loop.time() + ACK_TIMEOUT_SECONDS
+            self._rounds.append(rnd)
+            if self._watchdog is None:
+                self._arm_watchdog()
+        for s in self.streams:
+            s.put(self._request_for(req, s), size)
 
-    async def send(self, req: pb.ReplicateRequest) -> None:
-        """Send to every peer, asking for no acknowledgement (content)."""
-        await self._write(req, None)
+    def _backlogged(self) -> bool:
+        return any(s.queued > MAX_QUEUED_BYTES for s in self.streams)
+
+    async def send(self, req: pb.ReplicateRequest, size: int = 0) -> None:
+        """Send to every peer, asking for no acknowledgement (content of `size` bytes).
+
+        Returns once it is queued for every peer: it waits only while a peer's queue holds
+        more than MAX_QUEUED_BYTES of content."""
+        while size and self._backlogged() and not self.broken:
+            drained = self._drained
+            if drained is None:
+                drained = self._drained = asyncio.Event()
+            await drained.wait()
+        self._enqueue(req, None, size)
+
+    async def _write_loop(self, s: PeerStream) -> None:
+        """The one writer of a peer's stream: writes its queued requests in order."""
+        queue, call = s.queue, s.call
+        try:
+            while True:
+                if not queue:
+                    wakeup = s.wakeup = self._loop.create_future()
+                    await wakeup
+                    continue
+                req, size = queue.popleft()
+                if req is None:
+                    await call.done_writing()
+                    return
+                await call.write(req)
+                if size:
+                    s.queued -= size
+                    if self._drained is not None and s.queued <= MAX_QUEUED_BYTES // 2:
+                        self._wake_senders()
+        except asyncio.CancelledError:
+            self.fail("pipeline aborted")
+        except Exception as exc:
+            self.fail(_why(s, exc))
+
+    def _wake_senders(self) -> None:
+        drained = self._drained
+        if drained is not None and (self.broken or not self._backlogged()):
+            self._drained = None
+            drained.set()
+
+    # Acknowledgement deadlines.
+    def _arm_watchdog(self) -> None:
+        if self._rounds and not self.broken:
+            self._watchdog = self._loop.call_at(self._rounds[0].deadline, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._watchdog = None
+        rounds = self._rounds
+        if rounds and rounds[0].deadline <= self._loop.time():
+            self.fail(f"no acknowledgement within {ACK_TIMEOUT_SECONDS:.0f}s")
+            return
+        self._arm_watchdog()
 
     async def propose(
         self,
@@ -199,7 +273,7 @@ class Pipeline:
         rnd = self._new_round(must_be_ok)
         if commit:
             rnd.commit = (req.proposal, req.registers)
-        await self._write(req, rnd)
+        self._enqueue(req, rnd)
         return rnd
 
     async def round(self, req: pb.ReplicateRequest) -> list[pb.ReplicateResponse]:
@@ -207,14 +281,13 @@ class Pipeline:
         return await self.wait(await self.propose(req, must_be_ok=False))
 
     async def wait(self, rnd: Round) -> list[pb.ReplicateResponse]:
-        """The round's responses (in route order, peers only), once every peer answered."""
-        if not rnd.future.done():
-            try:
-                async with asyncio.timeout(ACK_TIMEOUT_SECONDS):
-                    await asyncio.shield(rnd.future)
-            except TimeoutError:
-                self.fail(f"no acknowledgement within {ACK_TIMEOUT_SECONDS:.0f}s")
-        return rnd.future.result()
+        """The round's responses (in route order, peers only), once every peer answered
+        (or the pipeline broke: then PipelineBroken)."""
+        fut = rnd.future
+        if not fut.done():
+            # Shielded: a waiter cut short must not cancel the round for other waiters.
+            await asyncio.shield(fut)
+        return fut.result()
 
     async def confirm(self, upto: int) -> None:
         """Return once every peer confirmed content up to `upto` (a commit every peer
@@ -231,16 +304,18 @@ class Pipeline:
                     raise PipelineBroken(f"offset {upto} is not acknowledged by every peer")
                 await self.wait(self._rounds[-1])  # Commits up to `upto` are in flight.
                 return await self.confirm(upto)
-            rnd = await self._send_confirmation(*acked)
+            rnd = self._send_confirmation(*acked)
         await self.wait(rnd)
 
     async def confirm_fragment(self, frag: pb.Fragment, registers: pb.LabelSet) -> None:
         """Confirm everything up to `frag` (a fragment every peer holds, after a round)."""
         if self.confirmed >= frag.end and self.confirmed >= 0:
             return
-        await self.wait(await self._send_confirmation(frag, registers))
+        await self.wait(self._send_confirmation(frag, registers))
 
-    async def _send_confirmation(self, frag: pb.Fragment, registers: pb.LabelSet) -> Round:
+    def _send_confirmation(self, frag: pb.Fragment, registers: pb.LabelSet) -> Round:
+        if self.broken:
+            raise PipelineBroken(self.broken)
         if not self.may_confirm():
             self.fail("etcd lease may have expired; refusing to confirm")
             raise PipelineBroken(self.broken)
@@ -250,8 +325,23 @@ class Pipeline:
         self.confirm_sent = max(self.confirm_sent, frag.end)
         req = pb.ReplicateRequest(proposal=frag, registers=registers, acknowledge=True)
         req.header.CopyFrom(self.header)
-        await self._write(req, rnd)
+        self._enqueue(req, rnd)
         return rnd
+
+    def _confirm_acked(self) -> None:
+        """Confirm the last acknowledged commit now, unless a confirmation already in flight
+        (or done) covers it (called as commits complete: see the module docstring)."""
+        acked = self._acked
+        if acked is None or self._closing or self.broken:
+            return
+        end = acked[0].end
+        if self.confirmed >= end:
+            return
+        confirmations = self._confirmations
+        if confirmations and confirmations[-1].confirms >= end:
+            return
+        with contextlib.suppress(PipelineBroken):
+            self._send_confirmation(*acked)
 
     def _new_round(self, must_be_ok: bool) -> Round:
         fut: asyncio.Future[list[pb.ReplicateResponse]] = asyncio.get_running_loop().create_future()
@@ -293,11 +383,14 @@ class Pipeline:
         rnd.remaining -= 1
         stream.answered += 1
         # Each peer answers in order, so rounds complete in order too.
+        acked = self._acked
         while self._rounds and self._rounds[0].remaining == 0:
             self._base += 1
             self._complete(self._rounds.popleft())
             if self.broken:
                 return
+        if self._acked is not acked:
+            self._confirm_acked()
 
     def _complete(self, rnd: Round) -> None:
         resps = [r for r in rnd.responses if r is not None]
@@ -332,11 +425,20 @@ class Pipeline:
         for rnd in rounds:
             if not rnd.future.done():
                 rnd.future.set_exception(PipelineBroken(self.broken))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         streams, self.streams = self.streams, []
         for s in streams:
             s.call.cancel()
+            s.queue.clear()
+            s.queued = 0
+        self._wake_senders()
         current = asyncio.current_task()
         for task in self._readers:
+            if task is not current:
+                task.cancel()
+        for task in self._writers:
             if task is not current:
                 task.cancel()
 
@@ -346,22 +448,18 @@ class Pipeline:
         if self.broken:
             self.fail(self.broken)
             return
-        self._closing = True
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5.0):
                 while self._rounds and not self.broken:
                     await self.wait(self._rounds[-1])
-        streams = list(self.streams)
-        async with self._write_lock:
-            for s in streams:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(5.0):
-                        await s.call.done_writing()
-        readers = list(self._readers)
-        if readers:
+        self._closing = True
+        for s in self.streams:
+            s.put(None, 0)  # Its writer half-closes the stream after what is queued.
+        tasks = [*self._writers, *self._readers]
+        if tasks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
-                    await asyncio.wait(readers)
+                    await asyncio.wait(tasks)
         if not self.broken:
             self.broken = "pipeline closed"
         self.fail(self.broken)

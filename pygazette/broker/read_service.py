@@ -21,10 +21,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from pygazette.broker.fragment.spool import Spool
 from pygazette.broker.metrics import ReadMeter
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
-from pygazette.broker.spool import Spool
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import journal_spec_flags_allow_read
@@ -78,12 +78,16 @@ async def serve_local_read(
     stores: StoreRegistry,
     peer_read: PeerRead | None = None,
     meter: ReadMeter | None = None,
+    invalidated: asyncio.Event | None = None,
 ) -> AsyncIterator[pb.ReadResponse]:
     """Serve a read from this broker's replica of the journal (`first_header` goes first).
 
     In cluster mode, a gap below the head (content this broker never held, and whose
     fragment its store listing doesn't show yet) is first looked for by listing the stores
-    again, then read from a peer that holds it (`peer_read`).
+    again, then read from a peer that holds it (`peer_read`). A blocking read waiting at the
+    head ends once `invalidated` is set (the journal's assignments changed: this broker may
+    no longer be its primary, or hold it at all, and would wait forever), so the client
+    resolves the journal again and goes on from where it was.
     """
     if req.offset == -1 and (failure := await replica.await_first_listing()):
         raise StoreError(failure)  # The write head isn't known without the stores.
@@ -161,7 +165,8 @@ async def serve_local_read(
                     resp.header.CopyFrom(header)
                 yield resp
                 return
-            await changed.wait()
+            if not await _changed_unless_invalidated(changed, invalidated):
+                return
             continue
 
         resp = pb.ReadResponse(status=pb.OK, offset=offset, write_head=replica.head, fragment=frag)
@@ -286,3 +291,21 @@ def _pread_file(path: object, pos: int, n: int) -> bytes:
     with open(str(path), "rb") as f:
         f.seek(pos)
         return f.read(n)
+
+
+async def _changed_unless_invalidated(
+    changed: asyncio.Event, invalidated: asyncio.Event | None
+) -> bool:
+    """Wait for `changed`; False if `invalidated` is (or becomes) set first."""
+    if invalidated is None:
+        await changed.wait()
+        return True
+    if invalidated.is_set():
+        return False
+    waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(invalidated.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    return not invalidated.is_set()

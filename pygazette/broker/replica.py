@@ -32,11 +32,11 @@ from typing import Any
 from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
-from pygazette.broker.fragment_index import FragmentIndex
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.fragment_index import FragmentIndex
+from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replicated_spool import ReplicatedSpool
-from pygazette.broker.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb

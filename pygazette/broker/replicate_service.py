@@ -80,7 +80,7 @@ async def serve_replicate(
 
     rs = replica.rspool
     assert rs is not None
-    watch = _RouteWatch(replica, resolver, journal, stream_route)
+    watch = _RouteWatch(replica, resolver, journal, stream_route, first.header)
     try:
         header: pb.Header | None = res.header
         req: pb.ReplicateRequest | None = first
@@ -154,12 +154,18 @@ class _RouteWatch:
         resolver: ClusterResolver,
         journal: str,
         stream_route: pb.Route,
+        header: pb.Header,
     ) -> None:
         self.replica = replica
         self.resolver = resolver
         self.journal = journal
         self.stream_route = stream_route
+        self.header = header  # The stream's first Header (validated).
         self.stale: ReplicateAborted | None = None
+        # The keyspace state the route was last checked at, and whether it matched: a new
+        # state comes with every keyspace change, so the route is looked up only then.
+        self._state: object = None
+        self._route_matches = False
         self._receiving = False
         self._task = asyncio.current_task()
         self._watcher = asyncio.create_task(self._watch(), name=f"replicate-watch:{journal}")
@@ -167,8 +173,12 @@ class _RouteWatch:
     def _check(self) -> ReplicateAborted | None:
         if self.replica.stopping:
             return ReplicateAborted(grpc.StatusCode.UNAVAILABLE, "replica is stopping")
-        route = self.resolver.journal_route(self.resolver.observed.current, self.journal)
-        if not routes_equivalent(route, self.stream_route) or self.replica.primary:
+        state = self.resolver.observed.current
+        if state is not self._state:
+            route = self.resolver.journal_route(state, self.journal)
+            self._route_matches = routes_equivalent(route, self.stream_route)
+            self._state = state
+        if not self._route_matches or self.replica.primary:
             return ReplicateAborted(
                 grpc.StatusCode.ABORTED, "the journal's route changed; stream is stale"
             )
@@ -201,15 +211,30 @@ class _RouteWatch:
             raise
         finally:
             self._receiving = False
-        _validate(req)
+        _validate(req, self.header)
         return req
 
     def close(self) -> None:
         self._watcher.cancel()
 
 
-def _validate(req: pb.ReplicateRequest) -> None:
+def _validate(req: pb.ReplicateRequest, known: pb.Header | None = None) -> None:
+    """Validate `req`; a Header equal to `known` (validated already) is not validated again
+    (a confirmation repeats the stream's first Header, with its route and endpoints)."""
     try:
-        validate_replicate_request(req)
+        if (
+            known is not None
+            and req.HasField("proposal")
+            and req.HasField("header")
+            and req.header == known
+        ):
+            if not req.acknowledge:
+                raise ValidationError("expected Acknowledge with Header")
+            rest = pb.ReplicateRequest()
+            rest.CopyFrom(req)
+            rest.ClearField("header")
+            validate_replicate_request(rest)
+        else:
+            validate_replicate_request(req)
     except ValidationError as exc:
         raise ReplicateAborted(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc

@@ -43,9 +43,9 @@ import struct
 from pathlib import Path
 from typing import Protocol
 
-from pygazette.broker.fragment_index import FragmentIndex
+from pygazette.broker.fragment.fragment_index import FragmentIndex
+from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.broker.metrics import record_rollback
-from pygazette.broker.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 CONFIRMED_FILE = "confirmed"
 _THREAD_CHUNK = 128 * 1024
 _U64 = struct.Struct("<Q")
+_SHA1_PARTS = struct.Struct(">QQI")  # A SHA1Sum's parts (`fragment_name`).
 
 
 class SpoolHost(Protocol):
@@ -267,11 +268,13 @@ class ReplicatedSpool:
             self._sha = hashlib.sha1()
             self.replica.index.spool_committed()
 
-        if fragments_equal(self.fragment(), p) and registers == self.registers:
+        # As `fragments_equal(self.fragment(), p)` and `…(self.next_fragment(), p)`, without
+        # building either fragment (and hashing only when the offsets match).
+        if p.end == self.end and self._proposes(p, self._sha) and registers == self.registers:
             self.rollback()
             return pb.ReplicateResponse(status=pb.OK)
 
-        if self.delta and fragments_equal(self.next_fragment(), p):
+        if self.delta and p.end == self.end + self.delta and self._proposes(p, self._running):
             await self._commit(registers)
             return pb.ReplicateResponse(status=pb.OK)
 
@@ -280,6 +283,18 @@ class ReplicatedSpool:
             fragment=self.fragment(),
             registers=_copy_labels(self.registers),
         )
+
+    def _proposes(self, p: pb.Fragment, sha: hashlib._Hash | None) -> bool:
+        """`p` is our fragment up to `p.end`, whose SHA-1 is `sha` (an empty one has none)."""
+        if p.begin != self.begin or p.journal != self.journal or p.compression_codec != self.codec:
+            return False
+        s = p.sum
+        if p.end == p.begin:
+            return s.part1 == 0 and s.part2 == 0 and s.part3 == 0
+        if sha is None:
+            return False
+        part1, part2, part3 = _SHA1_PARTS.unpack(sha.digest())
+        return bool(s.part1 == part1 and s.part2 == part2 and s.part3 == part3)
 
     async def _commit(self, registers: pb.LabelSet) -> None:
         spool, pending, running = self.replica.spool, self.pending, self._running

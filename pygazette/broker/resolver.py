@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pygazette.auth.verified_claims import journal_permitted
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.keyspace.keyspace import Keyspace
 from pygazette.protocol.pb import protocol_pb2 as pb

@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 
+from pygazette.broker.fragment.retention import prune_journal
 from pygazette.broker.resolver import Resolver
-from pygazette.broker.retention import prune_journal
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import retention_pb2 as rpb

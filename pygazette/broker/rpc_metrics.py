@@ -80,6 +80,8 @@ class RpcMetricsInterceptor(_Interceptor):
 
     def __init__(self, counters: RpcCounters) -> None:
         self.counters = counters
+        # Handlers are wrapped once per method (not per call): method -> (handler, wrapped).
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
         self,
@@ -90,7 +92,12 @@ class RpcMetricsInterceptor(_Interceptor):
         method: str = handler_call_details.method
         if handler is None or not method.startswith(SERVICE_PREFIX):
             return handler
-        return self._wrap(handler, method[len(SERVICE_PREFIX) :])
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method[len(SERVICE_PREFIX) :])
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     def _wrap(self, handler: Any, op: str) -> grpc.RpcMethodHandler[Any, Any]:
         counters = self.counters

@@ -35,11 +35,11 @@ from pygazette.auth.tls import ClientTLS, ServerTLS, server_credentials
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_member import ClusterConfig, ClusterMember
 from pygazette.broker.flow_control import RateLimiter
+from pygazette.broker.fragment.persister import DEFAULT_BACKLOG_LIMIT, Persister
+from pygazette.broker.fragment.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.journal_service import JournalService
 from pygazette.broker.metrics import BrokerCollector
-from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT, Persister
 from pygazette.broker.resolver import BrokerIdentity, Resolver
-from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.retention_service import RetentionService
 from pygazette.broker.rpc_metrics import RpcCounters, RpcMetricsInterceptor
 from pygazette.keyspace.embedded import EmbeddedKeyspace

@@ -21,9 +21,9 @@ from pygazette.auth.configured import AUTH_KEYS_ENV
 from pygazette.auth.keyed_auth import parse_auth_keys
 from pygazette.auth.tls import TLSConfigError
 from pygazette.broker.cluster_member import MemberFailed
+from pygazette.broker.fragment.persister import DEFAULT_BACKLOG_LIMIT
+from pygazette.broker.fragment.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
 from pygazette.broker.heap_tuning import tune_heap_for_large_messages
-from pygazette.broker.persister import DEFAULT_BACKLOG_LIMIT
-from pygazette.broker.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
 from pygazette.broker.server import (
     DEFAULT_MIN_APPEND_RATE,
     BrokerConfig,
@@ -67,6 +67,7 @@ def _process_token(field: str, min_len: int, max_len: int) -> object:
         return value
 
     return check
+
 
 def _broker_tls_config(flags: dict[str, str], etcd_url: str) -> dict[str, Any]:
     """BrokerConfig's TLS fields from the TLS flags (one-line errors for bad files)."""

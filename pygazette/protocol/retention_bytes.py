@@ -3,8 +3,8 @@
 Gazette retains fragments by age only (`fragment.retention`). A journal labelled
 `pygazette.dev/retention-bytes: <size>` also keeps no more than `<size>` bytes of persisted
 journal content: once its persisted fragments span more, the oldest are removed (by the
-broker's retention loop and `pygazette journals prune`; see `broker.retention` for the rules
-that keep the head and never leave a gap). A label keeps specs wire-compatible: Gazette
+broker's retention loop and `pygazette journals prune`; see `broker.fragment.retention` for the
+rules that keep the head and never leave a gap). A label keeps specs wire-compatible: Gazette
 brokers and gazctl carry it along and ignore it.
 
 A size is a positive integer number of bytes, optionally followed by a unit: `B`; decimal

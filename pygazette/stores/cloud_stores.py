@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from obstore.exceptions import BaseError
 
+from pygazette.stores.interface import StoreError
 from pygazette.stores.object_store import ObjectStore, describe
-from pygazette.stores.store import StoreError
 from pygazette.stores.store_url import StoreURL
 
 if TYPE_CHECKING:

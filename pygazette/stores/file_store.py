@@ -17,7 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from pygazette.stores.store import (
+from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
     StoredFile,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import obstore
 from obstore.exceptions import BaseError
 
-from pygazette.stores.store import (
+from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
     StoredFile,

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.validation import validate_fragment_store
-from pygazette.stores.store import StoreError
+from pygazette.stores.interface import StoreError
 
 # Canonical (Gazette field) names of the arguments each scheme accepts.
 _COMMON_ARGS = ("Find", "Replace")

@@ -12,7 +12,7 @@ from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.allocation import JournalDecoder, route_value
 from pygazette.broker.cluster_resolver import ClusterResolver
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.keyspace import Put

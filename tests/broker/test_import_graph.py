@@ -1,8 +1,8 @@
-"""The broker package's modules import each other without cycles (and each imports).
+"""The broker's and the stores' modules import each other without cycles (and each imports).
 
-Edges are the `pygazette.broker.*` imports a module runs — at its top or inside a function,
-not those only a type checker follows (under `if TYPE_CHECKING:`) — in every module under
-`pygazette/broker/`, subpackages included.
+Edges are the package's own imports a module runs — at its top or inside a function, not
+those only a type checker follows (under `if TYPE_CHECKING:`) — in every module under the
+package's directory, subpackages included (`pygazette/broker/fragment/`).
 """
 
 from __future__ import annotations
@@ -11,19 +11,24 @@ import ast
 import importlib
 from pathlib import Path
 
-import pygazette.broker
+import pytest
 
-PACKAGE = "pygazette.broker"
-ROOT = Path(pygazette.broker.__file__).parent
+# Each package checked, and a module of it that imports others of it (so that an empty
+# graph, read wrong, does not pass).
+PACKAGES = {
+    "pygazette.broker": "pygazette.broker.append_fsm",
+    "pygazette.stores": "pygazette.stores.file_store",
+}
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: str) -> dict[str, Path]:
+    root = Path(importlib.import_module(package).__file__ or "").parent
     out = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
-        out[".".join([PACKAGE, *parts])] = path
+        out[".".join([package, *parts])] = path
     return out
 
 
@@ -33,8 +38,8 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(module: str, path: Path, known: set[str]) -> set[str]:
-    """The package's modules `module` imports when it runs."""
+def _imports(module: str, path: Path, known: set[str], root_package: str) -> set[str]:
+    """The modules of `known` (those of `root_package`) that `module` imports when it runs."""
     out: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
@@ -59,7 +64,7 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
             # The deepest known module the name refers to (`a.b.c` may be a.b's attribute).
             while name and name not in known:
                 name = name.rpartition(".")[0]
-            if name and name != module and name != PACKAGE:
+            if name and name != module and name != root_package:
                 out.add(name)
 
     visit(ast.parse(path.read_text(), str(path)))
@@ -89,18 +94,26 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_every_broker_module_imports() -> None:
-    for module in _modules():
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_every_module_imports(package: str) -> None:
+    for module in _modules(package):
         importlib.import_module(module)
 
 
-def test_broker_modules_import_without_cycles() -> None:
-    modules = _modules()
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_modules_import_without_cycles(package: str) -> None:
+    modules = _modules(package)
     known = set(modules)
-    graph = {m: _imports(m, p, known) for m, p in modules.items()}
-    assert graph[f"{PACKAGE}.append_fsm"], "the import graph was not read"
+    graph = {m: _imports(m, p, known, package) for m, p in modules.items()}
+    assert graph[PACKAGES[package]], "the import graph was not read"
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_fragment_subpackage_is_in_the_graph() -> None:
+    modules = _modules("pygazette.broker")
+    assert "pygazette.broker.fragment" in modules
+    assert "pygazette.broker.fragment.spool" in modules
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

@@ -114,10 +114,21 @@ async def test_rollbacks_and_refusals_are_counted(
         await append(stub, journal, b"y" * 1000, commit=False)
     missing = await stub.Read(pb.ReadRequest(journal="metrics/missing")).read()
     assert missing.status == pb.JOURNAL_NOT_FOUND
+    # The server counts an RPC once its handler has returned, which may be a moment after
+    # the client saw its outcome: scrape until both RPCs are counted.
     after = await asyncio.to_thread(scrape, base)
 
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
+
+    completed = "gazette_journal_server_completed_totals_total"
+    for _ in range(100):
+        if moved(completed, operation="Append", status="<error>") and moved(
+            completed, operation="Read", status="JOURNAL_NOT_FOUND"
+        ):
+            break
+        await asyncio.sleep(0.05)
+        after = await asyncio.to_thread(scrape, base)
 
     assert moved("gazette_spool_rollbacks_total") == 1
     assert moved("gazette_spool_rollback_bytes_total") == 1000

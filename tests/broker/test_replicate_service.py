@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replicate_service import _apply
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb

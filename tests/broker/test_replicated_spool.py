@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicated_spool import (
     ReplicatedSpool,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pygazette.broker.persister import Persister
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pygazette.broker import spool as spool_mod
-from pygazette.broker.spool import Spool
+from pygazette.broker.fragment import spool as spool_mod
+from pygazette.broker.fragment.spool import Spool
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 

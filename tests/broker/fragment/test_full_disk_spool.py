@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import pygazette.broker.spool as spool_mod
-from pygazette.broker.spool import InsufficientStorage, Spool, is_disk_full
+import pygazette.broker.fragment.spool as spool_mod
+from pygazette.broker.fragment.spool import InsufficientStorage, Spool, is_disk_full
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.support.small_fs import mounted_tmpfs
 

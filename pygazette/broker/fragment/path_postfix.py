@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pygazette.broker.go_time_format import DAYS, MONTHS, go_time_format
+from pygazette.broker.fragment.go_time_format import DAYS, MONTHS, go_time_format
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_file_name
 from pygazette.protocol.pb import protocol_pb2 as pb

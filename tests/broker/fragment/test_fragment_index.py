@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pygazette.broker.fragment_index import OFFSET_JUMP_AGE_SECONDS, FragmentIndex
-from pygazette.broker.spool import Spool
+from pygazette.broker.fragment.fragment_index import OFFSET_JUMP_AGE_SECONDS, FragmentIndex
+from pygazette.broker.fragment.spool import Spool
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 

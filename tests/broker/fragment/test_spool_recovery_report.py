@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pygazette.broker.spool import Spool
+from pygazette.broker.fragment.spool import Spool
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pygazette.broker.spool import Spool, SpoolCorrupt
+from pygazette.broker.fragment.spool import Spool, SpoolCorrupt
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb

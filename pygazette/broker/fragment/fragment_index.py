@@ -25,8 +25,8 @@ import asyncio
 import bisect
 import time
 
-from pygazette.broker.cover_set import CoverSet
-from pygazette.broker.spool import Spool
+from pygazette.broker.fragment.cover_set import CoverSet
+from pygazette.broker.fragment.spool import Spool
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 OFFSET_JUMP_AGE_SECONDS = 6 * 3600

@@ -805,7 +805,6 @@ def _fallocate(fd: int, offset: int, length: int) -> bool:
     raise OSError(err, os.strerror(err))
 
 
-
 def _write_all(fd: int, data: bytes) -> None:
     """Write all of `data` to `fd` (an O_APPEND file), looping on short writes."""
     view = memoryview(data)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pygazette.broker.cover_set import CoverSet, cover_set_difference
+from pygazette.broker.fragment.cover_set import CoverSet, cover_set_difference
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pygazette.broker.cover_set import CoverSet
-from pygazette.broker.retention import KEPT_GAP, KEPT_HEAD, plan_retention
+from pygazette.broker.fragment.cover_set import CoverSet
+from pygazette.broker.fragment.retention import KEPT_GAP, KEPT_HEAD, plan_retention
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 NOW = 1_000_000

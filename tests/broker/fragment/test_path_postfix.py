@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pygazette.broker.go_time_format import go_time_format
-from pygazette.broker.path_postfix import (
+from pygazette.broker.fragment.go_time_format import go_time_format
+from pygazette.broker.fragment.path_postfix import (
     TemplateError,
     check_apply_request,
     check_template,

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pygazette.broker.cover_set import CoverSet
+from pygazette.broker.fragment.cover_set import CoverSet
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.retention_bytes import retention_bytes

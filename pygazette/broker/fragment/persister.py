@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pygazette.broker.fragment.path_postfix import TemplateError, evaluate_path_postfix
 from pygazette.broker.metrics import SPOOL_COMPLETED, SPOOL_PERSISTED, STORE_PUT_BYTES
-from pygazette.broker.path_postfix import TemplateError, evaluate_path_postfix
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path, parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -51,8 +51,8 @@ from pygazette.stores.store import FragmentStore, StoreError, StoreRegistry
 from pygazette.stores.store_health import FIRST_CHECK_PENDING, StoreHealthMonitor
 
 if TYPE_CHECKING:
-    from pygazette.broker.fragment_index import FragmentIndex
-    from pygazette.broker.spool import Spool
+    from pygazette.broker.fragment.fragment_index import FragmentIndex
+    from pygazette.broker.fragment.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,7 @@ class Persister:
         self._compress_pool.shutdown(wait=False, cancel_futures=True)
 
     # Queueing.
-    def enqueue(
-        self, spool: Spool, target: PersistTarget, *, check_existing: bool = False
-    ) -> None:
+    def enqueue(self, spool: Spool, target: PersistTarget, *, check_existing: bool = False) -> None:
         """Persist the closed `spool` of `target` to the journal's first store.
 
         With `check_existing` (a replica's spool), wait a little and skip the upload if the
