@@ -567,10 +567,17 @@ class ClusterAppends:
         rnd = await pln.propose(
             pb.ReplicateRequest(proposal=proposal, registers=new_registers), commit=True
         )
-        local = await rs.apply_proposal(proposal, new_registers, primary=True)
+        try:
+            local = await rs.apply_proposal(proposal, new_registers, primary=True)
+        except BaseException as exc:
+            # Peers may commit it; it must never be confirmed: break the pipeline (the next
+            # one synchronises every replica with this spool again).
+            pln.fail(f"own spool failed its commit: {exc!r}")
+            raise
         if local.status != pb.OK:
             pln.fail(f"own spool refused its commit: {local}")
             raise PipelineBroken(pln.broken)
+        pln.committed_locally(rnd)
         resp = _response(res, commit, new_registers, total_chunks, delayed_chunks)
         return PendingCommit(journal, pln, rnd, proposal.end, resp, *pln.barrier())
 

@@ -94,6 +94,10 @@ class Round:
     must_be_ok: bool  # A refusal breaks the pipeline (a commit or a confirmation).
     confirms: int = -1  # A confirmation's offset.
     commit: tuple[pb.Fragment, pb.LabelSet] | None = None  # A commit's proposal.
+    # A commit's proposal is acknowledged (may be confirmed) only once every peer answered
+    # *and* the primary committed it to its own spool (`committed_locally`).
+    local: bool = False
+    answered: bool = False
     deadline: float = 0.0  # Loop time by which every peer must have answered.
 
 
@@ -236,7 +240,7 @@ class Pipeline:
         except asyncio.CancelledError:
             self.fail("pipeline aborted")
         except Exception as exc:
-            self.fail(_why(s, exc))
+            self.fail(_why(s, await _call_status(call, exc)))
 
     def _wake_senders(self) -> None:
         drained = self._drained
@@ -316,6 +320,10 @@ class Pipeline:
     def _send_confirmation(self, frag: pb.Fragment, registers: pb.LabelSet) -> Round:
         if self.broken:
             raise PipelineBroken(self.broken)
+        if self._closing:
+            # Checked before the round is registered: one registered but never sent would
+            # leave later confirmations waiting on it.
+            raise PipelineBroken("pipeline is closing")
         if not self.may_confirm():
             self.fail("etcd lease may have expired; refusing to confirm")
             raise PipelineBroken(self.broken)
@@ -327,6 +335,17 @@ class Pipeline:
         req.header.CopyFrom(self.header)
         self._enqueue(req, rnd)
         return rnd
+
+    def committed_locally(self, rnd: Round) -> None:
+        """The primary committed `rnd`'s proposal to its own spool: once every peer has too,
+        it may be confirmed (never before: a confirmation of content the primary then failed
+        to commit would leave it on every peer while its client hears of a failure)."""
+        rnd.local = True
+        if rnd.answered and not self.broken and rnd.commit is not None:
+            acked = self._acked
+            if acked is None or acked[0].end < rnd.commit[0].end:
+                self._acked = rnd.commit
+                self._confirm_acked()
 
     def _confirm_acked(self) -> None:
         """Confirm the last acknowledged commit now, unless a confirmation already in flight
@@ -402,7 +421,9 @@ class Pipeline:
                     rnd.future.set_exception(PipelineBroken(self.broken))
                 return
         if rnd.commit is not None:
-            self._acked = rnd.commit
+            rnd.answered = True
+            if rnd.local:
+                self._acked = rnd.commit
         if rnd.confirms >= 0:
             while self._confirmations and self._confirmations[0] is not rnd:
                 self._confirmations.popleft()
@@ -421,6 +442,7 @@ class Pipeline:
             self.broken = why
             log.warning("replication pipeline broken", extra={"error": why})
         rounds, self._rounds = self._rounds, deque()
+        rounds.extend(self._confirmations)  # Normally among the rounds already.
         self._confirmations.clear()
         for rnd in rounds:
             if not rnd.future.done():
@@ -467,6 +489,23 @@ class Pipeline:
     def abort(self) -> None:
         """Drop every stream at once (no goodbyes)."""
         self.fail(self.broken or "pipeline aborted")
+
+
+async def _call_status(call: Any, exc: BaseException) -> BaseException:
+    """Why a write to `call` failed: a write to a stream the peer already ended fails with
+    a bare "RPC already finished", while the call's own status says why the peer ended it
+    (e.g. its disk is full). That status, if it comes within a moment; else `exc`."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc
+    try:
+        async with asyncio.timeout(1.0):
+            code = await call.code()
+            details = await call.details()
+    except Exception:
+        return exc
+    if code == grpc.StatusCode.OK:
+        return exc
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
 
 
 def _why(stream: PeerStream, exc: BaseException) -> str:

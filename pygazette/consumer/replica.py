@@ -265,6 +265,7 @@ class ShardReplica:
         try:
             while True:
                 try:
+                    served = self.progress_state.transactions
                     await self._serve_replica()
                     return
                 except asyncio.CancelledError:
@@ -283,6 +284,8 @@ class ShardReplica:
                         extra={"shard": self.id, "error": f"{exc!r}", "attempt": attempt},
                     )
                     RECOVERIES.labels(self.id).inc()
+                    if self.progress_state.transactions > served:
+                        attempt = 0  # It recovered and committed since: back off afresh.
                 self._release_store()
                 self._serving.clear()
                 # Recovering again. Its assignment keeps the status it reached (statuses only
