@@ -492,18 +492,18 @@ class Pipeline:
 
 
 async def _call_status(call: Any, exc: BaseException) -> BaseException:
-    """Why a write to `call` failed: a write to a stream the peer already ended fails with
-    a bare "RPC already finished", while the call's own status says why the peer ended it
-    (e.g. its disk is full). That status, if it comes within a moment; else `exc`."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return exc
+    """Why a write to `call` failed: a write to a stream the peer already ended fails with a
+    bare "RPC already finished", while the call's own status says why the peer ended it
+    (e.g. its disk is full). That status, if it comes within a moment and says more; else
+    `exc`. (When the peer's end races a write in flight, grpc-python often ends the call
+    INTERNAL, "Internal error from Core", and the peer's status is lost.)"""
     try:
         async with asyncio.timeout(1.0):
             code = await call.code()
             details = await call.details()
     except Exception:
         return exc
-    if code == grpc.StatusCode.OK:
+    if code in (grpc.StatusCode.OK, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED):
         return exc
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
 

@@ -12,6 +12,9 @@ stopping for good (see `replica.ShardReplica`).
 
 Errors the application raises, messages that don't decode, a corrupt recovery log and bad
 configuration are not transient: retrying cannot fix them, so they still fail the shard.
+The classification is by type, not by origin: an application callback that itself raises
+TimeoutError, an ENOSPC OSError or a gRPC UNAVAILABLE is retried the same way (with backoff,
+logged and counted each time), never FAILED.
 """
 
 from __future__ import annotations
