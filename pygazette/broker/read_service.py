@@ -165,7 +165,10 @@ async def serve_local_read(
                     resp.header.CopyFrom(header)
                 yield resp
                 return
-            if not await _changed_unless_invalidated(changed, invalidated):
+            if invalidated is not None and invalidated.is_set():
+                return
+            await changed.wait()  # Invalidating the replica signals it too.
+            if invalidated is not None and invalidated.is_set():
                 return
             continue
 
@@ -291,21 +294,3 @@ def _pread_file(path: object, pos: int, n: int) -> bytes:
     with open(str(path), "rb") as f:
         f.seek(pos)
         return f.read(n)
-
-
-async def _changed_unless_invalidated(
-    changed: asyncio.Event, invalidated: asyncio.Event | None
-) -> bool:
-    """Wait for `changed`; False if `invalidated` is (or becomes) set first."""
-    if invalidated is None:
-        await changed.wait()
-        return True
-    if invalidated.is_set():
-        return False
-    waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(invalidated.wait())]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-    return not invalidated.is_set()

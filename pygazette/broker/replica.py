@@ -229,6 +229,7 @@ class Replica:
     def invalidate(self) -> None:
         self.invalidated.set()
         self.invalidated = asyncio.Event()
+        self.index.spool_committed()  # Wakes blocking reads, which end if resolved before.
 
     async def close_replication(self, *, graceful: bool = True) -> None:
         """Close the primary's pipeline, giving the spool back (the caller holds
