@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +22,7 @@ from pygazette.protocol.validation import (
     TOKEN_SYMBOLS,
     validate_fragment,
     validate_label_selector,
+    validate_token,
 )
 
 MAX_INT64 = (1 << 63) - 1
@@ -178,3 +181,24 @@ def test_parse_fragment_path_only_raises_validation_errors(junk: str, hexish: st
         except ValidationError:
             continue
         validate_fragment(frag)
+
+
+def _token_by_character(value: str, symbols: str) -> bool:
+    """Gazette's rule, one character at a time: Unicode letters and numbers, and `symbols`."""
+    return all(unicodedata.category(c)[0] in "LN" or c in symbols for c in value)
+
+
+@given(
+    st.one_of(
+        st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=40),
+        st.text(max_size=40),
+    ),
+    st.sampled_from([TOKEN_SYMBOLS, PATH_SYMBOLS, "-_.", ""]),
+)
+def test_token_fast_path_agrees_with_the_per_character_rule(value: str, symbols: str) -> None:
+    try:
+        validate_token(value, "Field", symbols, 0, 1000)
+        valid = True
+    except ValidationError:
+        valid = False
+    assert valid == _token_by_character(value, symbols), (value, symbols)
