@@ -97,7 +97,6 @@ class Round:
     # A commit's proposal is acknowledged (may be confirmed) only once every peer answered
     # *and* the primary committed it to its own spool (`committed_locally`).
     local: bool = False
-    answered: bool = False
     deadline: float = 0.0  # Loop time by which every peer must have answered.
 
 
@@ -341,7 +340,9 @@ class Pipeline:
         it may be confirmed (never before: a confirmation of content the primary then failed
         to commit would leave it on every peer while its client hears of a failure)."""
         rnd.local = True
-        if rnd.answered and not self.broken and rnd.commit is not None:
+        fut = rnd.future
+        answered = fut.done() and not fut.cancelled() and fut.exception() is None
+        if answered and not self.broken and rnd.commit is not None:
             acked = self._acked
             if acked is None or acked[0].end < rnd.commit[0].end:
                 self._acked = rnd.commit
@@ -420,10 +421,8 @@ class Pipeline:
                 if not rnd.future.done():
                     rnd.future.set_exception(PipelineBroken(self.broken))
                 return
-        if rnd.commit is not None:
-            rnd.answered = True
-            if rnd.local:
-                self._acked = rnd.commit
+        if rnd.commit is not None and rnd.local:
+            self._acked = rnd.commit
         if rnd.confirms >= 0:
             while self._confirmations and self._confirmations[0] is not rnd:
                 self._confirmations.popleft()
