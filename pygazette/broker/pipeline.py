@@ -47,6 +47,7 @@ import grpc.aio
 
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.stream_write import send
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class Pipeline:
                 if req is None:
                     await call.done_writing()
                     return
-                await call.write(req)
+                await send(call, req)
                 if size:
                     s.queued -= size
                     if self._drained is not None and s.queued <= MAX_QUEUED_BYTES // 2:
@@ -491,11 +492,9 @@ class Pipeline:
 
 
 async def _call_status(call: Any, exc: BaseException) -> BaseException:
-    """Why a write to `call` failed: a write to a stream the peer already ended fails with a
-    bare "RPC already finished", while the call's own status says why the peer ended it
-    (e.g. its disk is full). That status, if it comes within a moment and says more; else
-    `exc`. (When the peer's end races a write in flight, grpc-python often ends the call
-    INTERNAL, "Internal error from Core", and the peer's status is lost.)"""
+    """Why a write to `call` failed: a write to a stream the peer already ended fails
+    (`CallEnded`), while the call's own status says why the peer ended it (e.g. its disk is
+    full). That status, if it comes within a moment and says more; else `exc`."""
     try:
         async with asyncio.timeout(1.0):
             code = await call.code()

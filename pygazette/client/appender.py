@@ -32,6 +32,7 @@ from pygazette.protocol.errors import (
 )
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import format_selector
+from pygazette.protocol.stream_write import CallEnded, send
 from pygazette.protocol.validation import validate_journal_name
 
 log = logging.getLogger(__name__)
@@ -219,11 +220,11 @@ class Appender:
         call = self._call
         assert call is not None
         try:
-            await call.write(request)
-        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            await send(call, request)
+        except (CallEnded, grpc.aio.AioRpcError):
             # The RPC already ended: typically the broker refused the append (at its preamble,
-            # say) and closed the stream while we were still writing. gRPC then fails the write
-            # with a local error; the broker's response, or final status, says why.
+            # say) and closed the stream while we were still writing. The write fails; the
+            # broker's response, or final status, says why (`send` keeps that status).
             self._state = "failed"
             resp = await call  # Raises the RPC's final status if it ended without a response.
             self._finish(resp)

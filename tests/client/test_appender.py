@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -21,6 +22,7 @@ from pygazette.protocol.errors import (
 )
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import parse_selector
 from tests.client.fake_broker import Abort, FakeBroker
 from tests.support.ports import free_port
@@ -228,3 +230,30 @@ async def test_append_streams_async_iterables(fake: FakeBroker, fake_client: Jou
 
     await append(fake_client, J, pieces())
     assert contents(fake.journal.append_calls[0].requests) == [b"012", b""]
+
+
+
+class _RefusingBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
+    async def Append(self, request_iterator: Any, context: Any) -> pb.AppendResponse:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no token")
+
+
+async def test_a_stream_refused_at_once_keeps_the_brokers_status() -> None:
+    # The broker ends the stream (no token, say) while the client writes its requests: the
+    # client must report the broker's status, never grpc-python's own INTERNAL (which a
+    # plain `call.write` records when it races the end of the call: most of the time with a
+    # broker in the same event loop, as here).
+    server = grpc.aio.server()
+    pb_grpc.add_JournalServicer_to_server(_RefusingBroker(), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with JournalClient(f"127.0.0.1:{port}") as client:
+            codes = []
+            for _ in range(60):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await append(client, J, b"refused\n", max_attempts=1)
+                codes.append(info.value.code())
+        assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+    finally:
+        await server.stop(None)

@@ -1,0 +1,76 @@
+"""`stream_write.send`: a server's status survives a write racing the end of its stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.stream_write import CallEnded, send
+
+
+class _Refusing(pb_grpc.JournalServicer):  # type: ignore[misc]
+    async def Append(self, request_iterator: Any, context: Any) -> pb.AppendResponse:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "disk full")
+
+    async def Replicate(self, request_iterator: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "disk full")
+        yield pb.ReplicateResponse()  # Unreachable: makes this a generator.
+
+
+async def _server() -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    pb_grpc.add_JournalServicer_to_server(_Refusing(), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("method", ["Append", "Replicate"])
+async def test_the_servers_status_survives_racing_writes(method: str) -> None:
+    server, address = await _server()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            codes = set()
+            ended = 0
+            for _ in range(100):
+                call = getattr(stub, method)()
+                requests: list[Any]
+                if method == "Append":
+                    requests = [
+                        pb.AppendRequest(journal="a/b"),
+                        pb.AppendRequest(content=b"x" * 100),
+                        pb.AppendRequest(),
+                    ]
+                else:
+                    requests = [pb.ReplicateRequest(content=b"x" * 100)] * 3
+                try:
+                    for req in requests:
+                        await send(call, req)
+                except CallEnded:
+                    ended += 1
+                codes.add(await call.code())
+            # Every call ends with the server's status, however the writes raced it.
+            assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+            assert ended > 0  # The race was run: some writes met an ended call.
+    finally:
+        await server.stop(None)
+
+
+async def test_a_half_closed_call_is_ended_for_send() -> None:
+    server, address = await _server()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.Append()
+            await call.done_writing()
+            with pytest.raises(CallEnded):
+                await send(call, pb.AppendRequest(journal="a/b"))
+            assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(None)
