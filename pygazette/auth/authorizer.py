@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Protocol
 
 from pygazette.auth.claims import Claims
@@ -13,8 +15,25 @@ from pygazette.auth.claims import Claims
 __all__ = ["AUTHORIZATION", "Authorizer", "BearerAuth", "bearer_metadata"]
 
 AUTHORIZATION = "authorization"
-# How long a token signed for an RPC lasts, as Gazette's clients sign them (Apply: a minute).
-DEFAULT_TOKEN_TTL = 3600.0
+TOKEN_TTL_ENV = "PYGAZETTE_TOKEN_TTL_SECONDS"
+
+
+def _token_ttl() -> float:
+    text = os.environ.get(TOKEN_TTL_ENV, "")
+    if not text:
+        return 3600.0
+    try:
+        ttl = float(text)
+    except ValueError:
+        ttl = math.nan
+    if not math.isfinite(ttl) or ttl < 1:
+        raise ValueError(f"{TOKEN_TTL_ENV}={text!r}: expected a number of seconds >= 1")
+    return ttl
+
+
+# How long a token signed for an RPC lasts, as Gazette's clients sign them (Apply: a minute);
+# the environment's PYGAZETTE_TOKEN_TTL_SECONDS sets it for a process.
+DEFAULT_TOKEN_TTL = _token_ttl()
 
 
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:

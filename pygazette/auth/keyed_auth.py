@@ -90,6 +90,8 @@ class KeyedAuth:
 
     def __init__(self, base64_keys: str) -> None:
         self.keys, self.allow_missing = parse_auth_keys(base64_keys)
+        # Seconds past its expiry a token is still accepted (and an RPC it started may run).
+        self.leeway = LEEWAY_SECONDS
         self._cache: dict[tuple[int, bytes, float], _Cached] = {}
         self._lock = threading.Lock()
         # Tokens verified before (a client reuses its token for many RPCs): their claims.
@@ -131,13 +133,14 @@ class KeyedAuth:
         `require`; AuthRefused if they can't be had."""
         if not authorization:
             if self.allow_missing:
-                return Claims(Capability(require) if require else 0, expires_at=time.time() + 3600)
+                # No token, no expiry: nothing ends the RPC early.
+                return Claims(Capability(require) if require else 0)
             raise AuthRefused(ERR_MISSING, unauthenticated=True)
         if not authorization.startswith("Bearer "):
             raise AuthRefused(ERR_NOT_BEARER, unauthenticated=True)
         token = authorization[len("Bearer ") :]
         claims = self._verified.get(token)
-        if claims is None or (claims.expires_at or 0) + LEEWAY_SECONDS < time.time():
+        if claims is None or (claims.expires_at or 0) + self.leeway < time.time():
             doc = self._decode(token)
             try:
                 claims = claims_from_json(doc)
@@ -159,7 +162,7 @@ class KeyedAuth:
                     token,
                     key,
                     algorithms=VERIFY_ALGORITHMS,
-                    leeway=LEEWAY_SECONDS,
+                    leeway=self.leeway,
                     options={"require": ["exp"], "verify_iat": True},
                 )
                 return doc

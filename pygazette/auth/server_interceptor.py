@@ -6,11 +6,18 @@ listed there require ALL). A missing, malformed, expired or wrongly signed token
 with UNAUTHENTICATED, one lacking the capability with PERMISSION_DENIED (Gazette's messages,
 e.g. "authorization is missing required APPEND capability"); the handler never runs. The
 verified claims are set for the handler's task (`verified_claims.current_claims`).
+
+A token is honoured for as long as it is valid, not only when the RPC starts: as Gazette
+binds the claims' expiry to the RPC's deadline, an RPC still running when its token expires
+(past the verifier's clock-skew leeway) ends with DEADLINE_EXCEEDED. A long read or a
+replication stream so comes back with a fresh token (the client library retries those).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +39,13 @@ if TYPE_CHECKING:
 
 
 class Verifier(Protocol):
+    # Seconds past a token's expiry it is still accepted (clock skew between processes).
+    leeway: float
+
     def verify(self, authorization: str | None, require: int) -> Claims: ...
+
+
+EXPIRED = "authorization expired while the RPC was running"
 
 
 def _authorization(context: Context) -> str | None:
@@ -66,7 +79,8 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    async def _check(self, context: Context, require: int) -> None:
+    async def _check(self, context: Context, require: int) -> float | None:
+        """Verify the RPC's token; the loop time its claims expire at (None: never)."""
         try:
             claims = self.verifier.verify(_authorization(context), require)
         except AuthRefused as exc:
@@ -78,6 +92,10 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
             await context.abort(code, str(exc))
             raise  # Not reached: abort raises.
         set_current_claims(claims)
+        if claims.expires_at is None:
+            return None
+        remaining = claims.expires_at + self.verifier.leeway - time.time()
+        return asyncio.get_running_loop().time() + remaining
 
     def _wrap(self, handler: Handler, require: int) -> Handler:
         if handler.unary_unary is not None:
@@ -107,8 +125,17 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
 
     def _unary(self, behavior: Callable[..., Any], require: int) -> Callable[..., Any]:
         async def verified(request: Any, context: Context) -> Any:
-            await self._check(context, require)
-            return await behavior(request, context)
+            deadline = await self._check(context, require)
+            if deadline is None:
+                return await behavior(request, context)
+            expiry = asyncio.timeout_at(deadline)
+            try:
+                async with expiry:
+                    return await behavior(request, context)
+            except TimeoutError:
+                if not expiry.expired():
+                    raise  # The handler's own.
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED)
 
         return verified
 
@@ -116,14 +143,30 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
         if inspect.isasyncgenfunction(behavior):
 
             async def verified_gen(request: Any, context: Context) -> AsyncIterator[Any]:
-                await self._check(context, require)
-                async for resp in behavior(request, context):
-                    yield resp
+                deadline = await self._check(context, require)
+                responses = behavior(request, context)
+                if deadline is None:
+                    async for resp in responses:
+                        yield resp
+                    return
+                # The deadline bounds the handler's work for each response (where it waits:
+                # a read at the journal's head, say), never a yield: the task is gRPC's then.
+                try:
+                    while True:
+                        expiry = asyncio.timeout_at(deadline)
+                        try:
+                            async with expiry:
+                                resp = await anext(responses)
+                        except StopAsyncIteration:
+                            return
+                        except TimeoutError:
+                            if not expiry.expired():
+                                raise  # The handler's own.
+                            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED)
+                        yield resp
+                finally:
+                    await responses.aclose()
 
             return verified_gen
 
-        async def verified(request: Any, context: Context) -> Any:
-            await self._check(context, require)
-            return await behavior(request, context)
-
-        return verified
+        return self._unary(behavior, require)

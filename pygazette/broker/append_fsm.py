@@ -246,7 +246,12 @@ class ClusterAppends:
     ) -> pb.AppendResponse | ReadThrough | PendingCommit:
         assert res.spec is not None and journal.rspool is not None
         pln = journal.replication
-        if pln is None or not pln.ok or not routes_equivalent(pln.route, res.route):
+        if (
+            pln is None
+            or not pln.ok
+            or not routes_equivalent(pln.route, res.route)
+            or pln.aged()  # Its streams' tokens would expire: a new one, with new tokens.
+        ):
             if pln is not None:
                 await journal.close_replication()
             started = await self._start_pipeline(journal, res)

@@ -20,7 +20,9 @@ that comes back can make nothing durable.
 
 Any send or receive error, a refused commit round, or a round unanswered for
 ACK_TIMEOUT_SECONDS breaks the pipeline: every open round fails, the streams are dropped, and
-the next append builds a new one (and re-synchronises the route).
+the next append builds a new one (and re-synchronises the route). A pipeline older than
+MAX_AGE_SECONDS is closed gracefully and replaced the same way (`aged`) before a peer would
+end its streams for their expired tokens (`auth.server_interceptor`).
 
 Cost per request. Each peer stream has one writer task fed by a queue: sending a request
 queues it for every peer (in the same order everywhere) and returns; the sender waits only
@@ -45,6 +47,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from pygazette.auth.authorizer import DEFAULT_TOKEN_TTL
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.stream_write import send
@@ -55,6 +58,9 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 
 # A peer must answer a proposal within this long, or the pipeline is broken.
 ACK_TIMEOUT_SECONDS = 30.0
+# A pipeline this old is replaced by a new one before its next append: its streams' tokens
+# (signed at most half their lifetime before) expire, and a peer then ends them.
+MAX_AGE_SECONDS = DEFAULT_TOKEN_TTL / 4
 # Content queued for one peer beyond which a sender waits (until it is down to half).
 MAX_QUEUED_BYTES = 8 << 20
 
@@ -125,6 +131,7 @@ class Pipeline:
         self.broken: str = ""
         self._first = True
         self._loop = asyncio.get_running_loop()
+        self.opened_at = self._loop.time()
         self._rounds: deque[Round] = deque()  # Open rounds, oldest first.
         self._base = 0  # Rounds completed (the sequence number of `_rounds[0]`).
         self._readers: list[asyncio.Task[None]] = []
@@ -146,6 +153,10 @@ class Pipeline:
     @property
     def ok(self) -> bool:
         return not self.broken
+
+    def aged(self) -> bool:
+        """Whether it is due for replacement (MAX_AGE_SECONDS)."""
+        return self._loop.time() - self.opened_at > MAX_AGE_SECONDS
 
     @property
     def in_flight(self) -> int:

@@ -166,7 +166,10 @@ class RetryReader:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _FATAL_CODES:
                     raise
-                self._log_retry(exc, attempt, squelch=False)
+                # A broker ends a read when its token expires (as Gazette's do): expected of
+                # a long read, and the next one is signed afresh. Quiet the first time.
+                expired = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                self._log_retry(exc, attempt, squelch=expired and attempt == 0)
                 await self._restart()
             except FragmentOpenError as exc:
                 # A fragment URL this process cannot open (a file:// store without

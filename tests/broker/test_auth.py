@@ -20,11 +20,12 @@ import grpc.aio
 import jwt
 import pytest
 
+from pygazette.auth import rpc_claims
 from pygazette.auth.authorizer import BearerAuth
 from pygazette.auth.capability import Capability
 from pygazette.auth.claims import Claims, label_selector
 from pygazette.auth.keyed_auth import KeyedAuth
-from pygazette.client import JournalClient, Reader, append, list_all
+from pygazette.client import JournalClient, Reader, RetryReader, append, list_all
 from pygazette.client.retention import prune_journal
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -279,6 +280,34 @@ async def test_selector_limits_journals(stub: Any) -> None:
     by_name = token(Capability.READ, label_selector(include={"name": "auth/b"}))
     assert (await _read(stub, "auth/b", by_name))[0].status in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE)
     assert (await _read(stub, "auth/a", by_name))[0].status == pb.JOURNAL_NOT_FOUND
+
+
+async def test_a_long_read_outlives_its_token(
+    broker: BrokerProcess, stub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker ends a Read when its token expires (past its 5 s leeway), as Gazette's does;
+    # the client's RetryReader reads on with a freshly signed token, losing nothing.
+    monkeypatch.setitem(rpc_claims.TOKEN_TTL, "/protocol.Journal/Read", 2.0)
+    async with JournalClient(broker.url, auth=KeyedAuth(KEYS)) as client:
+        first = await append(client, "auth/a", b"before\n")
+        rr = RetryReader(client, "auth/a", offset=first.commit.begin, block=True)
+        assert await rr.read() == b"before\n"
+        restarted = asyncio.Event()
+        restart = rr._restart
+
+        async def restart_and_tell(offset: int | None = None) -> None:
+            await restart(offset)
+            restarted.set()
+
+        rr._restart = restart_and_tell  # type: ignore[method-assign]
+        reading = asyncio.create_task(rr.read())
+        async with asyncio.timeout(30):
+            await restarted.wait()  # The broker ended the stream, and the reader came back.
+        assert not reading.done()
+        await append(client, "auth/a", b"after\n")
+        async with asyncio.timeout(30):
+            assert await reading == b"after\n"
+        await rr.aclose()
 
 
 async def test_client_library_signs_its_rpcs(broker: BrokerProcess, stub: Any) -> None:

@@ -8,13 +8,16 @@ with narrow claims, so a client's name-selected token is all it takes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 from pathlib import Path
 
 import grpc
 import grpc.aio
 import pytest
 
+from pygazette.auth.authorizer import TOKEN_TTL_ENV
 from pygazette.auth.capability import Capability
 from pygazette.auth.claims import Claims
 from pygazette.auth.keyed_auth import KeyedAuth
@@ -86,5 +89,46 @@ async def test_two_brokers_proxy_and_replicate_with_auth(
             await channel.close()
         content, _ = await read_range(cluster.stub(primary), "sec/j")
         assert content == b"".join(acked) + b"narrow\n"
+    finally:
+        await cluster.close()
+
+
+async def test_pipelines_are_renewed_before_their_tokens_expire(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # Brokers sign their peer RPCs with 2-second tokens here (an hour by default): a replica
+    # ends a Replicate stream once its token expired (past the 5 s leeway), so a primary
+    # must replace its pipeline before that; appends go on through it all, none failing.
+    auth = KeyedAuth(KEYS)
+    cluster = Cluster(
+        tmp_path,
+        etcd,
+        etcd_root,
+        broker_args=["--auth-keys", KEYS],
+        auth=auth,
+        broker_env={TOKEN_TTL_ENV: "2"},
+    )
+    b1, b2 = cluster.add("zone-a", "broker-1"), cluster.add("zone-b", "broker-2")
+    try:
+        await cluster.start()
+        assert (
+            await apply_specs(cluster.stub(b1), journal_spec("sec/renewed", replication=2))
+        ).status == pb.OK
+        await cluster.wait_ready(["sec/renewed"], 2)
+        primary = cluster.primary_of("sec/renewed")
+        assert primary is not None
+        stub = cluster.stub(primary)
+        acked = []
+        deadline = time.monotonic() + 12  # Past the first pipeline's tokens and leeway.
+        while time.monotonic() < deadline:
+            data = f"record-{len(acked)}\n".encode()
+            resp = await append_once(stub, "sec/renewed", data)
+            assert resp.status == pb.OK, (resp, cluster.log_tail())
+            acked.append(data)
+            await asyncio.sleep(0.05)  # A steady trickle of appends, as a producer's.
+        for b in (b1, b2):
+            content, _ = await read_range(cluster.stub(b), "sec/renewed")
+            assert content == b"".join(acked), cluster.log_tail()
+        assert "replication pipeline broken" not in primary.log(), primary.log()
     finally:
         await cluster.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -53,7 +53,7 @@ class ClusterBroker(BrokerProcess):
         super().__init__(
             cluster.tmp / f"data-{suffix}",
             extra_args=args,
-            env={"PYGAZETTE_LOG_LEVEL": "info"},
+            env={"PYGAZETTE_LOG_LEVEL": "info", **cluster.broker_env},
             tls=cluster.tls,
         )
 
@@ -74,8 +74,10 @@ class Cluster:
         broker_args: Sequence[str] = (),
         tls: ClientTLS | None = None,
         auth: Authorizer | None = None,
+        broker_env: Mapping[str, str] | None = None,
     ) -> None:
         self.tmp = tmp
+        self.broker_env = dict(broker_env or {})  # More environment of every broker.
         self.auth = auth  # Signs the RPCs of `stub` (brokers serving with --auth-keys).
         self.etcd = etcd
         self.root = root
