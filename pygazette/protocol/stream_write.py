@@ -7,18 +7,25 @@ measured, the client saw INTERNAL in 140 of 200 such races. `send` writes the me
 same way but leaves the call's status alone, so that awaiting the call (or `call.code()`)
 gives the server's status, as gRPC's Go client gives it.
 
-That needs the plain call's internals (grpcio ≥ 1.60 has them); a call without them (one
-made through client interceptors, whose writes grpc relays through a task of its own) is
+A call made through client interceptors (an authorizing channel's) relays its writes to an
+inner call through a task of gRPC's own: `send` gives that inner call the same write. Both
+rely on `grpc.aio`'s call internals (grpcio 1.60 to 1.85 have them); a call without them is
 written with `call.write`, race and all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import types
 from typing import Any
 
+import grpc
+import grpc.aio
 from google.protobuf.message import Message
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
+
+# Marks an inner call whose writes keep its status (see `_keep_status`).
+_KEEPS_STATUS = "_pygazette_keeps_status"
 
 
 class CallEnded(Exception):
@@ -37,6 +44,9 @@ async def send(call: Any, message: Message) -> None:
     """Send `message` on `call` (a stream-unary or stream-stream call), or raise CallEnded
     if the call has ended (await the call, or its `code()`, for the server's status)."""
     if not _plain(call):
+        inner = await _inner_call(call)
+        if inner is not None:
+            _keep_status(inner)
         try:
             await call.write(message)
         except asyncio.InvalidStateError as exc:
@@ -57,3 +67,34 @@ async def send(call: Any, message: Message) -> None:
         if not call.cancelled():
             call.cancel()
         raise
+
+
+async def _inner_call(call: Any) -> Any:
+    """The call an intercepted call relays to (None: not intercepted, or it failed)."""
+    task = getattr(call, "_interceptors_task", None)
+    if not isinstance(task, asyncio.Future):
+        return None
+    if not task.done():
+        await asyncio.wait([task])  # Our cancellation is ours: it doesn't cancel the task.
+    if task.cancelled() or task.exception() is not None:
+        return None
+    inner = task.result()
+    return inner if _plain(inner) and hasattr(inner, "_write") else None
+
+
+def _keep_status(inner: Any) -> None:
+    """Have the inner call's request consumer write as `send` does: when the call ended, it
+    stops (gRPC's consumer takes an AioRpcError for that) and the status stays the server's."""
+    if getattr(inner, _KEEPS_STATUS, False):
+        return
+
+    async def write(self: Any, request: Message) -> None:
+        try:
+            await send(self, request)
+        except CallEnded as exc:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(), str(exc), None
+            ) from None
+
+    inner._write = types.MethodType(write, inner)
+    setattr(inner, _KEEPS_STATUS, True)

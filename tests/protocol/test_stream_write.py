@@ -30,11 +30,26 @@ async def _server() -> tuple[grpc.aio.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
+class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(details, requests)
+
+
+class _StreamStream(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(
+        self, continuation: Any, details: Any, requests: Any
+    ) -> Any:
+        return await continuation(details, requests)
+
+
+@pytest.mark.parametrize("intercepted", [False, True], ids=["plain", "intercepted"])
 @pytest.mark.parametrize("method", ["Append", "Replicate"])
-async def test_the_servers_status_survives_racing_writes(method: str) -> None:
+async def test_the_servers_status_survives_racing_writes(method: str, intercepted: bool) -> None:
+    # Intercepted: as on an authorizing channel, whose calls relay writes to an inner call.
     server, address = await _server()
+    interceptors = [_StreamUnary(), _StreamStream()] if intercepted else None
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with grpc.aio.insecure_channel(address, interceptors=interceptors) as channel:
             stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
             codes = set()
             ended = 0
