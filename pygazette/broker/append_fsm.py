@@ -82,6 +82,7 @@ from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import update_registers
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import selector_matches
+from pygazette.protocol.stream_write import CallEnded, send
 from pygazette.protocol.validation import journal_spec_flags_allow_write, validate_append_request
 
 log = logging.getLogger(__name__)
@@ -662,18 +663,26 @@ class ClusterAppends:
         forwarded.CopyFrom(first)
         forwarded.header.CopyFrom(res.header)
 
-        async def requests() -> AsyncIterator[pb.AppendRequest]:
-            yield forwarded
-            async for req in it:
-                yield req
-
+        # Re-signed by this broker for this journal only, as Gazette proxies.
+        with journal_claims_scope(Capability.APPEND, first.journal):
+            call = stub.Append()
         try:
-            # Re-signed by this broker for this journal only, as Gazette proxies.
-            with journal_claims_scope(Capability.APPEND, first.journal):
-                call = stub.Append(requests())
+            # Written with `send`: a primary that ends the stream early (refusing it) has its
+            # status reach the client, not grpc-python's INTERNAL.
+            try:
+                await send(call, forwarded)
+                async for req in it:
+                    await send(call, req)
+                await call.done_writing()
+            except CallEnded:
+                pass  # The primary answered already: its answer, or status, follows.
             resp: pb.AppendResponse = await call
         except grpc.aio.AioRpcError as exc:
+            call.cancel()  # Ours (the primary's status) or the client's stream failing.
             raise AppendAborted(exc.code(), exc.details() or "proxied append failed") from exc
+        except BaseException:
+            call.cancel()  # The client went away: the primary rolls the append back.
+            raise
         return resp
 
 

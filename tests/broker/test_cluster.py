@@ -6,11 +6,13 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+import grpc
 import pytest
 
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.stream_write import CallEnded, send
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once
 from tests.support.cluster import Cluster, append_once, read_range
 from tests.support.etcd_process import EtcdProcess
@@ -93,6 +95,26 @@ async def test_three_brokers_replicate_and_proxy(
 
         resp = await cluster.stub(other).Append(one_request(), timeout=10)
         assert resp.status == pb.NOT_JOURNAL_PRIMARY_BROKER
+
+        # A primary refusing a proxied append mid-stream: its status reaches the client
+        # through the proxying broker (never grpc-python's INTERNAL, which a write racing
+        # the refusal used to leave).
+        j0_primary = cluster.primary_of("cluster/j0")
+        proxy = next(b for b in cluster.brokers if b is not j0_primary)
+        codes = set()
+        for _ in range(20):
+            call = cluster.stub(proxy).Append(timeout=10)
+            try:
+                await send(call, pb.AppendRequest(journal="cluster/j0"))
+                await send(call, pb.AppendRequest(journal="cluster/j0", content=b"bad"))
+                for _ in range(5):
+                    await send(call, pb.AppendRequest(content=b"more"))
+                await send(call, pb.AppendRequest())
+                await call.done_writing()
+            except CallEnded:
+                pass
+            codes.add(await call.code())
+        assert codes == {grpc.StatusCode.INVALID_ARGUMENT}, codes
         resp = await append_once(cluster.stub(other), "cluster/nope", b"x")
         assert resp.status == pb.JOURNAL_NOT_FOUND
 
