@@ -33,7 +33,6 @@ byte is appended when the request declares its Content-Length).
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import logging
 from collections.abc import AsyncIterator
@@ -48,6 +47,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_to_hex
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.stream_write import CallEnded, send
 from pygazette.protocol.validation import validate_append_request, validate_read_request
 
 log = logging.getLogger(__name__)
@@ -260,18 +260,27 @@ class JournalGateway:
         if limit and request.content_length is not None and request.content_length > limit:
             return _error(413, f"append body of {request.content_length} bytes exceeds {limit}")
         body = _Body(request, limit)
-        call = self.client.rpc_append(body.requests(first), metadata=_metadata(request))
+        call = self.client.rpc_append(None, metadata=_metadata(request))
         try:
+            # Written with `send`: a broker refusing the append at once (no token, say) has
+            # its status reach the client, not grpc-python's INTERNAL.
+            try:
+                async for req in body.requests(first):
+                    await send(call, req)
+                await call.done_writing()
+            except CallEnded:
+                pass  # The broker answered already.
             resp = await call
-        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+        except BaseException as exc:
+            call.cancel()  # A body cut short, or the client gone: the broker rolls it back.
             if body.too_large:
                 return _error(413, f"append body exceeds {limit} bytes; nothing was appended")
             if body.failed is not None:
                 log.info("http gateway: append body failed", extra={"error": body.failed})
                 return _error(400, f"reading the body failed: {body.failed}; nothing was appended")
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return _rpc_error(exc)
+            if isinstance(exc, grpc.aio.AioRpcError):
+                return _rpc_error(exc)
+            raise
         if resp.status != pb.OK:
             out = _error(_APPEND_STATUS.get(resp.status, 500), pb.Status.Name(resp.status))
             _add_route_headers(out, request, resp.header)
