@@ -260,6 +260,10 @@ class ConsumerProcess:
                 )
 
     async def stop(self, *, failed: bool = False) -> None:
+        """Stop serving. `failed`: membership was lost (the lease expired), so no shard can
+        commit again: shards are stopped at once rather than given time to finish."""
+        if failed:
+            self.context.stop_timeout = 0.0
         if self._allocator_task is not None:
             self._allocator_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
