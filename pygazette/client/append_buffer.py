@@ -55,6 +55,9 @@ class AppendBuffer:
         """Add `data`. Raises OSError if the temporary file cannot take it (e.g. a full disk);
         the content already held is unaffected then, but `data` may be partly added: roll
         back with `truncate`."""
+        if not self._mem and len(data) >= self.spill_size:
+            self._write_file(memoryview(data).cast("B"))  # Large: straight to the file.
+            return
         self._mem += data
         if len(self._mem) >= self.spill_size:
             self.spill()
@@ -63,19 +66,28 @@ class AppendBuffer:
         """Move the in-memory front to the temporary file."""
         if not self._mem:
             return
+        view = memoryview(self._mem)
+        written = 0
+        try:
+            written = self._write_file(view)
+        finally:
+            view.release()
+            del self._mem[:written]
+
+    def _write_file(self, view: memoryview) -> int:
+        """Write `view` at the end of the file's content; returns the bytes written (all of
+        them, unless an OSError is raised: then the file's content ends after those)."""
         if self._file is None:
             self._file = tempfile.TemporaryFile(dir=self._dir, prefix="pygazette-append-")
         fd = self._file.fileno()
-        view = memoryview(self._mem)
         written = 0
         try:
             while written < len(view):
                 written += os.pwrite(fd, view[written:], self._file_size + written)
         finally:
-            view.release()
             self._file_size += written
             self._extent = max(self._extent, self._file_size)
-            del self._mem[:written]
+        return written
 
     def truncate(self, size: int) -> None:
         """Discard everything after the first `size` bytes."""

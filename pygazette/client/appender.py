@@ -64,9 +64,11 @@ class ChunkCoalescer:
         return len(self._buf)
 
     def add(self, data: BytesLike) -> list[bytes]:
+        size = self.chunk_size
+        if not self._buf and type(data) is bytes and len(data) == size:
+            return [data]  # A whole chunk already: no copy.
         view = memoryview(data).cast("B")
         out: list[bytes] = []
-        size = self.chunk_size
         if self._buf:
             take = min(size - len(self._buf), len(view))
             self._buf += view[:take]

@@ -90,6 +90,10 @@ class Framing(ABC):
     # A blank payload is empty or begins with one of these bytes (so a bulk scanner needs
     # to ask `is_blank` only of those).
     blank_lead: ClassVar[bytes] = b""
+    # Set where every frame ends at the first occurrence of this delimiter (and `split`
+    # returns payloads without it): an unpacker then finds a long message's end by looking
+    # for it in new content only, without joining the held bytes first.
+    line_delimiter: ClassVar[bytes | None] = None
 
     # Writing ------------------------------------------------------------------------------
 

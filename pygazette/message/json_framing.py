@@ -40,6 +40,7 @@ class JSONFraming(Framing):
     content_type = CONTENT_TYPE_JSON_LINES
     overhead = len(LINE_DELIMITER)
     blank_lead = JSON_WHITESPACE
+    line_delimiter = LINE_DELIMITER
 
     def __init__(
         self,
@@ -84,11 +85,21 @@ class JSONFraming(Framing):
     def marshal_sequence(
         self, msgs: Sequence[Any], formatter: UUIDFormatter, first_clock: int, flags: int
     ) -> bytes:
-        out = bytearray()
         field = self.uuid_field
         dumps = orjson.dumps
         default = self.default
         fmt = formatter.format
+        if len(msgs) == 1:  # One message (a large one, often): its frame, not a copy of it.
+            msg = msgs[0]
+            if type(msg) is dict:
+                msg[field] = fmt(first_clock, flags)
+            else:
+                self.set_uuid(msg, fmt(first_clock, flags))
+            try:
+                return dumps(msg, default=default, option=_APPEND_NEWLINE)
+            except orjson.JSONEncodeError as exc:
+                raise MessageDecodeError(f"cannot encode message as JSON: {exc}") from None
+        out = bytearray()
         clock = first_clock
         i, n = 0, len(msgs)
         while i < n:

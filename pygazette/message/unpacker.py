@@ -24,37 +24,40 @@ class PartialMessage(MessageDecodeError):
 class Unpacker:
     """Unpacks the messages of one journal from consecutive pieces of its content."""
 
-    __slots__ = ("_pending", "begin", "framing", "journal")
+    __slots__ = ("_held", "_held_size", "begin", "framing", "journal")
 
     def __init__(self, framing: Framing, journal: str, offset: int = 0) -> None:
         self.framing = framing
         self.journal = journal
         self.begin = offset  # Offset of the first byte not yet returned as a message.
-        self._pending = b""  # Bytes from `begin` on: an incomplete message.
+        # Bytes from `begin` on, an incomplete message: pieces of content as they were fed
+        # (joined only once the message is complete, so a long message is copied once).
+        self._held: list[bytes | memoryview] = []
+        self._held_size = 0
 
     @property
     def offset(self) -> int:
         """Offset of the next byte to feed."""
-        return self.begin + len(self._pending)
+        return self.begin + self._held_size
 
     @property
     def pending(self) -> int:
         """Bytes held of an incomplete message."""
-        return len(self._pending)
+        return self._held_size
 
     def restart(self, offset: int) -> int:
         """Continue at `offset` (after a jump); returns how many held bytes were dropped."""
-        dropped = len(self._pending)
-        self._pending = b""
+        dropped = self._held_size
+        self._held, self._held_size = [], 0
         self.begin = offset
         return dropped
 
     def finish(self) -> PartialMessage | None:
         """The content ends here: an error if it ended within a message (whose bytes are
         then dropped), else None."""
-        if not self._pending:
+        if not self._held_size:
             return None
-        size = len(self._pending)
+        size = self._held_size
         err = PartialMessage(
             f"content ends within a message ({size} bytes)",
             journal=self.journal,
@@ -64,10 +67,41 @@ class Unpacker:
         self.restart(self.begin + size)
         return err
 
+    def _hold(self, piece: bytes | memoryview) -> None:
+        if len(piece):
+            self._held.append(piece)
+            self._held_size += len(piece)
+
     def feed(self, chunk: bytes, out: MutableSequence[Envelope | BaseException]) -> None:
         """Append to `out` the messages (and errors) completed by `chunk`, which follows
         the content fed so far."""
-        data = self._pending + chunk if self._pending else chunk
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)  # Held pieces are views of it: it must not change.
+        held = self._held
+        delimiter = self.framing.line_delimiter
+        if held and delimiter is not None:
+            # A message continues from earlier content: its end is the first delimiter of
+            # `chunk` (the held bytes have none), so only `chunk` is searched.
+            end = chunk.find(delimiter)
+            if end < 0:
+                self._hold(chunk)
+                return
+            payload = b"".join([*held, memoryview(chunk)[:end]])
+            self._held, self._held_size = [], 0
+            self.begin = self.framing.envelopes([payload], self.journal, self.begin, out)
+            rest = end + len(delimiter)
+            if chunk.find(delimiter, rest) < 0:
+                # The rest of `chunk` starts the next message: held without a copy.
+                self._hold(memoryview(chunk)[rest:])
+                return
+            chunk = chunk[rest:]
+        elif held:
+            chunk = b"".join([*held, chunk])
+            self._held, self._held_size = [], 0
+        self._feed(chunk, out)
+
+    def _feed(self, data: bytes, out: MutableSequence[Envelope | BaseException]) -> None:
+        """`feed`, with nothing held: `data` starts at `begin`."""
         framing = self.framing
         journal = self.journal
         split = framing.split
@@ -88,5 +122,6 @@ class Unpacker:
                 break
             pos = envelopes(frames, journal, pos, out)
             start += consumed
-        self._pending = data[start:]
         self.begin = pos
+        # What is left starts a message: held as a view of `data` rather than a copy.
+        self._hold(memoryview(data)[start:] if start else data)

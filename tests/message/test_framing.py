@@ -127,6 +127,16 @@ def test_json_stamps_uuids_in_clock_order() -> None:
     assert msgs[0]["uuid"] == fmt.format(1000 * TICK, CONTINUE_TXN)
 
 
+def test_json_marshals_one_message_as_a_sequence_of_them_does() -> None:
+    fmt = UUIDFormatter(new_producer_id())
+    framing = JSONFraming()
+    clock = (1 << 36) * TICK - TICK  # The last clock of a segment, and the first of the next.
+    one = framing.marshal_sequence([{"n": 0}], fmt, clock, CONTINUE_TXN)
+    two = framing.marshal_sequence([{"n": 0}, {"n": 1}], fmt, clock, CONTINUE_TXN)
+    assert two.startswith(one) and one.endswith(b"\n") and one.count(b"\n") == 1
+    assert type(one) is bytes
+
+
 def test_json_reads_gazette_style_uuid_field_and_messages_without_uuids() -> None:
     fmt = UUIDFormatter(bytes.fromhex("010203040506"))
     text = fmt.format(5 * TICK, ACK_TXN)
@@ -331,3 +341,43 @@ def test_a_message_cut_at_the_end_is_reported_not_lost(
     else:
         assert not partials
 
+
+
+def _outcome(out: list[Envelope | BaseException]) -> list[tuple[object, ...]]:
+    return [
+        (type(e).__name__, e.begin, e.end, e.message if isinstance(e, Envelope) else e.detail)
+        for e in out
+        if isinstance(e, (Envelope, MessageDecodeError))
+    ]
+
+
+_json_lines = st.lists(
+    st.one_of(
+        st.dictionaries(st.text(max_size=6), st.integers(-(2**63), 2**63 - 1), max_size=3).map(
+            orjson.dumps
+        ),
+        st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),  # Not JSON, mostly.
+        st.sampled_from([b"", b"  ", b"\r"]),  # Blank lines.
+        st.integers(200, 5000).map(lambda n: orjson.dumps({"long": "x" * n})),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json_lines, st.lists(st.integers(1, 700), min_size=1, max_size=40), st.booleans())
+def test_json_unpacking_does_not_depend_on_how_content_is_cut(
+    lines: list[bytes], sizes: list[int], trailing: bool
+) -> None:
+    # However the content arrives (long messages across many pieces, pieces ending just
+    # before, at or after a delimiter, one byte at a time), the messages, errors and
+    # offsets are those of the content fed whole.
+    data = b"".join(line + b"\n" for line in lines) + (b'{"cut": ' if trailing else b"")
+    cuts, at = [], 0
+    while at < len(data):
+        at += sizes[len(cuts) % len(sizes)]
+        cuts.append(min(at, len(data)))
+    whole = unpack(JSONFraming(), data, [], offset=7)
+    pieces = unpack(JSONFraming(), data, cuts, offset=7)
+    assert _outcome(pieces) == _outcome(whole)
+    assert (trailing and bool(data)) == any(isinstance(e, PartialMessage) for e in pieces)
