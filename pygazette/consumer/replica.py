@@ -182,10 +182,13 @@ class ShardReplica:
     async def stop(self) -> None:
         self._stopping.set()
         task = self._task
-        if task is None:
-            return
+        if task is None or task.done():
+            return  # Not started, or stopped already.
+        # Time to finish a transaction in flight, unless the lease may have expired: then
+        # nothing can commit any more, and the shard stops at once.
+        timeout = self.ctx.stop_timeout if self.ctx.lease_check() else 0.0
         try:
-            await asyncio.wait_for(asyncio.shield(task), self.ctx.stop_timeout)
+            await asyncio.wait_for(asyncio.shield(task), timeout)
         except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

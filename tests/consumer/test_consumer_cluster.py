@@ -278,9 +278,12 @@ async def test_frozen_primary_is_fenced_after_takeover(group: Group) -> None:
         finally:
             old.thaw()
         # The resumed primary finds its lease gone and its log author fenced: it exits
-        # (or fails the shard) without committing anything more.
+        # (or fails the shard) without committing anything more, and at once: its shards
+        # get no time to finish transactions they could not commit any more.
+        thawed = time.monotonic()
         status = old.wait_exit(60)
         assert status != 0
+        assert time.monotonic() - thawed < 8, old.log()
         assert "lease" in old.log() or "fenced" in old.log().lower(), old.log()
         await inputs.publish(300)
         outputs = await committed_outputs(client, inputs.sent, 60)

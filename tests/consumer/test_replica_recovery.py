@@ -187,3 +187,50 @@ async def test_application_errors_still_fail_the_shard(
         assert any("cannot count key" in e for e in replica.status.errors)
     finally:
         await replica.stop()
+
+
+class _Stuck(Counter):
+    """Counts, but its transaction's finalize waits (for ever) once `stuck` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck = False
+        self.waiting = asyncio.Event()
+
+    async def finalize_txn(self, shard: object, store: object, pub: object) -> None:
+        if self.stuck:
+            self.waiting.set()
+            await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("lease_ok", [True, False], ids=["lease-alive", "lease-lost"])
+async def test_a_shard_stops_at_once_when_its_lease_is_lost(
+    tmp_path: Path, client: JournalClient, lease_ok: bool
+) -> None:
+    # A transaction in flight (its finalize stuck, as a commit retrying against a broker
+    # that is away) gets the stop timeout to finish, unless the lease may have expired:
+    # then it could not commit any more, and the shard stops at once.
+    h = _Harness(tmp_path, client)
+    app = _Stuck()
+    h.ctx.app = app
+    h.ctx.stop_timeout = 3.0
+    spec = shard_spec(standbys=0)
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        await h.wait(lambda: replica.is_primary)
+        app.stuck = True
+        await Inputs(client).publish(5)
+        async with asyncio.timeout(60):
+            await app.waiting.wait()
+        h.lease_ok = lease_ok
+        started = asyncio.get_running_loop().time()
+        await replica.stop()
+        took = asyncio.get_running_loop().time() - started
+        if lease_ok:
+            assert took >= 2.5  # Given its time to finish.
+        else:
+            assert took < 1.0
+    finally:
+        await replica.stop()
