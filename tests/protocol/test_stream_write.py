@@ -70,9 +70,9 @@ async def test_the_servers_status_survives_racing_writes(method: str, intercepte
                 except CallEnded:
                     ended += 1
                 codes.add(await call.code())
-            # Every call ends with the server's status, however the writes raced it.
-            assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
-            assert ended > 0  # The race was run: some writes met an ended call.
+            # Every call ends with the server's status, however the writes raced it (with
+            # `call.write`, or without `send`'s care for intercepted calls, most don't).
+            assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}, (codes, ended)
     finally:
         await server.stop(None)
 
