@@ -82,7 +82,7 @@ from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import update_registers
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import selector_matches
-from pygazette.protocol.stream_write import CallEnded, send
+from pygazette.protocol.stream_write import send_all
 from pygazette.protocol.validation import journal_spec_flags_allow_write, validate_append_request
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,14 @@ class ReplicationFailed(Exception):
 
 async def _one_empty_chunk() -> AsyncIterator[pb.AppendRequest]:
     yield pb.AppendRequest()
+
+
+async def _prepended(
+    first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest]
+) -> AsyncIterator[pb.AppendRequest]:
+    yield first
+    async for req in rest:
+        yield req
 
 
 class ClusterAppends:
@@ -669,13 +677,7 @@ class ClusterAppends:
         try:
             # Written with `send`: a primary that ends the stream early (refusing it) has its
             # status reach the client, not grpc-python's INTERNAL.
-            try:
-                await send(call, forwarded)
-                async for req in it:
-                    await send(call, req)
-                await call.done_writing()
-            except CallEnded:
-                pass  # The primary answered already: its answer, or status, follows.
+            await send_all(call, _prepended(forwarded, it))
             resp: pb.AppendResponse = await call
         except grpc.aio.AioRpcError as exc:
             call.cancel()  # Ours (the primary's status) or the client's stream failing.

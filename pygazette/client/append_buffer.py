@@ -67,16 +67,17 @@ class AppendBuffer:
         if not self._mem:
             return
         view = memoryview(self._mem)
-        written = 0
+        before = self._file_size
         try:
-            written = self._write_file(view)
+            self._write_file(view)
         finally:
             view.release()
-            del self._mem[:written]
+            # What reached the file leaves the front, all of it or (an OSError) a part.
+            del self._mem[: self._file_size - before]
 
-    def _write_file(self, view: memoryview) -> int:
-        """Write `view` at the end of the file's content; returns the bytes written (all of
-        them, unless an OSError is raised: then the file's content ends after those)."""
+    def _write_file(self, view: memoryview) -> None:
+        """Write `view` after the file's content (on an OSError, the file's content ends
+        after the part that was written)."""
         if self._file is None:
             self._file = tempfile.TemporaryFile(dir=self._dir, prefix="pygazette-append-")
         fd = self._file.fileno()
@@ -87,7 +88,6 @@ class AppendBuffer:
         finally:
             self._file_size += written
             self._extent = max(self._extent, self._file_size)
-        return written
 
     def truncate(self, size: int) -> None:
         """Discard everything after the first `size` bytes."""

@@ -47,7 +47,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_to_hex
 from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.protocol.stream_write import CallEnded, send
+from pygazette.protocol.stream_write import send_all
 from pygazette.protocol.validation import validate_append_request, validate_read_request
 
 log = logging.getLogger(__name__)
@@ -264,12 +264,7 @@ class JournalGateway:
         try:
             # Written with `send`: a broker refusing the append at once (no token, say) has
             # its status reach the client, not grpc-python's INTERNAL.
-            try:
-                async for req in body.requests(first):
-                    await send(call, req)
-                await call.done_writing()
-            except CallEnded:
-                pass  # The broker answered already.
+            await send_all(call, body.requests(first))
             resp = await call
         except BaseException as exc:
             call.cancel()  # A body cut short, or the client gone: the broker rolls it back.

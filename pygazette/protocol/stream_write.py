@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import types
+from collections.abc import AsyncIterable
 from typing import Any
 
 import grpc
@@ -67,6 +68,17 @@ async def send(call: Any, message: Message) -> None:
         if not call.cancelled():
             call.cancel()
         raise
+
+
+async def send_all(call: Any, messages: AsyncIterable[Message]) -> None:
+    """Send every message of `messages` on `call` with `send`, then half-close it; stop
+    quietly if the call ends first (await the call for the server's answer or status)."""
+    try:
+        async for message in messages:
+            await send(call, message)
+        await call.done_writing()
+    except CallEnded:
+        pass  # The server answered already.
 
 
 async def _inner_call(call: Any) -> Any:
