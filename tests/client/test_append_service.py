@@ -280,3 +280,31 @@ def test_append_buffer_behaves_like_bytes(
         assert buf.size == 0 and buf.read_all() == b""
     finally:
         buf.close()
+
+
+def test_a_spill_cut_short_keeps_every_byte_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The disk fills while the front spills: what reached the file leaves the front, the
+    # rest stays there, and nothing is held twice.
+    from pygazette.client import append_buffer
+
+    buf = append_buffer.AppendBuffer(spill_size=1 << 30)
+    buf.write(b"a" * 700 + b"b" * 300)
+    real = append_buffer.os.pwrite
+    calls = []
+
+    def disk_fills(fd: int, data: memoryview, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 1:
+            return real(fd, bytes(data[:300]), offset)
+        del data  # (A real pwrite keeps no view of the buffer once it raised.)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(append_buffer.os, "pwrite", disk_fills)
+    with pytest.raises(OSError):
+        buf.spill()
+    monkeypatch.setattr(append_buffer.os, "pwrite", real)
+    assert (buf.size, buf.on_disk) == (1000, 300)
+    assert buf.read_all() == b"a" * 700 + b"b" * 300
+    buf.spill()
+    assert buf.on_disk == 1000 and buf.read_all() == b"a" * 700 + b"b" * 300
+    buf.close()
