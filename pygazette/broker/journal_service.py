@@ -174,6 +174,18 @@ class JournalService(pb_grpc.JournalServicer):
         try:
             result = await self.resolver.keyspace.txn(compares, ops)
         except KeyspaceUnavailable as exc:
+            cause = exc.__cause__
+            if (
+                isinstance(cause, grpc.aio.AioRpcError)
+                and cause.code() == grpc.StatusCode.INVALID_ARGUMENT
+            ):
+                # etcd refused the transaction itself: more operations than its
+                # --max-txn-ops (128 by default). Retrying can't help; smaller batches do.
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{cause.details()} ({len(ops)} changes in one transaction): apply fewer "
+                    "changes per transaction (--max-txn-size)",
+                )
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # Not reached: abort raises.
         if not result.succeeded:

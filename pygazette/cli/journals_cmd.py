@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -23,7 +24,12 @@ from pygazette.cli import output
 from pygazette.cli.client_settings import CliState, client_settings
 from pygazette.client.channel import channel_target
 from pygazette.client.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER
-from pygazette.client.list_apply import apply_journals_in_batches, list_all, list_journals
+from pygazette.client.list_apply import (
+    DEFAULT_APPLY_BATCH,
+    apply_journals_in_batches,
+    list_all,
+    list_journals,
+)
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.go_duration import parse_duration
 from pygazette.protocol.labels import label_value, label_values
@@ -59,6 +65,48 @@ def broker_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         help=f"Broker to talk to [default: the root --broker, ${BROKER_ADDRESS_ENV}, "
         f"or {DEFAULT_BROKER}].",
     )(fn)
+
+
+def max_txn_size_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """gazctl's --max-txn-size, defaulting to batches a default etcd accepts."""
+    return click.option(
+        "--max-txn-size",
+        type=click.IntRange(min=0),
+        default=DEFAULT_APPLY_BATCH,
+        show_default=True,
+        help="Changes per transaction. The default fits a default etcd (--max-txn-ops 128), "
+        "which refuses larger transactions; 0 sends every change in one transaction, as "
+        "gazctl does by default. Applied in several transactions, a failed apply leaves the "
+        "transactions before it applied.",
+    )(fn)
+
+
+class ApplyProgress:
+    """Reports an apply of several transactions on stderr: after a transaction at most once
+    a second, and after the last one (nothing for an apply of one transaction)."""
+
+    INTERVAL = 1.0
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.started = time.monotonic()
+        self.reported = self.started
+        self.transactions = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.transactions += 1
+        now = time.monotonic()
+        if done == total:
+            if self.transactions == 1:
+                return
+        elif now - self.reported < self.INTERVAL:
+            return
+        self.reported = now
+        click.echo(
+            f"applied {done}/{total} {self.what} changes in {self.transactions} "
+            f"transaction(s) ({now - self.started:.1f}s)",
+            err=True,
+        )
 
 
 def _broker(ctx: click.Context, override: str | None) -> str:
@@ -119,13 +167,7 @@ def journals() -> None:
     help="Journalspace YAML to apply ('-' reads stdin).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the changes instead of applying them.")
-@click.option(
-    "--max-txn-size",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Changes per transaction (0: all changes in one transaction).",
-)
+@max_txn_size_option
 @broker_option
 @click.pass_context
 def apply_cmd(
@@ -150,7 +192,9 @@ def apply_cmd(
         return
 
     async def run(client: JournalClient) -> pb.ApplyResponse:
-        return await apply_journals_in_batches(client, request, max_txn_size)
+        return await apply_journals_in_batches(
+            client, request, max_txn_size, ApplyProgress("journal")
+        )
 
     resp = run_with_client(_broker(ctx, broker), run)
     log.info("successfully applied", extra={"revision": resp.header.etcd.revision})

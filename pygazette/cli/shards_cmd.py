@@ -31,10 +31,12 @@ from google.protobuf import text_format
 from pygazette.cli import output
 from pygazette.cli.client_settings import CliState, client_settings
 from pygazette.cli.journals_cmd import (
+    ApplyProgress,
     CommandError,
     _broker,
     _read_text,
     broker_option,
+    max_txn_size_option,
 )
 from pygazette.cli.shardspace import (
     ShardSet,
@@ -180,7 +182,12 @@ class ShardService:
         try:
             if max_txn_size > 0 and len(changes) > max_txn_size:
                 resp = await self._call(
-                    self.client.apply_in_batches(changes, max_txn_size, within=RPC_TIMEOUT)
+                    self.client.apply_in_batches(
+                        changes,
+                        max_txn_size,
+                        within=RPC_TIMEOUT,
+                        progress=ApplyProgress("shard"),
+                    )
                 )
                 assert resp is not None
                 return resp
@@ -355,15 +362,6 @@ def _checked_request(shard_set: ShardSet) -> cpb.ApplyRequest:
     request = apply_request(shard_set)
     validate_shard_apply_request(request)
     return request
-
-
-max_txn_size_option = click.option(
-    "--max-txn-size",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Changes per transaction (0: all changes in one transaction).",
-)
 
 
 @shards.command("apply")

@@ -5,7 +5,7 @@ Broker statuses other than OK are raised as `pygazette.protocol.errors` exceptio
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pygazette.client.errors import ProtocolViolation
 from pygazette.client.journal_client import JournalClient
@@ -13,8 +13,12 @@ from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import format_selector, parse_selector
 
-# Changes per Apply RPC in `apply_journals_in_batches`: below etcd's usual transaction limit.
+# Changes per Apply RPC in `apply_journals_in_batches`: below etcd's default transaction
+# limit (`--max-txn-ops` 128: an apply of more changes in one transaction fails).
 DEFAULT_APPLY_BATCH = 100
+
+# Told after each applied batch: (changes applied so far, all changes).
+ApplyProgress = Callable[[int, int], None]
 
 
 def as_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
@@ -101,11 +105,13 @@ async def apply_journals_in_batches(
     client: JournalClient,
     changes: pb.ApplyRequest | Iterable[pb.ApplyRequest.Change],
     batch_size: int = DEFAULT_APPLY_BATCH,
+    progress: ApplyProgress | None = None,
 ) -> pb.ApplyResponse:
     """Apply changes in transactions of `batch_size` (0: one transaction).
 
-    Batches apply in order; if one fails, earlier batches stay applied. Returns the response
-    to the last batch.
+    Batches apply in order; if one fails, earlier batches stay applied (its error says how
+    many were). `progress`, given, is told after each batch. Returns the response to the
+    last batch.
     """
     all_changes = _changes(changes)
     size = batch_size if batch_size > 0 else max(1, len(all_changes))
@@ -114,11 +120,14 @@ async def apply_journals_in_batches(
         batch = all_changes[start : start + size]
         resp = await client.rpc_apply(pb.ApplyRequest(changes=batch))
         if resp.status != pb.OK:
+            what = _describe_batch(batch)
+            if start:
+                what += f" (the {start} change(s) before it stay applied)"
             raise error_for_status(
-                resp.status,
-                _describe_batch(batch),
-                resp.header if resp.HasField("header") else None,
+                resp.status, what, resp.header if resp.HasField("header") else None
             )
+        if progress is not None:
+            progress(start + len(batch), len(all_changes))
     assert resp is not None
     return resp
 

@@ -267,14 +267,19 @@ class ShardClient(Connection):
         size: int,
         *,
         within: float | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> cpb.ApplyResponse | None:
         """Apply the changes `size` at a time (each batch is its own transaction, so this
-        may apply only some batches before failing); the last response (None if none)."""
+        may apply only some batches before failing); the last response (None if none).
+        `progress`, given, is told (changes applied, all changes) after each batch."""
         if size <= 0:
             raise ValueError(f"batch size must be > 0 (got {size})")
         resp: cpb.ApplyResponse | None = None
         for i in range(0, len(changes), size):
-            resp = await self.apply(changes[i : i + size], within=within)
+            batch = changes[i : i + size]
+            resp = await self.apply(batch, within=within)
+            if progress is not None:
+                progress(i + len(batch), len(changes))
         return resp
 
     async def get_hints(self, shard: str, *, within: float | None = None) -> cpb.GetHintsResponse:

@@ -454,6 +454,30 @@ def test_delete_by_revision(deployment: Deployment, prefix: str) -> None:
     assert [s["spec"]["id"] for s in listed(dep, f"test={prefix}")] == [f"{prefix}-keep"]
 
 
+def test_apply_splits_into_transactions_a_default_etcd_accepts(
+    deployment: Deployment, prefix: str
+) -> None:
+    """More shards than one etcd transaction holds (the consumer's etcd is a default one):
+    by default in transactions of --max-txn-size, with progress on stderr; in one
+    transaction, refused with one clear line and nothing applied."""
+    dep = deployment
+    count = 250
+    ids = [f"{prefix}-{i:03d}" for i in range(count)]
+    setup_journals(dep, prefix, ids)
+    specs = shardspace(prefix, *(f"- id: {i}\n  disable: true\n" for i in ids))
+
+    whole = dep.cli("shards", "apply", "--specs", "-", "--max-txn-size", "0", stdin=specs)
+    assert "apply them in batches" in one_line_error(whole)
+    assert listed(dep, f"test={prefix}") == []
+
+    done = dep.cli("shards", "apply", "--specs", "-", stdin=specs)
+    assert ok(done).startswith(f"applied {count} shard change(s) at revision ")
+    assert done.stderr.splitlines()[-1].startswith(
+        f"applied {count}/{count} shard changes in 3 transaction(s) "
+    ), done.stderr
+    assert [s["spec"]["id"] for s in listed(dep, f"test={prefix}")] == ids
+
+
 def test_a_disabled_shard_is_not_assigned(deployment: Deployment, prefix: str) -> None:
     dep = deployment
     setup_journals(dep, prefix, [f"{prefix}-off"])
