@@ -108,13 +108,15 @@ class ChaosCluster:
         self.brokers: list[ClusterBroker] = [
             self.cluster.add(f"zone-{'ab'[i % 2]}", f"broker-{i}") for i in range(4)
         ]
-        # Each broker's advertised proxy, which recognizes its peers by process.
+        # Each broker's advertised proxy, which recognizes its peers by process. The proxies
+        # and balancers learn their targets' ports once those started: a first start that
+        # finds its port taken moves to another (tests/support/ports.py).
         self.proxies: dict[str, PartitionProxy] = {
-            b.suffix: PartitionProxy(b.port, self.broker_pids) for b in self.brokers
+            b.suffix: PartitionProxy(0, self.broker_pids) for b in self.brokers
         }
         for b in self.brokers:
             b.extra_args += ["--advertise", self.proxies[b.suffix].url]
-        self.broker_lb = TcpBalancer([b.port for b in self.brokers])
+        self.broker_lb = TcpBalancer([])
         self.consumers: list[ConsumerProcess] = []
         for i in range(3):
             self.consumers.append(
@@ -129,7 +131,7 @@ class ChaosCluster:
                     env={"PYGAZETTE_LOG_LEVEL": "info"},
                 )
             )
-        self.consumer_lb = TcpBalancer([c.port for c in self.consumers])
+        self.consumer_lb = TcpBalancer([])
         self._shard_ks: EtcdKeyspace | None = None
 
     def broker_pids(self) -> dict[str, int]:
@@ -145,6 +147,9 @@ class ChaosCluster:
         self.store_proxy = TcpProxy(self.s3.port)
         self.store = self.s3.store_url(bucket, "chaos", endpoint=self.store_proxy.endpoint)
         await asyncio.gather(*(asyncio.to_thread(b.start, 90.0) for b in self.brokers))
+        for b in self.brokers:
+            self.proxies[b.suffix].target_port = b.port
+        self.broker_lb.targets = [b.port for b in self.brokers]
         for b in self.brokers:  # Wait until every broker has joined.
             await self.cluster.wait_for(lambda b=b: self.cluster.is_member(b), "joined", 90)
         for name, text in (
@@ -156,6 +161,7 @@ class ChaosCluster:
             await self.cli("journals", "apply", "--specs", str(specs))
         await self.cluster.wait_ready(ALL_JOURNALS, REPLICATION, within=120)
         await asyncio.gather(*(asyncio.to_thread(c.start, 90.0) for c in self.consumers))
+        self.consumer_lb.targets = [c.port for c in self.consumers]
         await self.cli(
             "shards",
             "apply",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from tests.support.ports import free_port
+from tests.support.ports import start_on_free_port
 from tests.support.tcp_proxy import relay
 
 
@@ -24,14 +24,14 @@ class TcpBalancer:
     def __init__(self, target_ports: Sequence[int]) -> None:
         self.targets = list(target_ports)
         self.down: set[int] = set()
-        self.port = free_port()
+        self.port = 0  # Listening on a free one (another if it was taken), below.
         self._next = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self._server: asyncio.AbstractServer | None = None
-        self._call(self._start())
+        self.port = start_on_free_port(lambda port: self._call(self._start(port)))
 
     @property
     def url(self) -> str:
@@ -48,11 +48,14 @@ class TcpBalancer:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(30)
 
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+    async def _start(self, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return port
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         n = len(self.targets)
+        if n == 0:
+            return None  # No targets yet (a harness sets them once its servers started).
         start = self._next
         self._next = (self._next + 1) % n
         order = [self.targets[(start + i) % n] for i in range(n)]

@@ -1,4 +1,7 @@
-"""A real `pygazette serve` subprocess on loopback, for integration and fault tests."""
+"""A real `pygazette serve` subprocess on loopback, for integration and fault tests.
+
+Its port is a `ServerPort`: a first start that finds it taken moves to another free port
+(unless the port was given, or read before the start), see tests/support/ports.py."""
 
 from __future__ import annotations
 
@@ -13,7 +16,14 @@ from pathlib import Path
 import grpc
 
 from pygazette.auth.tls import ClientTLS, channel_credentials
-from tests.support.ports import free_port
+from tests.support.ports import (
+    PortInUse,
+    ServerPort,
+    log_size,
+    output_since,
+    says_port_taken,
+    start_retrying,
+)
 
 
 class BrokerProcess:
@@ -32,11 +42,16 @@ class BrokerProcess:
         # Given, the process serves TLS (its flags are in `extra_args`): this is what the
         # readiness check trusts and presents (a client certificate, for mTLS).
         self.tls = tls
-        self.port = port or free_port()
+        self._port = ServerPort(port)
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.parent / f"broker-{self.port}.log"
+        self.log_path = data_dir.parent / f"broker-{self._port.peek()}.log"
+
+    @property
+    def port(self) -> int:
+        """The port it serves on (reading it keeps it from moving on a first start)."""
+        return self._port.number
 
     @property
     def address(self) -> str:
@@ -59,52 +74,75 @@ class BrokerProcess:
         return self.data_dir / "fragments"
 
     def start(self, timeout: float = 30.0) -> None:
+        """Start the process and wait until it serves; retried on another port if its port
+        was taken (see the module's docstring)."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.log_path, "ab")
-        cmd = [
+        start_retrying(lambda: self._start_once(timeout), [self._port])
+
+    def command(self, port: int) -> list[str]:
+        """The process's command line, serving on `port`."""
+        return [
             sys.executable,
             "-m",
             "pygazette.cli.main",
             "serve",
             "--port",
-            str(self.port),
+            str(port),
             "--data-dir",
             str(self.data_dir),
             *self.extra_args,
         ]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def _start_once(self, timeout: float) -> None:
+        offset = log_size(self.log_path)  # This start's output begins here.
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            self.command(self._port.peek()),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.environment(),
         )
         log.close()
-        self._wait_listening(timeout)
+        self._wait_listening(timeout, offset)
 
-    def _wait_listening(self, timeout: float) -> None:
+    def _wait_listening(self, timeout: float, offset: int) -> None:
+        port = self._port.peek()
+        address = f"127.0.0.1:{port}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
+                output = output_since(self.log_path, offset)
+                if says_port_taken(output):
+                    raise PortInUse(f"{address} was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"broker exited early ({self.proc.returncode}):\n{self.log()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     pass
             except OSError:
                 time.sleep(0.02)
                 continue
             # Something listens; make sure it is our broker speaking HTTP/2 (not a stray
             # process that grabbed the port), and that it answers.
-            with self._ready_channel() as channel:
+            with self._ready_channel(address) as channel:
                 try:
                     grpc.channel_ready_future(channel).result(max(0.1, deadline - time.monotonic()))
                     return
                 except grpc.FutureTimeoutError:
                     break
-        raise TimeoutError(f"broker did not serve on {self.address}:\n{self.log()}")
+        if says_port_taken(output_since(self.log_path, offset)):
+            self.kill()
+            raise PortInUse(f"{address} was taken:\n{self.log()}")
+        raise TimeoutError(f"broker did not serve on {address}:\n{self.log()}")
 
-    def _ready_channel(self) -> grpc.Channel:
+    def _ready_channel(self, address: str) -> grpc.Channel:
         """A channel as the process serves: TLS (with the test's material) or plaintext."""
         if self.tls is None:
-            return grpc.insecure_channel(self.address)
-        return grpc.secure_channel(self.address, channel_credentials(self.tls))
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, channel_credentials(self.tls))
 
     def log(self) -> str:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,8 @@ from tests.support.broker_process import BrokerProcess
 
 
 class ConsumerProcess(BrokerProcess):
-    """Starts, kills, freezes and restarts one consumer process (see BrokerProcess)."""
+    """Starts, kills, freezes and restarts one consumer process (see BrokerProcess: its
+    start is retried on another port the same way)."""
 
     def __init__(
         self,
@@ -35,13 +35,11 @@ class ConsumerProcess(BrokerProcess):
         self.etcd = etcd
         self.etcd_prefix = etcd_prefix
         self.zone = zone
-        self.member_id = member_id or f"consumer-{self.port}"
-        self.log_path = data_dir.parent / f"consumer-{self.port}.log"
+        self.member_id = member_id or f"consumer-{self._port.peek()}"
+        self.log_path = data_dir.parent / f"consumer-{self._port.peek()}.log"
 
-    def start(self, timeout: float = 30.0) -> None:
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.log_path, "ab")
-        cmd = [
+    def command(self, port: int) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "pygazette.cli.main",
@@ -54,7 +52,7 @@ class ConsumerProcess(BrokerProcess):
             "--broker",
             self.broker,
             "--port",
-            str(self.port),
+            str(port),
             "--zone",
             self.zone,
             "--id",
@@ -65,9 +63,9 @@ class ConsumerProcess(BrokerProcess):
             *(["--etcd-prefix", self.etcd_prefix] if self.etcd_prefix else []),
             *self.extra_args,
         ]
+
+    def environment(self) -> dict[str, str]:
         repo = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, **self.env}
         env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
-        self._wait_listening(timeout)
+        return env

@@ -2,7 +2,9 @@
 
 The binaries come from `interop/build-binaries` (built once from the Go module proxy into
 interop/bin/). `GazetteBroker` has the `url`/`address` interface of `BrokerProcess`, so tests
-written against a pygazette broker run against Gazette's unchanged.
+written against a pygazette broker run against Gazette's unchanged. A first start that finds
+its port taken moves to another free port, as the pygazette harnesses do
+(tests/support/ports.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.ports import free_port
+from tests.support.ports import (
+    PortInUse,
+    ServerPort,
+    log_size,
+    output_since,
+    says_port_taken,
+    start_retrying,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 INTEROP_DIR = REPO / "interop"
@@ -52,6 +61,14 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def _port_taken(path: Path, offset: int, what: str) -> PortInUse | None:
+    """PortInUse if the log's output since `offset` says a port was taken."""
+    output = output_since(path, offset)
+    if says_port_taken(output):
+        return PortInUse(f"{what}'s port was taken:\n{output[-2000:]}")
+    return None
+
+
 def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -69,23 +86,35 @@ class EtcdServer:
     def __init__(self, binary: Path, data_dir: Path) -> None:
         self.binary = binary
         self.data_dir = data_dir
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self._client_port = ServerPort()
+        self._peer_port = ServerPort()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.parent / f"etcd-{self.client_port}.log"
+        self.log_path = data_dir.parent / f"etcd-{self._client_port.peek()}.log"
+
+    @property
+    def client_port(self) -> int:
+        return self._client_port.number
+
+    @property
+    def peer_port(self) -> int:
+        return self._peer_port.number
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
     def start(self, timeout: float = 60.0) -> None:
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        start_retrying(lambda: self._start_once(timeout), [self._client_port, self._peer_port])
+
+    def _start_once(self, timeout: float) -> None:
+        url = f"http://127.0.0.1:{self._client_port.peek()}"
+        peer = f"http://127.0.0.1:{self._peer_port.peek()}"
         cmd = [
             str(self.binary),
             "--name=interop",
             f"--data-dir={self.data_dir}",
-            f"--listen-client-urls={self.url}",
-            f"--advertise-client-urls={self.url}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=interop={peer}",
@@ -93,19 +122,27 @@ class EtcdServer:
             "--heartbeat-interval=200",
             "--election-timeout=2000",
         ]
+        offset = log_size(self.log_path)  # This start's output begins here.
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                taken = _port_taken(self.log_path, offset, "etcd")
+                if taken is not None:
+                    raise taken
                 raise RuntimeError(f"etcd exited early:\n{_tail(self.log_path)}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                with urllib.request.urlopen(url + "/health", timeout=1) as resp:
                     if b'"true"' in resp.read():
                         return
             except OSError:
                 pass
             time.sleep(0.05)
+        taken = _port_taken(self.log_path, offset, "etcd")
+        if taken is not None:
+            _terminate(self.proc, 10)
+            raise taken
         raise TimeoutError(f"etcd did not become healthy:\n{_tail(self.log_path)}")
 
     def stop(self) -> None:
@@ -138,12 +175,16 @@ class GazetteBroker:
         self.etcd = etcd
         self.work_dir = work_dir
         self.file_root = file_root or work_dir / "fragments"
-        self.port = port or free_port()
+        self._port = ServerPort(port)
         self.prefix = prefix or f"/gazette/interop-{uuid.uuid4().hex[:12]}"
         self.broker_id = broker_id
         self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = work_dir / f"gazette-{self.port}.log"
+        self.log_path = work_dir / f"gazette-{self._port.peek()}.log"
+
+    @property
+    def port(self) -> int:
+        return self._port.number
 
     @property
     def address(self) -> str:
@@ -158,12 +199,13 @@ class GazetteBroker:
         """As `BrokerProcess.data_dir`: `data_dir / "fragments"` roots file:// stores."""
         return self.file_root.parent
 
-    def command(self) -> list[str]:
+    def command(self, port: int | None = None) -> list[str]:
+        """The command line, serving on `port` (default: the broker's)."""
         return [
             str(self.binary),
             "serve",
             "--broker.host=127.0.0.1",
-            f"--broker.port={self.port}",
+            f"--broker.port={port or self.port}",
             f"--broker.id={self.broker_id}",
             "--broker.zone=local",
             f"--broker.file-root={self.file_root}",
@@ -179,11 +221,16 @@ class GazetteBroker:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.file_root.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
-        self._wait_serving(timeout)
+        start_retrying(lambda: self._start_once(timeout), [self._port])
 
-    def _wait_serving(self, timeout: float) -> None:
+    def _start_once(self, timeout: float) -> None:
+        port = self._port.peek()
+        offset = log_size(self.log_path)  # This start's output begins here.
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT)
+        self._wait_serving(f"127.0.0.1:{port}", timeout, offset)
+
+    def _wait_serving(self, address: str, timeout: float, offset: int) -> None:
         """Wait until the broker answers List: it then has joined etcd and is the allocator."""
         import grpc
 
@@ -202,9 +249,12 @@ class GazetteBroker:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
+                taken = _port_taken(self.log_path, offset, "gazette")
+                if taken is not None:
+                    raise taken
                 raise RuntimeError(f"gazette exited early:\n{self.log()}")
             try:
-                with grpc.insecure_channel(self.address) as channel:
+                with grpc.insecure_channel(address) as channel:
                     stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
                     for resp in stub.List(pb.ListRequest(), timeout=2, metadata=metadata):
                         if resp.status == pb.OK and resp.header.process_id.suffix:
@@ -213,6 +263,10 @@ class GazetteBroker:
             except grpc.RpcError as exc:
                 last = str(exc)
             time.sleep(0.05)
+        taken = _port_taken(self.log_path, offset, "gazette")
+        if taken is not None:
+            self.kill()
+            raise taken
         raise TimeoutError(f"gazette did not serve ({last}):\n{self.log()}")
 
     def log(self) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from tests.support.ports import free_port
+from tests.support.ports import start_on_free_port
 from tests.support.tcp_proxy import abort_connection, relay
 
 # name -> pid of the processes a proxy can recognize (read at each connection: pids change
@@ -82,7 +82,7 @@ def owner_of(peer_port: int, proxy_port: int, owners: Mapping[str, int]) -> str 
 class PartitionProxy:
     def __init__(self, target_port: int, owners: Owners) -> None:
         self.target_port = target_port
-        self.port = free_port()
+        self.port = 0  # Listening on a free one (another if it was taken), below.
         self.owners = owners
         self.denied: frozenset[str] = frozenset()
         self.refused = 0  # Connections refused so far.
@@ -92,7 +92,7 @@ class PartitionProxy:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self._server: asyncio.AbstractServer | None = None
-        self._call(self._start())
+        self.port = start_on_free_port(lambda port: self._call(self._start(port)))
 
     @property
     def url(self) -> str:
@@ -102,8 +102,9 @@ class PartitionProxy:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(30)
 
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+    async def _start(self, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return port
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         peer = client_w.get_extra_info("peername")

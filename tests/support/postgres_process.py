@@ -5,7 +5,7 @@ listening on 127.0.0.1 (and a Unix socket in the same directory), with trust aut
 `postgres` superuser. PostgreSQL refuses to run as root: when the tests run as root, the
 server runs as the `postgres` system user (or `nobody`), in a directory it owns.
 Readiness is waited for by polling `pg_isready`; `stop()` shuts it down and removes the
-directory.
+directory. A start that finds its port taken moves to another free port (tests/support/ports.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.ports import free_port
+from tests.support.ports import (
+    PortInUse,
+    ServerPort,
+    log_size,
+    output_since,
+    says_port_taken,
+    start_retrying,
+)
 
 
 def postgres_bin_dir() -> Path | None:
@@ -57,12 +64,16 @@ class PostgresProcess:
         if bin_dir is None:
             raise RuntimeError("PostgreSQL is not installed (.ci/install-system-deps installs it)")
         self.bin_dir = bin_dir
-        self.port = free_port()
+        self._port = ServerPort()
         self.user = _server_user()
         self.base = Path(tempfile.mkdtemp(prefix="pygazette-pg-"))
         self.data_dir = self.base / "data"
         self.log_path = self.base / "postgres.log"
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port.number
 
     @property
     def dsn(self) -> str:
@@ -77,10 +88,10 @@ class PostgresProcess:
     def start(self, timeout: float = 60.0) -> None:
         try:
             self._init_cluster()
+            start_retrying(lambda: self._run(timeout), [self._port])
         except BaseException:
-            shutil.rmtree(self.base, ignore_errors=True)
+            self.stop()
             raise
-        self._run(timeout)
 
     def _init_cluster(self) -> None:
         if self.user is not None:
@@ -114,6 +125,8 @@ class PostgresProcess:
     def _run(self, timeout: float) -> None:
         env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
         uid, gid, groups = self._uid_gid()
+        port = self._port.peek()
+        offset = log_size(self.log_path)  # This start's output begins here.
         log = open(self.log_path, "ab")
         if self.user is not None:
             os.chown(self.log_path, self.user.pw_uid, self.user.pw_gid)
@@ -125,7 +138,7 @@ class PostgresProcess:
                 "-h",
                 "127.0.0.1",
                 "-p",
-                str(self.port),
+                str(port),
                 "-k",
                 str(self.base),
                 # A throwaway server: no durability, small footprint.
@@ -150,16 +163,19 @@ class PostgresProcess:
         )
         log.close()
         try:
-            self._wait_ready(timeout)
+            self._wait_ready(port, timeout, offset)
         except BaseException:
-            self.stop()
+            self._stop_server()
             raise
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, port: int, timeout: float, offset: int) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
+                output = output_since(self.log_path, offset)
+                if says_port_taken(output):
+                    raise PortInUse(f"port {port} was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"postgres exited early ({self.proc.returncode}):\n{self.log()}")
             ready = subprocess.run(
                 [
@@ -168,7 +184,7 @@ class PostgresProcess:
                     "-h",
                     "127.0.0.1",
                     "-p",
-                    str(self.port),
+                    str(port),
                     "-U",
                     "postgres",
                     "-t",
@@ -179,7 +195,9 @@ class PostgresProcess:
             if ready.returncode == 0:
                 return
             time.sleep(0.05)  # pg_isready answers at once while the server starts up.
-        raise TimeoutError(f"postgres did not become ready on port {self.port}:\n{self.log()}")
+        if says_port_taken(output_since(self.log_path, offset)):
+            raise PortInUse(f"port {port} was taken:\n{self.log()}")
+        raise TimeoutError(f"postgres did not become ready on port {port}:\n{self.log()}")
 
     def log(self) -> str:
         try:
@@ -190,12 +208,15 @@ class PostgresProcess:
     def stop(self) -> None:
         """Fast shutdown (SIGINT: abort sessions, then exit), and remove the directory."""
         try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGINT)
-                try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(10)
+            self._stop_server()
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
+
+    def _stop_server(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

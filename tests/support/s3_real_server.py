@@ -8,7 +8,8 @@ signatures of requests and of presigned URLs, keeps objects as files of a direct
 (`root/<bucket>/<key>`) that survive a restart, and is stopped and started like any process.
 
 Credentials are the server's root account, given to brokers through their environment
-(`env()`), never exported into the test process's own environment.
+(`env()`), never exported into the test process's own environment. A first start that finds
+its port taken moves to another free port (tests/support/ports.py); restarts keep it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.ports import free_port
+from tests.support.ports import (
+    PortInUse,
+    ServerPort,
+    log_size,
+    output_since,
+    says_port_taken,
+    start_retrying,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "interop" / "build-s3server"
@@ -77,10 +85,14 @@ class RealS3Server:
         self.backend_args: list[str] = []
         if not _xattrs_supported(self.root):
             self.backend_args = ["--sidecar", str(work_dir / "meta")]
-        self.port = port or free_port()
-        self.log_path = work_dir / f"versitygw-{self.port}.log"
+        self._port = ServerPort(port)
+        self.log_path = work_dir / f"versitygw-{self._port.peek()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._binary: Path | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port.number
 
     @property
     def endpoint(self) -> str:
@@ -91,12 +103,18 @@ class RealS3Server:
         assert not self.running(), "already running"
         if self._binary is None:
             self._binary = server_binary()
+        start_retrying(lambda: self._start_once(timeout), [self._port])
+
+    def _start_once(self, timeout: float) -> None:
+        assert self._binary is not None
+        endpoint = f"http://127.0.0.1:{self._port.peek()}"
+        offset = log_size(self.log_path)  # This start's output begins here.
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
                 str(self._binary),
                 "--port",
-                f"127.0.0.1:{self.port}",
+                f"127.0.0.1:{self._port.peek()}",
                 "--access",
                 ACCESS_KEY,
                 "--secret",
@@ -117,17 +135,23 @@ class RealS3Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                output = output_since(self.log_path, offset)
+                if says_port_taken(output):
+                    raise PortInUse(f"{endpoint} was taken:\n{output[-2000:]}")
                 raise RuntimeError(
                     f"versitygw exited early ({self.proc.returncode}):\n{self.log()}"
                 )
             try:
-                with urllib.request.urlopen(self.endpoint + "/", timeout=1):
+                with urllib.request.urlopen(endpoint + "/", timeout=1):
                     return
             except urllib.error.HTTPError:
                 return  # Listening, and refusing the unsigned request as it should.
             except OSError:
                 time.sleep(0.05)
-        raise TimeoutError(f"versitygw did not come up on {self.endpoint}:\n{self.log()}")
+        if says_port_taken(output_since(self.log_path, offset)):
+            self.kill()
+            raise PortInUse(f"{endpoint} was taken:\n{self.log()}")
+        raise TimeoutError(f"versitygw did not come up on {endpoint}:\n{self.log()}")
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -2,7 +2,8 @@
 
 The server process is started once per test session (it takes a second or two) and every
 test makes its own bucket. Credentials are dummies, exported into the environment so that
-brokers started by the tests inherit them.
+brokers started by the tests inherit them. A first start that finds its port taken moves
+to another free port (tests/support/ports.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from tests.support.ports import free_port
+from tests.support.ports import (
+    PortInUse,
+    ServerPort,
+    log_size,
+    output_since,
+    says_port_taken,
+    start_retrying,
+)
 
 ACCESS_KEY = "testing-access-key"
 SECRET_KEY = "testing-secret-key"
@@ -26,18 +34,28 @@ REGION = "us-east-1"
 
 class S3Server:
     def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.log_path = log_dir / f"moto-{self.port}.log"
+        self._port = ServerPort()
+        self.log_path = log_dir / f"moto-{self._port.peek()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port.number
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> None:
+        start_retrying(lambda: self._start_once(timeout), [self._port])
+
+    def _start_once(self, timeout: float) -> None:
+        port = self._port.peek()
+        endpoint = f"http://127.0.0.1:{port}"
+        offset = log_size(self.log_path)  # This start's output begins here.
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -45,14 +63,20 @@ class S3Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                output = output_since(self.log_path, offset)
+                if says_port_taken(output):
+                    raise PortInUse(f"{endpoint} was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"moto_server exited early:\n{self.log()}")
             try:
-                with urllib.request.urlopen(self.endpoint + "/", timeout=1):
+                with urllib.request.urlopen(endpoint + "/", timeout=1):
                     return
             except urllib.error.HTTPError:
                 return  # Listening (and answering S3 errors).
             except OSError:
                 time.sleep(0.05)
+        if says_port_taken(output_since(self.log_path, offset)):
+            self.stop()
+            raise PortInUse(f"{endpoint} was taken:\n{self.log()}")
         raise TimeoutError(f"moto_server did not come up:\n{self.log()}")
 
     def stop(self) -> None:

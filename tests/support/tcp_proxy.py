@@ -16,13 +16,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tests.support.ports import free_port
+from tests.support.ports import start_on_free_port
 
 
 class TcpProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.port = free_port()
+        self.port = 0  # Listening on a free one (another if it was taken), below.
         self._blackhole = False
         self._cut = False
         self._writers: set[asyncio.StreamWriter] = set()
@@ -30,7 +30,7 @@ class TcpProxy:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self._server: asyncio.AbstractServer | None = None
-        self._call(self._start())
+        self.port = start_on_free_port(lambda port: self._call(self._start(port)))
 
     @property
     def url(self) -> str:
@@ -44,8 +44,9 @@ class TcpProxy:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(30)
 
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+    async def _start(self, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return port
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         if self._cut:
