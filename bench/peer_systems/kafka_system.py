@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from peer_systems.processes import ServerProcess, free_port
+from peer_systems.processes import ServerPort, ServerProcess, start_retrying
 from peer_systems.system import Message, OnMessage, StopTail, System
 
 KAFKA_VERSION = "4.1.1"
@@ -130,60 +130,76 @@ class KafkaSystem(System):
     async def start(self, tmp: Path) -> None:
         java = shutil.which("java")
         assert java is not None
-        classpath = str(jar_dir() / "*")
-        ports = [(free_port(), free_port()) for _ in range(self.brokers)]
-        voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports, start=1))
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        rf = self.brokers
-        for i, (port, controller) in enumerate(ports, start=1):
-            props = tmp / f"kafka-{i}.properties"
-            props.write_text(
-                "\n".join(
-                    [
-                        "process.roles=broker,controller",
-                        f"node.id={i}",
-                        f"controller.quorum.voters={voters}",
-                        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-                        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-                        "controller.listener.names=CONTROLLER",
-                        "inter.broker.listener.name=PLAINTEXT",
-                        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                        f"log.dirs={tmp / f'kafka-{i}'}",
-                        f"offsets.topic.replication.factor={rf}",
-                        f"transaction.state.log.replication.factor={rf}",
-                        f"transaction.state.log.min.isr={min(rf, 2)}",
-                        f"default.replication.factor={rf}",
-                        f"min.insync.replicas={min(rf, 2)}",
-                        "group.initial.rebalance.delay.ms=0",
-                        "auto.create.topics.enable=false",
-                        f"message.max.bytes={MAX_MESSAGE}",
-                        f"replica.fetch.max.bytes={MAX_MESSAGE}",
-                        "",
-                    ]
-                )
-            )
-            fmt = await asyncio.to_thread(
-                subprocess.run,
-                [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "-t",
-                 cluster_id, "-c", str(props)],
-                capture_output=True,
-                check=False,
-            )  # fmt: skip
-            if fmt.returncode != 0:
-                raise RuntimeError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]!r}")
-            proc = ServerProcess(
-                f"{self.name}-{i}",
-                [java, *JVM_OPTS, "-cp", classpath, "kafka.Kafka", str(props)],
-                tmp / f"kafka-{i}.log",
-            )
-            self.procs.append(proc)
-            proc.start()
-        for proc, (port, _) in zip(self.procs, ports, strict=True):
-            await asyncio.to_thread(proc.wait_listening, port, 120.0)
-        self.bootstrap = ",".join(f"127.0.0.1:{p}" for p, _ in ports)
+        # (client, controller) ports of each broker; all move if one was taken.
+        ports = [(ServerPort(), ServerPort()) for _ in range(self.brokers)]
+        await asyncio.to_thread(
+            start_retrying,
+            lambda: self._start_brokers(java, tmp, [(c.peek(), k.peek()) for c, k in ports]),
+            [p for pair in ports for p in pair],
+        )
+        self.bootstrap = ",".join(f"127.0.0.1:{c.number}" for c, _ in ports)
         await asyncio.to_thread(self._wait_brokers)
         self.producer = self._producer(linger_ms=5)
         self.latency_producer = self._producer(linger_ms=0)
+
+    def _start_brokers(self, java: str, tmp: Path, ports: list[tuple[int, int]]) -> None:
+        """Format and start every broker on `ports`, and wait until each listens (all stopped
+        again if one fails: a retry starts the cluster afresh on other ports)."""
+        classpath = str(jar_dir() / "*")
+        voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports, start=1))
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        rf = self.brokers
+        try:
+            for i, (port, controller) in enumerate(ports, start=1):
+                shutil.rmtree(tmp / f"kafka-{i}", ignore_errors=True)  # An earlier try's.
+                props = tmp / f"kafka-{i}.properties"
+                props.write_text(
+                    "\n".join(
+                        [
+                            "process.roles=broker,controller",
+                            f"node.id={i}",
+                            f"controller.quorum.voters={voters}",
+                            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+                            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                            "controller.listener.names=CONTROLLER",
+                            "inter.broker.listener.name=PLAINTEXT",
+                            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                            f"log.dirs={tmp / f'kafka-{i}'}",
+                            f"offsets.topic.replication.factor={rf}",
+                            f"transaction.state.log.replication.factor={rf}",
+                            f"transaction.state.log.min.isr={min(rf, 2)}",
+                            f"default.replication.factor={rf}",
+                            f"min.insync.replicas={min(rf, 2)}",
+                            "group.initial.rebalance.delay.ms=0",
+                            "auto.create.topics.enable=false",
+                            f"message.max.bytes={MAX_MESSAGE}",
+                            f"replica.fetch.max.bytes={MAX_MESSAGE}",
+                            "",
+                        ]
+                    )
+                )
+                fmt = subprocess.run(
+                    [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "-t",
+                     cluster_id, "-c", str(props)],
+                    capture_output=True,
+                    check=False,
+                )  # fmt: skip
+                if fmt.returncode != 0:
+                    raise RuntimeError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]!r}")
+                proc = ServerProcess(
+                    f"{self.name}-{i}",
+                    [java, *JVM_OPTS, "-cp", classpath, "kafka.Kafka", str(props)],
+                    tmp / f"kafka-{i}.log",
+                )
+                self.procs.append(proc)
+                proc.start()
+            for proc, (port, _) in zip(self.procs, ports, strict=True):
+                proc.wait_listening(port, 120.0)
+        except BaseException:
+            for proc in self.procs:
+                proc.stop(10.0)
+            self.procs.clear()
+            raise
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from peer_systems.processes import ServerProcess, free_port
+from peer_systems.processes import ServerProcess, start_server
 from peer_systems.system import Message, OnMessage, StopTail, System
 
 MAX_PAYLOAD = 8 << 20
@@ -71,16 +71,17 @@ class NatsSystem(System):
 
         binary = nats_binary()
         assert binary is not None
-        port = free_port()
         conf = tmp / "nats.conf"
-        conf.write_text(
-            f"listen: 127.0.0.1:{port}\n"
-            f"max_payload: {MAX_PAYLOAD}\n"
-            f'jetstream {{ store_dir: "{tmp / "jetstream"}" }}\n'
-        )
-        self.proc = ServerProcess(self.name, [binary, "-js", "-c", str(conf)], tmp / "nats.log")
-        self.proc.start()
-        await asyncio.to_thread(self.proc.wait_listening, port)
+
+        def server(port: int) -> ServerProcess:
+            conf.write_text(
+                f"listen: 127.0.0.1:{port}\n"
+                f"max_payload: {MAX_PAYLOAD}\n"
+                f'jetstream {{ store_dir: "{tmp / "jetstream"}" }}\n'
+            )
+            return ServerProcess(self.name, [binary, "-js", "-c", str(conf)], tmp / "nats.log")
+
+        self.proc, port = await asyncio.to_thread(start_server, server)
         self.nc = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=0)
         self.js = self.nc.jetstream(timeout=30)
 

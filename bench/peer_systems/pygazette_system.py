@@ -15,11 +15,11 @@ import shutil
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from peer_systems.processes import ServerProcess, free_port
+from peer_systems.processes import ServerPort, ServerProcess, start_retrying, start_server
 from peer_systems.system import Message, OnMessage, StopTail, System
 from pygazette.client import AppendService, JournalClient, apply_journals
 from pygazette.message import Publisher, ReadCommitted
@@ -77,55 +77,73 @@ class PygazetteSystem(System):
     async def start(self, tmp: Path) -> None:
         base = [sys.executable, "-m", "pygazette.cli.main", "serve"]
         if self.replication == 1:
-            port = free_port()
-            proc = ServerProcess(
-                self.name,
-                [*base, "--port", str(port), "--data-dir", str(tmp / "data")],
-                tmp / "broker.log",
-            )
+
+            def single(port: int) -> ServerProcess:
+                return ServerProcess(
+                    self.name,
+                    [*base, "--port", str(port), "--data-dir", str(tmp / "data")],
+                    tmp / "broker.log",
+                )
+
+            proc, port = await asyncio.to_thread(start_server, single)
             self.procs.append(proc)
-            proc.start()
-            await asyncio.to_thread(proc.wait_listening, port)
             self.addresses.append(f"127.0.0.1:{port}")
         else:
             etcd_url = await asyncio.to_thread(self._start_etcd, tmp)
-            ports = []
-            for i, zone in enumerate(("zone-a", "zone-b", "zone-a"), start=1):
-                port = free_port()
-                ports.append(port)
-                proc = ServerProcess(
-                    f"{self.name}-broker-{i}",
-                    [
-                        *base,
-                        "--etcd",
-                        etcd_url,
-                        "--zone",
-                        zone,
-                        "--id",
-                        f"broker-{i}",
-                        "--port",
-                        str(port),
-                        "--data-dir",
-                        str(tmp / f"data-{i}"),
-                        "--file-root",
-                        str(tmp / "store"),
-                        "--lease-ttl",
-                        "5s",
-                    ],
-                    tmp / f"broker-{i}.log",
-                )
-                self.procs.append(proc)
-                proc.start()
-                self.addresses.append(f"127.0.0.1:{port}")
-            for proc, port in zip(self.procs[1:], ports, strict=True):
-                await asyncio.to_thread(proc.wait_listening, port)
+
+            def member(i: int, zone: str) -> Callable[[int], ServerProcess]:
+                def make(port: int) -> ServerProcess:
+                    return ServerProcess(
+                        f"{self.name}-broker-{i}",
+                        [
+                            *base,
+                            "--etcd",
+                            etcd_url,
+                            "--zone",
+                            zone,
+                            "--id",
+                            f"broker-{i}",
+                            "--port",
+                            str(port),
+                            "--data-dir",
+                            str(tmp / f"data-{i}"),
+                            "--file-root",
+                            str(tmp / "store"),
+                            "--lease-ttl",
+                            "5s",
+                        ],
+                        tmp / f"broker-{i}.log",
+                    )
+
+                return make
+
+            started = await asyncio.gather(
+                *(
+                    asyncio.to_thread(start_server, member(i, zone))
+                    for i, zone in enumerate(("zone-a", "zone-b", "zone-a"), start=1)
+                ),
+                return_exceptions=True,
+            )
+            for result in started:  # Every started one, to be stopped even if one failed.
+                if not isinstance(result, BaseException):
+                    self.procs.append(result[0])
+                    self.addresses.append(f"127.0.0.1:{result[1]}")
+            for result in started:
+                if isinstance(result, BaseException):
+                    raise result
         self.admin = JournalClient(self.addresses[0])
 
     def _start_etcd(self, tmp: Path) -> str:
         binary = shutil.which("etcd")
         assert binary is not None
-        client, peer = free_port(), free_port()
+        client, peer = ServerPort(), ServerPort()
+        return start_retrying(
+            lambda: self._start_etcd_on(binary, tmp, client.peek(), peer.peek()), [client, peer]
+        )
+
+    def _start_etcd_on(self, binary: str, tmp: Path, client: int, peer: int) -> str:
         url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        shutil.rmtree(tmp / "etcd", ignore_errors=True)  # An earlier try's.
         proc = ServerProcess(
             "etcd",
             [
@@ -141,17 +159,24 @@ class PygazetteSystem(System):
             ],
             tmp / "etcd.log",
         )
-        self.procs.append(proc)
         proc.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
+                proc.check_running()
+            except BaseException:
+                proc.stop(5.0)
+                raise
+            try:
                 with urllib.request.urlopen(url + "/health", timeout=1) as resp:
                     if b'"true"' in resp.read():
+                        self.procs.append(proc)
                         return url
             except OSError:
                 time.sleep(0.05)
-        raise TimeoutError(f"etcd did not become healthy:\n{proc.log_tail()}")
+        error = proc.not_ready("did not become healthy")
+        proc.stop(5.0)
+        raise error
 
     async def stop(self) -> None:
         if self.service is not None:

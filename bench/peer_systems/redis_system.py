@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from peer_systems.processes import ServerProcess, free_port
+from peer_systems.processes import ServerProcess, start_server
 from peer_systems.system import Message, OnMessage, StopTail, System
 
 FIELD = b"m"
@@ -67,31 +67,32 @@ class RedisSystem(System):
 
         binary = shutil.which("redis-server")
         assert binary is not None
-        self.port = free_port()
         (tmp / "redis").mkdir()
-        self.proc = ServerProcess(
-            self.name,
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(tmp / "redis"),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                "--protected-mode",
-                "no",
-            ],
-            tmp / "redis.log",
-        )
-        self.proc.start()
-        await asyncio.to_thread(self.proc.wait_listening, self.port)
+
+        def server(port: int) -> ServerProcess:
+            return ServerProcess(
+                self.name,
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(tmp / "redis"),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--save",
+                    "",
+                    "--protected-mode",
+                    "no",
+                ],
+                tmp / "redis.log",
+            )
+
+        self.proc, self.port = await asyncio.to_thread(start_server, server)
         self.client = aredis.Redis(host="127.0.0.1", port=self.port)
         await self.client.ping()
 
