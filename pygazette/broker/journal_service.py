@@ -422,8 +422,12 @@ class JournalService(pb_grpc.JournalServicer):
             )
         if failure := await replica.await_first_listing():
             await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
+        # Local spools as readers may see them (in cluster mode, the open one only up to
+        # what every replica confirmed: `Spool.readable_fragment`).
         frags = replica.index.persisted() + [
-            s.fragment() for s in replica.index.local_spools() if s.end > s.begin
+            f
+            for f in (s.readable_fragment() for s in replica.index.local_spools())
+            if f.end > f.begin
         ]
         frags.sort(key=lambda f: (f.begin, f.end))
         limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE_LIMIT

@@ -1,7 +1,10 @@
 """The Read RPC: streams a journal from an offset, out of local spools or persisted fragments.
 
 Each fragment read begins with a metadata response (offset, write head, fragment and, for a
-persisted fragment, its URL), followed by content chunks. Offset -1 reads from the write head.
+persisted fragment, its URL), followed by content chunks. As Gazette checks, the fragment never
+ends past the write head: in cluster mode a local spool is described, and served, only up to
+what every replica confirmed (`Spool.readable_fragment`), and the write head counts persisted
+fragments (`Replica.head`). Offset -1 reads from the write head.
 A blocking read waits for commits; a non-blocking one answers OFFSET_NOT_YET_AVAILABLE at the
 head. `do_not_proxy` reads of persisted fragments get the fragment URL (a presigned store
 URL, or a file:// path) and no content; `metadata_only` reads get one metadata response.
@@ -113,11 +116,13 @@ async def serve_local_read(
             if failure := await replica.await_first_listing():
                 raise StoreError(failure)
             continue
-        limit = replica.readable_limit(frag.end) if frag is not None else None
-        if limit is not None and offset >= limit:
-            frag = spool = None  # Held here, but not yet confirmed everywhere (cluster mode).
-            if not req.block and await _await_readable(replica, offset + 1):
-                continue
+        if (
+            frag is None
+            and not req.block
+            and replica.holds_unconfirmed(offset)
+            and await _await_readable(replica, offset + 1)
+        ):
+            continue  # Held here, and now confirmed everywhere (cluster mode).
         if frag is None and replica.clustered and offset < replica.head:
             # A gap below the head: content a peer holds or persisted that this broker's
             # index doesn't show. List the stores again; then ask the peers.
@@ -192,8 +197,6 @@ async def serve_local_read(
             return
 
         until = frag.end if not req.end_offset else min(frag.end, req.end_offset)
-        if limit is not None:
-            until = min(until, limit)
         if spool is not None:
             chunks = _spool_chunks(spool, offset, until)
         else:

@@ -268,6 +268,8 @@ class Replica:
         """Let readers see content up to `offset` (cluster mode; it never moves back)."""
         if self.readable_end is None or offset > self.readable_end:
             self.readable_end = offset
+            if self.spool is not None:
+                self.spool.set_readable(offset)
             self.index.spool_committed()
 
     # Offsets.
@@ -276,17 +278,21 @@ class Replica:
         """The journal's write head: the offset the next append begins at.
 
         In cluster mode, the head readers see: `readable_end`, the frontier every replica
-        has confirmed (content beyond it, local or persisted, is not shown yet).
+        has confirmed (the open spool's content beyond it is not shown yet, see
+        `Spool.hold_back`), or the end of a persisted fragment beyond it (persisted content
+        was confirmed by the broker that persisted it; a member learns of it from a listing
+        before its own frontier catches up). Every fragment a reader is shown ends at or
+        below it.
         """
         if self.readable_end is not None:
-            return self.readable_end
+            return max(self.readable_end, self.index.persisted_end)
         return max(self.index.end_offset, self.spool.end if self.spool else 0)
 
-    def readable_limit(self, frag_end: int) -> int:
-        """How far readers may read a fragment (or spool) ending at `frag_end`."""
-        if self.readable_end is None:
-            return frag_end
-        return min(frag_end, self.readable_end)
+    def holds_unconfirmed(self, offset: int) -> bool:
+        """Whether this broker holds committed content at `offset` that readers may not see
+        yet (cluster mode: not every replica has confirmed it)."""
+        rs = self.rspool
+        return rs is not None and self.readable_end is not None and self.head <= offset < rs.end
 
     # Spool rolling (callers hold the pipeline).
     def flush_interval(self) -> int:

@@ -21,7 +21,9 @@ every replica of the route, while content above it is not known to be; and the p
 acknowledges an append only once every peer acknowledged a confirmation covering it
 (`append_fsm`), so content above the frontier was never acknowledged. The frontier:
 
-- is what a replica lets readers see (it never shows content that could be taken back);
+- is what a replica lets readers see (it never shows content that could be taken back):
+  the open spool is held back to it (`Spool.hold_back`), so the fragment a Read or
+  ListFragments response describes ends there too, with the SHA-1 of exactly that content;
 - is kept in the journal's spool directory (`confirmed`), surviving restarts;
 - bounds what a replica keeps when a *new* pipeline (new primary, or the same after a
   failure) opens with a proposal other than exactly our fragment: unconfirmed content is
@@ -143,6 +145,8 @@ class ReplicatedSpool:
             self._sha = hashlib.sha1()
         if self.confirmed is None:
             self.confirmed = self.end  # No record (a single-node data directory): trust it.
+        if spool is not None:
+            spool.hold_back(self.confirmed)  # Readers see only what is confirmed.
 
     # The confirmed frontier.
     def _load_confirmed(self) -> int | None:
@@ -230,6 +234,7 @@ class ReplicatedSpool:
                     self.registers,
                     sync=self.replica.sync,
                 )
+                spool.hold_back(self.begin)  # Shown to readers once confirmed.
                 self.replica.spool = spool
                 self.replica.index.add_local(spool)
             self.pending = spool.start_append()
@@ -325,6 +330,7 @@ class ReplicatedSpool:
             self.replica.index.remove_local(spool)
             spool.delete()
             return
+        spool.set_readable(spool.end)  # Cut to the frontier: all of it is confirmed.
         spool.close()
         self.replica.persist_spool(spool, check_existing=not primary)
 
@@ -362,6 +368,7 @@ class ReplicatedSpool:
             self.begin = self.end = confirmed
             self._sha = hashlib.sha1()
             return
+        cut.hold_back(confirmed)  # All of it (it was cut to the frontier).
         self.replica.spool = cut
         self.replica.index.add_local(cut)
         self.replica.registers = _copy_labels(cut.registers)

@@ -187,13 +187,66 @@ async def test_readers_see_only_readable_content(tmp_path: Path, persister: Pers
     await _content(rs, b"0123456789")
     await rs.apply_proposal(_frag(0, 10, b"0123456789"), pb.LabelSet(), primary=False)
     assert r.head == 0  # Committed, but not confirmed yet.
-    r.set_readable(4)
+    assert r.index.query(0) == (None, None, 0)  # Neither served nor described.
+    r.set_readable(4)  # No commit ends there: its sum is hashed from the spool.
     assert r.head == 4
-    assert r.spool is not None and r.readable_limit(r.spool.end) == 4
+    frag, spool, _ = r.index.query(0)
+    assert spool is r.spool and frag is not None
+    assert fragments_equal(frag, _frag(0, 4, b"0123"))
+    assert r.index.query(4) == (None, None, 4)
     r.set_readable(2)  # Never backwards.
     assert r.head == 4
     r.set_readable(10)
     assert r.head == 10
+    frag, _, _ = r.index.query(4)
+    assert frag is not None and fragments_equal(frag, _frag(0, 10, b"0123456789"))
+
+
+async def test_pipelined_commits_are_described_as_confirmed(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """Commits pipelined past the confirmed frontier show in no fragment a reader gets:
+    the open spool's fragment ends at the last confirmed commit, with that commit's sum."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    content = b""
+    for part in (b"one;", b"two;", b"three;", b"four;"):
+        await _content(rs, part)
+        content += part
+        ok = await rs.apply_proposal(_frag(0, len(content), content), pb.LabelSet(), primary=False)
+        assert ok.status == pb.OK
+    assert r.spool is not None and r.spool.end == len(content)
+    for confirmed in (4, 14):  # Commit boundaries: "one;" and "one;two;three;".
+        r.confirm_through(confirmed)
+        assert r.head == confirmed
+        frag, _, _ = r.index.query(0)
+        assert frag is not None and fragments_equal(frag, _frag(0, confirmed, content[:confirmed]))
+        assert r.spool.readable_fragment() == frag
+        assert r.index.query(confirmed) == (None, None, confirmed)
+    # A spool that completes was cut to the frontier: all of it is shown, as persisted.
+    rs.complete(primary=False)
+    assert r.spool is None
+    [closed] = r.index.local_spools()
+    assert fragments_equal(closed.readable_fragment(), _frag(0, 14, content[:14]))
+    assert closed.readable_fragment() == closed.fragment()
+
+
+async def test_a_restarted_replica_shows_only_its_confirmed_content(
+    tmp_path: Path, persister: Persister
+) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"confirmed;")
+    await rs.apply_proposal(_frag(0, 10, b"confirmed;"), pb.LabelSet(), primary=False)
+    r.confirm_through(10)
+    await _content(rs, b"tentative")
+    await rs.apply_proposal(_frag(0, 19, b"confirmed;tentative"), pb.LabelSet(), primary=False)
+    r2 = _replica(tmp_path, persister)
+    assert r2.head == 10
+    frag, _, _ = r2.index.query(3)
+    assert frag is not None and fragments_equal(frag, _frag(0, 10, b"confirmed;"))
 
 
 async def test_replica_completion_persists_only_confirmed_content(

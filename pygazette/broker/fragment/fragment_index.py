@@ -12,6 +12,11 @@ persisted (a restart after the upload but before the spool was removed, or anoth
 persisting it) is dropped from the index and handed back to be deleted, as Gazette drops
 local fragments that a listing covers.
 
+A local spool serves readers only up to its `readable_end`, and the fragment a query returns
+for it is its `readable_fragment`: in cluster mode the open spool's committed content that
+not every replica confirmed yet is neither served nor counted in the fragment's end and sum
+(it would run past the journal's write head).
+
 Reads move forward over a gap in the offsets only under Gazette's rules: to the first
 fragment when the offset lies before every fragment of the journal (content removed by
 retention), or to the next persisted fragment once it has been in the store for
@@ -150,12 +155,15 @@ class FragmentIndex:
         """
         now = time.time() if now is None else now
         while True:
-            local = None
+            # A spool serves only what readers may see (`Spool.readable_end`: in cluster
+            # mode, what every replica confirmed), and is described as just that.
+            local, local_end = None, 0
             for spool in self._local:
-                if spool.begin <= offset < spool.end and (local is None or spool.end > local.end):
-                    local = spool
+                end = spool.readable_end
+                if spool.begin <= offset < end and (local is None or end > local_end):
+                    local, local_end = spool, end
             if local is not None:
-                return local.fragment(), local, offset
+                return local.readable_fragment(), local, offset
 
             ind, found = self._persisted.longest_overlapping(offset)
             if not found:

@@ -43,6 +43,15 @@ next appends instead of fresh ones (on the benchmark VM, 1 MiB writes into a new
 ~1.5 GB/s this way against ~0.4 GB/s). Tail readers stay within the window; readers catching
 up further back read from disk.
 
+In cluster mode a spool is *held back* (`hold_back`): readers see only [begin,
+`readable_end`), the content every replica of the route confirmed, and its `readable_fragment`
+names that range with its own SHA-1, so a Read or ListFragments response never describes
+content past the journal's write head. Each commit past the readable end keeps a copy of its
+running SHA-1 state (the replication path hashes every append as it arrives, so the state is
+there at commit), and `set_readable` takes the one at the confirmed offset: no content is read
+or hashed again, except for a confirmed offset that is no commit boundary (recovery), which is
+hashed on from the nearest state before it.
+
 A full disk (ENOSPC, or EDQUOT) fails the append cleanly with `InsufficientStorage`: bytes an
 append wrote past the committed end are rolled back (cut, freeing their space), a commit
 record the log could not take whole is cut back off the log, so the spool stays exactly its
@@ -223,6 +232,13 @@ class Spool:
         self.registers = pb.LabelSet()
         self.closed = False
         self.deleted = False
+        # Held back (cluster mode, see `hold_back`): readers see [begin, _readable_end), whose
+        # SHA-1 state is _readable_sha and sum _readable_sum; commits past it keep their
+        # (end, SHA-1 state) in _marks, oldest first, until confirmed. Not held back: None.
+        self._readable_end: int | None = None
+        self._readable_sha: hashlib._Hash | None = None
+        self._readable_sum: pb.SHA1Sum | None = None
+        self._marks: deque[tuple[int, hashlib._Hash]] = deque()
         # The running SHA-1 of [begin, _hashed); _hashed trails end until the background
         # hasher or fragment() catches up. Hashing, and closing the files, hold _sha_lock.
         self._sha = hashlib.sha1()
@@ -428,6 +444,11 @@ class Spool:
             self.cut_uncommitted()
             raise InsufficientStorage(self.directory, self.journal, exc) from exc
         self._log_size += len(framed)
+        if self._readable_end is not None and running is not None and summing is None:
+            # Held back: keep the SHA-1 at this commit for when it is confirmed. Before the
+            # end moves, so a confirmation of the new end (on the event loop, while this
+            # runs on a worker thread with `sync`) always finds it.
+            self._marks.append((pending.begin + pending.length, running.copy()))
         self.end = pending.begin + pending.length
         record_commit(pending.length)
         if pending.length >= _PREFAULT_MIN_APPEND:
@@ -580,6 +601,87 @@ class Spool:
             ahead = offset - self.begin + len(data)
             os.posix_fadvise(self._content_fd, ahead, _READ_AHEAD, os.POSIX_FADV_WILLNEED)
             return data
+
+    # What readers see.
+    def hold_back(self, readable: int) -> None:
+        """Show readers only what is confirmed from now on: [begin, min(readable, end)),
+        and later only what `set_readable` lets them see (cluster mode)."""
+        if self._readable_end is not None:
+            self.set_readable(readable)
+            return
+        self._marks.clear()
+        if readable >= self.end > self.begin:
+            # All of it (no append is in flight while a spool is taken over).
+            sha = self.running_sha()
+            self._readable_end = self.end
+            self._readable_sha = sha
+            self._readable_sum = sha1sum_from_digest(sha.digest())
+            return
+        self._readable_end = self.begin
+        self._readable_sha = hashlib.sha1()
+        self._readable_sum = pb.SHA1Sum()
+        self.set_readable(readable)
+
+    @property
+    def held_back(self) -> bool:
+        return self._readable_end is not None
+
+    @property
+    def readable_end(self) -> int:
+        """The end of what readers may see: the committed end, unless held back."""
+        return self.end if self._readable_end is None else self._readable_end
+
+    def set_readable(self, offset: int) -> None:
+        """Readers may see content up to `offset` (at most the committed end; it never
+        moves back). A no-op unless held back."""
+        if self._readable_end is None or offset <= self._readable_end:
+            return
+        marks = self._marks
+        end = min(offset, self.end)
+        if end <= self._readable_end:
+            return
+        base_end, base = self._readable_end, self._readable_sha
+        while marks and marks[0][0] <= end:
+            base_end, base = marks.popleft()
+        assert base is not None
+        if base_end < end:
+            # No commit ends at `end` with a kept state (a recovered spool confirmed part
+            # way, or one committed without its running SHA-1): hash on from the state
+            # before it.
+            base = base.copy()
+            self._hash_file(base, base_end, end)
+        self._readable_end = end
+        self._readable_sha = base
+        self._readable_sum = sha1sum_from_digest(base.digest())
+
+    def _hash_file(self, sha: hashlib._Hash, begin: int, end: int) -> None:
+        """Fold committed content [begin, end) into `sha`, reading it from the file."""
+        with self._sha_lock:
+            pos = begin
+            while pos < end:
+                if self._content_fd < 0:
+                    raise FileNotFoundError("spool was persisted and removed")
+                data = os.pread(self._content_fd, min(_HASH_CHUNK, end - pos), pos - self.begin)
+                if not data:
+                    raise OSError(f"spool {self.content_path} ends before its committed end")
+                sha.update(data)
+                pos += len(data)
+
+    def readable_fragment(self) -> pb.Fragment:
+        """The Fragment readers see: `fragment()`, or, held back, [begin, readable_end)
+        with the SHA-1 of exactly that content (empty: no sum)."""
+        if self._readable_end is None:
+            return self.fragment()
+        frag = pb.Fragment(
+            journal=self.journal,
+            begin=self.begin,
+            end=self._readable_end,
+            compression_codec=self.codec,
+        )
+        if self._readable_end > self.begin:
+            assert self._readable_sum is not None
+            frag.sum.CopyFrom(self._readable_sum)
+        return frag
 
     def fragment(self) -> pb.Fragment:
         """The spool as a Fragment: [begin, end), the SHA-1 of its content, its codec.
