@@ -1,0 +1,59 @@
+"""Gazette's own client under concurrency against three pygazette brokers at replication 3
+(interop/soak via tests/support/go_soak.py): appenders (client.Append and AppendService) and
+blocking RetryReaders at the head of the same journals — some starting new Reads all the
+time — first steady, then with a broker SIGKILLed mid-run and restarted.
+
+Gazette's client validates every response; a response it rejects (e.g. "ReadResponse:
+invalid WriteHead", the bug of issue 20) is counted, as is every retried Read and Append.
+Expected: no rejected response in either phase, no retry in the steady phase and none before
+the kill, and every record each reader read exactly once and in order (a record whose append
+was retried may appear twice in a row: its first attempt may have committed too).
+
+The same run against Gazette's brokers, for the baseline: `python -m tests.support.go_soak`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.gazette_process import EtcdServer, GazetteBinaries
+from tests.support.go_soak import soak_system, summary
+
+PHASE_SECONDS = 10.0
+
+
+def assert_clean(phase: dict[str, Any], name: str) -> None:
+    assert phase["validation_errors"]["total"] == 0, (
+        f"{name}: Gazette's client rejected {phase['validation_errors']} responses, e.g. "
+        f"{phase['validation_samples']}"
+    )
+    check = phase["check"]
+    assert check["exactly_once_in_order"], f"{name}: {check}"
+    assert phase["records_acked"] > 0, name
+
+
+@pytest.mark.timeout(300)
+def test_gazette_client_soak_on_pygazette(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    runs = soak_system("pygazette", binaries, etcd, tmp_path, PHASE_SECONDS)
+    print(json.dumps({p: summary(r) for p, r in runs.items()}, indent=2))
+    steady, kill = runs["steady"], runs["kill"]
+
+    assert_clean(steady, "steady")
+    assert steady["read"]["retries"] == 0, steady["read"]
+    assert steady["append"]["retries"] == 0, steady["append"]
+    assert steady["client_warnings"] == {}, steady["client_warnings"]
+    # The hopping readers did start Reads at the head while appends were in flight.
+    assert steady["read"]["hopper_rpcs"] > 0
+
+    assert "restart_error" not in kill, kill["restart_error"]
+    assert kill["killed_at_s"] is not None, "the soak did not get to kill the broker"
+    assert_clean(kill, "kill")
+    for op in ("read", "append"):
+        times = kill[op]["retry_times"]
+        assert times.get("before_kill", 0) == 0, f"{op} retries before the kill: {times}"
