@@ -47,13 +47,12 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.listening_process import start_listening  # noqa: E402
 
 MiB = 1 << 20
 TAIL_MIB = 24  # Within the 32 MiB of a spool's newest content kept in the page cache.
@@ -72,25 +72,6 @@ OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("server exited early")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {port}")
 
 
 T = TypeVar("T")
@@ -331,63 +312,46 @@ async def main(quick: bool, tls: bool = False, auth: bool = False) -> dict[str, 
     n_big, n_small, read_mib, persist_mib = (50, 500, 64, 32) if quick else (300, 3000, 256, 128)
     rounds = 2 if quick else 6
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-"))
-    raw_port, tuned_port, broker_port = free_port(), free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    raw = subprocess.Popen(  # noqa: ASYNC220 - before any I/O is measured
-        [sys.executable, str(ROOT / "bench/raw_grpc_server.py"), str(raw_port)], env=env
-    )
-    tuned = subprocess.Popen(  # noqa: ASYNC220
-        [
-            sys.executable,
-            str(ROOT / "bench/raw_grpc_server.py"),
-            str(tuned_port),
-            "--heap-tuning",
-        ],
-        env=env,
-    )
-    broker = subprocess.Popen(  # noqa: ASYNC220
-        [
+    servers_started: list[subprocess.Popen[bytes]] = []  # Stopped at the end, whatever happens.
+
+    def serve(
+        name: str, command: Callable[[int], list[str]]
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """Start a server (before any I/O is measured) on a free port, waited for."""
+        proc, port = start_listening(command, tmp / f"{name}.log", env=env, what=name)
+        servers_started.append(proc)
+        return proc, port
+
+    def broker_command(data: str, *flags: str) -> Callable[[int], list[str]]:
+        return lambda port: [
             sys.executable,
             "-m",
             "pygazette.cli.main",
             "serve",
             "--port",
-            str(broker_port),
+            str(port),
             "--data-dir",
-            str(tmp / "data"),
-        ],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+            str(tmp / data),
+            *flags,
+        ]
+
+    raw_server = [sys.executable, str(ROOT / "bench/raw_grpc_server.py")]
     secure = tls or auth
     secured: subprocess.Popen[bytes] | None = None
-    secured_port = free_port()
+    secured_port = 0
     client: dict[str, object] = {}
-    if secure:
-        flags, client = secured_broker_args(tmp, tls, auth)
-        secured = subprocess.Popen(  # noqa: ASYNC220
-            [
-                sys.executable,
-                "-m",
-                "pygazette.cli.main",
-                "serve",
-                "--port",
-                str(secured_port),
-                "--data-dir",
-                str(tmp / "secured"),
-                *flags,
-            ],
-            env=env,
-            stderr=subprocess.DEVNULL,
-        )
     load = {}
     secured_out: dict[str, object] = {}
     try:
-        if secured is not None:
-            wait_listening(secured_port, secured)
-        wait_listening(raw_port, raw)
-        wait_listening(tuned_port, tuned)
-        wait_listening(broker_port, broker)
+        if secure:
+            flags, client = secured_broker_args(tmp, tls, auth)
+            secured, secured_port = serve("secured", broker_command("secured", *flags))
+        raw, raw_port = serve("raw", lambda port: [*raw_server, str(port)])
+        tuned, tuned_port = serve(
+            "raw_same_heap", lambda port: [*raw_server, str(port), "--heap-tuning"]
+        )
+        broker, broker_port = serve("broker", broker_command("data"))
         async with (
             grpc.aio.insecure_channel(f"127.0.0.1:{raw_port}", options=OPTIONS) as rc,
             grpc.aio.insecure_channel(f"127.0.0.1:{tuned_port}", options=OPTIONS) as tc,
@@ -481,7 +445,7 @@ async def main(quick: bool, tls: bool = False, auth: bool = False) -> dict[str, 
             load["persisted_read"] = meter.load()
         page_cache = page_cache_write(tmp / "page-cache-probe", MiB, n_big)
     finally:
-        for p in (raw, tuned, broker, *([secured] if secured is not None else [])):
+        for p in servers_started:
             p.terminate()
             p.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)

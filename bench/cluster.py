@@ -31,7 +31,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,15 @@ sys.path.insert(0, str(ROOT))
 
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.ports import (  # noqa: E402
+    PortInUse,
+    ServerPort,
+    listens_on,
+    log_size,
+    output_since,
+    says_port_taken,
+    start_retrying,
+)
 
 MiB = 1 << 20
 LEASE_TTL = 3.0
@@ -59,18 +67,14 @@ OPTIONS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Proc:
     def __init__(self, cmd: list[str], log: Path) -> None:
         self.cmd, self.log = cmd, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.offset = 0  # Where the latest start's output begins in the log.
 
     def start(self) -> None:
+        self.offset = log_size(self.log)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT)
 
@@ -78,6 +82,16 @@ class Proc:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+    def check_running(self, what: str) -> None:
+        """Raise if it exited: PortInUse if its output says a port was taken."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            return
+        output = output_since(self.log, self.offset)
+        if says_port_taken(output):
+            raise PortInUse(f"{what}: a port was taken:\n{output[-2000:]}")
+        raise RuntimeError(f"{what} exited early; see {self.log}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -91,22 +105,29 @@ class Proc:
 def wait_listening(port: int, proc: Proc, what: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        proc.check_running(what)
         assert proc.proc is not None
-        if proc.proc.poll() is not None:
-            raise RuntimeError(f"{what} exited early; see {proc.log}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
+        if listens_on(proc.proc.pid, port):  # Itself, not another process on the port.
+            return
+        time.sleep(0.05)
+    proc.kill()
+    if says_port_taken(output_since(proc.log, proc.offset)):
+        raise PortInUse(f"{what}: port {port} was taken")
     raise TimeoutError(f"{what} did not listen on {port}")
 
 
 def start_etcd(tmp: Path) -> tuple[Proc, str]:
+    """etcd on free ports (others if one was taken), healthy."""
     binary = shutil.which("etcd")
     if binary is None:
         raise SystemExit("etcd is not installed (.ci/install-system-deps installs it)")
-    client, peer = free_port(), free_port()
+    client, peer = ServerPort(), ServerPort()
+    return start_retrying(
+        lambda: _start_etcd_on(binary, tmp, client.peek(), peer.peek()), [client, peer]
+    )
+
+
+def _start_etcd_on(binary: str, tmp: Path, client: int, peer: int) -> tuple[Proc, str]:
     url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
     proc = Proc(
         [
@@ -126,49 +147,70 @@ def start_etcd(tmp: Path) -> tuple[Proc, str]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
+            proc.check_running("etcd")
+        except PortInUse:
+            shutil.rmtree(tmp / "etcd", ignore_errors=True)  # Fresh for the next try.
+            raise
+        assert proc.proc is not None
+        if not listens_on(proc.proc.pid, client):  # Not another etcd on the port.
+            time.sleep(0.05)
+            continue
+        try:
             with urllib.request.urlopen(url + "/health", timeout=1) as resp:
                 if b'"true"' in resp.read():
                     return proc, url
         except OSError:
             time.sleep(0.05)
+    proc.kill()
     raise TimeoutError("etcd did not become healthy")
 
 
 class Broker:
     def __init__(self, tmp: Path, etcd_url: str, zone: str, suffix: str) -> None:
-        self.port = free_port()
+        self._port = ServerPort()  # Moves if taken at the first start; restarts keep it.
         self.zone, self.suffix = zone, suffix
-        self.proc = Proc(
-            [
-                sys.executable,
-                "-m",
-                "pygazette.cli.main",
-                "serve",
-                "--etcd",
-                etcd_url,
-                "--zone",
-                zone,
-                "--id",
-                suffix,
-                "--port",
-                str(self.port),
-                "--data-dir",
-                str(tmp / f"data-{suffix}"),
-                "--file-root",
-                str(tmp / "store"),
-                "--lease-ttl",
-                f"{LEASE_TTL}s",
-            ],
-            tmp / f"{suffix}.log",
-        )
+        self.tmp, self.etcd_url = tmp, etcd_url
+        self.proc = Proc([], tmp / f"{suffix}.log")
+
+    def command(self, port: int) -> list[str]:
+        tmp, etcd_url, zone, suffix = self.tmp, self.etcd_url, self.zone, self.suffix
+        return [
+            sys.executable,
+            "-m",
+            "pygazette.cli.main",
+            "serve",
+            "--etcd",
+            etcd_url,
+            "--zone",
+            zone,
+            "--id",
+            suffix,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp / f"data-{suffix}"),
+            "--file-root",
+            str(tmp / "store"),
+            "--lease-ttl",
+            f"{LEASE_TTL}s",
+        ]
+
+    @property
+    def port(self) -> int:
+        return self._port.number
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        start_retrying(self._start_once, [self._port])
+
+    def _start_once(self) -> None:
+        port = self._port.peek()
+        self.proc.cmd = self.command(port)
         self.proc.start()
-        wait_listening(self.port, self.proc, self.suffix)
+        wait_listening(port, self.proc, self.suffix)
 
 
 def spec(name: str, replication: int) -> pb.JournalSpec:

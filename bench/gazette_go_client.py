@@ -23,7 +23,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from tests.support.gazette_process import (  # noqa: E402
     GazetteBroker,
     gazette_binaries,
 )
-from tests.support.ports import free_port  # noqa: E402
+from tests.support.listening_process import start_listening  # noqa: E402
 
 GAZETTE_VERSION = "go.gazette.dev/core v0.103.0"
 LOADGEN_BUILD = ROOT / "interop" / "loadgen" / "build"
@@ -372,8 +371,9 @@ class RawServer:
     """bench/raw_grpc_server.py: the Journal service's shape in grpc.aio, with no broker
     behind it (and the broker's heap tuning), as the floor of any grpc.aio broker."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.port = 0  # A free one (another if it was taken), once started.
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -382,19 +382,13 @@ class RawServer:
 
     def start(self, timeout: float = 30.0) -> None:
         script = ROOT / "bench" / "raw_grpc_server.py"
-        args = [sys.executable, str(script), str(self.port), "--heap-tuning"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("bench/raw_grpc_server.py exited early")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.02)
-        raise TimeoutError("bench/raw_grpc_server.py did not listen")
+        self.proc, self.port = start_listening(
+            lambda port: [sys.executable, str(script), str(port), "--heap-tuning"],
+            self.log,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=timeout,
+            what="bench/raw_grpc_server.py",
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -402,9 +396,9 @@ class RawServer:
             self.proc.wait(10)
 
 
-def raw_baseline(loadgen: Path, sizes: Sizes) -> dict[str, Any]:
-    """`raw_append_4kib` against bench/raw_grpc_server.py."""
-    server = RawServer()
+def raw_baseline(loadgen: Path, sizes: Sizes, log: Path) -> dict[str, Any]:
+    """`raw_append_4kib` against bench/raw_grpc_server.py (its output in `log`)."""
+    server = RawServer(log)
     try:
         server.start()
         assert server.proc is not None
@@ -527,7 +521,9 @@ def go_client_bench(
                         dep.stop()
                     shutil.rmtree(work, ignore_errors=True)
                 if "raw_append_4kib" in chosen:
-                    runs[topo.name].setdefault("grpc_aio", []).append(raw_baseline(loadgen, sizes))
+                    runs[topo.name].setdefault("grpc_aio", []).append(
+                        raw_baseline(loadgen, sizes, tmp / f"raw-{topo.name}-{round_no}.log")
+                    )
     finally:
         etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -31,8 +31,6 @@ import os
 import platform
 import pstats
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,28 +56,10 @@ from pygazette.message import (  # noqa: E402
 from pygazette.message.uuid import TICK, Clock  # noqa: E402
 from pygazette.protocol.labels import label_set  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from tests.support.listening_process import start_listening  # noqa: E402
 
 BATCH = 1000
 MESSAGE_BYTES = 200
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("broker exited early")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {port}")
 
 
 def make_messages(n: int, seed: int) -> list[dict[str, Any]]:
@@ -223,21 +203,22 @@ def top_functions(profile: cProfile.Profile, n: int = 15) -> list[dict[str, Any]
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     n = args.messages
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-publish-"))
-    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    broker = subprocess.Popen(  # noqa: ASYNC220 - before anything is measured
-        [
+    # Before anything is measured; on a free port (another if that one was taken).
+    broker, port = start_listening(
+        lambda p: [
             sys.executable,
             "-m",
             "pygazette.cli.main",
             "serve",
             "--port",
-            str(port),
+            str(p),
             "--data-dir",
             str(tmp / "data"),
         ],
+        tmp / "broker.log",
         env=env,
-        stderr=subprocess.DEVNULL,
+        what="broker",
     )
     result: dict[str, Any] = {
         "benchmark": "publish",
@@ -248,7 +229,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "baseline": "in-process orjson (de)serialization of the same messages, same run",
     }
     try:
-        wait_listening(port, broker)
         async with JournalClient(f"127.0.0.1:{port}") as client:
             rounds: dict[str, list[dict[str, float]]] = {
                 k: [] for k in ("ser", "deser", "batched", "each", "rc", "ru")

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,47 +47,40 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
 from pygazette.client import SyncJournalClient  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from tests.support.listening_process import start_listening  # noqa: E402
 
 SCHEMA = "id LONG, user STRING, page STRING, ms INT, ok BOOLEAN"
 MiB = 1 << 20
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Broker:
     def __init__(self, data: Path) -> None:
         self.data = data
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port: int | None = None  # A free one at the first start; restarts keep it.
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def url(self) -> str:
+        assert self.port is not None, "not started"
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        self.proc, self.port = start_listening(
+            lambda port: [
                 sys.executable,
                 "-m",
                 "pygazette.cli.main",
                 "serve",
                 "--port",
-                str(self.port),
+                str(port),
                 "--data-dir",
                 str(self.data),
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            self.data.parent / "broker.log",
+            port=self.port,
+            what="broker",
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError("broker did not start")
 
     def stop(self) -> None:
         """SIGTERM: the broker persists its open spools before exiting."""

@@ -6,7 +6,6 @@ until it listens, stop it (SIGTERM, then SIGKILL). Ports come from tests/support
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -16,6 +15,7 @@ from tests.support.ports import (
     PortInUse,
     ServerPort,
     free_port,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -23,7 +23,14 @@ from tests.support.ports import (
     start_retrying,
 )
 
-__all__ = ["PortInUse", "ServerPort", "ServerProcess", "free_port", "start_retrying"]
+__all__ = [
+    "PortInUse",
+    "ServerPort",
+    "ServerProcess",
+    "free_port",
+    "listens_on",
+    "start_retrying",
+]
 
 
 class ServerProcess:
@@ -73,11 +80,10 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_running()
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
+            assert self.proc is not None
+            if listens_on(self.proc.pid, port):  # Itself, not another process on the port.
+                return
+            time.sleep(0.05)
         raise self.not_ready(f"did not listen on {port}")
 
     def terminate(self) -> None:

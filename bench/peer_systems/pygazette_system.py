@@ -19,7 +19,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from peer_systems.processes import ServerPort, ServerProcess, start_retrying, start_server
+from peer_systems.processes import (
+    ServerPort,
+    ServerProcess,
+    listens_on,
+    start_retrying,
+    start_server,
+)
 from peer_systems.system import Message, OnMessage, StopTail, System
 from pygazette.client import AppendService, JournalClient, apply_journals
 from pygazette.message import Publisher, ReadCommitted
@@ -167,6 +173,10 @@ class PygazetteSystem(System):
             except BaseException:
                 proc.stop(5.0)
                 raise
+            assert proc.proc is not None
+            if not listens_on(proc.proc.pid, client):  # Not another etcd on the port.
+                time.sleep(0.05)
+                continue
             try:
                 with urllib.request.urlopen(url + "/health", timeout=1) as resp:
                     if b'"true"' in resp.read():

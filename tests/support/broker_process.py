@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pygazette.auth.tls import ClientTLS, channel_credentials
 from tests.support.ports import (
     PortInUse,
     ServerPort,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -119,14 +119,10 @@ class BrokerProcess:
                 if says_port_taken(output):
                     raise PortInUse(f"{address} was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"broker exited early ({self.proc.returncode}):\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    pass
-            except OSError:
+            if not listens_on(self.proc.pid, port):  # Not (yet) ours, whatever else may.
                 time.sleep(0.02)
                 continue
-            # Something listens; make sure it is our broker speaking HTTP/2 (not a stray
-            # process that grabbed the port), and that it answers.
+            # It listens; make sure it speaks HTTP/2 and answers.
             with self._ready_channel(address) as channel:
                 try:
                     grpc.channel_ready_future(channel).result(max(0.1, deadline - time.monotonic()))

@@ -19,6 +19,7 @@ from pygazette.auth.tls import ClientTLS, client_ssl_context
 from tests.support.ports import (
     PortInUse,
     ServerPort,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -125,6 +126,10 @@ class EtcdProcess:
                 if says_port_taken(output):
                     raise PortInUse(f"etcd's port ({url} or {peer}) was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"etcd exited early:\n{self.log()}")
+            # Ours listening, not another process that took the port (it would answer).
+            if not listens_on(self.proc.pid, self._client_port.peek()):
+                time.sleep(0.05)
+                continue
             try:
                 with urllib.request.urlopen(url + "/health", timeout=1, context=context) as resp:
                     if b'"true"' in resp.read():

@@ -21,6 +21,7 @@ from pathlib import Path
 from tests.support.ports import (
     PortInUse,
     ServerPort,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -132,6 +133,10 @@ class EtcdServer:
                 if taken is not None:
                     raise taken
                 raise RuntimeError(f"etcd exited early:\n{_tail(self.log_path)}")
+            # Ours listening, not another process that took the port (it would answer).
+            if not listens_on(self.proc.pid, self._client_port.peek()):
+                time.sleep(0.05)
+                continue
             try:
                 with urllib.request.urlopen(url + "/health", timeout=1) as resp:
                     if b'"true"' in resp.read():
@@ -253,6 +258,10 @@ class GazetteBroker:
                 if taken is not None:
                     raise taken
                 raise RuntimeError(f"gazette exited early:\n{self.log()}")
+            # Ours listening, not another process that took the port (it would answer).
+            if not listens_on(self.proc.pid, int(address.rsplit(":", 1)[1])):
+                time.sleep(0.05)
+                continue
             try:
                 with grpc.insecure_channel(address) as channel:
                     stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]

@@ -19,6 +19,7 @@ the port is pinned. `start_on_free_port` is the same for a plain start function.
 from __future__ import annotations
 
 import errno
+import os
 import random
 import re
 import socket
@@ -154,6 +155,68 @@ def log_size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def _listening_inodes(port: int) -> set[int] | None:
+    """Inodes of the TCP sockets listening on `port` (any address), from /proc/net/tcp{,6};
+    None if those tables can't be read."""
+    inodes: set[int] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            # fields[3] is the state: 0A is LISTEN.
+            if len(fields) >= 10 and fields[3] == "0A":
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+    return inodes if readable else None
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc/PID/task/*/children)."""
+    pids = [pid]
+    for p in pids:  # Grows as children are found.
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                pids.extend(int(c) for c in children.read_text().split())
+            except (OSError, ValueError):
+                continue
+    return pids
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid` (or a child of it) listens on TCP `port`, rather than some other
+    process (a server started elsewhere on the same port, which would answer in its stead).
+    Where /proc can't tell, whether anything accepts a connection on 127.0.0.1:`port`."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+    if not inodes:
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for p in _process_tree(pid):
+        fd_dir = f"/proc/{p}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in wanted:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def port_was_taken(exc: BaseException) -> bool:

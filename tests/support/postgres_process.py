@@ -23,6 +23,7 @@ from pathlib import Path
 from tests.support.ports import (
     PortInUse,
     ServerPort,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -177,6 +178,10 @@ class PostgresProcess:
                 if says_port_taken(output):
                     raise PortInUse(f"port {port} was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"postgres exited early ({self.proc.returncode}):\n{self.log()}")
+            # Ours listening, not another process that took the port (it would answer).
+            if not listens_on(self.proc.pid, port):
+                time.sleep(0.05)
+                continue
             ready = subprocess.run(
                 [
                     str(self.bin_dir / "pg_isready"),

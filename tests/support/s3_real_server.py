@@ -29,6 +29,7 @@ from typing import Any
 from tests.support.ports import (
     PortInUse,
     ServerPort,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -141,6 +142,10 @@ class RealS3Server:
                 raise RuntimeError(
                     f"versitygw exited early ({self.proc.returncode}):\n{self.log()}"
                 )
+            # Ours listening, not another process that took the port (it would answer).
+            if not listens_on(self.proc.pid, self._port.peek()):
+                time.sleep(0.05)
+                continue
             try:
                 with urllib.request.urlopen(endpoint + "/", timeout=1):
                     return

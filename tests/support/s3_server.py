@@ -21,6 +21,7 @@ from pathlib import Path
 from tests.support.ports import (
     PortInUse,
     ServerPort,
+    listens_on,
     log_size,
     output_since,
     says_port_taken,
@@ -67,6 +68,10 @@ class S3Server:
                 if says_port_taken(output):
                     raise PortInUse(f"{endpoint} was taken:\n{output[-2000:]}")
                 raise RuntimeError(f"moto_server exited early:\n{self.log()}")
+            # Ours listening, not another process that took the port (it would answer).
+            if not listens_on(self.proc.pid, port):
+                time.sleep(0.05)
+                continue
             try:
                 with urllib.request.urlopen(endpoint + "/", timeout=1):
                     return

@@ -3,6 +3,7 @@ when theirs was taken (with real server processes holding, or finding, the port)
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -236,3 +237,19 @@ def test_broker_whose_port_was_read_fails_instead_of_moving(tmp_path: Path) -> N
         assert broker.port == port
     finally:
         broker.kill()
+
+
+def test_listens_on_tells_whose_listener_it_is(tmp_path: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server, port = start_on_free_port(
+        lambda port: (start_http_server(port, tmp_path / "http.log"), port)
+    )
+    try:
+        assert ports.listens_on(server.pid, port)
+        assert ports.listens_on(os.getpid(), port)  # Its parent's tree holds it too.
+        assert not ports.listens_on(bystander.pid, port)  # It answers, but isn't theirs.
+        assert not ports.listens_on(server.pid, free_port())
+    finally:
+        for proc in (server, bystander):
+            proc.kill()
+            proc.wait(10)
