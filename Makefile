@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
+.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
 
 all: test
 
@@ -55,6 +55,11 @@ INTEROP_GO_ENV := CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 interop-bin:
 	./interop/build-binaries
 
+# Gazette's stream-sum example (summer: consumer, RocksDB, recovery logs; chunker), built
+# once with cgo against Debian's librocksdb-dev into interop/bin/ (interop/build-stream-sum).
+stream-sum-bin: deps
+	./interop/build-stream-sum
+
 # The S3-compatible server (versitygw) that tests/*/test_real_s3*.py run the s3:// store
 # against, built once from the Go module proxy into interop/bin/ (interop/build-s3server).
 s3server-bin:
@@ -64,7 +69,7 @@ interop-go: venv interop-bin
 	cd interop && PYGAZETTE="$(abspath $(VENV))/bin/pygazette" $(INTEROP_GO_ENV) \
 	  "$$(./find-go)" test -tags nozstd -count=1 ./...
 
-interop: venv interop-bin
+interop: venv interop-bin stream-sum-bin
 	$(VENV)/bin/pytest -q tests/interop
 	$(MAKE) interop-go
 

@@ -20,22 +20,14 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.support.broker_process import BrokerProcess
-from tests.support.gazette_process import (
-    EtcdServer,
-    GazetteBinaries,
-    GazetteBroker,
-    gazette_binaries,
-)
+from tests.support.broker_cluster import SYSTEMS, Broker, BrokerCluster
+from tests.support.gazette_process import EtcdServer, GazetteBinaries, gazette_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK_BUILD = REPO / "interop" / "soak" / "build"
-SYSTEMS = ("pygazette", "gazette")
-LEASE_TTL = "3s"  # Both systems: a killed broker's journals move on within seconds.
 
 
 def soak_binary() -> Path:
@@ -48,79 +40,13 @@ def soak_binary() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-Broker = GazetteBroker | BrokerProcess
-
-
-class SoakCluster:
-    """Three brokers of one system on `etcd`, under a fresh prefix, sharing a file:// store."""
-
-    def __init__(self, system: str, binaries: GazetteBinaries, etcd: EtcdServer, work: Path):
-        if system not in SYSTEMS:
-            raise ValueError(f"system must be one of {SYSTEMS}, not {system!r}")
-        self.system = system
-        store = work / "store"
-        store.mkdir(parents=True, exist_ok=True)
-        prefix = f"/soak/{system}-{uuid.uuid4().hex[:8]}"
-        self.brokers: list[Broker] = []
-        for i in range(3):
-            if system == "gazette":
-                self.brokers.append(
-                    GazetteBroker(
-                        binaries.gazette,
-                        etcd,
-                        work / f"broker-{i}",
-                        file_root=store,
-                        prefix=prefix,
-                        broker_id=f"gazette-{i}",
-                        extra_args=[f"--etcd.lease={LEASE_TTL}"],
-                    )
-                )
-            else:
-                data = work / f"broker-{i}" / "data"
-                data.parent.mkdir(parents=True, exist_ok=True)
-                self.brokers.append(
-                    BrokerProcess(
-                        data,
-                        extra_args=[
-                            "--etcd",
-                            etcd.url,
-                            "--etcd-prefix",
-                            prefix,
-                            "--zone",
-                            "local",
-                            "--id",
-                            f"pygazette-{i}",
-                            "--file-root",
-                            str(store),
-                            "--lease-ttl",
-                            LEASE_TTL,
-                        ],
-                    )
-                )
-
-    @property
-    def endpoints(self) -> list[str]:
-        return [b.url for b in self.brokers]
-
-    def start(self) -> None:
-        for b in self.brokers:
-            b.start(60.0)
-
-    def kill(self) -> None:
-        for b in self.brokers:
-            b.kill()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {b.url}\n{b.log()[-2500:]}" for b in self.brokers)
-
-
 def _pid(broker: Broker) -> int:
     assert broker.proc is not None
     return broker.proc.pid
 
 
 def run_soak(
-    binary: Path, cluster: SoakCluster, phase: str, duration: float, victim: Broker | None
+    binary: Path, cluster: BrokerCluster, phase: str, duration: float, victim: Broker | None
 ) -> dict[str, Any]:
     """One phase: the soak against the cluster; with `victim`, the soak kills it a third of
     the way in and this restarts it once it is dead."""
@@ -174,7 +100,7 @@ def soak_system(
 ) -> dict[str, Any]:
     """Both phases on a fresh cluster of `system`: steady, then one broker killed."""
     binary = soak_binary()
-    cluster = SoakCluster(system, binaries, etcd, work)
+    cluster = BrokerCluster(system, binaries, etcd, work, "/soak")
     cluster.start()
     try:
         steady = run_soak(binary, cluster, "steady", duration, None)

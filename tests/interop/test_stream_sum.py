@@ -1,0 +1,31 @@
+"""Gazette's stream-sum example — its Go `summer` (consumer framework, RocksDB and SQLite
+stores on recovery logs, a hot standby per shard) and its Go `chunker` — on three pygazette
+brokers at replication 2 (tests/support/gazette_stream_sum.py), small: every stream's sum is
+verified by the chunker and is in the sums journal, and neither the chunker's nor the
+summers' log shows a response Gazette's client rejected (issue 20: "ReadResponse: invalid
+WriteHead" on most reads of busy journals).
+
+Its time beside Gazette's brokers: `python bench/vs_gazette.py --stream-sum`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.gazette_process import EtcdServer, GazetteBinaries
+from tests.support.gazette_stream_sum import Workload, run_stream_sum
+
+
+@pytest.mark.timeout(300)
+def test_stream_sum_on_pygazette(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    workload = Workload(workers=4, streams=10, chunks=30)
+    result = run_stream_sum("pygazette", binaries, etcd, tmp_path, workload, timeout=180)
+    print(json.dumps(result, indent=2))
+    assert result["streams_with_final_sum"] == workload.total_streams
+    for process, scan in result["logs"].items():
+        assert scan["validation_errors"] == 0, (process, scan["validation_samples"])
