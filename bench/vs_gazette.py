@@ -16,6 +16,18 @@ loop; `--rounds`, `--topologies`, `--workloads`, `--py-spy DIR`.
 
     python bench/vs_gazette.py --go-client [--quick] [--rounds 2]
 
+With `--stream-sum`, Gazette's own stream-sum example (Go summer and chunker,
+tests/support/gazette_stream_sum.py) runs on three brokers of each system at r=2: the
+chunker's time from start to exit (every stream verified), and Gazette's time over
+pygazette's (`speed_vs_gazette`; issue 20's target is at least 0.5). `--streams` per chunker
+worker (4 workers), `--chunks` per stream, `--rounds` (systems alternate which goes first).
+
+    python bench/vs_gazette.py --stream-sum [--streams 50] [--chunks 100] [--rounds 1]
+
+With `--go-soak`, the Go soak (interop/soak, tests/support/go_soak.py): Gazette's client
+under concurrency on three brokers of each system at r=3, steady and with a broker killed;
+rejected responses, retries, the exactly-once check and throughput. `--soak-seconds`.
+
 Prints one JSON document.
 """
 
@@ -169,11 +181,67 @@ def go_client_main(args: argparse.Namespace) -> dict[str, object]:
     topologies = [t for t in TOPOLOGIES if not args.topologies or t.name in args.topologies]
     return go_client_bench(
         sizes=TINY if args.smoke else QUICK if args.quick else FULL,
-        rounds=args.rounds,
+        rounds=args.rounds or 2,
         topologies=topologies,
         workloads=args.workloads or None,
         py_spy=args.py_spy,
     )
+
+
+def stream_sum_main(args: argparse.Namespace) -> dict[str, object]:
+    """`--stream-sum`: Gazette's stream-sum example on each system's brokers, same workload."""
+    from tests.support.gazette_stream_sum import Workload, run_stream_sum
+
+    workload = Workload(workers=4, streams=args.streams, chunks=args.chunks)
+    binaries = gazette_binaries()
+    rounds: dict[str, list[dict[str, Any]]] = {"pygazette": [], "gazette": []}
+    tmp = Path(tempfile.mkdtemp(prefix="pygazette-vs-gazette-stream-sum-"))
+    etcd = EtcdServer(binaries.etcd, tmp / "etcd" / "data")
+    etcd.data_dir.parent.mkdir(parents=True)
+    etcd.start()
+    try:
+        for r in range(args.rounds or 1):
+            order = ("gazette", "pygazette") if r % 2 == 0 else ("pygazette", "gazette")
+            for system in order:
+                rounds[system].append(
+                    run_stream_sum(system, binaries, etcd, tmp / f"{system}-{r}", workload)
+                )
+    finally:
+        etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def median(system: str) -> float:
+        times = sorted(run["seconds"] for run in rounds[system])
+        return float(times[len(times) // 2])
+
+    py, go = median("pygazette"), median("gazette")
+    return {
+        "benchmark": "vs_gazette --stream-sum",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "baseline": f"Gazette brokers ({GAZETTE_VERSION}, etcd 3.6), same run, same workload",
+        "workload": {
+            "brokers": 3,
+            "replication": workload.replication,
+            "chunk_partitions": workload.partitions,
+            "summers": workload.summers,
+            "hot_standbys": 1,
+            "streams": workload.total_streams,
+            "chunks_per_stream": workload.chunks,
+        },
+        "seconds": {"pygazette": py, "gazette": go},
+        "speed_vs_gazette": round(go / py, 3),
+        "target": {"speed_vs_gazette": ">= 0.5", "met": go / py >= 0.5},
+        "validation_errors": {
+            s: sum(r["logs"][p]["validation_errors"] for r in runs for p in r["logs"])
+            for s, runs in rounds.items()
+        },
+        "every_stream_verified": all(
+            r["streams_with_final_sum"] == workload.total_streams
+            for runs in rounds.values()
+            for r in runs
+        ),
+        "rounds": rounds,
+    }
 
 
 if __name__ == "__main__":
@@ -185,7 +253,9 @@ if __name__ == "__main__":
         help="drive both brokers with Gazette's Go client (interop/loadgen): single broker, "
         "and 3 brokers at r=2 and r=3",
     )
-    parser.add_argument("--rounds", type=int, default=2, help="--go-client: rounds per system")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="--go-client (2), --stream-sum (1): rounds"
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -208,8 +278,29 @@ if __name__ == "__main__":
         metavar="DIR",
         help="--go-client: sample pygazette's brokers with py-spy into DIR",
     )
+    parser.add_argument(
+        "--stream-sum",
+        action="store_true",
+        help="Gazette's stream-sum example (Go summer and chunker) on both systems' brokers",
+    )
+    parser.add_argument("--streams", type=int, default=50, help="--stream-sum: per worker (4)")
+    parser.add_argument("--chunks", type=int, default=100, help="--stream-sum: per stream")
+    parser.add_argument(
+        "--go-soak",
+        action="store_true",
+        help="the Go soak (Gazette's client under concurrency, a broker killed) on both",
+    )
+    parser.add_argument(
+        "--soak-seconds", type=float, default=10.0, help="--go-soak: seconds per phase"
+    )
     args = parser.parse_args()
-    if args.go_client:
+    if args.stream_sum:
+        print(json.dumps(stream_sum_main(args), indent=2))
+    elif args.go_soak:
+        from tests.support.go_soak import soak_both
+
+        print(json.dumps(soak_both(args.soak_seconds), indent=2))
+    elif args.go_client:
         print(json.dumps(go_client_main(args), indent=2))
     else:
         print(json.dumps(asyncio.run(main(args.quick)), indent=2))

@@ -124,31 +124,33 @@ def summary(phase: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase")
-    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
-    args = parser.parse_args()
+def soak_both(duration: float, systems: list[str] | tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
+    """Both phases on each system, one etcd: the JSON document `main` prints."""
     binaries = gazette_binaries()
     with tempfile.TemporaryDirectory(prefix="pygazette-go-soak-") as tmp:
         etcd = EtcdServer(binaries.etcd, Path(tmp) / "etcd" / "data")
         etcd.data_dir.parent.mkdir(parents=True)
         etcd.start()
         try:
-            runs = {
-                s: soak_system(s, binaries, etcd, Path(tmp) / s, args.duration)
-                for s in args.systems
-            }
+            runs = {s: soak_system(s, binaries, etcd, Path(tmp) / s, duration) for s in systems}
         finally:
             etcd.stop()
-    doc = {
+    return {
         "benchmark": "go_soak",
         "baseline": "Gazette's brokers (go.gazette.dev/core v0.103.0), same run",
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds_per_phase": duration,
         "summary": {s: {p: summary(r) for p, r in phases.items()} for s, phases in runs.items()},
         "runs": runs,
     }
-    json.dump(doc, sys.stdout, indent=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase")
+    parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
+    args = parser.parse_args()
+    json.dump(soak_both(args.duration, args.systems), sys.stdout, indent=2)
     print()
 
 
