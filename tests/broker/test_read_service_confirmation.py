@@ -127,3 +127,27 @@ async def test_reads_see_confirmed_commits_only(
     assert (meta.fragment.end, meta.write_head) == (19, 19)
     assert meta.fragment.sum == _sum(b"first;second;third;")
     assert b"".join(x.content for x in resps) == b"third;"
+
+
+async def test_persisted_content_past_the_frontier_counts_in_the_write_head(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A member lists a fragment another broker persisted before its own frontier caught up
+    (a new primary, before its first append): it serves it, under a write head that covers
+    it."""
+    r = _replica(tmp_path, persister)
+    frag = pb.Fragment(
+        journal=JOURNAL,
+        begin=0,
+        end=10,
+        sum=_sum(b"0123456789"),
+        compression_codec=pb.NONE,
+        backing_store="file:///",
+    )
+    frag.mod_time = 1
+    r.index.add_persisted(frag)
+    assert r.readable_end == 0 and r.head == 10
+    resps = await _read(
+        r, pb.ReadRequest(journal=JOURNAL, offset=3, block=False, metadata_only=True)
+    )
+    assert [(x.offset, x.fragment.end, x.write_head) for x in resps] == [(3, 10, 10)]
