@@ -19,7 +19,7 @@ from pygazette.allocator.converge import BatchedTxn, TxnFailed, converge, unchan
 from pygazette.allocator.metrics import MAX_FLOW_RUNTIME
 from pygazette.allocator.solver import DesiredAssignment, solve_desired_assignments
 from pygazette.allocator.state import AllocatorDecoder, AllocatorState
-from pygazette.keyspace.keyspace import Keyspace, KeyspaceUnavailable
+from pygazette.keyspace.keyspace import KeyChanges, Keyspace, KeyspaceUnavailable
 from pygazette.keyspace.layout import KeyLayout
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,37 @@ class MemberKeyMissing(Exception):
     """The local member's key is gone from the keyspace (its lease expired)."""
 
 
+class TouchedItems:
+    """Items whose key or assignments changed since its owner last took them."""
+
+    def __init__(self) -> None:
+        self._items: set[str] = set()
+        self._all = True  # Everything, at first and after a reload.
+
+    def add(self, state: AllocatorState) -> None:
+        if state.touched_items is None:
+            self._all = True
+            self._items.clear()
+        elif not self._all:
+            self._items |= state.touched_items
+
+    def take(self) -> set[str] | None:
+        """The items touched since the last take (None: any item may have been)."""
+        if self._all:
+            self._all = False
+            return None
+        out, self._items = self._items, set()
+        return out
+
+
 class ObservedState:
-    """The latest AllocatorState, re-extracted on every keyspace change."""
+    """The latest AllocatorState, kept up to date by applying each keyspace change to it.
+
+    Each change publishes a new state object (`current`) that shares what didn't change
+    with the one before, which stays as it was for whoever still holds it. A change that
+    doesn't follow the state's revision (a missed notification, a reload) re-extracts the
+    state from scratch.
+    """
 
     def __init__(
         self, ks: Keyspace, layout: KeyLayout, decoder: AllocatorDecoder, local_key: str
@@ -42,15 +71,30 @@ class ObservedState:
         self.layout = layout
         self.decoder = decoder
         self.local_key = local_key
+        self._feeds: list[TouchedItems] = []
         self.current = AllocatorState.extract(ks, layout, decoder, local_key)
-        ks.add_listener(self._observe)
+        ks.add_change_listener(self._observe)
 
-    def _observe(self, _revision: int) -> None:
-        self.refresh()
+    def touched_items(self) -> TouchedItems:
+        """A feed of the items that change from now on (everything, at first)."""
+        feed = TouchedItems()
+        self._feeds.append(feed)
+        return feed
+
+    def _observe(self, changes: KeyChanges) -> None:
+        if changes.reset or changes.prior != self.current.revision:
+            self.refresh()
+        else:
+            self._publish(self.current.apply(changes))
 
     def refresh(self) -> None:
         """Re-extract the state from the keyspace as it is now."""
-        self.current = AllocatorState.extract(self.ks, self.layout, self.decoder, self.local_key)
+        self._publish(AllocatorState.extract(self.ks, self.layout, self.decoder, self.local_key))
+
+    def _publish(self, state: AllocatorState) -> None:
+        self.current = state
+        for feed in self._feeds:
+            feed.add(state)
 
 
 class Allocator:
@@ -75,7 +119,7 @@ class Allocator:
 
     async def run(self) -> None:
         desired: list[DesiredAssignment] = []
-        last_hash = ""
+        last_hash: int | None = None
         while True:
             if self.observed.current.revision < self.ks.revision:
                 # A change applied before its listeners ran (or one they missed): catch up

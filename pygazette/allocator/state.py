@@ -10,13 +10,13 @@ or shards and consumers), so the allocator itself stays generic.
 
 from __future__ import annotations
 
-import hashlib
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pygazette.keyspace.keyspace import Keyspace, KeyValue
+from pygazette.keyspace.keyspace import KeyChanges, Keyspace, KeyValue
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
 
 log = logging.getLogger(__name__)
@@ -80,105 +80,286 @@ class AllocatorDecoder(Protocol):
         ...
 
 
+def _mix(*parts: object) -> int:
+    """One key's part of the network hash (summed over keys, so order doesn't matter)."""
+    return hash(parts) & _MASK
+
+
+_MASK = (1 << 64) - 1
+_Tally = tuple[int, int]  # (assignments, primaries) of a member, over live items.
+
+
 @dataclass(slots=True)
 class AllocatorState:
+    """One consistent view; never changed once published (`ObservedState` builds the next
+    view from it, sharing what didn't change)."""
+
     layout: KeyLayout
     decoder: AllocatorDecoder
     local_key: str
     revision: int = 0
     members: list[Member] = field(default_factory=list)  # Key order.
-    items: list[Item] = field(default_factory=list)  # Key (ID) order.
-    assignments: list[Assignment] = field(default_factory=list)  # Key order.
     member_index: dict[tuple[str, str], int] = field(default_factory=dict)
-    item_index: dict[str, int] = field(default_factory=dict)
+    item_map: dict[str, Item] = field(default_factory=dict)
+    # Assignments of each item (in key order), including those of items that are gone.
     by_item: dict[str, list[Assignment]] = field(default_factory=dict)
     local_member: int = -1
-    local_items: list[LocalItem] = field(default_factory=list)
+    local: dict[str, tuple[LocalItem, ...]] = field(default_factory=dict)
     zones: list[str] = field(default_factory=list)  # Zones of members with slots.
     item_slots: int = 0
     member_slots: int = 0
-    network_hash: str = ""
+    network_hash: int = 0
     member_total: list[int] = field(default_factory=list)
     member_primary: list[int] = field(default_factory=list)
     shed_capacity: list[int] = field(default_factory=list)
+    # Incremental bookkeeping.
+    tally: dict[tuple[str, str], _Tally] = field(default_factory=dict)  # By member.
+    replication_counts: dict[int, int] = field(default_factory=dict)  # Items per R.
+    member_slots_raw: int = 0
+    base_hash: int = 0  # Of members and items; shed capacity is added on top.
+    # What changed from the state this one was built from (None: anything may have).
+    touched_items: frozenset[str] | None = None
+    members_changed: bool = True
+    _items: list[Item] | None = None
+    _item_index: dict[str, int] | None = None
+    _local_items: list[LocalItem] | None = None
+    _assignments: list[Assignment] | None = None
 
     @classmethod
     def extract(
         cls, ks: Keyspace, layout: KeyLayout, decoder: AllocatorDecoder, local_key: str
     ) -> AllocatorState:
+        """Decode the whole keyspace (on load, and as the oracle of incremental updates)."""
         s = cls(layout, decoder, local_key, revision=ks.revision)
-        digest = hashlib.sha1()
-        exiting: list[int] = []
         for kv in ks.range(layout.members_prefix):
-            try:
-                zone, suffix = layout.parse_member_key(kv.key)
-                limit, is_exiting = decoder.member_limit(zone, suffix, kv)
-            except KeyDecodeError as exc:
-                log.error("undecodable member", extra={"key": kv.key, "error": str(exc)})
-                continue
-            s.member_index[(zone, suffix)] = len(s.members)
-            s.members.append(Member(zone, suffix, kv, limit, is_exiting))
-            if limit > 0 and (not s.zones or s.zones[-1] != zone):
-                s.zones.append(zone)
-            s.member_slots += limit
-            digest.update(f"m{kv.key}\0{limit}\0".encode())
-            if kv.key == local_key:
-                s.local_member = len(s.members) - 1
-            if is_exiting:
-                exiting.append(len(s.members) - 1)
-        s.zones = sorted(set(s.zones))
-
+            m = _decode_member(layout, decoder, kv)
+            if m is not None:
+                s.members.append(m)
+                s.base_hash += _member_hash(m)
         for kv in ks.range(layout.items_prefix):
-            try:
-                item_id = layout.parse_item_key(kv.key)
-                replication = decoder.item_replication(item_id, kv)
-            except KeyDecodeError as exc:
-                log.error("undecodable item", extra={"key": kv.key, "error": str(exc)})
-                continue
-            s.item_index[item_id] = len(s.items)
-            s.items.append(Item(item_id, kv, replication))
-            s.item_slots += replication
-            digest.update(f"i{kv.key}\0{replication}\0".encode())
-
+            item = _decode_item(layout, decoder, kv)
+            if item is not None:
+                s.item_map[item.id] = item
+                s.base_hash += _item_hash(item)
+                s.item_slots += item.replication
+                s.replication_counts[item.replication] = (
+                    s.replication_counts.get(item.replication, 0) + 1
+                )
         for kv in ks.range(layout.assign_prefix):
-            try:
-                key = layout.parse_assignment_key(kv.key)
-            except KeyDecodeError as exc:
-                log.error("undecodable assignment", extra={"key": kv.key, "error": str(exc)})
+            a = _decode_assignment(layout, kv)
+            if a is not None:
+                s.by_item.setdefault(a.item, []).append(a)
+        tally: dict[tuple[str, str], list[int]] = {}
+        for item_id, group in s.by_item.items():
+            group.sort(key=_by_key)
+            if item_id not in s.item_map:
                 continue
-            a = Assignment(key.item, key.zone, key.suffix, key.slot, kv)
-            s.assignments.append(a)
-            s.by_item.setdefault(a.item, []).append(a)
+            _add_local(s, item_id, group)
+            for a in group:
+                t = tally.setdefault(a.member, [0, 0])
+                t[0] += 1
+                t[1] += a.slot == 0
+        s.tally = {m: (t[0], t[1]) for m, t in tally.items()}
+        s.base_hash &= _MASK
+        s._index_members()
+        s._derive()
+        return s
 
-        s.member_total = [0] * len(s.members)
-        s.member_primary = [0] * len(s.members)
-        s.shed_capacity = [0] * len(s.members)
-        max_replication = max((it.replication for it in s.items), default=0)
-        for item in s.items:
-            group = s.by_item.get(item.id, [])
-            for i, a in enumerate(group):
-                if layout.member_key(a.zone, a.suffix) == local_key:
-                    s.local_items.append(LocalItem(item, group, i))
-                m = s.member_index.get(a.member)
-                if m is not None:
-                    s.member_total[m] += 1
-                    if a.slot == 0:
-                        s.member_primary[m] += 1
+    def _index_members(self) -> None:
+        """Member list derivatives (members change seldom: O(members))."""
+        self.member_index = {(m.zone, m.suffix): i for i, m in enumerate(self.members)}
+        self.local_member = -1
+        zones = set()
+        self.member_slots_raw = 0
+        for i, m in enumerate(self.members):
+            if m.kv.key == self.local_key:
+                self.local_member = i
+            if m.item_limit > 0:
+                zones.add(m.zone)
+            self.member_slots_raw += m.item_limit
+        self.zones = sorted(zones)
 
+    def _derive(self) -> None:
+        """Per-member tallies and shed capacity (O(members))."""
+        tally = self.tally
+        self.member_total = [tally.get((m.zone, m.suffix), (0, 0))[0] for m in self.members]
+        self.member_primary = [tally.get((m.zone, m.suffix), (0, 0))[1] for m in self.members]
+        self.shed_capacity = [0] * len(self.members)
+        self.member_slots = self.member_slots_raw
         # Exiting members shed capacity, oldest first, out of the cluster's excess slots,
         # keeping at least `max_replication` members at full capacity (Gazette's rule).
-        excess = max(0, s.member_slots - s.item_slots)
-        exiting.sort(key=lambda i: s.members[i].kv.create_revision)
+        max_replication = max(self.replication_counts, default=0)
+        excess = max(0, self.member_slots - self.item_slots)
+        exiting = [i for i, m in enumerate(self.members) if m.exiting]
+        exiting.sort(key=lambda i: self.members[i].kv.create_revision)
+        shed_hash = 0
         for n, i in enumerate(exiting):
-            if n >= max(0, len(s.members) - max_replication) or excess == 0:
+            if n >= max(0, len(self.members) - max_replication) or excess == 0:
                 break
-            shed = min(s.members[i].item_limit, excess)
-            s.shed_capacity[i] = shed
-            s.member_slots -= shed
+            shed = min(self.members[i].item_limit, excess)
+            self.shed_capacity[i] = shed
+            self.member_slots -= shed
             excess -= shed
-            digest.update(f"s{s.members[i].kv.key}\0{shed}\0".encode())
-        s.network_hash = digest.hexdigest()
-        return s
+            shed_hash += _mix("s", self.members[i].kv.key, shed)
+        self.network_hash = (self.base_hash + shed_hash) & _MASK
+
+    def apply(self, changes: KeyChanges) -> AllocatorState:
+        """The state after `changes` (which must follow this state's revision), decoding only
+        what changed and sharing the rest with this state, which stays as it was."""
+        layout = self.layout
+        n = AllocatorState(self.layout, self.decoder, self.local_key, revision=changes.revision)
+        n.members = self.members
+        n.member_index = self.member_index
+        n.item_map = self.item_map
+        n.by_item = self.by_item
+        n.local_member = self.local_member
+        n.local = self.local
+        n.zones = self.zones
+        n.item_slots = self.item_slots
+        n.member_slots_raw = self.member_slots_raw
+        n.tally = self.tally
+        n.replication_counts = self.replication_counts
+        n.base_hash = self.base_hash
+        members_changed = False
+        copied: set[str] = set()
+        touched: set[str] = set()
+        member_updates: dict[str, Member | None] = {}
+
+        def own(name: str) -> None:
+            if name not in copied:
+                copied.add(name)
+                setattr(n, name, dict(getattr(n, name)))
+
+        def tally_add(item_id: str, group: list[Assignment], sign: int) -> None:
+            own("tally")
+            for a in group:
+                t = n.tally.get(a.member, (0, 0))
+                n.tally[a.member] = (t[0] + sign, t[1] + sign * (a.slot == 0))
+
+        ms, ips, aps = layout.members_prefix, layout.items_prefix, layout.assign_prefix
+        changed: list[tuple[str, KeyValue | None]] = [(kv.key, kv) for kv in changes.puts]
+        changed += [(key, None) for key in changes.deletes]
+        for key, kv in changed:
+            if key.startswith(aps):
+                try:
+                    ak = layout.parse_assignment_key(key)
+                except KeyDecodeError as exc:
+                    if kv is not None:
+                        log.error("undecodable assignment", extra={"key": key, "error": str(exc)})
+                    continue
+                own("by_item")
+                old_group = n.by_item.get(ak.item, [])
+                group = [a for a in old_group if a.kv.key != key]
+                if kv is not None:
+                    group.append(Assignment(ak.item, ak.zone, ak.suffix, ak.slot, kv))
+                    group.sort(key=_by_key)
+                if ak.item in n.item_map:
+                    tally_add(ak.item, old_group, -1)
+                    tally_add(ak.item, group, 1)
+                if group:
+                    n.by_item[ak.item] = group
+                else:
+                    n.by_item.pop(ak.item, None)
+                touched.add(ak.item)
+            elif key.startswith(ips):
+                try:
+                    item_id = layout.parse_item_key(key)
+                except KeyDecodeError as exc:
+                    if kv is not None:
+                        log.error("undecodable item", extra={"key": key, "error": str(exc)})
+                    continue
+                old = n.item_map.get(item_id)
+                new = _decode_item(layout, self.decoder, kv) if kv is not None else None
+                own("item_map")
+                own("replication_counts")
+                if old is not None:
+                    del n.item_map[item_id]
+                    n.base_hash -= _item_hash(old)
+                    n.item_slots -= old.replication
+                    left = n.replication_counts[old.replication] - 1
+                    if left:
+                        n.replication_counts[old.replication] = left
+                    else:
+                        del n.replication_counts[old.replication]
+                if new is not None:
+                    n.item_map[item_id] = new
+                    n.base_hash += _item_hash(new)
+                    n.item_slots += new.replication
+                    n.replication_counts[new.replication] = (
+                        n.replication_counts.get(new.replication, 0) + 1
+                    )
+                if (old is None) != (new is None):
+                    group = n.by_item.get(item_id, [])
+                    tally_add(item_id, group, 1 if new is not None else -1)
+                touched.add(item_id)
+            elif key.startswith(ms):
+                member_updates[key] = (
+                    _decode_member(layout, self.decoder, kv) if kv is not None else None
+                )
+        if member_updates:
+            members_changed = True
+            by_key = {m.kv.key: m for m in n.members}
+            for key, maybe in member_updates.items():
+                old_m = by_key.pop(key, None)
+                if old_m is not None:
+                    n.base_hash -= _member_hash(old_m)
+                if maybe is not None:
+                    by_key[key] = maybe
+                    n.base_hash += _member_hash(maybe)
+            n.members = [by_key[k] for k in sorted(by_key)]
+            n._index_members()
+        n.base_hash &= _MASK
+        if touched:
+            own("local")
+            for item_id in touched:
+                n.local.pop(item_id, None)
+                if item_id in n.item_map:
+                    _add_local(n, item_id, n.by_item.get(item_id, []))
+        n._derive()
+        n.touched_items = frozenset(touched)
+        n.members_changed = members_changed
+        return n
+
+    # Views.
+    @property
+    def items(self) -> list[Item]:
+        """Items in ID order."""
+        if self._items is None:
+            self._items = sorted(self.item_map.values(), key=lambda it: it.id)
+        return self._items
+
+    @property
+    def item_index(self) -> dict[str, int]:
+        """Item ID → its place in `items`."""
+        if self._item_index is None:
+            self._item_index = {it.id: i for i, it in enumerate(self.items)}
+        return self._item_index
+
+    @property
+    def local_items(self) -> list[LocalItem]:
+        """Assignments of the local member, in item order."""
+        if self._local_items is None:
+            self._local_items = [li for k in sorted(self.local) for li in self.local[k]]
+        return self._local_items
+
+    @property
+    def assignments(self) -> list[Assignment]:
+        """All assignments, in key order."""
+        if self._assignments is None:
+            out = [a for group in self.by_item.values() for a in group]
+            out.sort(key=_by_key)
+            self._assignments = out
+        return self._assignments
+
+    def item(self, item_id: str) -> Item | None:
+        return self.item_map.get(item_id)
+
+    def for_convergence(self) -> AllocatorState:
+        """A copy whose per-member tallies convergence may update as it plans."""
+        work = copy.copy(self)
+        work.member_total = list(self.member_total)
+        work.member_primary = list(self.member_primary)
+        return work
 
     # Queries.
     def is_leader(self) -> bool:
@@ -210,3 +391,56 @@ class AllocatorState:
     def find_member(self, zone: str, suffix: str) -> Member | None:
         m = self.member_index.get((zone, suffix))
         return self.members[m] if m is not None else None
+
+
+def _by_key(a: Assignment) -> str:
+    return a.kv.key
+
+
+def _member_hash(m: Member) -> int:
+    return _mix("m", m.kv.key, m.item_limit)
+
+
+def _item_hash(item: Item) -> int:
+    return _mix("i", item.kv.key, item.replication)
+
+
+def _decode_member(layout: KeyLayout, decoder: AllocatorDecoder, kv: KeyValue) -> Member | None:
+    try:
+        zone, suffix = layout.parse_member_key(kv.key)
+        limit, is_exiting = decoder.member_limit(zone, suffix, kv)
+    except KeyDecodeError as exc:
+        log.error("undecodable member", extra={"key": kv.key, "error": str(exc)})
+        return None
+    return Member(zone, suffix, kv, limit, is_exiting)
+
+
+def _decode_item(layout: KeyLayout, decoder: AllocatorDecoder, kv: KeyValue) -> Item | None:
+    try:
+        item_id = layout.parse_item_key(kv.key)
+        replication = decoder.item_replication(item_id, kv)
+    except KeyDecodeError as exc:
+        log.error("undecodable item", extra={"key": kv.key, "error": str(exc)})
+        return None
+    return Item(item_id, kv, replication)
+
+
+def _decode_assignment(layout: KeyLayout, kv: KeyValue) -> Assignment | None:
+    try:
+        key = layout.parse_assignment_key(kv.key)
+    except KeyDecodeError as exc:
+        log.error("undecodable assignment", extra={"key": kv.key, "error": str(exc)})
+        return None
+    return Assignment(key.item, key.zone, key.suffix, key.slot, kv)
+
+
+def _add_local(s: AllocatorState, item_id: str, group: list[Assignment]) -> None:
+    item = s.item_map[item_id]
+    local_member = s.layout.member_key
+    found = tuple(
+        LocalItem(item, group, i)
+        for i, a in enumerate(group)
+        if local_member(a.zone, a.suffix) == s.local_key
+    )
+    if found:
+        s.local[item_id] = found

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,7 +33,7 @@ from typing import Any
 
 from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.request_fence import ResolveError, pass_request_fence, same_process
-from pygazette.allocator.state import AllocatorState, Assignment
+from pygazette.allocator.state import AllocatorState, Assignment, LocalItem
 from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.allocation import JournalDecoder, route_of
 from pygazette.broker.fragment.persister import Persister
@@ -120,6 +120,7 @@ class ClusterResolver(Resolver):
         self.lease_alive: Callable[[], bool] = lambda: True
         self._role_tasks: dict[str, asyncio.Task[None]] = {}
         self.stopping_journals: set[str] = set()  # Replicas still stopping.
+        self._touched = observed.touched_items()
 
     # Replicas.
     def start(self) -> None:
@@ -127,55 +128,66 @@ class ClusterResolver(Resolver):
         self.sync_replicas()
 
     def sync_replicas(self) -> None:
+        """Bring local replicas in line with the local assignments of the items that
+        changed since the last sync (all of them, at first)."""
         if not self.serving:
             return
         state = self.observed.current
-        seen: set[str] = set()
-        for li in state.local_items:
-            name = li.item.id
-            if name in seen:
+        touched = self._touched.take()
+        if touched is None:
+            names: Iterable[str] = set(state.local) | set(self.replicas)
+        else:
+            names = touched
+        for name in names:
+            local = state.local.get(name)
+            if local is None:
+                if name in self.replicas:
+                    self._stop_replica(name)
                 continue
-            try:
-                spec = self.decoder.journal_spec(li.item.kv)
-            except KeyDecodeError as exc:
-                log.error("undecodable journal spec", extra={"journal": name, "error": str(exc)})
-                continue
-            seen.add(name)
-            primary = li.assignment.slot == 0
-            replica = self.replicas.get(name)
-            if replica is None:
-                replica = Replica(
-                    spec,
-                    li.item.kv.mod_revision,
-                    spool_root=self.spool_root,
-                    stores=self.stores,
-                    persister=self.persister,
-                    sync=self.sync,
-                )
-                self.replicas[name] = replica
-                replica.start_clustered()
-                log.info(
-                    "starting local journal replica", extra={"journal": name, "primary": primary}
-                )
-            elif replica.mod_revision != li.item.kv.mod_revision:
-                replica.update_spec(spec, li.item.kv.mod_revision)
-                replica.invalidate()
-            was_primary = replica.primary
-            if replica.set_assignments(primary, li.assignments):
-                if primary:
-                    self._start_primary(replica)
-                elif was_primary:
-                    self._demote(replica)
-        for name in [n for n in self.replicas if n not in seen]:
-            replica = self.replicas.pop(name)
-            replica.stopping = True
+            self._sync_replica(name, local[0])
+
+    def _sync_replica(self, name: str, li: LocalItem) -> None:
+        try:
+            spec = self.decoder.journal_spec(li.item.kv)
+        except KeyDecodeError as exc:
+            log.error("undecodable journal spec", extra={"journal": name, "error": str(exc)})
+            if name in self.replicas:
+                self._stop_replica(name)
+            return
+        primary = li.assignment.slot == 0
+        replica = self.replicas.get(name)
+        if replica is None:
+            replica = Replica(
+                spec,
+                li.item.kv.mod_revision,
+                spool_root=self.spool_root,
+                stores=self.stores,
+                persister=self.persister,
+                sync=self.sync,
+            )
+            self.replicas[name] = replica
+            replica.start_clustered()
+            log.info("starting local journal replica", extra={"journal": name, "primary": primary})
+        elif replica.mod_revision != li.item.kv.mod_revision:
+            replica.update_spec(spec, li.item.kv.mod_revision)
             replica.invalidate()
-            log.info("stopping local journal replica", extra={"journal": name})
-            self.stopping_journals.add(name)
-            task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
-            task.add_done_callback(partial(_discard, self.stopping_journals, name))
+        was_primary = replica.primary
+        if replica.set_assignments(primary, li.assignments):
+            if primary:
+                self._start_primary(replica)
+            elif was_primary:
+                self._demote(replica)
+
+    def _stop_replica(self, name: str) -> None:
+        replica = self.replicas.pop(name)
+        replica.stopping = True
+        replica.invalidate()
+        log.info("stopping local journal replica", extra={"journal": name})
+        self.stopping_journals.add(name)
+        task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        task.add_done_callback(partial(_discard, self.stopping_journals, name))
 
     def _start_primary(self, replica: Replica) -> None:
         if self.on_primary is None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,7 +37,7 @@ from pygazette.allocator.request_fence import (
     pass_request_fence,
     same_process,
 )
-from pygazette.allocator.state import AllocatorState, Assignment
+from pygazette.allocator.state import AllocatorState, Assignment, LocalItem
 from pygazette.consumer.key_space import ShardDecoder
 from pygazette.keyspace.keyspace import Compare, Keyspace, KeyspaceUnavailable, KeyValue, Put
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
@@ -175,6 +175,7 @@ class ShardResolver:
         self._stopping: set[asyncio.Task[None]] = set()
         self._started = False
         self._sources: tuple[int, dict[str, list[cpb.ShardSpec]]] = (-1, {})
+        self._touched = observed.touched_items()
 
     # Local replicas.
     @property
@@ -194,54 +195,63 @@ class ShardResolver:
         self.sync_replicas()
 
     def sync_replicas(self) -> None:
-        """Bring local replicas in line with the local member's assignments."""
+        """Bring local replicas in line with the local member's assignments of the shards
+        that changed since the last sync (all of them, at first)."""
         if not self.serving:
             return
         state = self.observed.current
-        nxt: dict[str, _LocalShard] = {}
-        for li in state.local_items:
-            sid = li.item.id
-            if sid in nxt:
-                continue
-            try:
-                spec = self.decoder.shard_spec(li.item.kv)
-            except KeyDecodeError as exc:
-                log.error("undecodable shard spec", extra={"shard": sid, "error": str(exc)})
-                continue
-            asn = li.assignment
+        touched = self._touched.take()
+        sids: Iterable[str] = set(state.local) | set(self._local) if touched is None else touched
+        for sid in sids:
+            local = state.local.get(sid)
             entry = self._local.pop(sid, None)
-            if entry is not None:
-                prev = entry.assignment
-                # A promoted replica, or the same assignment with a new value, carries on;
-                # an assignment deleted and re-created gets a new replica.
-                promoted = asn.slot < prev.slot
-                if not promoted and prev.kv.create_revision != asn.kv.create_revision:
-                    self._stop_entry(entry)
-                    entry = None
-            if entry is None:
-                entry = _LocalShard(sid, None, asn)
-                try:
-                    entry.replica = self.factory(spec, asn.kv, self._reporter(entry))
-                except Exception:
-                    log.exception("cannot create a shard replica", extra={"shard": sid})
+            if local is not None:
+                entry = self._sync_shard(sid, local[0], entry)
+                if entry is not None:
+                    self._local[sid] = entry
                     continue
-                log.info("starting local shard", extra={"shard": sid, "slot": asn.slot})
-            fingerprint = (
-                li.item.kv.mod_revision,
-                tuple((a.kv.key, a.kv.mod_revision) for a in li.assignments),
-            )
-            nxt[sid] = entry
-            if fingerprint != entry.fingerprint:
-                entry.fingerprint = fingerprint
-                entry.assignment = asn
-                assert entry.replica is not None
-                try:
-                    entry.replica.update(spec, asn.kv, asn.slot, list(li.assignments))
-                except Exception:
-                    log.exception("shard replica update failed", extra={"shard": sid})
-        for entry in self._local.values():
-            self._stop_entry(entry)
-        self._local = nxt
+            if entry is not None:
+                self._stop_entry(entry)
+
+    def _sync_shard(self, sid: str, li: LocalItem, entry: _LocalShard | None) -> _LocalShard | None:
+        """The shard's local entry brought up to date (None: it can't run here)."""
+        try:
+            spec = self.decoder.shard_spec(li.item.kv)
+        except KeyDecodeError as exc:
+            log.error("undecodable shard spec", extra={"shard": sid, "error": str(exc)})
+            if entry is not None:
+                self._stop_entry(entry)
+            return None
+        asn = li.assignment
+        if entry is not None:
+            prev = entry.assignment
+            # A promoted replica, or the same assignment with a new value, carries on;
+            # an assignment deleted and re-created gets a new replica.
+            promoted = asn.slot < prev.slot
+            if not promoted and prev.kv.create_revision != asn.kv.create_revision:
+                self._stop_entry(entry)
+                entry = None
+        if entry is None:
+            entry = _LocalShard(sid, None, asn)
+            try:
+                entry.replica = self.factory(spec, asn.kv, self._reporter(entry))
+            except Exception:
+                log.exception("cannot create a shard replica", extra={"shard": sid})
+                return None
+            log.info("starting local shard", extra={"shard": sid, "slot": asn.slot})
+        fingerprint = (
+            li.item.kv.mod_revision,
+            tuple((a.kv.key, a.kv.mod_revision) for a in li.assignments),
+        )
+        if fingerprint != entry.fingerprint:
+            entry.fingerprint = fingerprint
+            entry.assignment = asn
+            assert entry.replica is not None
+            try:
+                entry.replica.update(spec, asn.kv, asn.slot, list(li.assignments))
+            except Exception:
+                log.exception("shard replica update failed", extra={"shard": sid})
+        return entry
 
     def _stop_entry(self, entry: _LocalShard) -> None:
         if entry.stopped.is_set():
@@ -365,10 +375,10 @@ class ShardResolver:
     def shard_spec(
         self, state: AllocatorState, shard_id: str
     ) -> tuple[cpb.ShardSpec, KeyValue] | None:
-        index = state.item_index.get(shard_id)
-        if index is None:
+        item = state.item(shard_id)
+        if item is None:
             return None
-        kv = state.items[index].kv
+        kv = item.kv
         try:
             return self.decoder.shard_spec(kv), kv
         except KeyDecodeError:

@@ -3,6 +3,7 @@
 It lets `pygazette serve` run with nothing else installed. Each transaction rewrites a JSON
 snapshot of all keys (written to a temp file, fsynced and renamed into place), so specs and
 revisions survive crashes and restarts. It holds journal specs, which are few and small.
+With no path it keeps its keys in memory only (in-process simulations and benchmarks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pygazette.keyspace.keyspace import (
     ClusterIdentity,
     Compare,
     Delete,
+    KeyChanges,
     Keyspace,
     KeyValue,
     Put,
@@ -30,14 +32,16 @@ _FORMAT = "pygazette-embedded-keyspace-v1"
 
 
 class EmbeddedKeyspace(Keyspace):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         super().__init__()
         self.path = path
         self._lock = asyncio.Lock()
         self._kvs: dict[str, KeyValue] = {}
         self._revision = 1
         self._identity = ClusterIdentity(random.getrandbits(63) | 1, random.getrandbits(63) | 1, 1)
-        if path.exists():
+        if path is None:
+            pass
+        elif path.exists():
             self._load()
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,23 +69,33 @@ class EmbeddedKeyspace(Keyspace):
                     return TxnResult(False, self._revision)
             if not ops:
                 return TxnResult(True, self._revision)
-            revision = self._revision + 1
-            kvs = dict(self._kvs)
+            prior_revision = revision = self._revision
+            revision += 1
+            kvs = self._kvs
+            undo: dict[str, KeyValue | None] = {}  # Each touched key as it was.
             for op in ops:
+                prior = kvs.get(op.key)
+                undo.setdefault(op.key, prior)
                 if isinstance(op, Put):
-                    prior = kvs.get(op.key)
                     created = prior.create_revision if prior else revision
                     kvs[op.key] = KeyValue(op.key, op.value, created, revision)
                 else:
                     kvs.pop(op.key, None)
-            old = (self._kvs, self._revision)
-            self._kvs, self._revision = kvs, revision
-            try:
-                await asyncio.to_thread(self._save)
-            except BaseException:
-                self._kvs, self._revision = old
-                raise
-        await self._notify(revision)
+            self._revision = revision
+            if self.path is not None:
+                try:
+                    await asyncio.to_thread(self._save)
+                except BaseException:
+                    for key, was in undo.items():
+                        if was is None:
+                            kvs.pop(key, None)
+                        else:
+                            kvs[key] = was
+                    self._revision = prior_revision
+                    raise
+            puts = [kv for kv in map(kvs.get, undo) if kv is not None]
+            deletes = [key for key in undo if key not in kvs]
+        await self._notify(KeyChanges(prior_revision, revision, puts, deletes))
         return TxnResult(True, revision)
 
     def _snapshot(self) -> dict[str, Any]:
@@ -102,6 +116,7 @@ class EmbeddedKeyspace(Keyspace):
         }
 
     def _save(self) -> None:
+        assert self.path is not None
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:
             json.dump(self._snapshot(), f)
@@ -115,6 +130,7 @@ class EmbeddedKeyspace(Keyspace):
             os.close(dir_fd)
 
     def _load(self) -> None:
+        assert self.path is not None
         try:
             doc = json.loads(self.path.read_text())
             if doc.get("format") != _FORMAT:

@@ -36,6 +36,7 @@ from pygazette.keyspace.keyspace import (
     ClusterIdentity,
     Compare,
     Delete,
+    KeyChanges,
     Keyspace,
     KeyspaceUnavailable,
     KeyValue,
@@ -232,13 +233,14 @@ class EtcdKeyspace(Keyspace):
         request = etcd_rpc.RangeRequest(key=self._prefix, range_end=_prefix_end(self._prefix))
         resp = await self._call(lambda: self._client.kvstub.Range(request, timeout=_RPC_TIMEOUT))
         kvs = {kv.key: kv for kv in (_kv(raw) for raw in resp.kvs)}
+        prior = self._revision
         self._kvs = kvs
         self._keys = sorted(kvs)
         self._revision = int(resp.header.revision)
         self._identity = ClusterIdentity(
             int(resp.header.cluster_id), int(resp.header.member_id), int(resp.header.raft_term)
         )
-        await self._notify(self._revision)
+        await self._notify(KeyChanges(prior, self._revision, reset=True))
 
     # Watching.
     async def _watch_loop(self) -> None:
@@ -290,7 +292,8 @@ class EtcdKeyspace(Keyspace):
             call.cancel()
 
     async def _apply(self, resp: Any) -> None:
-        revision = self._revision
+        revision = prior = self._revision
+        touched: dict[str, None] = {}
         for event in resp.events:
             kv = event.kv
             mod = int(kv.mod_revision)
@@ -304,6 +307,7 @@ class EtcdKeyspace(Keyspace):
             elif key in self._kvs:
                 del self._kvs[key]
                 self._keys.pop(bisect.bisect_left(self._keys, key))
+            touched[key] = None
             revision = max(revision, mod)
         if revision == self._revision:
             return
@@ -312,7 +316,9 @@ class EtcdKeyspace(Keyspace):
         self._identity = ClusterIdentity(
             self._identity.cluster_id or int(hdr.cluster_id), int(hdr.member_id), int(hdr.raft_term)
         )
-        await self._notify(revision)
+        puts = [kv for kv in map(self._kvs.get, touched) if kv is not None]
+        deletes = [key for key in touched if key not in self._kvs]
+        await self._notify(KeyChanges(prior, revision, puts, deletes))
 
     # Direct reads and leases (membership).
     async def get_remote(self, key: str) -> KeyValue | None:

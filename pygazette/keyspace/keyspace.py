@@ -71,7 +71,22 @@ class ClusterIdentity:
     raft_term: int
 
 
+@dataclass(frozen=True, slots=True)
+class KeyChanges:
+    """What one applied change did: the keys it changed that exist after it (with their
+    values then) and those it left deleted (each key once, in one list or the other), and
+    the mirror's revision before (`prior`) and after it. `reset` means the mirror was
+    (re)loaded whole: listeners must read it from scratch, not apply the lists."""
+
+    prior: int
+    revision: int
+    puts: Sequence[KeyValue] = ()
+    deletes: Sequence[str] = ()
+    reset: bool = False
+
+
 Listener = Callable[[int], None]
+ChangeListener = Callable[[KeyChanges], None]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +98,7 @@ class Keyspace(abc.ABC):
         if not root.startswith("/") or root.endswith("/"):
             raise ValueError(f"keyspace root must start and not end with '/': {root!r}")
         self.root = root
-        self._listeners: list[Listener] = []
+        self._listeners: list[ChangeListener] = []
         self._changed = asyncio.Condition()
 
     @property
@@ -108,12 +123,18 @@ class Keyspace(abc.ABC):
 
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(revision)` after each applied change."""
+        self._listeners.append(lambda changes: listener(changes.revision))
+
+    def add_change_listener(self, listener: ChangeListener) -> None:
+        """Call `listener(changes)` after each applied change (a transaction, or all events
+        of one watch response), in registration order with `add_listener`'s."""
         self._listeners.append(listener)
 
-    async def _notify(self, revision: int) -> None:
+    async def _notify(self, changes: KeyChanges) -> None:
+        revision = changes.revision
         for listener in self._listeners:
             try:
-                listener(revision)
+                listener(changes)
             except Exception:  # One broken listener must not stop the mirror.
                 log.exception("keyspace listener failed", extra={"revision": revision})
         async with self._changed:

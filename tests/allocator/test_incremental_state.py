@@ -1,0 +1,109 @@
+"""ObservedState's incremental updates equal a from-scratch extract, whatever the changes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pygazette.allocator.allocator import ObservedState
+from pygazette.allocator.state import AllocatorState
+from pygazette.keyspace.embedded import EmbeddedKeyspace
+from pygazette.keyspace.keyspace import Delete, Put
+from tests.allocator.test_allocation import LAYOUT, TextDecoder
+
+LOCAL = LAYOUT.member_key("a", "m0")
+MEMBERS = [LAYOUT.member_key(z, f"m{i}") for z in ("a", "b") for i in range(3)]
+ITEMS = [LAYOUT.item_key(f"item-{i}") for i in range(5)]
+ASSIGNMENTS = [
+    LAYOUT.assign_prefix + f"item-{i}#{z}#m{m}#{slot}"
+    for i in range(6)  # item-5 never exists: its assignments are dead.
+    for z in ("a", "b")
+    for m in range(3)
+    for slot in range(3)
+]
+
+_member_value = st.sampled_from([b"0", b"2", b"5", b"5,exiting", b"1,exiting"])
+_item_value = st.sampled_from([b"0", b"1", b"2", b"3", b"bad"])
+_op = st.one_of(
+    st.tuples(st.sampled_from(MEMBERS), _member_value),
+    st.tuples(st.sampled_from(ITEMS), _item_value),
+    st.tuples(st.sampled_from(ASSIGNMENTS), st.sampled_from([b"", b"x"])),
+    st.tuples(st.sampled_from(MEMBERS + ITEMS + ASSIGNMENTS), st.none()),
+)
+
+
+def view(s: AllocatorState) -> dict[str, object]:
+    return {
+        "revision": s.revision,
+        "members": [(m.zone, m.suffix, m.kv, m.item_limit, m.exiting) for m in s.members],
+        "member_index": s.member_index,
+        "items": [(i.id, i.kv, i.replication) for i in s.items],
+        "item_index": s.item_index,
+        "assignments": [a.kv for a in s.assignments],
+        "by_item": {k: [a.kv for a in g] for k, g in s.by_item.items()},
+        "local_member": s.local_member,
+        "local_items": [
+            (li.item.id, li.index, [a.kv for a in li.assignments]) for li in s.local_items
+        ],
+        "zones": s.zones,
+        "item_slots": s.item_slots,
+        "member_slots": s.member_slots,
+        "network_hash": s.network_hash,
+        "member_total": s.member_total,
+        "member_primary": s.member_primary,
+        "shed_capacity": s.shed_capacity,
+        "leader": s.is_leader(),
+        "should_exit": s.should_exit(),
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(_op, min_size=1, max_size=6), min_size=1, max_size=12))
+def test_incremental_state_equals_extract(batches: list[list[tuple[str, bytes | None]]]) -> None:
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        await ks.txn([], [Put(LOCAL, b"5")])
+        observed = ObservedState(ks, LAYOUT, TextDecoder(), LOCAL)
+        feed = observed.touched_items()
+        assert feed.take() is None  # Everything, at first.
+        for batch in batches:
+            before = observed.current
+            snapshot = view(before)
+            ops: list[Put | Delete] = []
+            for key, value in dict(batch).items():  # One op per key and transaction.
+                ops.append(Delete(key) if value is None else Put(key, value))
+            await ks.txn([], ops)
+            assert view(before) == snapshot, "a published state changed"
+            scratch = AllocatorState.extract(ks, LAYOUT, TextDecoder(), LOCAL)
+            assert view(observed.current) == view(scratch)
+            touched = feed.take()
+            assert touched is not None
+            changed = {
+                k[len(LAYOUT.items_prefix) :]
+                if k.startswith(LAYOUT.items_prefix)
+                else k[len(LAYOUT.assign_prefix) :].split("#")[0]
+                for k, _v in batch
+                if not k.startswith(LAYOUT.members_prefix)
+            }
+            assert touched == changed
+
+    asyncio.run(run())
+
+
+def test_a_missed_change_re_extracts() -> None:
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        await ks.txn([], [Put(LOCAL, b"5")])
+        observed = ObservedState(ks, LAYOUT, TextDecoder(), LOCAL)
+        listener = ks._listeners[0]
+        ks._listeners[0] = lambda _changes: None  # Misses the next change.
+        await ks.txn([], [Put(ITEMS[0], b"1")])
+        ks._listeners[0] = listener
+        await ks.txn([], [Put(ITEMS[1], b"2")])
+        scratch = AllocatorState.extract(ks, LAYOUT, TextDecoder(), LOCAL)
+        assert view(observed.current) == view(scratch)
+        assert observed.current.item_slots == 3
+
+    asyncio.run(run())
