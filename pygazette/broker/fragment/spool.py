@@ -623,10 +623,6 @@ class Spool:
         self.set_readable(readable)
 
     @property
-    def held_back(self) -> bool:
-        return self._readable_end is not None
-
-    @property
     def readable_end(self) -> int:
         """The end of what readers may see: the committed end, unless held back."""
         return self.end if self._readable_end is None else self._readable_end
