@@ -313,7 +313,7 @@ class ReplicatedSpool:
         self._sha = running
         self.replica.registers = _copy_labels(registers)
         self.pending, self._running, self.delta = None, None, 0
-        self.replica.index.spool_committed()
+        # Readers are not woken: they see the commit once it is confirmed (`set_readable`).
 
     # Completion and cuts.
     def _complete_spool(self, *, primary: bool) -> None:
