@@ -1,11 +1,12 @@
 """The allocation loop: every member runs it; only the leader changes assignments.
 
-Each member keeps an `AllocatorState` extracted from the keyspace at every change
+Each member keeps an `AllocatorState` that follows the keyspace change by change
 (`ObservedState`, a keyspace listener that must run before any listener reading it). The
-leader — the member whose key has the lowest create revision — solves for desired
-assignments whenever items, members or their limits change, and after every keyspace
-change converges current assignments a step toward them, in transactions guarded by its own
-member key (so a deposed leader's writes fail). `run` returns once the local member is
+leader — the member whose key has the lowest create revision — keeps desired assignments
+(`DesiredPlan`), re-solving the items that items, members or their limits changed, and
+after every keyspace change converges a step toward them the items whose assignments may
+still have to change (not all items), in transactions guarded by its own member key (so a
+deposed leader's writes fail). `run` returns once the local member is
 exiting and holds no assignments, and raises if the local member key disappears (its lease
 expired).
 """
@@ -13,11 +14,12 @@ expired).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from pygazette.allocator.converge import BatchedTxn, TxnFailed, converge, unchanged
 from pygazette.allocator.metrics import MAX_FLOW_RUNTIME
-from pygazette.allocator.solver import DesiredAssignment, solve_desired_assignments
+from pygazette.allocator.solver import DesiredPlan
 from pygazette.allocator.state import AllocatorDecoder, AllocatorState
 from pygazette.keyspace.keyspace import KeyChanges, Keyspace, KeyspaceUnavailable
 from pygazette.keyspace.layout import KeyLayout
@@ -109,6 +111,12 @@ class Allocator:
         self.observed = observed
         self.on_round = on_round  # (state, idle): after each leader round (tests).
         self.rounds = 0
+        # Totals over the leader's rounds (Gazette's assignment added/removed/packed counters).
+        self.adds = 0
+        self.removes = 0
+        self.packs = 0
+        self.solve_seconds: list[float] = []  # Of each re-solve that changed the plan.
+        self.items_solved = 0  # Items put in flow networks.
 
     def _observed_reaches(self, revision: int) -> Callable[[], bool]:
         def reached() -> bool:
@@ -118,8 +126,9 @@ class Allocator:
         return reached
 
     async def run(self) -> None:
-        desired: list[DesiredAssignment] = []
-        last_hash: int | None = None
+        plan: DesiredPlan | None = None
+        touched_feed = self.observed.touched_items()
+        pending: set[str] = set()  # Items whose assignments may still have to change.
         while True:
             if self.observed.current.revision < self.ks.revision:
                 # A change applied before its listeners ran (or one they missed): catch up
@@ -132,32 +141,48 @@ class Allocator:
                 return
             next_revision = state.revision + 1
             timeout: float | None = None
-            if state.is_leader():
-                if state.network_hash != last_hash:
-                    with MAX_FLOW_RUNTIME.time():
-                        desired = solve_desired_assignments(state)
-                    last_hash = state.network_hash
-                    if len(desired) < state.item_slots:
+            touched = touched_feed.take()
+            if not state.is_leader():
+                plan = None  # A leader to be starts from scratch.
+            else:
+                if plan is None:
+                    plan, touched = DesiredPlan(), None
+                started, solved = time.perf_counter(), plan.solved_items
+                with MAX_FLOW_RUNTIME.time():
+                    changed = plan.update(state, touched)
+                elapsed = time.perf_counter() - started
+                self.items_solved += plan.solved_items - solved
+                if changed or touched is None:
+                    self.solve_seconds.append(elapsed)
+                    if plan.short:
                         log.warning(
                             "cannot reach desired replication for all items",
-                            extra={"unattainable_replicas": state.item_slots - len(desired)},
+                            extra={"items_short": len(plan.short)},
                         )
-                # Work on a private copy: convergence updates per-member tallies as it goes.
-                work = AllocatorState.extract(self.ks, state.layout, state.decoder, state.local_key)
-                local = work.members[work.local_member] if work.local_member >= 0 else None
-                if local is not None:
-                    txn = BatchedTxn(self.ks, [unchanged(local.kv)])
-                    try:
-                        await converge(work, desired, txn)
-                        await txn.flush()
-                    except (TxnFailed, KeyspaceUnavailable) as exc:
-                        log.info("allocation round failed (will retry)", extra={"error": str(exc)})
-                        timeout = RETRY_SECONDS
-                    else:
-                        self.rounds += 1
-                        if self.on_round is not None:
-                            self.on_round(work, txn.revision == 0)
-                    next_revision = max(next_revision, txn.revision)
+                if touched is None:
+                    pending = set(state.item_map) | set(state.by_item)
+                else:
+                    pending |= touched
+                pending |= changed
+                # Work on a copy: convergence updates per-member tallies as it goes.
+                work = state.for_convergence()
+                local = work.members[work.local_member]
+                txn = BatchedTxn(self.ks, [unchanged(local.kv)])
+                try:
+                    stats = await converge(work, plan.by_item, txn, pending)
+                    await txn.flush()
+                except (TxnFailed, KeyspaceUnavailable) as exc:
+                    log.info("allocation round failed (will retry)", extra={"error": str(exc)})
+                    timeout = RETRY_SECONDS
+                else:
+                    pending -= stats.settled
+                    self.adds += stats.adds
+                    self.removes += stats.removes
+                    self.packs += stats.packs
+                    self.rounds += 1
+                    if self.on_round is not None:
+                        self.on_round(work, txn.revision == 0)
+                next_revision = max(next_revision, txn.revision)
             try:
                 # Wait on the observed state, not the keyspace's revision: the next round
                 # must see the change it waits for, or it would spin on a stale state.

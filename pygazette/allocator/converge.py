@@ -12,11 +12,11 @@ under their member's lease. Dead assignments (of deleted items) are removed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pygazette.allocator.solver import DesiredAssignment
-from pygazette.allocator.state import AllocatorState, Assignment
+from pygazette.allocator.state import AllocatorState, Assignment, Item
 from pygazette.keyspace.keyspace import MAX_TXN_OPS, Compare, Delete, Keyspace, KeyValue, Put
 from pygazette.keyspace.layout import AssignmentKey
 
@@ -72,14 +72,23 @@ class ItemChanges:
     keep: list[Assignment]  # Reordered so keep[0] is the primary to be.
 
 
+@dataclass(slots=True)
+class ConvergeStats:
+    """What one convergence step queued, and which items it found settled."""
+
+    adds: int = 0
+    removes: int = 0
+    packs: int = 0  # Assignments moved to another slot (promotions and compactions).
+    settled: set[str] = field(default_factory=set)  # Nothing to do (until they change).
+
+
 def plan_item(
     state: AllocatorState,
-    item_index: int,
+    item: Item,
     current: list[Assignment],
     desired: Sequence[DesiredAssignment],
 ) -> ItemChanges:
     """Changes of one item's assignments, within replication and member limits."""
-    item = state.items[item_index]
     want = {(d.zone, d.suffix) for d in desired}
     have = {a.member for a in current}
     next_slot = max((a.slot + 1 for a in current), default=0)
@@ -139,24 +148,38 @@ def plan_item(
 
 
 async def converge(
-    state: AllocatorState, desired: Sequence[DesiredAssignment], txn: BatchedTxn
-) -> None:
-    """Queue operations that bring `state` one step toward `desired` into `txn`."""
+    state: AllocatorState,
+    desired: Sequence[DesiredAssignment] | Mapping[str, Sequence[DesiredAssignment]],
+    txn: BatchedTxn,
+    items: Iterable[str] | None = None,
+) -> ConvergeStats:
+    """Queue operations that bring `state` one step toward `desired` into `txn`: of the
+    given `items` (IDs of items or of dead assignments' items; None: all of them)."""
     layout = state.layout
-    by_item: dict[str, list[DesiredAssignment]] = {}
-    for d in desired:
-        by_item.setdefault(d.item, []).append(d)
-
-    for item_id, group in state.by_item.items():
-        if item_id in state.item_index:
+    by_item: Mapping[str, Sequence[DesiredAssignment]]
+    if isinstance(desired, Mapping):
+        by_item = desired
+    else:
+        grouped: dict[str, list[DesiredAssignment]] = {}
+        for d in desired:
+            grouped.setdefault(d.item, []).append(d)
+        by_item = grouped
+    stats = ConvergeStats()
+    ids = sorted(set(state.item_map) | set(state.by_item)) if items is None else sorted(items)
+    for item_id in ids:
+        item = state.item_map.get(item_id)
+        if item is None:
+            group = state.by_item.get(item_id)
+            if not group:
+                stats.settled.add(item_id)
+                continue
+            # Dead assignments: the item is gone. Guard against its re-creation.
+            guards = [Compare(layout.item_key(item_id), 0)] + [unchanged(g.kv) for g in group]
+            await txn.add(guards, [Delete(g.kv.key) for g in group])
+            stats.removes += len(group)
             continue
-        # Dead assignments: the item is gone. Guard against its re-creation.
-        guards = [Compare(layout.item_key(item_id), 0)] + [unchanged(g.kv) for g in group]
-        await txn.add(guards, [Delete(g.kv.key) for g in group])
-
-    for index, item in enumerate(state.items):
         current = state.assignments_of(item.id)
-        plan = plan_item(state, index, current, by_item.get(item.id, []))
+        plan = plan_item(state, item, current, by_item.get(item.id, ()))
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         for a in plan.add:
@@ -177,8 +200,11 @@ async def converge(
                 state.member_total[m_opt] -= 1
                 if r.slot == 0:
                     state.member_primary[m_opt] -= 1
+        stats.adds += len(plan.add)
+        stats.removes += len(plan.remove)
         if plan.keep and plan.keep[0].slot != 0:
             _move(state, plan.keep[0], 0, compares, ops)
+            stats.packs += 1
             m_opt = state.member_index.get(plan.keep[0].member)
             if m_opt is not None:
                 state.member_primary[m_opt] += 1
@@ -187,8 +213,21 @@ async def converge(
             for i, kept in enumerate(plan.keep):
                 if i and kept.slot != i:
                     _move(state, kept, i, compares, ops)
+                    stats.packs += 1
                     break
-        await txn.add(compares, ops)
+        if ops:
+            await txn.add(compares, ops)
+        elif _settled(plan, by_item.get(item.id, ())):
+            stats.settled.add(item_id)
+    return stats
+
+
+def _settled(plan: ItemChanges, desired: Sequence[DesiredAssignment]) -> bool:
+    """Whether the item's assignments are exactly its desired ones, so no change of other
+    items or member tallies can give it anything to do."""
+    return len(plan.keep) == len(desired) and {a.member for a in plan.keep} == {
+        (d.zone, d.suffix) for d in desired
+    }
 
 
 def _move(

@@ -16,6 +16,9 @@ OVERLOAD_COST < ZONE_COST: a member takes more than its share before an item giv
 spreading. The flow is solved with successive shortest paths (Dijkstra on reduced costs),
 augmenting a blocking flow over all cheapest paths per round; costs are small integers, so
 there are few rounds.
+
+The leader keeps its desired assignments in a `DesiredPlan` and re-solves only the items a
+change affects, each in a sparse network (its current members and a few more per zone).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from pygazette.allocator.state import AllocatorState
+from pygazette.allocator.state import AllocatorState, Item
 
 MOVE_COST = 1
 OVERLOAD_COST = 4
@@ -139,56 +142,225 @@ class _Network:
         return True
 
 
+MemberKey = tuple[str, str]
+
+# Besides its current members, an item's network reaches this many more members of each
+# zone (those with the most room left), not all of them: a sparse network, as Gazette's.
+SPARSE_EXTRA = 3
+
+
 def solve_desired_assignments(state: AllocatorState) -> list[DesiredAssignment]:
     """Assignments that best meet every item's replication, in (item, zone, suffix) order."""
-    members = [(i, m) for i, m in enumerate(state.members) if state.effective_limit(i) > 0]
-    if not members or not state.items:
-        return []
-    # Fair share: each member's part of all slots, in proportion to its limit.
-    fair = {
-        i: math.ceil(state.item_slots * state.effective_limit(i) / max(1, state.member_slots))
-        for i, _ in members
-    }
-    remaining = {i: state.effective_limit(i) for i, _ in members}
-    load = {i: 0 for i, _ in members}
-    zones = sorted({m.zone for _, m in members})
-    by_zone = {z: [(i, m) for i, m in members if m.zone == z] for z in zones}
+    plan = DesiredPlan()
+    plan.update(state, None)
+    return plan.assignments()
 
-    out: list[DesiredAssignment] = []
-    for start in range(0, len(state.items), ITEMS_PER_NETWORK):
-        chunk = [it for it in state.items[start : start + ITEMS_PER_NETWORK] if it.replication > 0]
-        net = _Network()
-        src, sink = net.node(), net.node()
-        member_node = {}
-        for i, _m in members:
-            node = member_node[i] = net.node()
-            cap = remaining[i]
-            at_fair = max(0, min(cap, fair[i] - load[i]))
+
+class DesiredPlan:
+    """The leader's desired assignments, kept across rounds and re-solved where they must
+    change: items that are new, gone or changed replication; items desired on a member that
+    left, lost capacity or went beyond its fair share when members changed; and items short
+    of replicas when capacity may have grown. Other items keep their desired assignments
+    and are not in any flow network. Each re-solve is a min-cost flow over sparse networks
+    of at most ITEMS_PER_NETWORK items, where the capacity of members is what the kept
+    items leave them."""
+
+    def __init__(self) -> None:
+        self.by_item: dict[str, tuple[DesiredAssignment, ...]] = {}
+        self.holders: dict[MemberKey, set[str]] = {}  # Member → items desired there.
+        self.replication: dict[str, int] = {}  # Item → replication it was solved for.
+        self.short: set[str] = set()  # Items with fewer desired than their replication.
+        self.capacity: dict[MemberKey, int] | None = None  # Effective limits at last solve.
+        self.zones: list[str] = []
+        self.solved_items = 0  # Items put in networks (all updates).
+
+    def assignments(self) -> list[DesiredAssignment]:
+        return sorted(d for group in self.by_item.values() for d in group)
+
+    def desired_of(self, item_id: str) -> tuple[DesiredAssignment, ...]:
+        return self.by_item.get(item_id, ())
+
+    def update(self, state: AllocatorState, touched: set[str] | None) -> set[str]:
+        """Re-solve what `state` changed (`touched`: items whose key or assignments changed
+        since the last update; None: anything may have). Returns items whose desired
+        assignments changed."""
+        capacity = {
+            (m.zone, m.suffix): state.effective_limit(i)
+            for i, m in enumerate(state.members)
+            if state.effective_limit(i) > 0
+        }
+        zones = sorted({z for z, _ in capacity})
+        changed: set[str] = set()
+        dirty: set[str] = set()
+        if touched is None or self.capacity is None or zones != self.zones:
+            for item_id in list(self.by_item):
+                if item_id not in state.item_map:
+                    self._drop(item_id, changed)
+            dirty = set(state.item_map)
+        else:
+            for item_id in touched:
+                item = state.item_map.get(item_id)
+                if item is None:
+                    if item_id in self.replication:
+                        self._drop(item_id, changed)
+                elif self.replication.get(item_id) != item.replication:
+                    dirty.add(item_id)
+            if capacity != self.capacity:
+                dirty |= self._affected_by_members(state, capacity)
+        self.capacity, self.zones = capacity, zones
+        if not dirty:
+            return changed
+        self.solved_items += len(dirty)
+        old = {item_id: self.by_item.get(item_id, ()) for item_id in dirty}
+        for item_id in dirty:
+            self._forget(item_id)
+        self._solve(state, sorted(dirty), capacity)
+        changed.update(i for i in dirty if self.by_item.get(i, ()) != old[i])
+        return changed
+
+    def _drop(self, item_id: str, changed: set[str]) -> None:
+        if self.by_item.get(item_id):
+            changed.add(item_id)
+        self._forget(item_id)
+        self.replication.pop(item_id, None)
+
+    def _forget(self, item_id: str) -> None:
+        for d in self.by_item.pop(item_id, ()):
+            held = self.holders.get((d.zone, d.suffix))
+            if held is not None:
+                held.discard(item_id)
+        self.short.discard(item_id)
+
+    def _affected_by_members(
+        self, state: AllocatorState, capacity: dict[MemberKey, int]
+    ) -> set[str]:
+        """Items to re-solve after members came, went or changed limits: those on members
+        now without room for them, some of those beyond a member's new fair share (so new
+        room is used), and those short of replicas."""
+        dirty = set(self.short)
+        for member, held in self.holders.items():
+            room = capacity.get(member, 0)
+            if room <= 0:
+                dirty |= held
+            elif len(held) > room:
+                dirty.update(sorted(held)[: len(held) - room])
+        total = sum(capacity.values())
+        for member, held in self.holders.items():
+            room = capacity.get(member, 0)
+            fair = math.ceil(state.item_slots * room / max(1, total))
+            excess = len(held) - fair
+            if room > 0 and excess > 0:
+                # Distinct items per member: each moves (at most) one replica off it.
+                dirty.update(sorted(held - dirty)[:excess])
+        return dirty
+
+    def _solve(
+        self, state: AllocatorState, items: list[str], capacity: dict[MemberKey, int]
+    ) -> None:
+        total = sum(capacity.values())
+        members = sorted(capacity)
+        # Room left by the items kept as they were; fair share of all slots.
+        remaining = {m: capacity[m] - len(self.holders.get(m, ())) for m in members}
+        fair = {m: math.ceil(state.item_slots * capacity[m] / max(1, total)) for m in members}
+        load = {m: len(self.holders.get(m, ())) for m in members}
+        by_zone: dict[str, list[MemberKey]] = {}
+        for m in members:
+            by_zone.setdefault(m[0], []).append(m)
+        for start in range(0, len(items), ITEMS_PER_NETWORK):
+            chunk = [
+                state.item_map[i]
+                for i in items[start : start + ITEMS_PER_NETWORK]
+                if state.item_map[i].replication > 0
+            ]
+            for item_id in items[start : start + ITEMS_PER_NETWORK]:
+                self.replication[item_id] = state.item_map[item_id].replication
+            result = _solve_network(state, chunk, by_zone, remaining, fair, load, sparse=True)
+            short = [it for it in chunk if len(result.get(it.id, ())) < it.replication]
+            if short and any(remaining[m] > 0 for m in members):
+                # The sparse network couldn't place them all: retry those with every member.
+                for it in short:
+                    for m in result.pop(it.id, ()):
+                        remaining[m] += 1
+                        load[m] -= 1
+                result.update(_solve_network(state, short, by_zone, remaining, fair, load))
+            for it in chunk:
+                placed = sorted(result.get(it.id, ()))
+                if placed:
+                    self.by_item[it.id] = tuple(DesiredAssignment(it.id, z, s) for z, s in placed)
+                for m in placed:
+                    self.holders.setdefault(m, set()).add(it.id)
+                if len(placed) < it.replication:
+                    self.short.add(it.id)
+
+
+def _solve_network(
+    state: AllocatorState,
+    chunk: list[Item],
+    by_zone: dict[str, list[MemberKey]],
+    remaining: dict[MemberKey, int],
+    fair: dict[MemberKey, int],
+    load: dict[MemberKey, int],
+    *,
+    sparse: bool = False,
+) -> dict[str, list[MemberKey]]:
+    """Place `chunk`'s replicas on members' `remaining` room (updating it and `load`)."""
+    if not chunk:
+        return {}
+    net = _Network()
+    src, sink = net.node(), net.node()
+    member_node: dict[MemberKey, int] = {}
+    for zone_members in by_zone.values():
+        for m in zone_members:
+            cap = remaining[m]
+            if cap <= 0:
+                continue
+            node = member_node[m] = net.node()
+            at_fair = max(0, min(cap, fair[m] - load[m]))
             if at_fair:
                 net.arc(node, sink, at_fair, 0)
             if cap - at_fair > 0:
                 net.arc(node, sink, cap - at_fair, OVERLOAD_COST)
-        placement_arcs: list[tuple[int, str, int]] = []  # (arc, item, member index)
-        for item in chunk:
-            r = item.replication
-            item_node = net.node()
-            net.arc(src, item_node, r, 0)
-            current = {a.member for a in state.assignments_of(item.id)}
-            for z in zones:
-                zone_node = net.node()
-                net.arc(item_node, zone_node, 1, 0)
-                if r > 1:
-                    net.arc(item_node, zone_node, r - 1, ZONE_COST)
-                for i, m in by_zone[z]:
-                    cost = 0 if (m.zone, m.suffix) in current else MOVE_COST
-                    e = net.arc(zone_node, member_node[i], 1, cost)
-                    placement_arcs.append((e, item.id, i))
-        net.min_cost_max_flow(src, sink)
-        for e, item_id, i in placement_arcs:
-            if net.cap[e] == 0:  # The unit arc carries flow.
-                m = state.members[i]
-                out.append(DesiredAssignment(item_id, m.zone, m.suffix))
-                remaining[i] -= 1
-                load[i] += 1
-    out.sort()
+    # Sparse candidates: per zone, members by most room below their fair share, each item
+    # taking a different window of them so that a chunk spreads over the zone.
+    ranked = {
+        z: sorted(
+            (m for m in ms if m in member_node),
+            key=lambda m: (-(fair[m] - load[m]), -remaining[m], m),
+        )
+        for z, ms in by_zone.items()
+    }
+    placement_arcs: list[tuple[int, str, MemberKey]] = []
+    for n, item in enumerate(chunk):
+        r = item.replication
+        item_node = net.node()
+        net.arc(src, item_node, r, 0)
+        current = {a.member for a in state.assignments_of(item.id)}
+        for z, zone_members in ranked.items():
+            if not zone_members:
+                continue
+            if sparse and len(zone_members) > SPARSE_EXTRA + r:
+                k = SPARSE_EXTRA + r
+                offset = (n * k) % len(zone_members)
+                window = (zone_members + zone_members)[offset : offset + k]
+                candidates = [
+                    m for m in current if m[0] == z and m in member_node and m not in window
+                ]
+                candidates += window
+            else:
+                candidates = zone_members
+            zone_node = net.node()
+            net.arc(item_node, zone_node, 1, 0)
+            if r > 1:
+                net.arc(item_node, zone_node, r - 1, ZONE_COST)
+            for m in candidates:
+                cost = 0 if m in current else MOVE_COST
+                e = net.arc(zone_node, member_node[m], 1, cost)
+                placement_arcs.append((e, item.id, m))
+    net.min_cost_max_flow(src, sink)
+    out: dict[str, list[MemberKey]] = {}
+    for e, item_id, m in placement_arcs:
+        if net.cap[e] == 0:  # The unit arc carries flow.
+            out.setdefault(item_id, []).append(m)
+            remaining[m] -= 1
+            load[m] += 1
     return out
