@@ -6,8 +6,10 @@ runs once per session and every Gazette broker gets its own etcd prefix.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,20 @@ BROKER_ID = "interop-broker"
 
 
 _BINARIES = pytest.StashKey[GazetteBinaries]()
+_FIGURES = pytest.StashKey[dict[str, Any]]()
+
+
+@pytest.fixture
+def interop_figures(pytestconfig: pytest.Config) -> dict[str, Any]:
+    """Figures a test measured (the Go soak's, stream-sum's), printed at the end of the run."""
+    return pytestconfig.stash.setdefault(_FIGURES, {})
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    figures = config.stash.get(_FIGURES, None)
+    if figures:
+        terminalreporter.section("interop figures")
+        terminalreporter.write_line(json.dumps(figures, indent=2))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

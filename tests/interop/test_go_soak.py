@@ -38,10 +38,15 @@ def assert_clean(phase: dict[str, Any], name: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_gazette_client_soak_on_pygazette(
-    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+    binaries: GazetteBinaries,
+    etcd: EtcdServer,
+    tmp_path: Path,
+    interop_figures: dict[str, Any],
 ) -> None:
     runs = soak_system("pygazette", binaries, etcd, tmp_path, PHASE_SECONDS)
-    print(json.dumps({p: summary(r) for p, r in runs.items()}, indent=2))
+    figures = {p: summary(r) for p, r in runs.items()}
+    interop_figures[f"go_soak on pygazette, {PHASE_SECONDS:g} s a phase"] = figures
+    print(json.dumps(runs, indent=2))
     steady, kill = runs["steady"], runs["kill"]
 
     assert_clean(steady, "steady")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,11 +22,17 @@ from tests.support.gazette_stream_sum import Workload, run_stream_sum
 
 @pytest.mark.timeout(300)
 def test_stream_sum_on_pygazette(
-    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+    binaries: GazetteBinaries,
+    etcd: EtcdServer,
+    tmp_path: Path,
+    interop_figures: dict[str, Any],
 ) -> None:
     workload = Workload(workers=4, streams=10, chunks=30)
     result = run_stream_sum("pygazette", binaries, etcd, tmp_path, workload, timeout=180)
     print(json.dumps(result, indent=2))
+    interop_figures["stream_sum on pygazette"] = {
+        k: result[k] for k in ("streams", "chunks_per_stream", "seconds", "streams_with_final_sum")
+    }
     assert result["streams_with_final_sum"] == workload.total_streams
     for process, scan in result["logs"].items():
         assert scan["validation_errors"] == 0, (process, scan["validation_samples"])
