@@ -50,7 +50,7 @@ class Checker:
         self.read_responses = 0
         self.listings = 0
 
-    def _violation(self, where: str, what: str) -> None:
+    def violation(self, where: str, what: str) -> None:
         kind = where.split(" at ")[0].split()[0]
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.counts[kind] <= 5:
@@ -61,10 +61,10 @@ class Checker:
         try:
             validate_read_response(resp)
         except ValidationError as exc:
-            self._violation(where, f"{exc} in {resp}")
+            self.violation(where, f"{exc} in {resp}")
         if resp.HasField("fragment"):
             if resp.write_head < resp.fragment.end:
-                self._violation(where, f"fragment past the write head: {resp}")
+                self.violation(where, f"fragment past the write head: {resp}")
             self.fragments[journal].append(resp.fragment)
 
     def listing(self, where: str, journal: str, resp: pb.FragmentsResponse, head: int) -> None:
@@ -72,10 +72,10 @@ class Checker:
         try:
             validate_fragments_response(resp)
         except ValidationError as exc:
-            self._violation(where, f"{exc} in {resp}")
+            self.violation(where, f"{exc} in {resp}")
         for f in resp.fragments:
             if f.spec.end > head:
-                self._violation(where, f"listed fragment {f.spec} past the write head {head}")
+                self.violation(where, f"listed fragment {f.spec} past the write head {head}")
             self.fragments[journal].append(f.spec)
 
 
@@ -141,6 +141,26 @@ async def test_responses_stay_within_the_write_head(
                 resp = await append_once(stub, journal, data, within=60, chunk=1024)
                 assert resp.status == pb.OK, resp
                 appended[journal] += len(data)
+                # Acknowledged: every member shows it, under a write head covering it.
+                member = rng.choice(cluster.members_of(journal))
+                where = f"read {journal} at {member.member_key} (direct, acknowledged)"
+                meta = (
+                    await cluster.stub(member)
+                    .Read(
+                        pb.ReadRequest(
+                            journal=journal,
+                            offset=resp.commit.begin,
+                            block=False,
+                            metadata_only=True,
+                            do_not_proxy=True,
+                        ),
+                        timeout=10,
+                    )
+                    .read()
+                )
+                checker.read_response(where, journal, meta)
+                if meta.status != pb.OK or meta.write_head < resp.commit.end:
+                    checker.violation(where, f"{resp.commit} acknowledged, but {meta}")
 
         for journal in JOURNALS:
             primary = cluster.primary_of(journal)
