@@ -4,6 +4,10 @@ The session runs `local[2,4]`: two cores, and up to four attempts per task (Spar
 mode otherwise never retries a task, and the sink tests need retries). Python workers run
 this interpreter. The `gazette` format is not registered by hand: Spark finds it through
 the `pyspark_gazette` module, which the tests thereby check.
+
+Ports: the UI is off, and Spark binds its driver, block manager and Py4J ports itself at
+port 0 (the kernel picks a free one as it binds, so nothing can take it first): unlike the
+servers of tests/support/ports.py, nothing here needs a port chosen ahead or a retried start.
 """
 
 from __future__ import annotations
