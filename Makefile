@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
+.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
 
 all: test
 
@@ -39,9 +39,11 @@ lint: venv
 	$(VENV)/bin/ruff check pygazette pyspark_gazette tests bench examples
 	$(VENV)/bin/mypy pygazette pyspark_gazette
 
+# Servers check every response they send with Gazette's rules (PYGAZETTE_CHECK_RESPONSES=1):
+# a response breaking one fails its RPC, and so the test that drove the server into it.
 test: deps lint s3server-bin
-	$(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke"
-	$(MAKE) interop
+	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke"
+	PYGAZETTE_CHECK_RESPONSES=1 $(MAKE) interop
 
 # Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).
 bench-smoke: deps
@@ -89,7 +91,7 @@ chaos: deps
 	$(PY) -m tests.chaos.run --minutes $(CHAOS_MINUTES) --seed $(CHAOS_SEED)
 
 chaos-smoke: deps
-	$(VENV)/bin/pytest -q -m chaos_smoke tests/chaos
+	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q -m chaos_smoke tests/chaos
 
 bench: venv
 	$(PY) bench/append_read.py
@@ -127,6 +129,13 @@ bench-gazette-go: venv interop-bin
 
 bench-cluster: deps
 	$(PY) bench/cluster.py
+
+# Gazette's simulated rolling deploy (allocator/benchmark_test.go) for pygazette's allocator
+# and for Gazette's (from the Go module cache, with its etcd), at N×10 members × N×2,000
+# items; prints one JSON document. ALLOCATOR_ARGS="--sizes 1,2" for a shorter run.
+ALLOCATOR_ARGS ?=
+bench-allocator: venv
+	$(PY) bench/allocator.py $(ALLOCATOR_ARGS)
 
 # pygazette beside Kafka (KRaft, jars from Maven Central cached in ~/.cache/pygazette/kafka),
 # NATS JetStream and Redis Streams, all started here; prints one JSON document.

@@ -1,9 +1,10 @@
 """Shared fixtures: a real broker subprocess per test that asks for one, a local S3
 server (`moto_server`) for the session, and one etcd for the session with a key root per
-test."""
+test. Servers check their responses (PYGAZETTE_CHECK_RESPONSES=1, set for the whole run)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,11 @@ from hypothesis import settings
 from tests.support.broker_process import BrokerProcess
 from tests.support.etcd_process import EtcdProcess, etcd_binary
 from tests.support.s3_server import S3Server, export_credentials, restore_environment
+
+# Every server the tests start (in-process, or a subprocess inheriting this environment) checks
+# each response with Gazette's rules before sending it, and fails the RPC if one breaks a rule
+# (pygazette.protocol.response_checks): any invariant a test drives a server into fails it.
+os.environ["PYGAZETTE_CHECK_RESPONSES"] = "1"
 
 # Property tests check properties, not speed: on a shared 2-core machine a single example
 # can take longer than Hypothesis's default 200 ms deadline without anything being wrong.

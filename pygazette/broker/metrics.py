@@ -103,6 +103,12 @@ READ_CONTENT_BYTES = Counter(
     "Content bytes served by this broker's Read RPCs, counted as they are sent.",
     ["journal"],
 )
+INVALID_RESPONSES = Counter(
+    "pygazette_broker_invalid_responses_total",
+    "Responses this broker received from its peers that break Gazette's protocol rules "
+    "(each breaks the replication pipeline it came on), by RPC.",
+    ["rpc"],
+)
 
 
 class JournalLabels:

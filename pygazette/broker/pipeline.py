@@ -18,7 +18,8 @@ peer has acknowledged one, `on_confirmed` tells the primary's own spool. A confi
 out only while `may_confirm()` (the primary's etcd lease is surely alive): a frozen primary
 that comes back can make nothing durable.
 
-Any send or receive error, a refused commit round, or a round unanswered for
+Any send or receive error, a response breaking Gazette's rules (counted in
+`pygazette_broker_invalid_responses_total`), a refused commit round, or a round unanswered for
 ACK_TIMEOUT_SECONDS breaks the pipeline: every open round fails, the streams are dropped, and
 the next append builds a new one (and re-synchronises the route). A pipeline older than
 MAX_AGE_SECONDS is closed gracefully and replaced the same way (`aged`) before a peer would
@@ -48,9 +49,12 @@ import grpc
 import grpc.aio
 
 from pygazette.auth.authorizer import DEFAULT_TOKEN_TTL
+from pygazette.broker.metrics import INVALID_RESPONSES
 from pygazette.broker.peers import Peers, PeerUnavailable
+from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.stream_write import send
+from pygazette.protocol.validation import validate_replicate_response
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +403,11 @@ class Pipeline:
                         return
                     raise PipelineBroken(f"peer {_pid(stream.member)} closed its stream")
                 assert isinstance(resp, pb.ReplicateResponse)
+                try:
+                    validate_replicate_response(resp)
+                except ValidationError as err:
+                    INVALID_RESPONSES.labels("Replicate").inc()
+                    raise PipelineBroken(f"invalid Replicate response: {err}") from None
                 self._deliver(k, stream, resp)
         except asyncio.CancelledError:
             self.fail("pipeline aborted")

@@ -49,6 +49,7 @@ from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.pb import retention_pb2_grpc as rpb_grpc
+from pygazette.protocol.response_checks import ResponseCheckInterceptor, response_checks_enabled
 from pygazette.protocol.validation import validate_process_id
 from pygazette.stores.store import StoreRegistry
 
@@ -180,14 +181,17 @@ class Broker:
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
                 ("grpc.http2.max_ping_strikes", 0),
             ]
-        # Wrappers around every RPC handler (request checks, authorization, RPC metrics),
-        # outermost first.
+        # Wrappers around every RPC handler (request checks, authorization, RPC metrics, and
+        # under PYGAZETTE_CHECK_RESPONSES=1 response checks), outermost first.
         interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [RequestGuard()]
         # Verifies every RPC's token, and signs this broker's own RPCs to peers.
         self.auth = KeyedAuth(cfg.auth_keys) if cfg.auth_keys else None
         if self.auth is not None:
             interceptors.append(AuthServerInterceptor(self.auth))
         interceptors.append(RpcMetricsInterceptor(self.rpc_counters))
+        if response_checks_enabled():
+            # Innermost: every response a handler answers is checked before it is sent.
+            interceptors.append(ResponseCheckInterceptor())
         self._server = grpc.aio.server(options=options, interceptors=interceptors)
         self.port = self._listen(self._server)
         scheme = "https" if cfg.tls is not None else "http"

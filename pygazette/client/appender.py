@@ -5,6 +5,9 @@ register checks and updates), then content chunks follow, then an empty chunk co
 the stream without that empty chunk aborts: the broker discards everything sent. Nothing of an
 append is visible to readers before it commits, and it commits all or nothing.
 
+The broker's response is checked with Gazette's rules (`response_check`): one that breaks a
+rule raises `InvalidResponse`, and the append's outcome is then unknown (it is not retried).
+
 Small writes are coalesced into chunks of at most `CHUNK_SIZE` bytes; a content chunk is never
 empty, because an empty chunk means "commit".
 """
@@ -22,8 +25,9 @@ import grpc.aio
 
 from pygazette.auth.capability import Capability
 from pygazette.auth.client_interceptor import journal_claims_scope
-from pygazette.client.errors import ClientError, ProtocolViolation
+from pygazette.client.errors import ClientError
 from pygazette.client.journal_client import JournalClient
+from pygazette.client.response_check import check_response, invalid_response
 from pygazette.client.retry_reader import backoff
 from pygazette.protocol.errors import (
     NoJournalPrimaryBroker,
@@ -33,7 +37,7 @@ from pygazette.protocol.errors import (
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import format_selector
 from pygazette.protocol.stream_write import CallEnded, send
-from pygazette.protocol.validation import validate_journal_name
+from pygazette.protocol.validation import validate_append_response, validate_journal_name
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +234,8 @@ class Appender:
             self._state = "failed"
             resp = await call  # Raises the RPC's final status if it ended without a response.
             self._finish(resp)
-            raise ProtocolViolation(
-                f"broker answered OK to an append of {self.journal} before its commit"
+            raise invalid_response(
+                "Append", self.journal, "status OK before the append's commit was sent"
             ) from None
         except BaseException:
             self._state = "failed"
@@ -240,6 +244,12 @@ class Appender:
 
     def _finish(self, resp: pb.AppendResponse) -> pb.AppendResponse:
         self.response = resp
+        try:
+            # Gazette's rules (e.g. an OK response carries its commit and the registers).
+            check_response("Append", self.journal, validate_append_response, resp)
+        except BaseException:
+            self._state = "failed"
+            raise
         if resp.status != pb.OK:
             self._state = "failed"
             raise error_for_status(

@@ -1,4 +1,5 @@
-"""Errors raised only by the client: offset jumps, direct fragment reads, cancelled readers.
+"""Errors raised only by the client: offset jumps, invalid responses, direct fragment reads,
+cancelled readers.
 
 Broker statuses (JOURNAL_NOT_FOUND, OFFSET_NOT_YET_AVAILABLE, ...) are not defined here: the
 client raises the per-status exceptions of `pygazette.protocol.errors` for them.
@@ -30,6 +31,24 @@ class OffsetJump(ClientError):
 
 class ProtocolViolation(ClientError):
     """The broker answered something the protocol does not allow (a bug on its side)."""
+
+
+class InvalidResponse(ProtocolViolation):
+    """A response broke a rule of Gazette's protocol (its `Validate()` methods, or the RPC's
+    contract): raised, and counted, by `response_check` as soon as the response arrives.
+
+    `rpc` names the RPC ("Read", "Append", ...), `subject` what it was about (a journal's name,
+    a listing's selector, a shard), `rule` the broken rule in Gazette's words
+    ("Fragment: invalid WriteHead (9857; expected >= 10006)" reads
+    "invalid Read response of a/journal: ...").
+    """
+
+    def __init__(self, rpc: str, subject: str, rule: str) -> None:
+        of = f" of {subject}" if subject else ""
+        super().__init__(f"invalid {rpc} response{of}: {rule}")
+        self.rpc = rpc
+        self.subject = subject
+        self.rule = rule
 
 
 class FragmentReadError(ClientError, OSError):

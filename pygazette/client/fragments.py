@@ -1,5 +1,6 @@
 """Listing a journal's fragments (all pages of the ListFragments RPC), optionally with signed
-URLs from which batch tools read the fragment files directly (see `fragment_reader`).
+URLs from which batch tools read the fragment files directly (see `fragment_reader`). Each page
+is checked with Gazette's rules (`response_check`).
 """
 
 from __future__ import annotations
@@ -7,8 +8,10 @@ from __future__ import annotations
 from google.protobuf import duration_pb2
 
 from pygazette.client.journal_client import JournalClient
+from pygazette.client.response_check import check_response, invalid_response
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import validate_fragments_response
 
 
 def duration_proto(seconds: float) -> duration_pb2.Duration:
@@ -66,6 +69,7 @@ async def list_all_fragments_response(
     joined: pb.FragmentsResponse | None = None
     while True:
         resp = await client.rpc_list_fragments(request)
+        check_response("ListFragments", journal, validate_fragments_response, resp)
         if resp.status != pb.OK:
             raise error_for_status(
                 resp.status, journal, resp.header if resp.HasField("header") else None
@@ -79,5 +83,7 @@ async def list_all_fragments_response(
             joined.next_page_token = 0
             return joined
         if token == request.next_page_token:
-            raise RuntimeError(f"broker repeated fragments page token {token} for {journal}")
+            raise invalid_response(
+                "ListFragments", journal, f"repeated NextPageToken ({token})"
+            )
         request.next_page_token = token

@@ -1,17 +1,23 @@
 """Journal specs over the wire: list journals by selector, get one, apply changes.
 
-Broker statuses other than OK are raised as `pygazette.protocol.errors` exceptions.
+Broker statuses other than OK are raised as `pygazette.protocol.errors` exceptions; responses
+that break Gazette's rules as `InvalidResponse` (`response_check`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from pygazette.client.errors import ProtocolViolation
 from pygazette.client.journal_client import JournalClient
+from pygazette.client.response_check import check_response, invalid_response
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import format_selector, parse_selector
+from pygazette.protocol.validation import (
+    validate_apply_response,
+    validate_list_journals,
+    validate_list_response,
+)
 
 # Changes per Apply RPC in `apply_journals_in_batches`: below etcd's default transaction
 # limit (`--max-txn-ops` 128: an apply of more changes in one transaction fails).
@@ -43,6 +49,7 @@ async def list_all(client: JournalClient, selector: str | pb.LabelSelector = "")
     and header, each later one more journals) and then ends the stream.
     """
     request = pb.ListRequest(selector=as_selector(selector))
+    listing = f"listing {format_selector(request.selector) or 'all journals'}"
     call = client.rpc_list(request)
     try:
         joined: pb.ListResponse | None = None
@@ -51,21 +58,26 @@ async def list_all(client: JournalClient, selector: str | pb.LabelSelector = "")
             if not isinstance(resp, pb.ListResponse):  # grpc.aio.EOF
                 break
             if joined is None:
+                # The snapshot's first response, checked whole (as Gazette's client does).
+                check_response("List", listing, validate_list_response, resp)
                 if resp.status != pb.OK:
                     raise error_for_status(
                         resp.status,
-                        f"listing {format_selector(request.selector) or 'all journals'}",
+                        listing,
                         resp.header if resp.HasField("header") else None,
                     )
                 joined = resp
             elif not resp.journals:
-                raise ProtocolViolation("broker sent an empty ListResponse within a listing")
+                raise invalid_response(
+                    "List", listing, "unexpected empty ListResponse.Journals in unary listing"
+                )
             else:
+                check_response("List", listing, validate_list_journals, resp)
                 joined.journals.extend(resp.journals)
     finally:
         call.cancel()
     if joined is None:
-        raise ProtocolViolation("broker ended the List stream without a response")
+        raise invalid_response("List", listing, "stream ended without a response")
     return joined
 
 
@@ -119,8 +131,9 @@ async def apply_journals_in_batches(
     for start in range(0, max(1, len(all_changes)), size):
         batch = all_changes[start : start + size]
         resp = await client.rpc_apply(pb.ApplyRequest(changes=batch))
+        what = _describe_batch(batch)
+        check_response("Apply", what, validate_apply_response, resp)
         if resp.status != pb.OK:
-            what = _describe_batch(batch)
             if start:
                 what += f" (the {start} change(s) before it stay applied)"
             raise error_for_status(

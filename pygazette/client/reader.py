@@ -6,8 +6,10 @@ chunks of their fragment. It tracks the next offset to read and the last metadat
 
 End of stream (b"" from `read`, end of `async for`) happens when the broker closes the RPC
 (for example at `end_offset`, or because it is shutting down), or when a directly opened
-fragment is read through. Errors invalidate the Reader, except `OffsetJump`, after which it
-continues at the larger offset. Restarting after EOF or errors is `RetryReader`'s job.
+fragment is read through. Every response is checked with Gazette's rules as it arrives
+(`response_check`): one that breaks a rule raises `InvalidResponse`. Errors invalidate the
+Reader, except `OffsetJump`, after which it continues at the larger offset. Restarting after
+EOF or errors is `RetryReader`'s job.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from types import TracebackType
 
 import grpc.aio
 
-from pygazette.client.errors import OffsetJump, ProtocolViolation, ReaderCancelled
+from pygazette.client.errors import OffsetJump, ReaderCancelled
 from pygazette.client.fragment_reader import FragmentReader, open_fragment_url
 from pygazette.client.journal_client import JournalClient
+from pygazette.client.response_check import check_read_response, invalid_response
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
 
@@ -201,6 +204,9 @@ class Reader:
         return out
 
     def _on_response(self, resp: pb.ReadResponse) -> None:
+        # Gazette's rules first (e.g. a fragment never reaches past the write head): a response
+        # that breaks one raises InvalidResponse and invalidates the Reader.
+        check_read_response(self.journal, resp)
         if self.header is None and resp.HasField("header"):
             self.header = resp.header
 
@@ -212,9 +218,10 @@ class Reader:
 
         requested = self.request.offset
         if resp.offset < requested:
-            raise ProtocolViolation(
-                f"broker answered offset {resp.offset} to a read of {self.journal} "
-                f"at {requested} (expected >= {requested})"
+            raise invalid_response(
+                "Read",
+                self.journal,
+                f"invalid ReadResponse offset ({resp.offset}; expected >= {requested})",
             )
 
         if resp.content:

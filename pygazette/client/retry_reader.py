@@ -10,6 +10,9 @@ the stream or the transport fails, with backoff. Like Gazette's RetryReader it s
 - `ReaderCancelled` after `cancel()`, and errors that a retry cannot fix (unknown journal,
   reads not allowed by the journal's flags, malformed requests, corrupt fragments).
 
+A response that breaks Gazette's rules (`InvalidResponse`, counted by `response_check`) is
+logged and read again after a backoff, as Gazette's RetryReader does.
+
 `read_journal` builds the common loop on top: chunks until the write head or `end_offset`.
 """
 
@@ -29,6 +32,7 @@ from pygazette.client.errors import (
     DidNotReadExpectedEOF,
     FragmentOpenError,
     FragmentReadError,
+    InvalidResponse,
     OffsetJump,
     ProtocolViolation,
     ReaderCancelled,
@@ -145,6 +149,11 @@ class RetryReader:
                 # A suspended journal has nothing to read until an append resumes it.
                 if not reader.request.block:
                     raise
+                await self._restart()
+            except InvalidResponse as exc:
+                # A response that breaks Gazette's rules (counted where it was caught): as
+                # Gazette's RetryReader, log it and read again after a backoff.
+                self._log_retry(exc, attempt, squelch=False)
                 await self._restart()
             except JournalNotFound as exc:
                 if attempt + 1 >= _JOURNAL_NOT_FOUND_ATTEMPTS:

@@ -3,7 +3,8 @@
 The broker's List RPC with `watch` streams a snapshot of the matching journals, and a new
 snapshot whenever a matching spec changes; snapshots are delimited by an empty response.
 `WatchedList` runs that stream in a background task, resuming it after failures (from the
-last revision seen, with backoff), and exposes the latest snapshot through `snapshot()`. Message
+last revision seen, with backoff; a snapshot breaking Gazette's rules is such a failure, counted
+by `response_check`), and exposes the latest snapshot through `snapshot()`. Message
 mappings use it to spread messages over a changing set of partitions.
 """
 
@@ -16,13 +17,14 @@ from types import TracebackType
 
 import grpc.aio
 
-from pygazette.client.errors import ProtocolViolation
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import as_selector
+from pygazette.client.response_check import check_response, invalid_response
 from pygazette.client.retry_reader import backoff
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import format_selector
+from pygazette.protocol.validation import validate_list_journals, validate_list_response
 
 log = logging.getLogger(__name__)
 
@@ -132,18 +134,22 @@ class WatchedList:
     async def _read_snapshot(
         call: grpc.aio.UnaryStreamCall[pb.ListRequest, pb.ListResponse], request: pb.ListRequest
     ) -> pb.ListResponse:
+        watching = f"watch of {format_selector(request.selector) or 'all journals'}"
         first = await call.read()
         if not isinstance(first, pb.ListResponse):
             raise EOFError("the List watch ended")
+        check_response("List", watching, validate_list_response, first)
         if first.status != pb.OK:
             raise error_for_status(first.status, "watching journals", first.header)
         if (
             request.HasField("watch_resume")
             and first.header.etcd.revision <= request.watch_resume.etcd.revision
         ):
-            raise ProtocolViolation(
-                f"List watch answered revision {first.header.etcd.revision}, "
-                f"expected > {request.watch_resume.etcd.revision}"
+            raise invalid_response(
+                "List",
+                watching,
+                f"unexpected ListResponse revision ({first.header.etcd.revision}; "
+                f"expected > {request.watch_resume.etcd.revision})",
             )
         while True:
             nxt = await call.read()
@@ -151,6 +157,7 @@ class WatchedList:
                 raise EOFError("the List watch ended within a snapshot")
             if not nxt.journals:
                 return first
+            check_response("List", watching, validate_list_journals, nxt)
             first.journals.extend(nxt.journals)
 
     async def stop(self) -> None:

@@ -49,6 +49,7 @@ from pygazette.keyspace.keyspace import Keyspace, KeyValue
 from pygazette.keyspace.layout import KeyLayout
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
+from pygazette.protocol.response_checks import ResponseCheckInterceptor, response_checks_enabled
 
 if TYPE_CHECKING:
     from pygazette.consumer.resolver import StatusReporter
@@ -190,6 +191,8 @@ class ConsumerProcess:
             interceptors=[
                 RequestGuard(),
                 *([AuthServerInterceptor(auth)] if auth is not None else []),
+                # Under PYGAZETTE_CHECK_RESPONSES=1, every response is checked before it is sent.
+                *([ResponseCheckInterceptor()] if response_checks_enabled() else []),
             ],
         )
         cpb_grpc.add_ShardServicer_to_server(  # type: ignore[no-untyped-call]

@@ -8,7 +8,8 @@ unreachable or no longer primary.
 
 Non-OK statuses become `ShardError` subclasses (one per consumer Status, as the journal
 client maps broker statuses in `pygazette.protocol.errors`); responses that break the
-protocol's rules become `ProtocolViolation`; transport failures stay `grpc.aio.AioRpcError`.
+protocol's rules become `InvalidResponse` (a `ProtocolViolation`, counted by the client's
+`response_check`); transport failures stay `grpc.aio.AioRpcError`.
 
 `ShardPeers` caches one channel per advertised endpoint; the Shard service uses it to proxy.
 """
@@ -25,10 +26,9 @@ import grpc.aio
 from pygazette.auth.authorizer import Authorizer
 from pygazette.auth.tls import ClientTLS
 from pygazette.client.channel import Connection, open_channel
-from pygazette.client.errors import ProtocolViolation
+from pygazette.client.response_check import check_response
 from pygazette.protocol.errors import (
     StatusError,
-    ValidationError,
     bind_status,
     enum_value_name,
 )
@@ -41,6 +41,7 @@ from pygazette.protocol.shard_validation import (
     validate_shard_apply_response,
     validate_shard_list_response,
     validate_stat_response,
+    validate_unassign_response_status,
 )
 
 __all__ = [
@@ -112,11 +113,9 @@ def raise_for_shard_status(response: Any, detail: str = "") -> None:
     ShardError.raise_for(response, detail)
 
 
-def _check(validator: Callable[[Any], None], response: Any, what: str) -> None:
-    try:
-        validator(response)
-    except ValidationError as exc:
-        raise ProtocolViolation(f"invalid {what} response: {exc}") from exc
+def _check(validator: Callable[[Any], None], response: Any, what: str, subject: str = "") -> None:
+    """Gazette's rules for a `what` response (InvalidResponse, counted, if one is broken)."""
+    check_response(what, subject, validator, response)
 
 
 def as_shard_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
@@ -239,7 +238,7 @@ class ShardClient(Connection):
         if resp is None:
             resp = await self.stub.Stat(request, timeout=within)
         assert resp is not None
-        _check(validate_stat_response, resp, "Stat")
+        _check(validate_stat_response, resp, "Stat", f"shard {shard}")
         if resp.status == cpb.OK:
             self._learn(shard, resp.header.route)
         elif resp.status != cpb.SHARD_STOPPED:
@@ -287,7 +286,7 @@ class ShardClient(Connection):
         resp: cpb.GetHintsResponse = await self.stub.GetHints(
             cpb.GetHintsRequest(shard=shard), timeout=within
         )
-        _check(validate_get_hints_response, resp, "GetHints")
+        _check(validate_get_hints_response, resp, "GetHints", f"shard {shard}")
         raise_for_shard_status(resp, f"hints of shard {shard}")
         return resp
 
@@ -303,5 +302,6 @@ class ShardClient(Connection):
         `only_failed`); the shards that were (with `dry_run`: would be) unassigned."""
         request = cpb.UnassignRequest(shards=list(shards), only_failed=only_failed, dry_run=dry_run)
         resp: cpb.UnassignResponse = await self.stub.Unassign(request, timeout=within)
+        _check(validate_unassign_response_status, resp, "Unassign")
         raise_for_shard_status(resp, "unassigning shards")
         return list(resp.shards)

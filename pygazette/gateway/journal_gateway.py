@@ -17,7 +17,8 @@ one) and `X-Fragment-Last-Modified`; for appends `X-Commit-Begin`, `X-Commit-End
 INSUFFICIENT_JOURNAL_BROKERS → 503 (reads), any other status → 500 with its name as the body;
 a malformed request → 400. Where Gazette answers a failed RPC with 500, the gateway maps the
 gRPC code: UNAUTHENTICATED → 401, PERMISSION_DENIED → 403, UNAVAILABLE → 503,
-INVALID_ARGUMENT → 400, DEADLINE_EXCEEDED → 408, the rest → 500.
+INVALID_ARGUMENT → 400, DEADLINE_EXCEEDED → 408, the rest → 500. A broker response that
+breaks Gazette's rules (`client.response_check`) is 502, or ends a GET's streamed content.
 
 A GET streams: each content chunk is written to the client as the broker sends it, and the
 read follows the journal across fragments; it ends when the broker ends the stream (a
@@ -43,12 +44,18 @@ import grpc.aio
 from aiohttp import web
 from google.protobuf import text_format
 
+from pygazette.client.errors import InvalidResponse
 from pygazette.client.journal_client import JournalClient
+from pygazette.client.response_check import check_read_response, check_response
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_to_hex
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.stream_write import send_all
-from pygazette.protocol.validation import validate_append_request, validate_read_request
+from pygazette.protocol.validation import (
+    validate_append_request,
+    validate_append_response,
+    validate_read_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +222,14 @@ class JournalGateway:
         responses: AsyncIterator[pb.ReadResponse] = aiter(call)
         try:
             first = await anext(responses)
+            check_read_response(req.journal, first)
         except StopAsyncIteration:
             return _error(500, "broker terminated RPC")
         except grpc.aio.AioRpcError as exc:
             return _rpc_error(exc)
+        except InvalidResponse as exc:
+            log.error("http gateway: invalid response from the broker", extra={"error": str(exc)})
+            return _error(502, str(exc))
         if first.status != pb.OK:
             refused = _error(_READ_STATUS.get(first.status, 500), pb.Status.Name(first.status))
             _add_read_headers(refused, request, first)
@@ -234,6 +245,7 @@ class JournalGateway:
         offset = first.offset
         try:
             async for chunk in responses:
+                check_read_response(req.journal, chunk)
                 if chunk.status != pb.OK:
                     break  # E.g. OFFSET_NOT_YET_AVAILABLE at the head of a non-blocking read.
                 if chunk.offset != offset:
@@ -248,6 +260,9 @@ class JournalGateway:
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.warning("http gateway: read failed mid-stream", extra={"error": str(exc)})
+        except InvalidResponse as exc:
+            # Ends the response where the valid content ended; the client retries from there.
+            log.error("http gateway: invalid response from the broker", extra={"error": str(exc)})
         except (ConnectionResetError, ConnectionError):
             return resp  # The client went away.
         await resp.write_eof()
@@ -276,6 +291,11 @@ class JournalGateway:
             if isinstance(exc, grpc.aio.AioRpcError):
                 return _rpc_error(exc)
             raise
+        try:
+            check_response("Append", first.journal, validate_append_response, resp)
+        except InvalidResponse as exc:
+            log.error("http gateway: invalid response from the broker", extra={"error": str(exc)})
+            return _error(502, f"{exc}; the append's outcome is unknown")
         if resp.status != pb.OK:
             out = _error(_APPEND_STATUS.get(resp.status, 500), pb.Status.Name(resp.status))
             _add_route_headers(out, request, resp.header)

@@ -73,6 +73,7 @@ __all__ = [
     "validate_stat_response",
     "validate_unassign_request",
     "validate_unassign_response",
+    "validate_unassign_response_status",
 ]
 
 MIN_SHARD_ID_LEN, MAX_SHARD_ID_LEN = 4, 512
@@ -436,6 +437,19 @@ def validate_get_hints_response(resp: cpb.GetHintsResponse) -> None:
 def validate_unassign_request(req: cpb.UnassignRequest) -> None:
     for i, shard in enumerate(req.shards):
         _shard_id_field(shard, f"Shards[{i}]")
+
+
+def validate_unassign_response_status(resp: cpb.UnassignResponse) -> None:
+    """A known status: what may be checked of an UnassignResponse whatever its status.
+
+    Gazette's UnassignResponse.Validate (`validate_unassign_response`) refuses every status but
+    OK, while its own server answers ETCD_TRANSACTION_FAILED when the transaction fails: a
+    status to report, not a malformed response.
+    """
+    try:
+        validate_consumer_status(resp.status)
+    except ValidationError as err:
+        raise err.extend("Status") from None
 
 
 def validate_unassign_response(resp: cpb.UnassignResponse) -> None:

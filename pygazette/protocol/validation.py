@@ -77,6 +77,8 @@ __all__ = [
     "validate_label_selector",
     "validate_label_set",
     "validate_label_value",
+    "validate_list_journal",
+    "validate_list_journals",
     "validate_list_request",
     "validate_list_response",
     "validate_path_component",
@@ -753,8 +755,13 @@ def validate_broker_spec(spec: pb.BrokerSpec) -> None:
         )
 
 
+# Known Status values (a set: `pb.Status.values()` builds a new list on every call, and a
+# status is checked on every response a client receives).
+_STATUSES = frozenset(pb.Status.values())
+
+
 def validate_status(status: int) -> None:
-    if status not in pb.Status.values():
+    if status not in _STATUSES:
         raise ValidationError(f"invalid status ({status})")
 
 
@@ -1092,22 +1099,34 @@ def validate_read_response(resp: pb.ReadResponse) -> None:
         raise ValidationError(f"unexpected FragmentUrl without Fragment ({resp.fragment_url})")
 
 
-def validate_list_response(resp: pb.ListResponse) -> None:
-    _status_and_header(resp)
+def validate_list_journal(journal: pb.ListResponse.Journal) -> None:
+    """One journal of a listing: a valid spec, a mod revision > 0 and a valid route."""
+    try:
+        validate_journal_spec(journal.spec)
+    except ValidationError as err:
+        raise err.extend("Spec") from None
+    if journal.mod_revision <= 0:
+        raise ValidationError(f"invalid ModRevision ({journal.mod_revision}; expected > 0)")
+    try:
+        validate_route(journal.route)
+    except ValidationError as err:
+        raise err.extend("Route") from None
+
+
+def validate_list_journals(resp: pb.ListResponse) -> None:
+    """The journals of a ListResponse (all a snapshot's later responses carry: Gazette's client
+    validates the whole of a snapshot's first response only, with its status and header)."""
     for i, journal in enumerate(resp.journals):
         try:
-            try:
-                validate_journal_spec(journal.spec)
-            except ValidationError as err:
-                raise err.extend("Spec") from None
-            if journal.mod_revision <= 0:
-                raise ValidationError(f"invalid ModRevision ({journal.mod_revision}; expected > 0)")
-            try:
-                validate_route(journal.route)
-            except ValidationError as err:
-                raise err.extend("Route") from None
+            validate_list_journal(journal)
         except ValidationError as err:
             raise err.extend(f"Journals[{i}]") from None
+
+
+def validate_list_response(resp: pb.ListResponse) -> None:
+    """A snapshot's first response: status, header and journals."""
+    _status_and_header(resp)
+    validate_list_journals(resp)
 
 
 def validate_apply_response(resp: pb.ApplyResponse) -> None:

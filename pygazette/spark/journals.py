@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from pygazette.client.errors import ProtocolViolation
 from pygazette.client.fragments import list_all_fragments
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import list_journals
 from pygazette.client.reader import read_request
+from pygazette.client.response_check import check_read_response, invalid_response
 from pygazette.protocol.errors import JournalNotFound, error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
@@ -72,7 +72,8 @@ async def write_head(client: JournalClient, journal: str) -> int:
     finally:
         call.cancel()
     if not isinstance(resp, pb.ReadResponse):
-        raise ProtocolViolation(f"broker closed the read of {journal} without a response")
+        raise invalid_response("Read", journal, "stream ended without a response")
+    check_read_response(journal, resp)
     if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
         raise error_for_status(
             resp.status, journal, resp.header if resp.HasField("header") else None

@@ -2,9 +2,14 @@
 
 Each Read RPC plays the next script from `read_scripts`: a list of ReadResponses to send, where
 an `Abort(code)` item aborts the RPC with that gRPC status and a `Hang()` item blocks until the
-client goes away. Append RPCs record their requests and answer from `append_responses`. The
-server runs on its own event loop thread, so that both the async client (on the test's loop)
-and the sync facade (on its own thread) can use it.
+client goes away. Append RPCs record their requests and answer from `append_responses` (by
+default: the commit of what they received, at the journal's write head). The server runs on its
+own event loop thread, so that both the async client (on the test's loop) and the sync facade
+(on its own thread) can use it.
+
+Responses are sent as scripted: the client checks each with Gazette's rules, so scripts build
+valid ones with the builders below (`committed`, `refused`, `listing`, ...), and a test of an
+invalid response scripts that response itself.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf import duration_pb2
 
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -52,6 +58,8 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         # When set, Append answers this right after the preamble, without reading content.
         self.append_refusal: pb.AppendResponse | None = None
         self.list_responses: list[list[pb.ListResponse]] = []
+        # Write heads of the journals appended to by default (unscripted) commits.
+        self.write_heads: dict[str, int] = {}
         # Set whenever a Read RPC arrives (waitable from any thread).
         self.read_started = threading.Event()
 
@@ -77,6 +85,7 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.AppendResponse:
         call = AppendCall()
+        heads = self.write_heads
         self.append_calls.append(call)
         if self.append_refusal is not None:
             async for req in request_iterator:
@@ -87,17 +96,25 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
             copy.CopyFrom(req)
             call.requests.append(copy)
         call.committed = len(call.requests) >= 2 and not call.requests[-1].content
-        resp = self.append_responses.pop(0) if self.append_responses else pb.AppendResponse()
+        if self.append_responses:
+            resp = self.append_responses.pop(0)
+        else:
+            journal = call.requests[0].journal if call.requests else "a/journal"
+            begin = heads.get(journal, 0)
+            end = begin + sum(len(r.content) for r in call.requests[1:])
+            resp = committed(journal, begin, end)
         if isinstance(resp, Abort):
             await context.abort(resp.code, resp.details)
         if not call.committed:
             await context.abort(grpc.StatusCode.ABORTED, "append aborted by client")
+        if resp.status == pb.OK and resp.HasField("commit"):
+            heads[resp.commit.journal] = max(heads.get(resp.commit.journal, 0), resp.commit.end)
         return resp
 
     async def List(
         self, request: pb.ListRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ListResponse]:
-        script = self.list_responses.pop(0) if self.list_responses else [pb.ListResponse()]
+        script = self.list_responses.pop(0) if self.list_responses else [listing()]
         for resp in script:
             yield resp
 
@@ -175,3 +192,56 @@ def metadata(
 
 def content(offset: int, data: bytes) -> pb.ReadResponse:
     return pb.ReadResponse(offset=offset, content=data)
+
+
+def header() -> pb.Header:
+    """A valid response Header (a journal without a route, at etcd revision 1)."""
+    return pb.Header(
+        process_id=pb.ProcessSpec.ID(zone="local", suffix="fake-broker"),
+        route=pb.Route(primary=-1),
+        etcd=pb.Header.Etcd(cluster_id=1, member_id=1, revision=1, raft_term=1),
+    )
+
+
+def committed(journal: str, begin: int, end: int) -> pb.AppendResponse:
+    """An OK AppendResponse committing [begin, end) of `journal`."""
+    return pb.AppendResponse(
+        status=pb.OK,
+        header=header(),
+        commit=pb.Fragment(journal=journal, begin=begin, end=end, compression_codec=pb.NONE),
+        registers=pb.LabelSet(),
+    )
+
+
+def refused(status: int, registers: pb.LabelSet | None = None) -> pb.AppendResponse:
+    """An AppendResponse refusing the append with `status` (REGISTER_MISMATCH carries the
+    journal's `registers`)."""
+    resp = pb.AppendResponse(status=status, header=header())  # type: ignore[arg-type]
+    if registers is not None or status == pb.REGISTER_MISMATCH:
+        resp.registers.CopyFrom(registers or pb.LabelSet())
+    return resp
+
+
+def listed(*names: str) -> list[pb.ListResponse.Journal]:
+    """Listing entries of journals with valid (default) specs."""
+    return [
+        pb.ListResponse.Journal(
+            spec=pb.JournalSpec(
+                name=name,
+                replication=1,
+                fragment=pb.JournalSpec.Fragment(
+                    length=1 << 20,
+                    compression_codec=pb.NONE,
+                    refresh_interval=duration_pb2.Duration(seconds=60),
+                ),
+            ),
+            mod_revision=1,
+            route=pb.Route(primary=-1),
+        )
+        for name in names
+    ]
+
+
+def listing(*names: str, status: int = pb.OK) -> pb.ListResponse:
+    """A snapshot's first ListResponse (with its Header) listing `names`."""
+    return pb.ListResponse(status=status, header=header(), journals=listed(*names))  # type: ignore[arg-type]

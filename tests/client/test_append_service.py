@@ -23,7 +23,7 @@ from pygazette.client import (
 )
 from pygazette.protocol.errors import JournalNotFound, ValidationError, WrongAppendOffset
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.client.fake_broker import Abort, AppendCall, FakeBroker
+from tests.client.fake_broker import Abort, AppendCall, FakeBroker, committed, refused
 
 A, B = "a/journal", "b/journal"
 
@@ -64,9 +64,9 @@ async def test_transport_and_routing_failures_are_retried(
     fake.journal.append_responses.extend(
         [
             Abort(grpc.StatusCode.UNAVAILABLE),
-            pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER),
-            pb.AppendResponse(status=pb.NO_JOURNAL_PRIMARY_BROKER),
-            pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal=A, begin=0, end=5)),
+            refused(pb.NOT_JOURNAL_PRIMARY_BROKER),
+            refused(pb.NO_JOURNAL_PRIMARY_BROKER),
+            committed(A, 0, 5),
         ]
     )
     async with AppendService(fake_client, backoff=no_backoff) as svc:
@@ -84,7 +84,7 @@ async def test_transport_and_routing_failures_are_retried(
 async def test_terminal_errors_fail_without_retrying_and_poison_the_journal(
     fake: FakeBroker, fake_client: JournalClient, status: int, error: type[Exception]
 ) -> None:
-    fake.journal.append_responses.append(pb.AppendResponse(status=status))  # type: ignore[arg-type]
+    fake.journal.append_responses.append(refused(status))  # type: ignore[arg-type]
     async with AppendService(fake_client, backoff=no_backoff) as svc:
         first = svc.append(A, b"one")
         with pytest.raises(error):
@@ -127,7 +127,7 @@ async def test_dependencies_order_appends_across_journals(
 ) -> None:
     # A's first attempt fails and is retried after a backoff: without the dependency, B's
     # append would reach the broker first.
-    fake.journal.append_responses.extend([Abort(grpc.StatusCode.UNAVAILABLE), pb.AppendResponse()])
+    fake.journal.append_responses.extend([Abort(grpc.StatusCode.UNAVAILABLE), committed(A, 0, 1)])
     async with AppendService(fake_client, backoff=lambda _: 0.2) as svc:
         svc.append(A, b"a")
         barrier = svc.pending_except(B)

@@ -24,7 +24,7 @@ from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import parse_selector
-from tests.client.fake_broker import Abort, FakeBroker
+from tests.client.fake_broker import Abort, FakeBroker, committed, refused
 from tests.support.ports import free_port
 
 J = "a/journal"
@@ -63,7 +63,7 @@ async def test_appender_streams_chunks_then_commits(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
     fake.journal.append_responses.append(
-        pb.AppendResponse(commit=pb.Fragment(journal=J, begin=0, end=25))
+        committed(J, 0, 25)
     )
     async with Appender(fake_client, J, chunk_size=10) as app:
         for _ in range(5):
@@ -122,8 +122,8 @@ async def test_abort_ends_the_stream_without_a_commit_chunk(
 async def test_status_errors_are_raised(fake: FakeBroker, fake_client: JournalClient) -> None:
     fake.journal.append_responses.extend(
         [
-            pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET),
-            pb.AppendResponse(status=pb.REGISTER_MISMATCH, registers=label_set({"owner": "other"})),
+            refused(pb.WRONG_APPEND_OFFSET),
+            refused(pb.REGISTER_MISMATCH, registers=label_set({"owner": "other"})),
         ]
     )
     with pytest.raises(WrongAppendOffset, match="WRONG_APPEND_OFFSET"):
@@ -137,7 +137,7 @@ async def test_a_refusal_while_content_is_still_streaming(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
     # The broker answers at the preamble and closes the RPC while the client still writes.
-    fake.journal.append_refusal = pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET)
+    fake.journal.append_refusal = refused(pb.WRONG_APPEND_OFFSET)
     with pytest.raises(WrongAppendOffset):
         await append(fake_client, J, [b"x" * 1024] * 4096, offset=3, chunk_size=1024)
     assert len(fake.journal.append_calls) == 1
@@ -156,9 +156,9 @@ async def test_append_retries_refusals_with_replayable_content(
 ) -> None:
     fake.journal.append_responses.extend(
         [
-            pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER),
-            pb.AppendResponse(status=pb.NO_JOURNAL_PRIMARY_BROKER),
-            pb.AppendResponse(commit=pb.Fragment(journal=J, begin=0, end=6)),
+            refused(pb.NOT_JOURNAL_PRIMARY_BROKER),
+            refused(pb.NO_JOURNAL_PRIMARY_BROKER),
+            committed(J, 0, 6),
         ]
     )
     resp = await append(fake_client, J, [b"abc", b"def"])
@@ -202,7 +202,7 @@ async def test_append_retries_while_the_broker_is_unreachable() -> None:
 async def test_append_does_not_retry_a_drawn_one_shot_iterator(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
-    fake.journal.append_responses.append(pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER))
+    fake.journal.append_responses.append(refused(pb.NOT_JOURNAL_PRIMARY_BROKER))
 
     def pieces() -> Iterator[bytes]:
         yield b"once"

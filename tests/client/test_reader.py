@@ -77,7 +77,8 @@ async def test_offset_jump_is_raised_once_then_reading_continues(
 async def test_offset_minus_one_adopts_the_write_head_without_a_jump(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
-    fake.journal.read_scripts.append([metadata(42, begin=0, end=42, write_head=42)])
+    # A read at the head (42) answered once a fragment covers it.
+    fake.journal.read_scripts.append([metadata(42, begin=40, end=50, write_head=50)])
     reader = Reader(fake_client, J, offset=-1, block=True)
     assert await reader.read() == b""
     assert reader.offset == 42

@@ -10,7 +10,16 @@ import pytest
 from pygazette.client import ProtocolViolation, SyncJournalClient
 from pygazette.protocol.errors import JournalNotFound, WrongAppendOffset
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.client.fake_broker import FakeBroker, Hang, content, metadata
+from tests.client.fake_broker import (
+    FakeBroker,
+    Hang,
+    committed,
+    content,
+    listed,
+    listing,
+    metadata,
+    refused,
+)
 
 J = "a/journal"
 
@@ -19,10 +28,6 @@ J = "a/journal"
 def sync_client(fake: FakeBroker) -> Iterator[SyncJournalClient]:
     with SyncJournalClient(fake.address) as client:
         yield client
-
-
-def listed(*names: str) -> list[pb.ListResponse.Journal]:
-    return [pb.ListResponse.Journal(spec=pb.JournalSpec(name=n), mod_revision=1) for n in names]
 
 
 def test_read_iterates_chunks_until_the_write_head(
@@ -43,7 +48,7 @@ def test_read_can_stop_early(fake: FakeBroker, sync_client: SyncJournalClient) -
     assert next(chunks) == b"abc"
     chunks.close()  # type: ignore[attr-defined]
     # The facade is still usable afterwards.
-    fake.journal.list_responses.append([pb.ListResponse(journals=listed(J))])
+    fake.journal.list_responses.append([listing(J)])
     assert [j.spec.name for j in sync_client.list_journals("name=a/journal")] == [J]
 
 
@@ -55,12 +60,12 @@ def test_append_from_a_generator_and_errors(
             yield b"line %d\n" % i
 
     fake.journal.append_responses.append(
-        pb.AppendResponse(commit=pb.Fragment(journal=J, begin=0, end=21))
+        committed(J, 0, 21)
     )
     assert sync_client.append(J, lines()).commit.end == 21
     assert fake.journal.append_calls[0].requests[1].content == b"line 0\nline 1\nline 2\n"
 
-    fake.journal.append_responses.append(pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET))
+    fake.journal.append_responses.append(refused(pb.WRONG_APPEND_OFFSET))
     with pytest.raises(WrongAppendOffset):
         sync_client.append(J, b"x", offset=99)
 
@@ -77,9 +82,9 @@ def test_list_and_get(fake: FakeBroker, sync_client: SyncJournalClient) -> None:
     fake.journal.list_responses.extend(
         [
             # A snapshot may arrive over several responses.
-            [pb.ListResponse(journals=listed("a/one")), pb.ListResponse(journals=listed("a/two"))],
-            [pb.ListResponse()],
-            [pb.ListResponse(status=pb.JOURNAL_NOT_FOUND)],
+            [listing("a/one"), pb.ListResponse(journals=listed("a/two"))],
+            [listing()],
+            [listing(status=pb.JOURNAL_NOT_FOUND)],
             [],
         ]
     )
