@@ -11,13 +11,14 @@ or shards and consumers), so the allocator itself stays generic.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pygazette.keyspace.keyspace import KeyChanges, Keyspace, KeyValue
-from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
+from pygazette.keyspace.layout import AssignmentKey, KeyDecodeError, KeyLayout
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,9 @@ class AllocatorState:
     # What changed from the state this one was built from (None: anything may have).
     touched_items: frozenset[str] | None = None
     members_changed: bool = True
+    # Assignment keys parsed by `apply`, shared by the states built one from another (a
+    # key parses the same every time: a put of a key that exists skips parsing it).
+    parsed: dict[str, AssignmentKey] = field(default_factory=dict)
     _items: list[Item] | None = None
     _item_index: dict[str, int] | None = None
     _local_items: list[LocalItem] | None = None
@@ -232,21 +236,32 @@ class AllocatorState:
 
         def tally_add(item_id: str, group: list[Assignment], sign: int) -> None:
             own("tally")
+            tally = n.tally
             for a in group:
-                t = n.tally.get(a.member, (0, 0))
-                n.tally[a.member] = (t[0] + sign, t[1] + sign * (a.slot == 0))
+                m = (a.zone, a.suffix)
+                t = tally.get(m, (0, 0))
+                tally[m] = (t[0] + sign, t[1] + sign * (a.slot == 0))
 
         ms, ips, aps = layout.members_prefix, layout.items_prefix, layout.assign_prefix
+        parsed = n.parsed = self.parsed
         changed: list[tuple[str, KeyValue | None]] = [(kv.key, kv) for kv in changes.puts]
         changed += [(key, None) for key in changes.deletes]
         for key, kv in changed:
             if key.startswith(aps):
-                try:
-                    ak = layout.parse_assignment_key(key)
-                except KeyDecodeError as exc:
+                ak = parsed.get(key)
+                if ak is None:
+                    try:
+                        ak = layout.parse_assignment_key(key)
+                    except KeyDecodeError as exc:
+                        if kv is not None:
+                            log.error(
+                                "undecodable assignment", extra={"key": key, "error": str(exc)}
+                            )
+                        continue
                     if kv is not None:
-                        log.error("undecodable assignment", extra={"key": key, "error": str(exc)})
-                    continue
+                        parsed[key] = ak
+                elif kv is None:
+                    del parsed[key]
                 own("by_item")
                 old_group = n.by_item.get(ak.item, [])
                 group = [a for a in old_group if a.kv.key != key]
@@ -435,12 +450,20 @@ def _decode_assignment(layout: KeyLayout, kv: KeyValue) -> Assignment | None:
 
 
 def _add_local(s: AllocatorState, item_id: str, group: list[Assignment]) -> None:
-    item = s.item_map[item_id]
-    local_member = s.layout.member_key
+    local = _local_member(s.layout, s.local_key)
     found = tuple(
-        LocalItem(item, group, i)
+        LocalItem(s.item_map[item_id], group, i)
         for i, a in enumerate(group)
-        if local_member(a.zone, a.suffix) == s.local_key
+        if a.suffix == local[1] and a.zone == local[0]
     )
     if found:
         s.local[item_id] = found
+
+
+@functools.cache
+def _local_member(layout: KeyLayout, local_key: str) -> tuple[str, str]:
+    """(zone, suffix) of the local member key (("", "") if it isn't one)."""
+    try:
+        return layout.parse_member_key(local_key)
+    except KeyDecodeError:
+        return ("", "")
