@@ -251,7 +251,7 @@ class StreamSum:
                 raise TimeoutError(f"summer does not serve:\n{proc.stderr[-2000:]!r}")
             time.sleep(0.1)
 
-    def _wait_primaries(self, consumer: str, within: float = 120) -> None:
+    def _wait_primaries(self, consumer: str, within: float = 60) -> None:
         """Until every shard has a primary that has finished recovery (status PRIMARY)."""
         deadline = time.monotonic() + within
         while True:
