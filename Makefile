@@ -137,13 +137,6 @@ ALLOCATOR_ARGS ?=
 bench-allocator: venv
 	$(PY) bench/allocator.py $(ALLOCATOR_ARGS)
 
-# Gazette's simulated rolling deploy (allocator/benchmark_test.go) for pygazette's allocator
-# and for Gazette's (from the Go module cache, with its etcd), at N×10 members × N×2,000
-# items; prints one JSON document. ALLOCATOR_ARGS="--sizes 1,2" for a shorter run.
-ALLOCATOR_ARGS ?=
-bench-allocator: venv
-	$(PY) bench/allocator.py $(ALLOCATOR_ARGS)
-
 # pygazette beside Kafka (KRaft, jars from Maven Central cached in ~/.cache/pygazette/kafka),
 # NATS JetStream and Redis Streams, all started here; prints one JSON document.
 # PEERS_ARGS=--quick for a tiny run, e.g. PEERS_ARGS="--systems pygazette-r1,kafka-1".
