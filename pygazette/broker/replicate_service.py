@@ -82,7 +82,6 @@ async def serve_replicate(
     assert rs is not None
     watch = _RouteWatch(replica, resolver, journal, stream_route, first.header)
     try:
-        header: pb.Header | None = res.header
         req: pb.ReplicateRequest | None = first
         is_first = True
         while req is not None:
@@ -90,9 +89,8 @@ async def serve_replicate(
             is_first = False
             if req.acknowledge:
                 assert resp is not None
-                if header is not None:
-                    resp.header.CopyFrom(header)
-                    header = None
+                # No Header: Gazette's ReplicateResponse carries one only with WRONG_ROUTE
+                # (its Validate refuses any other).
                 yield resp
             elif resp is not None and resp.status != pb.OK:
                 raise ReplicateAborted(
