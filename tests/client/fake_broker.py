@@ -58,6 +58,10 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         # When set, Append answers this right after the preamble, without reading content.
         self.append_refusal: pb.AppendResponse | None = None
         self.list_responses: list[list[pb.ListResponse]] = []
+        # Unary RPCs answer the next scripted response (UNIMPLEMENTED when there is none).
+        self.apply_responses: list[pb.ApplyResponse] = []
+        self.fragments_responses: list[pb.FragmentsResponse] = []
+        self.health_responses: list[pb.FragmentStoreHealthResponse] = []
         # Write heads of the journals appended to by default (unscripted) commits.
         self.write_heads: dict[str, int] = {}
         # Set whenever a Read RPC arrives (waitable from any thread).
@@ -117,6 +121,28 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         script = self.list_responses.pop(0) if self.list_responses else [listing()]
         for resp in script:
             yield resp
+
+
+    async def Apply(
+        self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ApplyResponse:
+        return await _next(self.apply_responses, context)
+
+    async def ListFragments(
+        self, request: pb.FragmentsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.FragmentsResponse:
+        return await _next(self.fragments_responses, context)
+
+    async def FragmentStoreHealth(
+        self, request: pb.FragmentStoreHealthRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.FragmentStoreHealthResponse:
+        return await _next(self.health_responses, context)
+
+
+async def _next(script: list[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    if not script:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "nothing scripted")
+    return script.pop(0)
 
 
 class FakeBroker:

@@ -34,6 +34,7 @@ from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import recoverylog_pb2 as rpb
+from pygazette.protocol.response_checks import ResponseCheckInterceptor, response_checks_enabled
 from tests.consumer.test_resolver import (
     FakeReplica,
     Replicas,
@@ -104,7 +105,10 @@ async def start_proc(
     replicas = Replicas(auto_status=auto_status)
     resolver = ShardResolver(ks, layout, observed, key, replicas, process_spec=spec.process_spec)
     service = ShardService(resolver, ks, layout)
-    server = grpc.aio.server()
+    # As the consumer's runner does: under PYGAZETTE_CHECK_RESPONSES (the test suite's
+    # default), every response is checked with Gazette's rules before it is sent.
+    checks = [ResponseCheckInterceptor()] if response_checks_enabled() else []
+    server = grpc.aio.server(interceptors=checks)
     cpb_grpc.add_ShardServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     assert server.add_insecure_port(f"127.0.0.1:{port}") == port
     await server.start()
