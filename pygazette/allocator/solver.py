@@ -191,12 +191,13 @@ class DesiredPlan:
         }
         zones = sorted({z for z, _ in capacity})
         changed: set[str] = set()
-        dirty: set[str] = set()
+        # Items to re-solve → members their replicas must be re-placed from (None: all).
+        release: dict[str, set[MemberKey] | None] = {}
         if touched is None or self.capacity is None or zones != self.zones:
             for item_id in list(self.by_item):
                 if item_id not in state.item_map:
                     self._drop(item_id, changed)
-            dirty = set(state.item_map)
+            release = dict.fromkeys(state.item_map)
         else:
             for item_id in touched:
                 item = state.item_map.get(item_id)
@@ -204,18 +205,35 @@ class DesiredPlan:
                     if item_id in self.replication:
                         self._drop(item_id, changed)
                 elif self.replication.get(item_id) != item.replication:
-                    dirty.add(item_id)
+                    release[item_id] = None
             if capacity != self.capacity:
-                dirty |= self._affected_by_members(state, capacity)
+                for item_id, off in self._affected_by_members(state, capacity).items():
+                    if item_id not in release:
+                        release[item_id] = off
+                    elif (prior := release[item_id]) is not None:
+                        release[item_id] = None if off is None else prior | off
         self.capacity, self.zones = capacity, zones
-        if not dirty:
+        if not release:
             return changed
-        self.solved_items += len(dirty)
-        old = {item_id: self.by_item.get(item_id, ()) for item_id in dirty}
-        for item_id in dirty:
+        self.solved_items += len(release)
+        old = {item_id: self.by_item.get(item_id, ()) for item_id in release}
+        # Replicas not released stay where they are: only the others are solved for.
+        fixed: dict[str, list[MemberKey]] = {}
+        for item_id, off in release.items():
             self._forget(item_id)
-        self._solve(state, sorted(dirty), capacity)
-        changed.update(i for i in dirty if self.by_item.get(i, ()) != old[i])
+            if off is None:
+                continue
+            keep = [
+                (d.zone, d.suffix)
+                for d in old[item_id]
+                if (d.zone, d.suffix) not in off and capacity.get((d.zone, d.suffix), 0) > 0
+            ]
+            if keep:
+                fixed[item_id] = keep
+                for m in keep:
+                    self.holders.setdefault(m, set()).add(item_id)
+        self._solve(state, sorted(release), capacity, fixed)
+        changed.update(i for i in release if self.by_item.get(i, ()) != old[i])
         return changed
 
     def _drop(self, item_id: str, changed: set[str]) -> None:
@@ -233,33 +251,46 @@ class DesiredPlan:
 
     def _affected_by_members(
         self, state: AllocatorState, capacity: dict[MemberKey, int]
-    ) -> set[str]:
-        """Items to re-solve after members came, went or changed limits: those on members
-        now without room for them, some of those beyond a member's new fair share (so new
-        room is used), and those short of replicas."""
-        dirty = set(self.short)
+    ) -> dict[str, set[MemberKey] | None]:
+        """Items to re-solve after members came, went or changed limits, with the members
+        each must move off (None: any replica may move): those on members now without
+        room for them, some of those on members beyond their new fair share (so new room
+        is used: any of their replicas may move, keeping zones spread), and those short of
+        replicas (moving off none)."""
+        out: dict[str, set[MemberKey] | None] = {item_id: set() for item_id in self.short}
+        total = sum(capacity.values())
         for member, held in self.holders.items():
             room = capacity.get(member, 0)
             if room <= 0:
-                dirty |= held
+                moving = list(held)
             elif len(held) > room:
-                dirty.update(sorted(held)[: len(held) - room])
-        total = sum(capacity.values())
+                moving = sorted(held)[: len(held) - room]
+            else:
+                continue
+            for item_id in moving:
+                off = out.setdefault(item_id, set())
+                if off is not None:
+                    off.add(member)
         for member, held in self.holders.items():
             room = capacity.get(member, 0)
             fair = math.ceil(state.item_slots * room / max(1, total))
             excess = len(held) - fair
             if room > 0 and excess > 0:
                 # Distinct items per member: each moves (at most) one replica off it.
-                dirty.update(sorted(held - dirty)[:excess])
-        return dirty
+                for item_id in sorted(i for i in held if i not in out)[:excess]:
+                    out[item_id] = None
+        return out
 
     def _solve(
-        self, state: AllocatorState, items: list[str], capacity: dict[MemberKey, int]
+        self,
+        state: AllocatorState,
+        items: list[str],
+        capacity: dict[MemberKey, int],
+        fixed: dict[str, list[MemberKey]],
     ) -> None:
         total = sum(capacity.values())
         members = sorted(capacity)
-        # Room left by the items kept as they were; fair share of all slots.
+        # Room left by the replicas kept as they were; fair share of all slots.
         remaining = {m: capacity[m] - len(self.holders.get(m, ())) for m in members}
         fair = {m: math.ceil(state.item_slots * capacity[m] / max(1, total)) for m in members}
         load = {m: len(self.holders.get(m, ())) for m in members}
@@ -267,35 +298,47 @@ class DesiredPlan:
         for m in members:
             by_zone.setdefault(m[0], []).append(m)
         for start in range(0, len(items), ITEMS_PER_NETWORK):
-            chunk = [
-                state.item_map[i]
-                for i in items[start : start + ITEMS_PER_NETWORK]
-                if state.item_map[i].replication > 0
-            ]
+            chunk = []
             for item_id in items[start : start + ITEMS_PER_NETWORK]:
-                self.replication[item_id] = state.item_map[item_id].replication
-            result = _solve_network(state, chunk, by_zone, remaining, fair, load, sparse=True)
-            short = [it for it in chunk if len(result.get(it.id, ())) < it.replication]
+                item = state.item_map[item_id]
+                self.replication[item_id] = item.replication
+                if item.replication > len(fixed.get(item_id, ())):
+                    chunk.append(item)
+            result = _solve_network(
+                state, chunk, fixed, by_zone, remaining, fair, load, sparse=True
+            )
+            short = [
+                it
+                for it in chunk
+                if len(result.get(it.id, ())) + len(fixed.get(it.id, ())) < it.replication
+            ]
             if short and any(remaining[m] > 0 for m in members):
                 # The sparse network couldn't place them all: retry those with every member.
                 for it in short:
                     for m in result.pop(it.id, ()):
                         remaining[m] += 1
                         load[m] -= 1
-                result.update(_solve_network(state, short, by_zone, remaining, fair, load))
-            for it in chunk:
-                placed = sorted(result.get(it.id, ()))
+                result.update(_solve_network(state, short, fixed, by_zone, remaining, fair, load))
+            for item_id in items[start : start + ITEMS_PER_NETWORK]:
+                item = state.item_map[item_id]
+                kept = fixed.get(item_id, [])[: item.replication]
+                placed = sorted(kept + result.get(item_id, []))
                 if placed:
-                    self.by_item[it.id] = tuple(DesiredAssignment(it.id, z, s) for z, s in placed)
+                    self.by_item[item_id] = tuple(
+                        DesiredAssignment(item_id, z, s) for z, s in placed
+                    )
                 for m in placed:
-                    self.holders.setdefault(m, set()).add(it.id)
-                if len(placed) < it.replication:
-                    self.short.add(it.id)
+                    self.holders.setdefault(m, set()).add(item_id)
+                for m in fixed.get(item_id, [])[item.replication :]:
+                    self.holders[m].discard(item_id)
+                if len(placed) < item.replication:
+                    self.short.add(item_id)
 
 
 def _solve_network(
     state: AllocatorState,
     chunk: list[Item],
+    fixed: dict[str, list[MemberKey]],
     by_zone: dict[str, list[MemberKey]],
     remaining: dict[MemberKey, int],
     fair: dict[MemberKey, int],
@@ -303,7 +346,8 @@ def _solve_network(
     *,
     sparse: bool = False,
 ) -> dict[str, list[MemberKey]]:
-    """Place `chunk`'s replicas on members' `remaining` room (updating it and `load`)."""
+    """Place the replicas `chunk`'s items need beyond their `fixed` ones on members' room
+    (updating `remaining` and `load`)."""
     if not chunk:
         return {}
     net = _Network()
@@ -331,15 +375,16 @@ def _solve_network(
     }
     placement_arcs: list[tuple[int, str, MemberKey]] = []
     for n, item in enumerate(chunk):
-        r = item.replication
+        kept = fixed.get(item.id, ())
+        need = item.replication - len(kept)
         item_node = net.node()
-        net.arc(src, item_node, r, 0)
+        net.arc(src, item_node, need, 0)
         current = {a.member for a in state.assignments_of(item.id)}
         for z, zone_members in ranked.items():
             if not zone_members:
                 continue
-            if sparse and len(zone_members) > SPARSE_EXTRA + r:
-                k = SPARSE_EXTRA + r
+            k = SPARSE_EXTRA + item.replication
+            if sparse and len(zone_members) > k:
                 offset = (n * k) % len(zone_members)
                 window = (zone_members + zone_members)[offset : offset + k]
                 candidates = [
@@ -348,10 +393,15 @@ def _solve_network(
                 candidates += window
             else:
                 candidates = zone_members
+            candidates = [m for m in candidates if m not in kept]
+            if not candidates:
+                continue
             zone_node = net.node()
-            net.arc(item_node, zone_node, 1, 0)
-            if r > 1:
-                net.arc(item_node, zone_node, r - 1, ZONE_COST)
+            free = 0 if any(m[0] == z for m in kept) else 1
+            if free:
+                net.arc(item_node, zone_node, 1, 0)
+            if need - free > 0:
+                net.arc(item_node, zone_node, need - free, ZONE_COST)
             for m in candidates:
                 cost = 0 if m in current else MOVE_COST
                 e = net.arc(zone_node, member_node[m], 1, cost)
