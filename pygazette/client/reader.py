@@ -206,7 +206,8 @@ class Reader:
     def _on_response(self, resp: pb.ReadResponse) -> None:
         # Gazette's rules first (e.g. a fragment never reaches past the write head): a response
         # that breaks one raises InvalidResponse and invalidates the Reader.
-        check_read_response(self.journal, resp)
+        content = resp.content  # Taken once: each access copies the bytes.
+        check_read_response(self.journal, resp, content)
         if self.header is None and resp.HasField("header"):
             self.header = resp.header
 
@@ -224,8 +225,7 @@ class Reader:
                 f"invalid ReadResponse offset ({resp.offset}; expected >= {requested})",
             )
 
-        if resp.content:
-            content = resp.content
+        if content:
             end_offset = self.request.end_offset
             if end_offset and resp.offset + len(content) > end_offset:
                 content = content[: max(0, end_offset - resp.offset)]

@@ -9,8 +9,10 @@ Nothing a broker sends wrong is silently accepted; what a caller does about it i
 choice (a RetryReader retries after a backoff, as Gazette's does).
 
 Cost: a Read's content chunk gets only the few cheap checks Gazette makes of one (status OK,
-and no header, write head, fragment or fragment URL beside the content), inline; every other
-response is validated in full.
+and no header, write head, fragment or fragment URL beside the content), inline, on the
+content the caller already took from the message (~2 µs a chunk, where taking a 128 KiB
+chunk's content out of its message costs ~13 µs); every other response is validated in full
+(~13 µs for a Read's metadata).
 """
 
 from __future__ import annotations
@@ -51,11 +53,17 @@ def check_response(rpc: str, subject: str, validate: Callable[[Any], None], resp
 _OK = pb.OK
 
 
-def check_read_response(journal: str, resp: pb.ReadResponse) -> None:
-    """A Read response: a content chunk's cheap checks, or the whole of a metadata response."""
+def check_read_response(journal: str, resp: pb.ReadResponse, content: bytes | None = None) -> None:
+    """A Read response: a content chunk's cheap checks, or the whole of a metadata response.
+
+    `content`, when given, is `resp.content` as the caller already took it: each access of a
+    bytes field copies it (upb), which would cost more than every check here together.
+    """
+    if content is None:
+        content = resp.content
     # A content chunk passing what validate_read_response checks of one, without the calls.
     if (
-        resp.content
+        content
         and resp.status == _OK
         and not (resp.write_head or resp.fragment_url)
         and not resp.HasField("fragment")

@@ -245,7 +245,8 @@ class JournalGateway:
         offset = first.offset
         try:
             async for chunk in responses:
-                check_read_response(req.journal, chunk)
+                content = chunk.content  # Taken once: each access copies the bytes.
+                check_read_response(req.journal, chunk, content)
                 if chunk.status != pb.OK:
                     break  # E.g. OFFSET_NOT_YET_AVAILABLE at the head of a non-blocking read.
                 if chunk.offset != offset:
@@ -253,7 +254,6 @@ class JournalGateway:
                         offset = chunk.offset  # Metadata of the next fragment.
                         continue
                     break  # An offset jump ends the response; the client retries from there.
-                content = chunk.content
                 if content:
                     await resp.write(content)
                     offset += len(content)
