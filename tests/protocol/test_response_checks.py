@@ -338,6 +338,26 @@ def test_list_watch_snapshots_of_any_size_pass(sizes: list[int]) -> None:
     assert check.first
 
 
+def test_zero_valued_headers_of_continuations_pass() -> None:
+    """Gazette encodes its non-nullable Header in every ListResponse: a watch snapshot's
+    continuations and end carry a zero-valued one (as the broker's `_list_chunk` does). Gazette's
+    stream-sum chunker (a WatchedList) got 'unexpected Header' aborts from checking brokers."""
+
+    def continuation(*journals: pb.ListResponse.Journal) -> pb.ListResponse:
+        resp = pb.ListResponse(journals=journals)
+        resp.header.process_id.SetInParent()
+        resp.header.route.SetInParent()
+        resp.header.etcd.SetInParent()
+        return resp
+
+    check = ListCheck(pb.ListRequest(watch=True))
+    for _ in range(2):
+        check.check(pb.ListResponse(header=header(), journals=[listed("a/one")]))
+        check.check(continuation(listed("a/two")))
+        check.check(continuation())  # The snapshot's end.
+    assert check.first
+
+
 def test_a_header_within_a_snapshot_is_refused() -> None:
     check = ListCheck(pb.ListRequest())
     check.check(pb.ListResponse(header=header()))
