@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
+.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-scale bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
 
 all: test
 
@@ -136,6 +136,13 @@ bench-cluster: deps
 ALLOCATOR_ARGS ?=
 bench-allocator: venv
 	$(PY) bench/allocator.py $(ALLOCATOR_ARGS)
+
+# K brokers and N journals at replication R, pygazette beside Gazette's broker (interop/bin)
+# in the same run: apply, convergence, first appends, RSS per replica, idle CPU and etcd
+# writes, restart, allocator moves; SCALE_ARGS="-N 5000 --shards 5000", or "--quick".
+SCALE_ARGS ?=
+bench-scale: deps interop-bin
+	$(PY) bench/scale.py $(SCALE_ARGS)
 
 # pygazette beside Kafka (KRaft, jars from Maven Central cached in ~/.cache/pygazette/kafka),
 # NATS JetStream and Redis Streams, all started here; prints one JSON document.

@@ -1,0 +1,779 @@
+"""Benchmark: a cluster of K brokers with N journals at replication R, pygazette beside
+Gazette's own broker (interop/bin/gazette) on the same workload, in the same run.
+
+For each system: a fresh etcd (interop/bin/etcd, default --max-txn-ops 128) and K broker
+processes in two zones, sharing one `file://` store root. Then:
+
+- **apply**: N journal specs applied through broker 1 in transactions of at most 100
+  changes (the client's `apply_journals_in_batches`, as `journals apply --max-txn-size`);
+- **converge**: time from the end of the apply until List (through broker 1) shows every
+  journal with R members and a primary;
+- **broker CPU** (user + system, from /proc) from the start of the apply to convergence;
+- **first append** to each journal: one small append to every journal, 64 at a time,
+  through broker 1; rate, errors (by status or gRPC code), broker CPU per append;
+- **RSS per journal replica**: the brokers' summed RSS growth over the empty cluster,
+  after convergence and after the first appends, divided by N x R;
+- **idle**: each broker's CPU (% of one core) and etcd's revision delta (its writes)
+  over `--idle` seconds once the first appends are done;
+- **restart**: one broker is killed (SIGKILL) and started again at once with the same ID;
+  the time until it serves (answers List) and until appends through it to the journals it
+  is a member of all succeed (a sample of up to 200);
+- **moves**: the assignments added and removed (etcd keys under `assign/`) when a
+  broker is added, and when one leaves (SIGTERM: it drains), each until the cluster is
+  converged and the assignments have been still for 3 s.
+
+With `--shards M` (pygazette only: Gazette's consumer needs a Go application): 4 consumer
+processes (`pygazette consumer serve`, the test Counter app on MemoryStore) and M shards
+reading the N journals, applied in transactions of 100; the time from the end of the
+apply until every shard has a primary (target: 10 s).
+
+    python bench/scale.py [-K 6] [-N 1000] [-R 2] [--shards 5000] [--quick]
+                          [--systems pygazette gazette] [--smoke]
+
+Prints one JSON document: every figure per system, and pygazette's as ratios to Gazette's
+beside the issue's targets. `--smoke` is a correctness run (no targets, no Gazette unless
+asked): it exits non-zero if any journal or shard did not converge or any append failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+import grpc.aio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pygazette.client.journal_client import JournalClient  # noqa: E402
+from pygazette.client.list_apply import apply_journals_in_batches, list_all  # noqa: E402
+from pygazette.consumer.shard_client import ShardClient  # noqa: E402
+from pygazette.protocol.pb import consumer_pb2 as cpb  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.broker_process import BrokerProcess  # noqa: E402
+from tests.support.consumer_process import ConsumerProcess  # noqa: E402
+from tests.support.gazette_process import (  # noqa: E402
+    EtcdServer,
+    GazetteBroker,
+    gazette_binaries,
+)
+
+TXN_SIZE = 100
+APPEND_CONCURRENCY = 64
+LEASE_TTL_S = 20  # Both systems' default.
+SETTLE_S = 3.0  # Assignments still this long: the allocator is done moving.
+PAYLOAD = b'{"key":"scale"}\n'  # What the shards' Counter app counts.
+SHARD_OUTPUT = "scale/out"  # Where it publishes counts.
+GAZETTE_VERSION = "v0.103.0"
+TARGETS = {
+    "apply_s": "<= 2x Gazette's",
+    "converged_after_apply_s": "<= 5 s",
+    "first_append_per_s": ">= 0.5x Gazette's, 0 errors",
+    "rss_kib_per_replica": "<= 2x Gazette's",
+    "idle_cpu_pct_per_broker": "< 1% each",
+    "idle_etcd_writes": "0",
+    "shards_converged_after_apply_s": "<= 10 s",
+}
+
+
+# Processes -------------------------------------------------------------------------------
+
+
+class Broker(Protocol):
+    port: int
+
+    @property
+    def address(self) -> str: ...
+
+    def start(self, timeout: float = ...) -> None: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+def pid_of(broker: Broker) -> int | None:
+    proc = getattr(broker, "proc", None)
+    if proc is None or proc.poll() is not None:
+        return None
+    return int(proc.pid)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """The process's CPU time so far (user + system), 0 if it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass
+class Cluster:
+    system: str
+    etcd: EtcdServer
+    prefix: str
+    brokers: list[Broker]
+    make_broker: Callable[[int], Broker]
+
+    def pids(self) -> list[int | None]:
+        return [pid_of(b) for b in self.brokers]
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(p) for p in self.pids())
+
+    def rss(self) -> int:
+        return sum(rss_kib(p) for p in self.pids())
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            b.kill()
+        self.etcd.stop()
+
+
+def start_cluster(
+    system: str, k: int, tmp: Path, journal_limit: int, etcd_binary: Path, gazette: Path | None
+) -> Cluster:
+    (tmp / "etcd").mkdir(parents=True)
+    etcd = EtcdServer(etcd_binary, tmp / "etcd" / "data")
+    etcd.start()
+    store = tmp / "store"
+    store.mkdir()
+    prefix = f"/scale-{uuid.uuid4().hex[:8]}/gazette/cluster"
+
+    def make(i: int) -> Broker:
+        zone = "zone-a" if i % 2 == 0 else "zone-b"
+        suffix = f"broker-{i:02d}"
+        if system == "pygazette":
+            data = tmp / suffix / "data"
+            data.parent.mkdir(parents=True, exist_ok=True)
+            return BrokerProcess(
+                data,
+                extra_args=[
+                    "--etcd",
+                    etcd.url,
+                    "--etcd-prefix",
+                    prefix,
+                    "--zone",
+                    zone,
+                    "--id",
+                    suffix,
+                    "--lease-ttl",
+                    f"{LEASE_TTL_S}s",
+                    "--journal-limit",
+                    str(journal_limit),
+                    "--file-root",
+                    str(store),
+                    "--drain-timeout",
+                    "60s",
+                ],
+                env={"PYGAZETTE_LOG_LEVEL": "warning"},
+            )
+        assert gazette is not None
+        return GazetteBroker(
+            gazette,
+            etcd,
+            tmp / suffix,
+            file_root=store,
+            prefix=prefix,
+            broker_id=suffix,
+            extra_args=[
+                f"--broker.zone={zone}",
+                f"--broker.limit={journal_limit}",
+                f"--etcd.lease={LEASE_TTL_S}s",
+            ],
+        )
+
+    cluster = Cluster(system, etcd, prefix, [], make)
+    try:
+        for i in range(k):
+            broker = make(i)
+            broker.start(timeout=120)
+            cluster.brokers.append(broker)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+# etcd, through its JSON gateway ----------------------------------------------------------
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def etcd_range(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url + "/v3/kv/range", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        out: dict[str, Any] = json.loads(resp.read())
+    return out
+
+
+def etcd_revision(url: str) -> int:
+    return int(etcd_range(url, {"key": _b64("\0"), "count_only": True})["header"]["revision"])
+
+
+def assignment_pairs(url: str, prefix: str) -> set[tuple[str, str]]:
+    """(journal, member) of every assignment key: `<prefix>/assign/<j>#<zone>#<id>#<slot>`."""
+    root = prefix + "/assign/"
+    resp = etcd_range(
+        url, {"key": _b64(root), "range_end": _b64(_prefix_end(root)), "keys_only": True}
+    )
+    pairs = set()
+    for kv in resp.get("kvs", []):
+        key = base64.b64decode(kv["key"]).decode()[len(root) :]
+        journal, zone, suffix, _slot = key.rsplit("#", 3)
+        pairs.add((journal, f"{zone}#{suffix}"))
+    return pairs
+
+
+# Journals --------------------------------------------------------------------------------
+
+
+def journal_names(n: int) -> list[str]:
+    return [f"scale/j-{i:05d}" for i in range(n)]
+
+
+def journal_spec(name: str, replication: int) -> pb.JournalSpec:
+    spec = pb.JournalSpec(name=name, replication=replication)
+    spec.labels.labels.add(name="content-type", value="application/x-ndjson")
+    spec.fragment.length = 64 << 20
+    spec.fragment.compression_codec = pb.NONE
+    spec.fragment.stores.append("file:///")
+    spec.fragment.refresh_interval.seconds = 300
+    return spec
+
+
+def converged(listing: pb.ListResponse, names: set[str], r: int) -> int:
+    """How many of `names` have R members and a primary in the listing."""
+    return sum(
+        1
+        for j in listing.journals
+        if j.spec.name in names and len(j.route.members) == r and j.route.primary >= 0
+    )
+
+
+async def wait_converged(
+    client: JournalClient, names: set[str], r: int, within: float
+) -> tuple[float | None, int]:
+    """Seconds until every journal has R members and a primary (None: not within within),
+    and how many had at the end."""
+    started = time.monotonic()
+    done = 0
+    while time.monotonic() - started < within:
+        try:
+            done = converged(await list_all(client), names, r)
+        except grpc.aio.AioRpcError:
+            done = 0
+        if done == len(names):
+            return time.monotonic() - started, done
+        await asyncio.sleep(0.25)
+    return None, done
+
+
+async def append_once(
+    stub: pb_grpc.JournalStub, journal: str, within: float = 30.0
+) -> pb.AppendResponse:
+    async def reqs() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=journal)
+        yield pb.AppendRequest(content=PAYLOAD)
+        yield pb.AppendRequest()
+
+    resp: pb.AppendResponse = await stub.Append(reqs(), timeout=within)
+    return resp
+
+
+async def append_each(address: str, names: list[str]) -> dict[str, Any]:
+    """One append to each journal, APPEND_CONCURRENCY at a time; rate and errors."""
+    errors: Counter[str] = Counter()
+    queue = iter(names)
+    latencies: list[float] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+
+        async def worker() -> None:
+            for name in queue:
+                t0 = time.perf_counter()
+                try:
+                    resp = await append_once(stub, name)
+                    if resp.status != pb.OK:
+                        errors[pb.Status.Name(resp.status)] += 1
+                        continue
+                except grpc.aio.AioRpcError as exc:
+                    errors[f"{exc.code().name}: {(exc.details() or '')[:120]}"] += 1
+                    continue
+                latencies.append(time.perf_counter() - t0)
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(APPEND_CONCURRENCY)))
+        elapsed = time.monotonic() - started
+    latencies.sort()
+    return {
+        "appends": len(names),
+        "seconds": round(elapsed, 2),
+        "per_s": round(len(names) / elapsed, 1),
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors.most_common(5)),
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1) if latencies else None,
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1) if latencies else None,
+    }
+
+
+async def wait_settled(
+    cluster: Cluster, client: JournalClient, names: set[str], r: int, within: float
+) -> tuple[float | None, set[tuple[str, str]]]:
+    """Seconds until converged with assignments unchanged for SETTLE_S; the assignments."""
+    started = time.monotonic()
+    last = assignment_pairs(cluster.etcd.url, cluster.prefix)
+    still_since = time.monotonic()
+    while time.monotonic() - started < within:
+        await asyncio.sleep(0.5)
+        now = assignment_pairs(cluster.etcd.url, cluster.prefix)
+        if now != last:
+            last, still_since = now, time.monotonic()
+            continue
+        if time.monotonic() - still_since < SETTLE_S:
+            continue
+        try:
+            listing = await list_all(client)
+        except grpc.aio.AioRpcError:
+            continue
+        if converged(listing, names, r) == len(names):
+            return still_since - started, now
+    return None, last
+
+
+# The workload ----------------------------------------------------------------------------
+
+
+async def run_system(
+    system: str, args: argparse.Namespace, tmp: Path, etcd_binary: Path, gazette: Path | None
+) -> dict[str, Any]:
+    k, n, r = args.brokers, args.journals, args.replication
+    names = journal_names(n)
+    name_set = set(names)
+    limit = max(1024, 2 * n * r // max(1, k - 1) + 64)
+    cluster = start_cluster(system, k, tmp, limit, etcd_binary, gazette)
+    out: dict[str, Any] = {"brokers": k, "journals": n, "replication": r}
+    try:
+        first = cluster.brokers[0].address
+        await asyncio.sleep(1.0)  # Let the brokers' startup settle before the baseline.
+        rss_empty = cluster.rss()
+        async with JournalClient(first) as client:
+            # Apply.
+            cpu0, rev0 = cluster.cpu(), etcd_revision(cluster.etcd.url)
+            started = time.monotonic()
+            with py_spy(cluster, args.py_spy, "apply"):
+                await apply_journals_in_batches(
+                    client,
+                    [pb.ApplyRequest.Change(upsert=journal_spec(j, r)) for j in names],
+                    TXN_SIZE,
+                )
+                out["apply_s"] = round(time.monotonic() - started, 2)
+                after, done = await wait_converged(client, name_set, r, args.timeout)
+            out["converged_after_apply_s"] = None if after is None else round(after, 2)
+            out["converged_journals"] = done
+            out["broker_cpu_s_apply_to_converged"] = round(cluster.cpu() - cpu0, 2)
+            out["etcd_writes_apply_to_converged"] = etcd_revision(cluster.etcd.url) - rev0
+            out["rss_mib_converged"] = round(cluster.rss() / 1024, 1)
+            out["rss_kib_per_replica_converged"] = round((cluster.rss() - rss_empty) / (n * r), 1)
+
+            # First append to each journal.
+            cpu0 = cluster.cpu()
+            with py_spy(cluster, args.py_spy, "first-append"):
+                appends = await append_each(first, names)
+            appends["broker_cpu_ms_per_append"] = round(
+                (cluster.cpu() - cpu0) * 1000 / max(1, n), 2
+            )
+            out["first_append"] = appends
+            out["rss_mib_after_appends"] = round(cluster.rss() / 1024, 1)
+            out["rss_kib_per_replica"] = round((cluster.rss() - rss_empty) / (n * r), 1)
+            out["rss_mib_empty_cluster"] = round(rss_empty / 1024, 1)
+
+            # Idle.
+            cpus0 = [cpu_seconds(p) for p in cluster.pids()]
+            rev0, t0 = etcd_revision(cluster.etcd.url), time.monotonic()
+            await asyncio.sleep(args.idle)
+            spent = time.monotonic() - t0
+            cpus = [cpu_seconds(p) - c for p, c in zip(cluster.pids(), cpus0, strict=True)]
+            out["idle_seconds"] = args.idle
+            out["idle_cpu_pct_per_broker"] = [round(c * 100 / spent, 2) for c in cpus]
+            out["idle_etcd_writes"] = etcd_revision(cluster.etcd.url) - rev0
+
+            if args.restart:
+                out["restart"] = await restart_one(cluster, client, name_set, r, args.timeout)
+            if args.moves:
+                out["moves"] = await moves(cluster, client, name_set, r, args.timeout)
+            if args.shards and system == "pygazette":
+                out["shards"] = await shards_bench(cluster, tmp, names, args)
+    finally:
+        cluster.stop()
+    return out
+
+
+async def restart_one(
+    cluster: Cluster, client: JournalClient, names: set[str], r: int, within: float
+) -> dict[str, Any]:
+    """SIGKILL the last broker and start it again at once (as a supervisor would)."""
+    victim = cluster.brokers[-1]
+    listing = await list_all(client)
+    port = victim.port
+    mine = [
+        j.spec.name
+        for j in listing.journals
+        if any(ep.endswith(f":{port}") for ep in j.route.endpoints)
+    ][:200]
+    victim.kill()
+    started = time.monotonic()
+    victim.start(timeout=within)
+    serving = time.monotonic() - started
+    out: dict[str, Any] = {"member_of_sampled": len(mine), "listening_s": round(serving, 2)}
+    deadline = started + within
+    pending = list(mine)
+    async with grpc.aio.insecure_channel(victim.address) as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        while pending and time.monotonic() < deadline:
+            failed = []
+            for name in pending:
+                try:
+                    resp = await append_once(stub, name, within=10)
+                    if resp.status == pb.OK:
+                        continue
+                except grpc.aio.AioRpcError:
+                    pass
+                failed.append(name)
+            pending = failed
+            if pending:
+                await asyncio.sleep(0.25)
+    out["appends_through_it_s"] = None if pending else round(time.monotonic() - started, 2)
+    after, _ = await wait_converged(client, names, r, max(1.0, deadline - time.monotonic()))
+    out["cluster_converged_s"] = None if after is None else round(time.monotonic() - started, 2)
+    return out
+
+
+async def moves(
+    cluster: Cluster, client: JournalClient, names: set[str], r: int, within: float
+) -> dict[str, Any]:
+    """Assignments added and removed as a broker joins, then as one leaves."""
+    out: dict[str, Any] = {}
+    _, before = await wait_settled(cluster, client, names, r, within)
+    added = cluster.make_broker(len(cluster.brokers))
+    started = time.monotonic()
+    added.start(timeout=120)
+    cluster.brokers.append(added)
+    took, after = await wait_settled(cluster, client, names, r, within)
+    out["broker_added"] = {
+        "assignments_added": len(after - before),
+        "assignments_removed": len(before - after),
+        "settled_s": None if took is None else round(time.monotonic() - started - SETTLE_S, 2),
+    }
+    leaving = cluster.brokers.pop(1)
+    started = time.monotonic()
+    leaving.stop(timeout=within)  # SIGTERM: it drains.
+    took, final = await wait_settled(cluster, client, names, r, within)
+    out["broker_removed"] = {
+        "assignments_added": len(final - after),
+        "assignments_removed": len(after - final),
+        "exit_s": round(time.monotonic() - started, 2),
+        "settled": took is not None,
+    }
+    return out
+
+
+# Shards ----------------------------------------------------------------------------------
+
+
+async def shards_bench(
+    cluster: Cluster, tmp: Path, journals: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    m = args.shards
+    consumers: list[ConsumerProcess] = []
+    prefix = f"/scale-{uuid.uuid4().hex[:8]}/consumers/counter"
+    out: dict[str, Any] = {"shards": m, "consumers": args.consumers}
+    async with JournalClient(cluster.brokers[0].address) as client:
+        output = journal_spec(SHARD_OUTPUT, 1)
+        await apply_journals_in_batches(client, [pb.ApplyRequest.Change(upsert=output)])
+    try:
+        for i in range(args.consumers):
+            data = tmp / f"consumer-{i}" / "data"
+            data.parent.mkdir(parents=True)
+            proc = ConsumerProcess(
+                data,
+                app="tests.consumer.apps:Counter",
+                broker=f"http://{cluster.brokers[i % len(cluster.brokers)].address}",
+                etcd=cluster.etcd.url,
+                etcd_prefix=prefix,
+                zone="zone-a" if i % 2 == 0 else "zone-b",
+                extra_args=[
+                    "--shard-limit",
+                    str(m),
+                    "--lease-ttl",
+                    f"{LEASE_TTL_S}s",
+                    "--log-level",
+                    "warning",
+                ],
+                env={"COUNTER_OUTPUT": "scale/out"},
+            )
+            proc.start(timeout=120)
+            consumers.append(proc)
+        ids = [f"shard-{i:05d}" for i in range(m)]
+        changes = []
+        for i, sid in enumerate(ids):
+            spec = cpb.ShardSpec(id=sid)
+            spec.sources.add(journal=journals[i % len(journals)])
+            spec.max_txn_duration.FromMilliseconds(1000)
+            spec.labels.labels.add(name="app", value="scale")
+            changes.append(cpb.ApplyRequest.Change(upsert=spec))
+        pids = [c.pid for c in consumers]
+        rss0 = sum(rss_kib(p) for p in pids)
+        cpu0 = sum(cpu_seconds(p) for p in pids)
+        async with ShardClient(consumers[0].url) as shards:
+            started = time.monotonic()
+            await shards.apply_in_batches(changes, TXN_SIZE, within=60)
+            out["apply_s"] = round(time.monotonic() - started, 2)
+            applied = time.monotonic()
+            primaries = 0
+            while time.monotonic() - applied < args.timeout:
+                listing = await shards.list_all(pb.LabelSelector(), within=60)
+                primaries = sum(
+                    1
+                    for s in listing.shards
+                    if s.status and s.status[0].code == cpb.ReplicaStatus.PRIMARY
+                )
+                if primaries == m:
+                    break
+                await asyncio.sleep(0.25)
+            ok = primaries == m
+            out["converged_after_apply_s"] = round(time.monotonic() - applied, 2) if ok else None
+            out["primaries"] = primaries
+        out["consumer_cpu_s"] = round(sum(cpu_seconds(p) for p in pids) - cpu0, 2)
+        out["rss_kib_per_shard"] = round((sum(rss_kib(p) for p in pids) - rss0) / m, 1)
+    finally:
+        for c in consumers:
+            c.kill()
+    return out
+
+
+# Report ----------------------------------------------------------------------------------
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return round(a / b, 2)
+
+
+def compare(py: dict[str, Any], go: dict[str, Any]) -> dict[str, Any]:
+    def both(p: Any, g: Any) -> dict[str, Any]:
+        return {"pygazette": p, "gazette": g, "ratio": ratio(p, g)}
+
+    return {
+        "apply_s": both(py.get("apply_s"), go.get("apply_s")),
+        "converged_after_apply_s": both(
+            py.get("converged_after_apply_s"), go.get("converged_after_apply_s")
+        ),
+        "broker_cpu_s_apply_to_converged": both(
+            py.get("broker_cpu_s_apply_to_converged"), go.get("broker_cpu_s_apply_to_converged")
+        ),
+        "first_append_per_s": both(py["first_append"]["per_s"], go["first_append"]["per_s"]),
+        "first_append_errors": both(py["first_append"]["errors"], go["first_append"]["errors"]),
+        "first_append_broker_cpu_ms": both(
+            py["first_append"]["broker_cpu_ms_per_append"],
+            go["first_append"]["broker_cpu_ms_per_append"],
+        ),
+        "rss_kib_per_replica": both(py.get("rss_kib_per_replica"), go.get("rss_kib_per_replica")),
+        "idle_cpu_pct_max_broker": both(
+            max(py["idle_cpu_pct_per_broker"]), max(go["idle_cpu_pct_per_broker"])
+        ),
+        "idle_etcd_writes": both(py.get("idle_etcd_writes"), go.get("idle_etcd_writes")),
+    }
+
+
+def failures(result: dict[str, Any]) -> list[str]:
+    """What a correctness run must not see."""
+    bad = []
+    if result.get("converged_after_apply_s") is None:
+        bad.append(f"{result['converged_journals']}/{result['journals']} journals converged")
+    if result["first_append"]["errors"]:
+        bad.append(f"first appends failed: {result['first_append']['error_kinds']}")
+    shards = result.get("shards")
+    if shards and shards.get("converged_after_apply_s") is None:
+        bad.append(f"{shards['primaries']}/{shards['shards']} shards have a primary")
+    restart = result.get("restart")
+    if restart and restart.get("appends_through_it_s") is None:
+        bad.append("appends through the restarted broker kept failing")
+    return bad
+
+
+@contextmanager
+def py_spy(cluster: Cluster, into: Path | None, phase: str) -> Iterator[None]:
+    """With `--py-spy DIR`: sample each pygazette broker through the phase
+    DIR/<phase>-<broker>.txt (collapsed stacks) (py-spy must be installed, with ptrace allowed)."""
+    if into is None or cluster.system != "pygazette":
+        yield
+        return
+    binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    into.mkdir(parents=True, exist_ok=True)
+    recorders = [
+        subprocess.Popen(
+            [
+                binary,
+                "record",
+                "--nonblocking",
+                "-r",
+                "50",
+                "-p",
+                str(pid),
+                "-f",
+                "raw",
+                "-o",
+                str(into / f"{phase}-broker-{i:02d}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i, pid in enumerate(cluster.pids())
+        if pid is not None
+    ]
+    try:
+        yield
+    finally:
+        for rec in recorders:
+            rec.send_signal(signal.SIGINT)
+        for rec in recorders:
+            try:
+                rec.wait(60)
+            except subprocess.TimeoutExpired:
+                rec.kill()
+
+
+@contextmanager
+def workdir(keep: bool) -> Iterator[Path]:
+    tmp = Path(tempfile.mkdtemp(prefix="pygazette-scale-"))
+    try:
+        yield tmp
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    binaries = gazette_binaries()
+    results: dict[str, Any] = {}
+    with workdir(args.keep) as tmp:
+        for system in args.systems:
+            results[system] = await run_system(
+                system,
+                args,
+                tmp / system,
+                binaries.etcd,
+                binaries.gazette if system == "gazette" else None,
+            )
+    report: dict[str, Any] = {
+        "benchmark": "scale",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "baseline": f"Gazette broker ({GAZETTE_VERSION}) on etcd 3.6, same run, same workload",
+        "workload": {
+            "brokers": args.brokers,
+            "journals": args.journals,
+            "replication": args.replication,
+            "apply_txn_size": TXN_SIZE,
+            "append_concurrency": APPEND_CONCURRENCY,
+        },
+        "targets": TARGETS,
+        "systems": results,
+    }
+    if "pygazette" in results and "gazette" in results:
+        report["pygazette_vs_gazette"] = compare(results["pygazette"], results["gazette"])
+    report["failures"] = {s: failures(r) for s, r in results.items()}
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-K", "--brokers", type=int, default=6)
+    parser.add_argument("-N", "--journals", type=int, default=1000)
+    parser.add_argument("-R", "--replication", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=0, help="shards across 4 consumers")
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--idle", type=float, default=30.0, help="idle window, seconds")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per wait, seconds")
+    parser.add_argument(
+        "--systems", nargs="+", default=["pygazette", "gazette"], choices=["pygazette", "gazette"]
+    )
+    parser.add_argument("--no-restart", dest="restart", action="store_false")
+    parser.add_argument("--no-moves", dest="moves", action="store_false")
+    parser.add_argument(
+        "--quick", action="store_true", help="K=3, N=300, 5 s idle: a run of a minute or two"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="correctness only: exit 1 on any failure"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="collapsed stacks of pygazette's brokers through apply and first appends",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.brokers, args.journals, args.idle = 3, 300, 5.0
+    if args.brokers < args.replication or args.brokers < 2:
+        parser.error("need at least 2 brokers, and at least R")
+    if args.journals < 1:
+        parser.error("-N must be at least 1")
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    report = asyncio.run(main(arguments))
+    print(json.dumps(report, indent=2))
+    if arguments.smoke and any(report["failures"].values()):
+        sys.exit(1)
