@@ -51,7 +51,6 @@ Departures from Gazette, all for safety under failures:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -87,9 +86,8 @@ from pygazette.protocol.validation import journal_spec_flags_allow_write, valida
 
 log = logging.getLogger(__name__)
 
-# A primary pulses each of its journals this often, and whenever their route changes.
-PULSE_INTERVAL_SECONDS = 60.0
-PULSE_RETRY_SECONDS = 1.0
+# A pulse (see `pulser`) that hasn't finished in this long has failed.
+PULSE_TIMEOUT_SECONDS = 60.0
 # Rounds of roll-forward synchronisation before giving up on a pipeline.
 MAX_SYNC_ROUNDS = 8
 
@@ -130,7 +128,7 @@ class ClusterAppends:
         self.peers = peers
         self.limits = limits
         self.session = session
-        self.pulse_interval = PULSE_INTERVAL_SECONDS
+        self.pulse_timeout = PULSE_TIMEOUT_SECONDS
         self._tasks: set[asyncio.Task[None]] = set()
         # Routes found advertised by assignments (see `_advertises`).
         self._advertised: set[tuple[object, ...]] = set()
@@ -150,43 +148,39 @@ class ClusterAppends:
             raise AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         return await self._run(first, it)
 
-    async def pulse_loop(self, replica: JournalRuntime) -> None:
-        """Pulse a journal while this broker is its primary (see the module docstring)."""
+    async def pulse(self, replica: JournalRuntime) -> bool:
+        """Pulse a journal this broker is primary of, once (`pulser` runs pulses): whether
+        it is done with (False: it failed, and is worth retrying)."""
         request = pb.AppendRequest(
             journal=replica.name,
             do_not_proxy=True,
             suspend=pb.AppendRequest.SUSPEND_NO_RESUME,
         )
-        while replica.primary and not replica.stopping:
-            invalidated = replica.invalidated
-            delay = self.pulse_interval
-            try:
-                async with asyncio.timeout(self.pulse_interval):
-                    resp = await self._run(request, _one_empty_chunk(), pulse=True)
-                if resp.status not in (
-                    pb.OK,
-                    pb.NOT_JOURNAL_PRIMARY_BROKER,
-                    pb.NO_JOURNAL_PRIMARY_BROKER,
-                    pb.JOURNAL_NOT_FOUND,
-                    pb.SUSPENDED,
-                ):
-                    log.info(
-                        "journal pulse failed",
-                        extra={"journal": replica.name, "status": pb.Status.Name(resp.status)},
-                    )
-                    delay = PULSE_RETRY_SECONDS
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not replica.stopping:
-                    log.info(
-                        "journal pulse failed (will retry)",
-                        extra={"journal": replica.name, "error": str(exc)},
-                    )
-                delay = PULSE_RETRY_SECONDS
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await invalidated.wait()
+        try:
+            async with asyncio.timeout(self.pulse_timeout):
+                resp = await self._run(request, _one_empty_chunk(), pulse=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not replica.stopping:
+                log.info(
+                    "journal pulse failed (will retry)",
+                    extra={"journal": replica.name, "error": str(exc)},
+                )
+            return replica.stopping
+        if resp.status in (
+            pb.OK,
+            pb.NOT_JOURNAL_PRIMARY_BROKER,
+            pb.NO_JOURNAL_PRIMARY_BROKER,
+            pb.JOURNAL_NOT_FOUND,
+            pb.SUSPENDED,
+        ):
+            return True
+        log.info(
+            "journal pulse failed",
+            extra={"journal": replica.name, "status": pb.Status.Name(resp.status)},
+        )
+        return False
 
     # The state machine.
     async def _run(
@@ -538,9 +532,13 @@ class ClusterAppends:
                     delayed_chunks += 1
                     policer.excuse(waited)
                 # Queued for every peer (their writers send it meanwhile), then spooled here.
+                # The client isn't charged for the time this takes (a busy broker, a peer
+                # slow to drain its queue): the policer measures the client alone.
+                spooling = time.monotonic()
                 delta = rs.delta
                 await pln.send(pb.ReplicateRequest(content=content, content_delta=delta), size)
                 await rs.apply_content(content, delta)
+                policer.excuse(time.monotonic() - spooling)
         except FlowControlUnderflow as exc:
             error = AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):

@@ -37,6 +37,7 @@ from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
+from pygazette.broker.pulser import Pulser
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicated_spool import ReplicatedSpool
 from pygazette.broker.resolver import BrokerIdentity
@@ -118,13 +119,15 @@ class ClusterMember:
         )
         self.peers = Peers(tls=cfg.peer_tls, auth=cfg.peer_auth)
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
-        self.resolver.on_primary = self.appends.pulse_loop
+        self.pulser = Pulser(self.appends.pulse, lambda: self.resolver.replicas.values())
+        self.resolver.on_primary = self.pulser.request
         self.resolver.lease_alive = self.session.lease_alive
         self.services = ClusterServices(self.resolver, self.appends, self.peers)
 
     async def join(self) -> None:
         """Announce this broker and start serving assignments and allocating."""
         await self.session.start()
+        self.pulser.start()
         self.resolver.start()
         self.allocator = Allocator(self.keyspace, self.observed)
         self._allocator_task = asyncio.create_task(self.allocator.run(), name="allocator")
@@ -198,6 +201,7 @@ class ClusterMember:
             for task in tasks:
                 if not task.cancelled():
                     task.exception()  # Retrieved: its failure was reported where it ended.
+        await self.pulser.stop()
         await self.appends.stop()
         await self.resolver.stop()
         log.info("replicas stopped; leaving the cluster", extra={"revoke_lease": graceful})

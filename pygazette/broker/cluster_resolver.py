@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.request_fence import ResolveError, pass_request_fence, same_process
@@ -112,13 +111,13 @@ class ClusterResolver(Resolver):
         self.decoder = decoder
         self.serving = True
         self._endpoints: dict[tuple[str, int], str] = {}
-        # Called with each replica this broker becomes primary of (starts its pulses).
-        self.on_primary: Callable[[Replica], Coroutine[Any, Any, None]] | None = None
+        # Called with each replica whose assignments changed while this broker is its
+        # primary (asks for a pulse: see `pulser`; nothing runs per replica).
+        self.on_primary: Callable[[Replica], None] | None = None
         # Whether this broker's etcd lease is surely alive. When it may not be (the broker
         # was frozen, or cut off from etcd), its view of the cluster can't be trusted: it
         # resolves nothing until it knows again.
         self.lease_alive: Callable[[], bool] = lambda: True
-        self._role_tasks: dict[str, asyncio.Task[None]] = {}
         self.stopping_journals: set[str] = set()  # Replicas still stopping.
         self._touched = observed.touched_items()
 
@@ -190,13 +189,8 @@ class ClusterResolver(Resolver):
         task.add_done_callback(partial(_discard, self.stopping_journals, name))
 
     def _start_primary(self, replica: Replica) -> None:
-        if self.on_primary is None:
-            return
-        task = self._role_tasks.get(replica.name)
-        if task is not None and not task.done():
-            return
-        task = asyncio.create_task(self.on_primary(replica), name=f"pulse:{replica.name}")
-        self._role_tasks[replica.name] = task
+        if self.on_primary is not None:
+            self.on_primary(replica)
 
     def _demote(self, replica: Replica) -> None:
         """No longer primary: close the pipeline, freeing the spool for the new primary."""
@@ -213,15 +207,12 @@ class ClusterResolver(Resolver):
     def stop_serving(self) -> None:
         """Stop every local replica now and refuse to resolve to any (shutting down)."""
         self.serving = False
-        for task in self._role_tasks.values():
-            task.cancel()
         for replica in self.replicas.values():
             replica.stopping = True
             replica.invalidate()
 
     async def stop(self) -> None:
         self.stop_serving()
-        await _settle(list(self._role_tasks.values()))
         await super().stop()
         await _settle(list(self._stopping))
 

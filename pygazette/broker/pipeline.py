@@ -136,6 +136,7 @@ class Pipeline:
         self._first = True
         self._loop = asyncio.get_running_loop()
         self.opened_at = self._loop.time()
+        self.used_at = self.opened_at  # When its last round began.
         self._rounds: deque[Round] = deque()  # Open rounds, oldest first.
         self._base = 0  # Rounds completed (the sequence number of `_rounds[0]`).
         self._readers: list[asyncio.Task[None]] = []
@@ -161,6 +162,12 @@ class Pipeline:
     def aged(self) -> bool:
         """Whether it is due for replacement (MAX_AGE_SECONDS)."""
         return self._loop.time() - self.opened_at > MAX_AGE_SECONDS
+
+    def idle_seconds(self) -> float:
+        """How long since its last round began (0 while a round is open)."""
+        if self._rounds:
+            return 0.0
+        return self._loop.time() - self.used_at
 
     @property
     def in_flight(self) -> int:
@@ -380,6 +387,7 @@ class Pipeline:
             self._send_confirmation(*acked)
 
     def _new_round(self, must_be_ok: bool) -> Round:
+        self.used_at = self._loop.time()
         fut: asyncio.Future[list[pb.ReplicateResponse]] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
         n = len(self.streams)

@@ -34,6 +34,7 @@ from urllib.parse import quote
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.fragment.fragment_index import FragmentIndex
 from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.refresher import Refresher
 from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replicated_spool import ReplicatedSpool
@@ -79,8 +80,8 @@ class Replica:
         self.registers = pb.LabelSet()
         self.pipeline = asyncio.Lock()
         self.limiter = RateLimiter(spec.max_append_rate)
-        self._refresh_task: asyncio.Task[None] | None = None
-        self._refresh_now = asyncio.Event()
+        self._refresher: Refresher | None = None  # Lists its stores (shared, see `start`).
+        self._refresh_backoff = 0.1
         self.refresh_error = ""  # Why the last store listing failed ("" once one succeeds).
         self._refresh_failures = 0  # Failed listings in a row.
         self._refresh_failed = asyncio.Event()  # Set on each failed listing.
@@ -100,15 +101,22 @@ class Replica:
     # Lifecycle.
     def start(self) -> None:
         self.recover_spools()
-        self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"refresh:{self.name}")
+        self._start_listing()
         self._flush_task = asyncio.create_task(self._flush_loop(), name=f"flush:{self.name}")
+
+    def _start_listing(self) -> None:
+        """List the stores now and every refresh interval (by the loop's shared refresher:
+        no task of this replica's own)."""
+        self._refresher = Refresher.of_running_loop()
+        self._refresher.add(self)
 
     async def stop(self, *, persist: bool) -> None:
         """Stop serving; with `persist`, hand the open spool to the persister first."""
-        for task in (self._refresh_task, self._flush_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.wait([task])  # Our own cancellation still propagates.
+        if self._refresher is not None:
+            self._refresher.remove(self)
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            await asyncio.wait([self._flush_task])  # Our own cancellation still propagates.
         if self.clustered:
             await self._stop_clustered()
             return
@@ -156,7 +164,7 @@ class Replica:
         self.mod_revision = mod_revision
         self.limiter.set_rate(spec.max_append_rate)
         if stores_changed:
-            self._refresh_now.set()
+            self.request_refresh()
             if spec.fragment.stores:
                 self.persister.unpark(self.name)
         self._flush_wakeup.set()  # A new codec or flush interval may roll the spool now.
@@ -207,7 +215,7 @@ class Replica:
         self.recover_spools()
         self.rspool = ReplicatedSpool(self)
         self.readable_end = self.rspool.confirmed
-        self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"refresh:{self.name}")
+        self._start_listing()
 
     def set_assignments(self, primary: bool, assignments: list[Any]) -> bool:
         """Take the journal's current assignments; wake waiters if anything changed."""
@@ -224,7 +232,8 @@ class Replica:
 
     def request_refresh(self) -> None:
         """List the stores again soon (the index signals `changed` when it has)."""
-        self._refresh_now.set()
+        if self._refresher is not None:
+            self._refresher.now(self)
 
     def invalidate(self) -> None:
         self.invalidated.set()
@@ -444,6 +453,8 @@ class Replica:
         backoff), and at once while that is still the case.
         """
         done = self.index.first_refresh_done
+        if not done.is_set() and self._refresher is not None:
+            self._refresher.hurry(self)  # Someone waits for it: before idle journals.
         while self._refresh_failures < failures:
             if done.is_set():
                 return ""
@@ -458,26 +469,23 @@ class Replica:
             return ""
         return f"cannot list fragments of {self.name}: {self.refresh_error}"
 
-    async def _refresh_loop(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                await self.refresh()
-                self.refresh_error = ""
-                self._refresh_failures = 0
-                backoff = 0.1
-                delay = self.refresh_interval()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("store listing failed", extra={"journal": self.name, "error": str(exc)})
-                self.refresh_error = str(exc)
-                self._refresh_failures += 1
-                self._refresh_failed.set()
-                self._refresh_failed = asyncio.Event()
-                delay = backoff
-                backoff = min(backoff * 2, MAX_LISTING_RETRY_SECONDS)
-            self._refresh_now.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._refresh_now.wait()
+    async def refresh_once(self) -> float:
+        """List the stores once (for the refresher); the seconds until the next listing:
+        the refresh interval, or a growing backoff after a failure."""
+        try:
+            await self.refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("store listing failed", extra={"journal": self.name, "error": str(exc)})
+            self.refresh_error = str(exc)
+            self._refresh_failures += 1
+            self._refresh_failed.set()
+            self._refresh_failed = asyncio.Event()
+            delay = self._refresh_backoff
+            self._refresh_backoff = min(delay * 2, MAX_LISTING_RETRY_SECONDS)
+            return delay
+        self.refresh_error = ""
+        self._refresh_failures = 0
+        self._refresh_backoff = 0.1
+        return self.refresh_interval()

@@ -126,7 +126,6 @@ class ReplicatedSpool:
         self.delta = 0
         self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
         self._confirmed_path = replica.spool_dir / CONFIRMED_FILE
-        self._confirmed_fd = -1
         self.confirmed = self._load_confirmed()
         spool = replica.spool
         if spool is not None and self.confirmed is not None and spool.end < self.confirmed:
@@ -168,17 +167,21 @@ class ReplicatedSpool:
         if offset <= self.confirmed:
             return
         self.confirmed = offset
-        if self._confirmed_fd < 0:
+        # Opened for each write, not held: a journal without traffic holds no file open (a
+        # broker serves thousands), and an open, write and close cost microseconds.
+        try:
+            fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except FileNotFoundError:
             self.replica.spool_dir.mkdir(parents=True, exist_ok=True)
-            self._confirmed_fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
-        # One aligned 8-byte write: it lands whole (the page cache survives a process kill).
-        os.pwrite(self._confirmed_fd, _U64.pack(offset), 0)
+            fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            # One aligned 8-byte write: it lands whole (the page cache survives a kill).
+            os.pwrite(fd, _U64.pack(offset), 0)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        """Release the confirmed-offset file."""
-        if self._confirmed_fd >= 0:
-            os.close(self._confirmed_fd)
-            self._confirmed_fd = -1
+        """Nothing to release: the confirmed-offset file is not held open."""
 
     @property
     def unconfirmed(self) -> bool:

@@ -1,0 +1,165 @@
+"""Pulses of the journals this broker is primary of, from a few shared tasks: no task, timer
+or stream per journal.
+
+A pulse is an empty append a primary runs on its own (Gazette's `pulseDaemon`): it opens
+the replication pipeline, brings the replicas' spools in line and writes the route into the
+journal's assignments, which is what tells the allocator the journal is consistent. Gazette
+pulses each journal when its route changes and then every minute; at thousands of journals
+that periodic pulse of every journal is most of what an idle cluster does. Here a journal is
+pulsed:
+
+- when its assignments change while this broker is its primary (`request`);
+- again, RETRY_SECONDS later, when a pulse failed (e.g. a peer hasn't started its replica);
+- when its open spool holds content from an earlier flush interval (found by the sweep), so
+  an idle journal's last appends still persist on time.
+
+Pulses run CONCURRENCY at a time, by a fixed set of workers, from one queue. The sweep
+(every SWEEP_SECONDS) also closes replication pipelines left idle for PIPELINE_IDLE_SECONDS,
+which ends their Replicate streams on the peers: a journal without traffic holds no streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from pygazette.broker.journal_runtime import JournalRuntime
+from pygazette.broker.replicated_spool import roll_proposal
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 8
+RETRY_SECONDS = 1.0
+SWEEP_SECONDS = 10.0
+PIPELINE_IDLE_SECONDS = 60.0
+
+
+class Pulsed(JournalRuntime, Protocol):
+    """A journal as the pulser sees it (`replica.Replica`)."""
+
+    spec: pb.JournalSpec
+
+
+class Pulser:
+    def __init__(
+        self,
+        pulse: Callable[[Pulsed], Awaitable[bool]],
+        journals: Callable[[], Iterable[Pulsed]],
+        *,
+        concurrency: int = CONCURRENCY,
+    ) -> None:
+        # `pulse` returns whether the journal is done with (False: retry it).
+        self._pulse = pulse
+        self._journals = journals
+        self._concurrency = concurrency
+        self._pending: dict[str, Pulsed] = {}  # In request order.
+        self._retry: dict[str, tuple[float, Pulsed]] = {}
+        self._ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pulses = 0  # Pulses run (for tests and metrics).
+        self.pipelines_closed = 0
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"pulser-{i}")
+            for i in range(self._concurrency)
+        ]
+        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="pulser-sweep"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        self._tasks = []
+
+    def request(self, journal: Pulsed) -> None:
+        """Pulse `journal` soon (once, however often it is asked before its turn)."""
+        self._retry.pop(journal.name, None)
+        self._pending[journal.name] = journal
+        self._ready.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending) + len(self._retry)
+
+    async def _worker(self) -> None:
+        while True:
+            while not self._pending:
+                self._ready.clear()
+                await self._ready.wait()
+            name = next(iter(self._pending))
+            journal = self._pending.pop(name)
+            if not journal.primary or journal.stopping:
+                continue
+            self.pulses += 1
+            try:
+                done = await self._pulse(journal)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info(
+                    "journal pulse failed (will retry)", extra={"journal": name, "error": str(exc)}
+                )
+                done = False
+            if not done and journal.primary and not journal.stopping:
+                self._retry.setdefault(name, (time.monotonic() + RETRY_SECONDS, journal))
+
+    async def _sweep_loop(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_SECONDS
+        while True:
+            await asyncio.sleep(RETRY_SECONDS)
+            now = time.monotonic()
+            for name, (due, journal) in list(self._retry.items()):
+                if due <= now:
+                    del self._retry[name]
+                    if name not in self._pending:
+                        self._pending[name] = journal
+                        self._ready.set()
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_SECONDS
+                try:
+                    await self.sweep()
+                except Exception as exc:
+                    log.warning("pulse sweep failed", extra={"error": str(exc)})
+
+    async def sweep(self) -> None:
+        """Pulse journals whose spool is due to roll; close pipelines left idle."""
+        wall = time.time()
+        idle: list[Pulsed] = []
+        for journal in list(self._journals()):
+            if not journal.primary or journal.stopping:
+                continue
+            if flush_due(journal, wall):
+                self.request(journal)
+            pln = journal.replication
+            if pln is not None and pln.idle_seconds() > PIPELINE_IDLE_SECONDS:
+                idle.append(journal)
+        for journal in idle:
+            await self._close_idle(journal)
+
+    async def _close_idle(self, journal: Pulsed) -> None:
+        if journal.pipeline.locked():
+            return  # An append (or pulse) is using it.
+        async with journal.pipeline:
+            pln = journal.replication
+            if pln is None or pln.idle_seconds() <= PIPELINE_IDLE_SECONDS or journal.stopping:
+                return
+            with contextlib.suppress(Exception):
+                await journal.close_replication()
+            self.pipelines_closed += 1
+
+
+def flush_due(journal: Pulsed, now: float) -> bool:
+    """Whether the journal's open spool holds content from an earlier flush interval."""
+    rs = journal.rspool
+    spec = journal.spec.fragment
+    if rs is None or spec.flush_interval.seconds <= 0 or rs.end <= rs.begin:
+        return False
+    frag = rs.fragment()
+    return roll_proposal(frag, rs.first_append_time, 0, spec, now) is not frag
