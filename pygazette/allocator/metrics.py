@@ -1,7 +1,8 @@
 """Allocator and membership metrics, read from the observed state when scraped.
 
 Gazette's `gazette_allocator_members`, `…_items`, `…_desired_replication_slots`,
-`…_converge_total` and `…_max_flow_runtime_seconds`; and pygazette's own
+`…_converge_total`, `…_assignment_{added,packed,removed}_total` and
+`…_max_flow_runtime_seconds`; and pygazette's own
 `pygazette_allocator_leader`, `pygazette_allocator_local_assignments`{role} (the items this
 process holds, as primary or standby/replica) and `pygazette_etcd_lease`{state} (1 for the
 state the member's etcd lease is in: "granted" while its keep-alive is overdue, "alive",
@@ -54,7 +55,7 @@ class AllocatorCollector:
         yield GaugeMetricFamily(
             "gazette_allocator_items",
             "Number of items known to the allocator.",
-            value=len(state.items),
+            value=len(state.item_map),
         )
         yield GaugeMetricFamily(
             "gazette_allocator_desired_replication_slots",
@@ -67,6 +68,12 @@ class AllocatorCollector:
             "Cumulative number of converge iterations.",
             value=allocator.rounds if allocator is not None else 0,
         )
+        for name, what in (("added", "adds"), ("packed", "packs"), ("removed", "removes")):
+            yield CounterMetricFamily(
+                f"gazette_allocator_assignment_{name}",
+                f"Cumulative number of item / member assignments {name} by the allocator.",
+                value=getattr(allocator, what) if allocator is not None else 0,
+            )
         yield GaugeMetricFamily(
             "pygazette_allocator_leader",
             "1 if this process leads allocation (solves and converges assignments).",
