@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pygazette.keyspace.etcd import EtcdKeyspace, parse_etcd_url
-from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
+from pygazette.keyspace.keyspace import Compare, Delete, KeyChanges, KeyspaceUnavailable, Put
 from tests.support.etcd_process import EtcdProcess
 
 
@@ -123,3 +123,21 @@ async def test_mirror_survives_an_etcd_restart(tmp_path: Path) -> None:
     finally:
         await ks.close()
         own.stop()
+
+
+async def test_change_listeners_get_each_change(etcd: EtcdProcess, etcd_root: str) -> None:
+    ks = await _open(etcd, etcd_root)
+    changes: list[KeyChanges] = []
+    ks.add_change_listener(changes.append)
+    x, y, z = (etcd_root + "/items/" + k for k in "xyz")
+    try:
+        r1 = await ks.txn([], [Put(x, b"1"), Put(y, b"1")])
+        await ks.wait_for_revision(r1.revision, 10)
+        r2 = await ks.txn([], [Delete(x), Put(y, b"2"), Put(z, b"1"), Delete(etcd_root + "/no")])
+        await ks.wait_for_revision(r2.revision, 10)
+        seen = [(c.revision, sorted(kv.key for kv in c.puts), sorted(c.deletes)) for c in changes]
+        assert seen == [(r1.revision, [x, y], []), (r2.revision, [y, z], [x])]
+        assert changes[1].prior == r1.revision and not changes[1].reset
+        assert [kv.value for kv in changes[1].puts if kv.key == y] == [b"2"]
+    finally:
+        await ks.close()
