@@ -17,7 +17,9 @@
 // Every Read and Append RPC goes through a counting JournalClient: it counts RPCs started,
 // each error a stream ends with (by class), and it validates each response it passes on with
 // the same Validate() Gazette's client applies, counting failures (the client rejects those
-// responses and retries). A logrus hook counts the client's "(will retry)" warnings too.
+// responses and retries). A stream a pygazette broker aborted INTERNAL "response failed
+// validation" (PYGAZETTE_CHECK_RESPONSES=1: it refused to send such a response) counts as
+// one too. A logrus hook counts the client's "(will retry)" warnings.
 //
 // After -duration the appenders stop; readers read on to each journal's write head. The
 // records each reader read are checked against what the appenders wrote: per appender, in
@@ -122,6 +124,7 @@ func main() {
 type counters struct {
 	rpcs        atomic.Int64 // Read or Append RPCs started.
 	validation  atomic.Int64 // Responses failing Gazette's Validate().
+	refused     atomic.Int64 // Streams a pygazette broker aborted rather than send such a response.
 	mu          sync.Mutex
 	errs        map[string]int64 // Stream ends other than a clean one, by class.
 	validations []string         // The first few validation errors, verbatim.
@@ -138,7 +141,18 @@ func countersOf(ctx context.Context) *counters {
 	return c
 }
 
-func (c *counters) error(class string) {
+func (c *counters) error(err error) {
+	var class = errClass(err)
+	if class == "grpc_internal" && strings.Contains(err.Error(), "response failed validation") {
+		// A pygazette broker checking its responses (PYGAZETTE_CHECK_RESPONSES=1) found one
+		// that breaks Gazette's rules and aborted the stream instead of sending it.
+		c.refused.Add(1)
+		c.mu.Lock()
+		if len(c.validations) < 5 {
+			c.validations = append(c.validations, "refused by the broker: "+err.Error())
+		}
+		c.mu.Unlock()
+	}
 	c.mu.Lock()
 	c.errs[class]++
 	c.mu.Unlock()
@@ -180,7 +194,7 @@ func (cc countingClient) Read(ctx context.Context, in *pb.ReadRequest, opts ...g
 	var s, err = cc.JournalClient.Read(ctx, in, opts...)
 	if err != nil {
 		if c != nil {
-			c.error(errClass(err))
+			c.error(err)
 		}
 		return nil, err
 	}
@@ -198,7 +212,7 @@ func (cc countingClient) Append(ctx context.Context, opts ...grpc.CallOption) (p
 	var s, err = cc.JournalClient.Append(ctx, opts...)
 	if err != nil {
 		if c != nil {
-			c.error(errClass(err))
+			c.error(err)
 		}
 		return nil, err
 	}
@@ -216,7 +230,7 @@ type countingRead struct {
 func (s *countingRead) RecvMsg(m any) error {
 	var err = s.Journal_ReadClient.RecvMsg(m)
 	if err != nil {
-		s.c.error(errClass(err))
+		s.c.error(err)
 	} else if resp, ok := m.(*pb.ReadResponse); ok {
 		if verr := resp.Validate(); verr != nil {
 			s.c.invalid(pb.ExtendContext(verr, "ReadResponse"))
@@ -246,7 +260,7 @@ func (s *countingAppend) RecvMsg(m any) error {
 	}
 	s.done = true
 	if err != nil {
-		s.c.error(errClass(err))
+		s.c.error(err)
 	} else if resp, ok := m.(*pb.AppendResponse); ok {
 		if verr := resp.Validate(); verr != nil {
 			s.c.invalid(pb.ExtendContext(verr, "AppendResponse"))
@@ -619,7 +633,7 @@ func (s *soak) since(t time.Time) float64 { return round(t.Sub(s.started).Second
 func (s *soak) report(appenders [][]*appender, readers []*reader, heads, starts []int64,
 	hook *warnHook, wrote, drained time.Duration) map[string]any {
 
-	var acked, appendRPCs, appendValidation int64
+	var acked, appendRPCs, appendValidation, appendRefused int64
 	var appendErrs = map[string]int64{}
 	var failures = map[string]int{}
 	var validationSamples []string
@@ -631,6 +645,7 @@ func (s *soak) report(appenders [][]*appender, readers []*reader, heads, starts 
 			acked += int64(ap.acked)
 			appendRPCs += ap.c.rpcs.Load()
 			appendValidation += ap.c.validation.Load()
+			appendRefused += ap.c.refused.Load()
 			for k, v := range ap.c.errs {
 				appendErrs[k] += v
 			}
@@ -644,7 +659,7 @@ func (s *soak) report(appenders [][]*appender, readers []*reader, heads, starts 
 	var appendRetries = int64(len(retryTimes))
 
 	// Every reader against every appender of its journal.
-	var readRPCs, readHops, readValidation, readRetries int64
+	var readRPCs, readHops, readValidation, readRefused, readRetries int64
 	var readErrs = map[string]int64{}
 	var readTimes []time.Time
 	var missing, duplicates, unexplainedDuplicates, outOfOrder, strangers, unread int64
@@ -658,6 +673,7 @@ func (s *soak) report(appenders [][]*appender, readers []*reader, heads, starts 
 		readRPCs += rd.c.rpcs.Load()
 		readHops += rd.hops.Load()
 		readValidation += rd.c.validation.Load()
+		readRefused += rd.c.refused.Load()
 		readRetries += max(rd.c.rpcs.Load()-rd.hops.Load()-1, 0)
 		readTimes = append(readTimes, rd.opens...)
 		for k, v := range rd.c.errs {
@@ -746,8 +762,12 @@ func (s *soak) report(appenders [][]*appender, readers []*reader, heads, starts 
 		"records_acked": acked,
 		"records_per_s": round(float64(acked) / wrote.Seconds()),
 		"bytes":         bytesWritten,
+		// Responses Gazette's client rejected, and ones a checking pygazette broker refused
+		// to send (it aborts the stream INTERNAL "response failed validation").
 		"validation_errors": map[string]int64{
-			"read": readValidation, "append": appendValidation, "total": readValidation + appendValidation,
+			"read": readValidation, "append": appendValidation,
+			"read_refused_by_broker": readRefused, "append_refused_by_broker": appendRefused,
+			"total": readValidation + appendValidation + readRefused + appendRefused,
 		},
 		"validation_samples": validationSamples[:min(len(validationSamples), 5)],
 		"append": map[string]any{
