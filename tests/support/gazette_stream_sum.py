@@ -36,10 +36,11 @@ BUILD_SCRIPT = REPO / "interop" / "build-stream-sum"
 SUMS = "examples/stream-sum/sums"
 
 # What in a Go client's log says it rejected a response (broker/protocol's validation
-# errors, as the Reader and Appender report them).
+# errors, as the Reader and Appender report them), or that a checking pygazette broker
+# (PYGAZETTE_CHECK_RESPONSES=1) refused to send one.
 VALIDATION = re.compile(
     r"ReadResponse: |AppendResponse: |validating broker response|invalid WriteHead|"
-    r"ListResponse: |ApplyResponse: |FragmentsResponse: "
+    r"ListResponse: |ApplyResponse: |FragmentsResponse: |response failed validation"
 )
 RETRY = re.compile(r"\(will retry\)")
 
