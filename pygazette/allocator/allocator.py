@@ -84,6 +84,8 @@ class ObservedState:
         return feed
 
     def _observe(self, changes: KeyChanges) -> None:
+        if not changes.reset and changes.revision <= self.current.revision:
+            return  # Already reflected (a refresh caught up before this notification).
         if changes.reset or changes.prior != self.current.revision:
             self.refresh()
         else:
