@@ -7,8 +7,10 @@ processes in two zones, sharing one `file://` store root. Then:
 - **apply**: N journal specs applied through broker 1 in transactions of at most 100
   changes (the client's `apply_journals_in_batches`, as `journals apply --max-txn-size`);
 - **converge**: time from the end of the apply until List (through broker 1) shows every
-  journal with R members and a primary;
-- **broker CPU** (user + system, from /proc) from the start of the apply to convergence;
+  journal with R members and a primary; and until etcd is still (2 s without a write): the
+  primaries have pulsed every journal and written its route into its assignments;
+- **broker CPU** (user + system, from /proc) and etcd revisions from the start of the
+  apply until etcd is still;
 - **first append** to each journal: one small append to every journal, 64 at a time,
   through broker 1; rate, errors (by status or gRPC code), broker CPU per append;
 - **RSS per journal replica**: the brokers' summed RSS growth over the empty cluster,
@@ -312,6 +314,20 @@ async def wait_converged(
     return None, done
 
 
+async def wait_etcd_quiet(url: str, still: float, within: float) -> float | None:
+    """Seconds until etcd's revision stays the same for `still` seconds (None: never)."""
+    started = time.monotonic()
+    last, since = etcd_revision(url), time.monotonic()
+    while time.monotonic() - started < within:
+        await asyncio.sleep(0.25)
+        rev = etcd_revision(url)
+        if rev != last:
+            last, since = rev, time.monotonic()
+        elif time.monotonic() - since >= still:
+            return time.monotonic() - started
+    return None
+
+
 async def append_once(
     stub: pb_grpc.JournalStub, journal: str, within: float = 30.0
 ) -> pb.AppendResponse:
@@ -411,11 +427,18 @@ async def run_system(
                     TXN_SIZE,
                 )
                 out["apply_s"] = round(time.monotonic() - started, 2)
+                applied = time.monotonic()
                 after, done = await wait_converged(client, name_set, r, args.timeout)
             out["converged_after_apply_s"] = None if after is None else round(after, 2)
             out["converged_journals"] = done
-            out["broker_cpu_s_apply_to_converged"] = round(cluster.cpu() - cpu0, 2)
-            out["etcd_writes_apply_to_converged"] = etcd_revision(cluster.etcd.url) - rev0
+            # Then until etcd is still for 2 s: the primaries' pulses have advertised
+            # every route (one etcd write per journal, in both systems).
+            quiet = await wait_etcd_quiet(cluster.etcd.url, 2.0, args.timeout)
+            out["etcd_quiet_after_apply_s"] = (
+                None if quiet is None else round(time.monotonic() - applied - 2.0, 2)
+            )
+            out["broker_cpu_s_apply_to_quiet"] = round(cluster.cpu() - cpu0, 2)
+            out["etcd_revisions_apply_to_quiet"] = etcd_revision(cluster.etcd.url) - rev0
             out["rss_mib_converged"] = round(cluster.rss() / 1024, 1)
             out["rss_kib_per_replica_converged"] = round((cluster.rss() - rss_empty) / (n * r), 1)
 
@@ -440,6 +463,7 @@ async def run_system(
             out["idle_seconds"] = args.idle
             out["idle_cpu_pct_per_broker"] = [round(c * 100 / spent, 2) for c in cpus]
             out["idle_etcd_writes"] = etcd_revision(cluster.etcd.url) - rev0
+            out["rss_kib_per_replica_after_idle"] = round((cluster.rss() - rss_empty) / (n * r), 1)
 
             if args.restart:
                 out["restart"] = await restart_one(cluster, client, name_set, r, args.timeout)
@@ -613,8 +637,11 @@ def compare(py: dict[str, Any], go: dict[str, Any]) -> dict[str, Any]:
         "converged_after_apply_s": both(
             py.get("converged_after_apply_s"), go.get("converged_after_apply_s")
         ),
-        "broker_cpu_s_apply_to_converged": both(
-            py.get("broker_cpu_s_apply_to_converged"), go.get("broker_cpu_s_apply_to_converged")
+        "etcd_quiet_after_apply_s": both(
+            py.get("etcd_quiet_after_apply_s"), go.get("etcd_quiet_after_apply_s")
+        ),
+        "broker_cpu_s_apply_to_quiet": both(
+            py.get("broker_cpu_s_apply_to_quiet"), go.get("broker_cpu_s_apply_to_quiet")
         ),
         "first_append_per_s": both(py["first_append"]["per_s"], go["first_append"]["per_s"]),
         "first_append_errors": both(py["first_append"]["errors"], go["first_append"]["errors"]),
