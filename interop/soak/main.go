@@ -496,7 +496,7 @@ func (s *soak) createJournals() error {
 				Length:           1 << 20, // Spools roll during the run.
 				CompressionCodec: pb.CompressionCodec_NONE,
 				Stores:           []pb.FragmentStore{"file:///"},
-				RefreshInterval:  time.Minute,
+				RefreshInterval:  5 * time.Second,
 			},
 		}
 		if err := spec.Validate(); err != nil {
