@@ -137,7 +137,7 @@ shards:
 """
 
 
-def _run(cmd: list[str], stdin: str = "", timeout: float = 60) -> str:
+def _run(cmd: list[str], stdin: str = "", timeout: float = 120) -> str:
     proc = subprocess.run(
         cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
     )
