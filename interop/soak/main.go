@@ -27,7 +27,9 @@
 // may have committed too), which may appear twice in a row.
 //
 // With -kill-pid, that process is sent SIGKILL -kill-after into the run (the harness
-// restarts it); retries are reported with their time relative to the kill.
+// restarts it); retries are reported with their time relative to the kill. With -victim (its
+// endpoint), once the appenders stop and it serves again, a late reader per journal reads
+// the whole journal from it: a replica that lost its content, serving Reads of it.
 //
 //	soak -brokers http://127.0.0.1:8080,http://127.0.0.1:8081,http://127.0.0.1:8082 \
 //	    -replication 3 -duration 10s -prefix soak/steady/
@@ -75,6 +77,8 @@ type config struct {
 	drain       time.Duration
 	killPid     int
 	killAfter   time.Duration
+	victim      pb.Endpoint
+	fileRoot    string
 }
 
 func main() {
@@ -96,7 +100,13 @@ func main() {
 		"how long readers may take, after the appenders stop, to reach the write heads")
 	flag.IntVar(&cfg.killPid, "kill-pid", 0, "a process to SIGKILL -kill-after into the run")
 	flag.DurationVar(&cfg.killAfter, "kill-after", 3*time.Second, "when to kill -kill-pid")
+	var victim string
+	flag.StringVar(&victim, "victim", "",
+		"the killed broker's endpoint: once the appenders stop and it serves again (restarted), "+
+			"a late reader per journal reads everything from it (a client without a route cache)")
+	flag.StringVar(&cfg.fileRoot, "file-root", "", "where file:// fragment stores are rooted")
 	flag.Parse()
+	cfg.victim = pb.Endpoint(victim)
 
 	for _, b := range strings.Split(brokers, ",") {
 		cfg.brokers = append(cfg.brokers, pb.Endpoint(strings.TrimSpace(b)))
@@ -330,6 +340,7 @@ type reader struct {
 	journal  int
 	broker   pb.Endpoint
 	hop      bool
+	late     bool         // Reads from the victim, with no route cache.
 	hops     atomic.Int64 // Read RPCs the reader started itself (a hopper's new readers).
 	c        *counters
 	records  map[string][]int // Sequence numbers read, by appender, in order.
@@ -342,6 +353,9 @@ type reader struct {
 
 func run(cfg config) (map[string]any, error) {
 	pb.RegisterGRPCDispatcher("local")
+	if cfg.fileRoot != "" {
+		defer client.InstallFileTransport(cfg.fileRoot)()
+	}
 	var hook = &warnHook{counts: map[string]int64{}}
 	log.AddHook(hook)
 	log.SetLevel(log.WarnLevel)
@@ -367,6 +381,7 @@ func run(cfg config) (map[string]any, error) {
 
 	// Readers: blocking, from each journal's start, each client dialed to another broker.
 	var readers []*reader
+	var readersMu sync.Mutex // The watcher's view, as late readers join.
 	var readCtx, stopReaders = context.WithCancel(ctx)
 	defer stopReaders()
 	var readersDone sync.WaitGroup
@@ -421,7 +436,10 @@ func run(cfg config) (map[string]any, error) {
 		for {
 			select {
 			case now := <-t.C:
-				for _, rd := range readers {
+				readersMu.Lock()
+				var current = readers
+				readersMu.Unlock()
+				for _, rd := range current {
 					if n := rd.c.rpcs.Load() - rd.hops.Load(); n > rd.lastRPCs {
 						for k := max(rd.lastRPCs, 1); k < n; k++ {
 							rd.opens = append(rd.opens, now)
@@ -462,6 +480,28 @@ func run(cfg config) (map[string]any, error) {
 		}
 		heads[j] = resp.Commit.End
 	}
+	var lateErr error
+	if cfg.victim != "" {
+		lateErr = s.awaitServing(headCtx, cfg.victim)
+		for j := 0; lateErr == nil && j < cfg.journals; j++ {
+			var rd = &reader{
+				journal: j,
+				broker:  cfg.victim,
+				late:    true,
+				c:       &counters{errs: map[string]int64{}},
+				records: map[string][]int{},
+				offset:  starts[j],
+			}
+			readersMu.Lock()
+			readers = append(readers, rd)
+			readersMu.Unlock()
+			readersDone.Add(1)
+			go func() {
+				defer readersDone.Done()
+				s.read(readCtx, rd)
+			}()
+		}
+	}
 	var drainStart = time.Now()
 	var drainDeadline = drainStart.Add(cfg.drain)
 	for {
@@ -482,7 +522,52 @@ func run(cfg config) (map[string]any, error) {
 	close(watchDone)
 	<-watchExited
 
-	return s.report(appenders, readers, heads, starts, hook, wrote, drained), nil
+	var out = s.report(appenders, readers, heads, starts, hook, wrote, drained)
+	if cfg.victim != "" {
+		var late = map[string]any{"readers": 0}
+		if lateErr != nil {
+			late["error"] = lateErr.Error()
+		}
+		for _, rd := range readers {
+			if rd.late {
+				late["readers"] = late["readers"].(int) + 1
+			}
+		}
+		out["late_readers"] = late
+	}
+	return out, nil
+}
+
+// awaitServing waits until the broker at ep answers a List of the run's journals with all
+// of them assigned their full replication (the restarted victim is back in their routes).
+func (s *soak) awaitServing(ctx context.Context, ep pb.Endpoint) error {
+	var cc = mbp.ClientConfig{AddressConfig: mbp.AddressConfig{Address: ep}}
+	var jc = pb.NewRoutedJournalClient(cc.MustJournalClient(s.ctx), pb.NoopDispatchRouter{})
+	for {
+		var lctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		var resp, err = client.ListAllJournals(lctx, jc, pb.ListRequest{
+			Selector: pb.LabelSelector{Include: pb.MustLabelSet("prefix", s.cfg.prefix)},
+		})
+		cancel()
+		if err == nil {
+			var full = 0
+			for _, j := range resp.Journals {
+				for _, m := range j.Route.Endpoints {
+					if m == ep && len(j.Route.Members) == int(s.cfg.replication) {
+						full++
+					}
+				}
+			}
+			if full == s.cfg.journals {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not serve the journals again: %v", ep, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func (s *soak) createJournals() error {
@@ -589,6 +674,11 @@ func (s *soak) append(ctx context.Context, ap *appender, journal pb.Journal) {
 
 func (s *soak) read(ctx context.Context, rd *reader) {
 	var rjc = s.client(rd.broker)
+	if rd.late {
+		// No route cache: every Read RPC goes to the victim, which serves it or proxies it.
+		var cc = mbp.ClientConfig{AddressConfig: mbp.AddressConfig{Address: rd.broker}}
+		rjc = pb.NewRoutedJournalClient(countingClient{cc.MustJournalClient(s.ctx)}, pb.NoopDispatchRouter{})
+	}
 	var rr = client.NewRetryReader(withCounters(ctx, rd.c), rjc,
 		pb.ReadRequest{Journal: s.journal(rd.journal), Offset: rd.offset, Block: true})
 	defer func() { rr.Cancel() }()

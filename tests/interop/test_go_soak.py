@@ -1,7 +1,8 @@
 """Gazette's own client under concurrency against three brokers at replication 3
 (interop/soak via tests/support/go_soak.py): appenders (client.Append and AppendService) and
 blocking RetryReaders at the head of the same journals — some starting new Reads all the
-time — first steady, then with a broker SIGKILLed mid-run and restarted.
+time — first steady, then with a broker SIGKILLed mid-run and restarted (after which late
+readers read every journal from it: a replica serving content it lost).
 
 Gazette's client validates every response; a response it rejects (e.g. "ReadResponse:
 invalid WriteHead", the bug of issue 20) is counted, as is a stream a broker aborted rather
@@ -69,6 +70,8 @@ def test_gazette_client_soak(
 
     assert "restart_error" not in kill, kill["restart_error"]
     assert kill["killed_at_s"] is not None, "the soak did not get to kill the broker"
+    # Late readers read each journal from the restarted broker, from its start.
+    assert kill["late_readers"] == {"readers": 4}, kill["late_readers"]
     assert_clean(kill, "kill")
     for op in ("read", "append"):
         times = kill[op]["retry_times"]

@@ -49,16 +49,22 @@ def run_soak(
     binary: Path, cluster: BrokerCluster, phase: str, duration: float, victim: Broker | None
 ) -> dict[str, Any]:
     """One phase: the soak against the cluster; with `victim`, the soak kills it a third of
-    the way in and this restarts it once it is dead."""
+    the way in and this restarts it once it is dead; once the appenders stop, late readers
+    read every journal from it (a replica that lost what it held)."""
     cmd = [
         str(binary),
         f"-brokers={','.join(cluster.endpoints)}",
         "-replication=3",
         f"-prefix=soak/{phase}/",
         f"-duration={duration}s",
+        f"-file-root={cluster.store}",
     ]
     if victim is not None:
-        cmd += [f"-kill-pid={_pid(victim)}", f"-kill-after={duration / 3:.3f}s"]
+        cmd += [
+            f"-kill-pid={_pid(victim)}",
+            f"-kill-after={duration / 3:.3f}s",
+            f"-victim={victim.url}",
+        ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
