@@ -124,7 +124,7 @@ class ChaosCluster:
                     work / f"summer-{i}",
                     app=SUMMER_APP,
                     broker=self.broker_lb.url,
-                    etcd=self.etcd.url,
+                    etcd="",  # Set in start(), once etcd has started (and its port is known).
                     etcd_prefix=CONSUMER_ROOT,
                     member_id=f"summer-{i}",
                     extra_args=["--lease-ttl", ttl],
@@ -160,6 +160,8 @@ class ChaosCluster:
             specs.write_text(text)
             await self.cli("journals", "apply", "--specs", str(specs))
         await self.cluster.wait_ready(ALL_JOURNALS, REPLICATION, within=120)
+        for c in self.consumers:
+            c.etcd = self.etcd.url
         await asyncio.gather(*(asyncio.to_thread(c.start, 90.0) for c in self.consumers))
         self.consumer_lb.targets = [c.port for c in self.consumers]
         await self.cli(

@@ -34,8 +34,10 @@ class ClusterBroker(BrokerProcess):
     def __init__(self, cluster: Cluster, zone: str, suffix: str) -> None:
         self.zone = zone
         self.suffix = suffix
+        self.cluster = cluster
+        # The --etcd flags are added at each start (`command`): etcd's port is known then,
+        # and reading it no earlier leaves etcd free to move off a taken port as it starts.
         args = [
-            *cluster.etcd.client_flags,
             "--etcd-prefix",
             cluster.root,
             "--zone",
@@ -56,6 +58,9 @@ class ClusterBroker(BrokerProcess):
             env={"PYGAZETTE_LOG_LEVEL": "info", **cluster.broker_env},
             tls=cluster.tls,
         )
+
+    def command(self, port: int) -> list[str]:
+        return [*super().command(port), *self.cluster.etcd.client_flags]
 
     @property
     def member_key(self) -> str:
