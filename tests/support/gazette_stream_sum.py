@@ -29,7 +29,7 @@ from typing import Any
 
 from tests.support.broker_cluster import BrokerCluster
 from tests.support.gazette_process import EtcdServer, GazetteBinaries
-from tests.support.ports import free_port
+from tests.support.listening_process import start_listening
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "interop" / "build-stream-sum"
@@ -192,30 +192,29 @@ class StreamSum:
             journal_specs(self.w),
         )
         for i in range(self.w.summers):
-            port = free_port()
             log = self.work / f"summer-{i}.log"
-            with open(log, "ab") as out:
-                self.summers.append(
-                    subprocess.Popen(
-                        [
-                            str(self.summer_bin),
-                            "serve",
-                            "--consumer.zone=local",
-                            "--consumer.host=127.0.0.1",
-                            f"--consumer.port={port}",
-                            f"--consumer.id=summer-{i}",
-                            f"--broker.address={self.cluster.endpoints[i % 3]}",
-                            "--broker.cache.size=256",
-                            f"--broker.file-root={self.cluster.store}",
-                            f"--etcd.address={self.etcd.url}",
-                            f"--etcd.prefix={self.consumer_prefix}",
-                            "--etcd.lease=3s",
-                            "--log.level=info",
-                        ],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+            # On a free port, waited for until it listens; again on another if it was taken.
+            proc, port = start_listening(
+                lambda port, i=i: [
+                    str(self.summer_bin),
+                    "serve",
+                    "--consumer.zone=local",
+                    "--consumer.host=127.0.0.1",
+                    f"--consumer.port={port}",
+                    f"--consumer.id=summer-{i}",
+                    f"--broker.address={self.cluster.endpoints[i % 3]}",
+                    "--broker.cache.size=256",
+                    f"--broker.file-root={self.cluster.store}",
+                    f"--etcd.address={self.etcd.url}",
+                    f"--etcd.prefix={self.consumer_prefix}",
+                    "--etcd.lease=3s",
+                    "--log.level=info",
+                ],
+                log,
+                timeout=60,
+                what=f"summer-{i}",
+            )
+            self.summers.append(proc)
             self.summer_ports.append(port)
             self.summer_logs.append(log)
         consumer = self._consumer_address()
