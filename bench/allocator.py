@@ -12,7 +12,10 @@ in-memory embedded keyspace (no etcd); Gazette's benchmark runs from the Go modu
 with its etcdtest server (a real etcd on a unix socket), at the same sizes.
 
 Reported for both: wall time, solver time (per solve: count, total, mean, max), and
-assignment adds / removes / packs; and pygazette's ratios to Gazette.
+assignment adds / removes / packs; and pygazette's ratios to Gazette. On a shared machine
+wall times swing with load: pygazette's CPU seconds (whole run, and the solver's) and the
+CPU of `go test` with its children (etcd, the toolchain, Go's b.N=1 warm-up run) are
+steadier.
 
     python bench/allocator.py [--sizes 1,2,5,10] [--no-go]
 
@@ -190,6 +193,7 @@ async def simulated_deploy(n: int) -> dict[str, Any]:
         "deploy_steps": steps,
         "consistency_marks": marks,
         "solver": _solver_summary(solves),
+        "solver_cpu": _solver_summary(allocator.solve_cpu_seconds),
         "items_solved": allocator.items_solved,
         "adds": allocator.adds,
         "removes": allocator.removes,
