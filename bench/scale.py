@@ -737,6 +737,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 binaries.etcd,
                 binaries.gazette if system == "gazette" else None,
             )
+            # As each system finishes (a long run's figures survive its interruption).
+            print(json.dumps({system: results[system]}), file=sys.stderr, flush=True)
     report: dict[str, Any] = {
         "benchmark": "scale",
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
