@@ -353,13 +353,18 @@ def _solve_network(
     net = _Network()
     src, sink = net.node(), net.node()
     member_node: dict[MemberKey, int] = {}
+    # Each network fills members toward their share of what is placed once it is solved
+    # (their fair share of all slots after the last), so every network balances by itself.
+    placed = sum(load.values()) + sum(it.replication - len(fixed.get(it.id, ())) for it in chunk)
+    fair_slots = sum(fair.values())
     for zone_members in by_zone.values():
         for m in zone_members:
             cap = remaining[m]
             if cap <= 0:
                 continue
             node = member_node[m] = net.node()
-            at_fair = max(0, min(cap, fair[m] - load[m]))
+            target = min(fair[m], math.ceil(placed * fair[m] / max(1, fair_slots)))
+            at_fair = max(0, min(cap, target - load[m]))
             if at_fair:
                 net.arc(node, sink, at_fair, 0)
             if cap - at_fair > 0:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
+from pygazette.allocator import solver
 from pygazette.allocator.solver import DesiredPlan, solve_desired_assignments
 from pygazette.allocator.state import AllocatorState
 from pygazette.keyspace.embedded import EmbeddedKeyspace
@@ -120,3 +123,13 @@ async def test_a_member_leaving_moves_only_its_items() -> None:
     assert plan.solved_items - solved == len(gone)
     assert not plan.short
     assert all({d.zone for d in plan.by_item[i]} == {"a", "b"} for i in plan.by_item)
+
+
+async def test_many_networks_balance_like_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(solver, "ITEMS_PER_NETWORK", 30)  # 200 items: 7 networks.
+    ks = await _cluster(MEMBERS, 200)
+    plan = DesiredPlan()
+    plan.update(_state(ks), None)
+    load = Counter(f"{d.zone}/{d.suffix}" for d in plan.assignments())
+    assert len(plan.assignments()) == 600
+    assert max(load.values()) - min(load.values()) <= 1  # 60 each.
