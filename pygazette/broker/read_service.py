@@ -146,12 +146,16 @@ async def serve_local_read(
                 )
                 async for resp in peer_read(offset, gap_end):
                     resp.ClearField("header")
-                    resp.write_head = max(resp.write_head, replica.head)
-                    if header is not None:
-                        resp.header.CopyFrom(header)
-                        header = None
                     if resp.content:
+                        # Content chunks carry neither a header nor a write head (Gazette's
+                        # ReadResponse rules): only metadata responses describe the head.
+                        resp.write_head = 0
                         offset = resp.offset + len(resp.content)
+                    else:
+                        resp.write_head = max(resp.write_head, replica.head)
+                        if header is not None:
+                            resp.header.CopyFrom(header)
+                            header = None
                     yield resp
                 continue
             if gap_waits < GAP_WAITS:
