@@ -39,11 +39,9 @@ class EmbeddedKeyspace(Keyspace):
         self._kvs: dict[str, KeyValue] = {}
         self._revision = 1
         self._identity = ClusterIdentity(random.getrandbits(63) | 1, random.getrandbits(63) | 1, 1)
-        if path is None:
-            pass
-        elif path.exists():
+        if path is not None and path.exists():
             self._load()
-        else:
+        elif path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._save()
 
