@@ -51,10 +51,17 @@ Statements that can't run in a transaction (VACUUM, some PRAGMAs) go through
 One connection, one database file: ATTACH of other database files is refused (they would
 not be recorded). WAL mode is not supported (journal_mode is TRUNCATE).
 
-Recovery horizon: the database file is one fnode that lives as long as the store, so a
-Player replays every page write ever recorded for it (Gazette's store-sqlite bounds this by
-keeping pages in a compacting RocksDB, which this store does not use). Logs of long-lived,
-write-heavy stores grow their playback time accordingly.
+Compaction (bounded recovery): a player replays every recorded write of the database file
+since the file was created, so, left alone, the recovery time of a shard would grow with its
+age. Instead, once the log holds more than `compact_ratio` times the file's size of writes
+since the file was last written whole (and at least `compact_min_bytes` of them), the store
+records the database anew: the commit that crosses the threshold is recorded not as its page
+writes but as a create of a new file, the whole database file as of that commit, and a
+rename of it over the database (which deletes the old file's fnode), all in the one atomic
+append of that commit. Hints built after it name only the new fnode, so a player from hints
+reads at most about (1 + `compact_ratio`) times the file's size, and `shards prune` removes
+every fragment before the rewrite. The local file itself is untouched. `compactions` and
+`history_bytes` report what happened.
 """
 
 from __future__ import annotations
@@ -85,6 +92,11 @@ __all__ = ["SQLiteStore"]
 DEFAULT_FILENAME = "store.sqlite"
 # Recorded writes of adjacent pages are coalesced up to this many bytes.
 MAX_RECORDED_WRITE = 1 << 20
+# Compaction defaults (see the module docstring).
+DEFAULT_COMPACT_RATIO = 1.0
+DEFAULT_COMPACT_MIN_BYTES = 4 << 20
+# Where a compaction's new file is recorded before it is renamed over the database.
+_COMPACT_SUFFIX = ".compacted"
 
 _CHECKPOINT_DDL = """
 CREATE TABLE IF NOT EXISTS gazette_checkpoint (
@@ -114,6 +126,12 @@ class _Batch:
         self.undo_file: Path | None = None
         # offset -> content; the order is that of each offset's last write.
         self.redo: dict[int, bytes] | None = {} if record else None
+        # With a compaction: the whole database file as of this batch's commit, recorded as
+        # a new file instead of the batch's writes.
+        self.snapshot: bytes | None = None
+
+    def redo_bytes(self) -> int:
+        return sum(len(data) for data in self.redo.values()) if self.redo else 0
 
     def capture_undo(self, offset: int, old: bytes, length: int) -> None:
         key = (offset, length)
@@ -332,6 +350,10 @@ class SQLiteStore(Store):
     `filename`: the database file's name (relative to the directory).
     `bootstrap_sql`: run at every open of the database, before the checkpoint table is
     created: PRAGMAs, `CREATE TABLE IF NOT EXISTS` and the like (run outside a transaction).
+    `compact_ratio`, `compact_min_bytes`: with a recorder, record the database file anew once
+    the log holds more than `compact_ratio` times its size of writes since it was last
+    recorded whole, and at least `compact_min_bytes` (see the module docstring);
+    `compact_ratio=None` never compacts.
     """
 
     def __init__(
@@ -341,7 +363,15 @@ class SQLiteStore(Store):
         directory: str | os.PathLike[str] | None = None,
         filename: str = DEFAULT_FILENAME,
         bootstrap_sql: str = "",
+        compact_ratio: float | None = DEFAULT_COMPACT_RATIO,
+        compact_min_bytes: int = DEFAULT_COMPACT_MIN_BYTES,
     ) -> None:
+        if compact_ratio is not None and not compact_ratio > 0:
+            raise ValueError(f"SQLiteStore: compact_ratio must be > 0, not {compact_ratio}")
+        if compact_min_bytes < 0:
+            raise ValueError(
+                f"SQLiteStore: compact_min_bytes must be >= 0, not {compact_min_bytes}"
+            )
         if recorder is not None:
             if directory is not None and Path(directory) != Path(recorder.root):
                 raise ValueError("SQLiteStore: `directory` must be the recorder's root")
@@ -358,6 +388,13 @@ class SQLiteStore(Store):
         self.path = Path(os.path.realpath(root / filename))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.bootstrap_sql = bootstrap_sql
+        self.compact_ratio = compact_ratio
+        self.compact_min_bytes = compact_min_bytes
+        # Bytes of recorded writes of the database file since it was last recorded whole
+        # (its creation or compaction), including that whole file: about what a player from
+        # fresh hints reads. Counted as commits are started.
+        self.history_bytes = 0
+        self.compactions = 0  # Compactions started by this store.
         self._tracker = _Tracker(str(self.path), record=recorder is not None)
         self._vfs = _VFS(f"pygazette-sqlite-{os.getpid()}-{next(_vfs_ids)}", self._tracker)
         self._pipeline = CommitPipeline()
@@ -439,6 +476,7 @@ class SQLiteStore(Store):
 
             return self._pipeline.start(wait_for, fail)
         batch = self._cut()
+        self._maybe_compact(batch)
 
         async def apply() -> None:
             await self._make_durable(batch)
@@ -486,10 +524,35 @@ class SQLiteStore(Store):
         self._new_batch()
         return batch
 
+    def _maybe_compact(self, batch: _Batch) -> None:
+        """Count `batch`'s recorded bytes; past the threshold, make it a compaction: take the
+        database file as of its commit (it is recorded instead of the batch's writes)."""
+        if self.recorder is None:
+            return
+        self.history_bytes += batch.redo_bytes()
+        if self.compact_ratio is None:
+            return
+        size = self._file_size()
+        if self.history_bytes <= max(self.compact_min_bytes, (1 + self.compact_ratio) * size):
+            return
+        with open(self.path, "rb") as f:
+            batch.snapshot = f.read()
+        self.history_bytes = len(batch.snapshot)
+        self.compactions += 1
+
     def _open(self) -> None:
         if self.recorder is None:
             recover_undo_files(self.path)
         batch = self._new_batch()
+        if self.recorder is not None:
+            # What the log holds of the database file's history: from the segment where its
+            # fnode was created to the recorder's write head.
+            fnode = self.recorder.fnode_of(self.filename)
+            node = self.recorder.fsm.live_nodes.get(fnode) if fnode is not None else None
+            if node is not None and node.segments:
+                first = node.segments[0]
+                if first.log == self.recorder.journal:
+                    self.history_bytes = max(0, self.recorder.write_head - first.first_offset)
         if self.recorder is not None and batch.start_size:
             self._fnode = self.recorder.fnode_of(self.filename)
             if self._fnode is None:
@@ -541,14 +604,25 @@ class SQLiteStore(Store):
     async def _make_durable(self, batch: _Batch) -> None:
         rec = self.recorder
         if rec is not None:
-            fnode = self._fnode
-            if fnode is None:
-                fnode = rec.fnode_of(self.filename)
+            if batch.snapshot is not None:
+                # Compaction: the database anew, renamed over the old file (deleting it).
+                temp = self.filename + _COMPACT_SUFFIX
+                new = rec.record_create(temp)
+                snapshot = memoryview(batch.snapshot)
+                for offset in range(0, len(snapshot), MAX_RECORDED_WRITE):
+                    rec.record_write(new, offset, snapshot[offset : offset + MAX_RECORDED_WRITE])
+                rec.record_rename(temp, self.filename)
+                self._fnode = new
+                batch.snapshot = None
+            else:
+                fnode = self._fnode
                 if fnode is None:
-                    fnode = rec.record_create(self.filename)
-                self._fnode = fnode
-            for offset, data in batch.recorded_writes():
-                rec.record_write(fnode, offset, data)
+                    fnode = rec.fnode_of(self.filename)
+                    if fnode is None:
+                        fnode = rec.record_create(self.filename)
+                    self._fnode = fnode
+                for offset, data in batch.recorded_writes():
+                    rec.record_write(fnode, offset, data)
             try:
                 await rec.commit()
             except RecorderFenced as exc:

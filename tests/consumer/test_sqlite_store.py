@@ -15,16 +15,21 @@ from typing import Any
 
 import apsw
 import pytest
+from prometheus_client import REGISTRY
 
+from pygazette.cli.shards_cmd import live_segments, overlaps_any_segment
 from pygazette.client import JournalClient, append, apply_journals
+from pygazette.client.fragments import list_all_fragments
 from pygazette.consumer.memory_store import EarlierCommitFailed
 from pygazette.consumer.progress import Progress
+from pygazette.consumer.recoverylog import Player
 from pygazette.consumer.sqlite_store import SQLiteStore, read_checkpoint
 from pygazette.consumer.store import StoreFenced
 from pygazette.message.envelope import Envelope
 from pygazette.message.publisher import Publisher
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import recoverylog_pb2 as rpb
 from tests.consumer import test_transactions as tt
 from tests.consumer.test_store_support import (
     FakeShard,
@@ -509,3 +514,182 @@ async def test_exactly_once_transactions_fail_over_through_the_recovery_log(
         await replay(client, log, standby)
         assert files_of(standby) == {"store.sqlite": (second / "store.sqlite").read_bytes()}
         assert total(standby / "store.sqlite") == 4 * n
+
+
+# Compaction: recovery reads O(store size), not O(history). --------------------------------
+
+
+def recovered_bytes() -> float:
+    value = REGISTRY.get_sample_value("gazette_recoverylog_recovered_bytes_total")
+    return value or 0.0
+
+
+async def play_hints(client: JournalClient, hints: rpb.FSMHints, directory: Path) -> float:
+    """Play the log from `hints` into `directory`; returns the bytes read from the log."""
+    before = recovered_bytes()
+    player = Player(client, hints, directory)
+    player.finish_at_write_head()
+    await player.play()
+    return recovered_bytes() - before
+
+
+def fragments_needed(hints: rpb.FSMHints, fragments: list[pb.Fragment]) -> list[pb.Fragment]:
+    """The fragments `shards prune` keeps for these hints (it removes the others)."""
+    segments = live_segments(hints)
+    return [f for f in fragments if overlaps_any_segment(segments, f)]
+
+
+async def test_compaction_bounds_playback_from_hints_to_a_few_times_the_store(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/compaction"
+    await create_log(client, log, fragment_length=64 << 10)
+    primary = tmp_path / "primary"
+    store = SQLiteStore(
+        await take_over(client, log, primary),
+        bootstrap_sql=SCHEMA,
+        compact_ratio=1.0,
+        compact_min_bytes=0,
+    )
+    for i in range(100):
+        put(store, f"k{i:03}", b"v" * 500)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    size = (primary / "store.sqlite").stat().st_size
+    # Small transactions, two at a time in flight, until the log holds 50x the store.
+    n = 1
+    while await write_head(client, log) < 50 * size:
+        for _ in range(10):
+            n += 1
+            put(store, f"k{n % 100:03}", b"w" * 500)
+            put(store, "n", n)
+            first = store.start_commit(SHARD, checkpoint(n), [])
+            n += 1
+            put(store, "n", n)
+            await store.start_commit(SHARD, checkpoint(n), [])
+            await first
+    assert store.compactions >= 10
+    history = await write_head(client, log)
+    hints = store.recorder.build_hints()  # type: ignore[union-attr]
+    expected = rows(store)
+    size = (primary / "store.sqlite").stat().st_size
+    assert history >= 40 * size
+
+    # A standby from the hints reads a few times the store, not the history.
+    standby = tmp_path / "standby"
+    read = await play_hints(client, hints, standby)
+    assert read <= 3 * size, (read, size, history)
+    assert files_of(standby) == {"store.sqlite": (primary / "store.sqlite").read_bytes()}
+    assert rows_of(standby / "store.sqlite") == expected
+    assert read_through(checkpoint_of(standby / "store.sqlite")) == n
+
+    # `shards prune` keeps only fragments near the end of the log.
+    listed = [f.spec for f in await list_all_fragments(client, log)]
+    needed = fragments_needed(hints, listed)
+    assert sum(f.end - f.begin for f in needed) <= 3 * size + 2 * (64 << 10)
+    assert min(f.begin for f in needed) > history - 4 * size - (64 << 10)
+    store.destroy()
+
+
+CHILD_PRIMARY = """
+import asyncio, sys
+from pathlib import Path
+from pygazette.client import JournalClient
+from pygazette.consumer.hints import encode_hints
+from pygazette.consumer.sqlite_store import SQLiteStore
+from pygazette.protocol.pb import recoverylog_pb2 as rpb
+from tests.consumer.test_store_support import FakeShard, checkpoint, take_over
+
+async def main():
+    url, log, directory, schema = sys.argv[1:5]
+    async with JournalClient(url) as client:
+        hints = rpb.FSMHints(log=log)
+        if len(sys.argv) > 5:
+            hints.ParseFromString(bytes.fromhex(sys.argv[5]))
+        recorder = await take_over(client, log, Path(directory), hints)
+        store = SQLiteStore(recorder, bootstrap_sql=schema, compact_ratio=0.5,
+                            compact_min_bytes=64 << 10)
+        shard = FakeShard()
+        n = 0
+        for (v,) in store.db.execute("SELECT v FROM kv WHERE k = 'n'"):
+            n = v
+        assert (await store.restore_checkpoint(shard)).sources["a/source"].read_through == n
+        while True:  # Until killed: pipelined small transactions.
+            n += 1
+            store.db.execute("INSERT OR REPLACE INTO kv VALUES ('n', ?)", (n,))
+            store.db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (f"k{n % 50}", "x" * 400))
+            done = store.start_commit(shard, checkpoint(n), [])
+            if n % 2 == 0:
+                await done
+                hints = recorder.build_hints()
+                print(n, store.compactions, hints.SerializeToString().hex(), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def run_child_until_killed(
+    client: JournalClient,
+    url: str,
+    log: str,
+    directory: Path,
+    hints: rpb.FSMHints | None,
+    compactions: int,
+) -> tuple[int, rpb.FSMHints]:
+    """A primary in a child process committing small transactions; once it compacted
+    `compactions` times, kill -9 it mid-transaction. Returns the last transaction it
+    reported durable, and the hints it reported with it."""
+    args = [sys.executable, "-c", CHILD_PRIMARY, url, log, str(directory), SCHEMA]
+    if hints is not None:
+        args.append(hints.SerializeToString().hex())
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        cwd=Path(__file__).parents[2],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    last, last_hints = 0, rpb.FSMHints()
+    try:
+        async with asyncio.timeout(120):
+            while True:
+                line = await proc.stdout.readline()
+                assert line, (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+                n, done, raw = line.split()
+                last = int(n)
+                last_hints = rpb.FSMHints.FromString(bytes.fromhex(raw.decode()))
+                if int(done) >= compactions:
+                    break
+    finally:
+        proc.kill()  # SIGKILL: no cleanup, commits in flight.
+        await proc.wait()
+    return last, last_hints
+
+
+async def test_primary_killed_around_compactions_recovers_from_hints_only(
+    client: JournalClient, log_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    log = LOG + "/compaction-kill"
+    await create_log(client, log)
+    # A first primary compacts a few times and is killed; a second takes over from the hints
+    # it last stored (not from the log's beginning), compacts, and is killed too.
+    hints: rpb.FSMHints | None = None
+    reported = 0
+    for life in range(2):
+        reported, hints = await run_child_until_killed(
+            client, log_broker.url, log, tmp_path / f"primary-{life}", hints, compactions=3
+        )
+        assert reported > 0 and hints.live_nodes
+    assert hints is not None
+    # The hints skip the log's beginning (the files compacted away).
+    assert min(s.first_offset for node in hints.live_nodes for s in node.segments) > 64 << 10
+
+    # A third recovers from those hints only: every commit it reported is there, and the
+    # checkpoint matches the state (a transaction is all or nothing).
+    recovered = tmp_path / "recovered"
+    store = SQLiteStore(await take_over(client, log, recovered, hints), bootstrap_sql=SCHEMA)
+    n = read_through(await store.restore_checkpoint(SHARD))
+    assert n >= reported
+    assert store.db.execute("SELECT v FROM kv WHERE k = 'n'").fetchall() == [(n,)]
+    assert len(rows(store)) == min(n, 50) + 1
+    store.destroy()
+    assert integrity(recovered / "store.sqlite") == [("ok",)]

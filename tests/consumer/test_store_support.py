@@ -72,23 +72,22 @@ def failed_future(exc: BaseException) -> asyncio.Future[None]:
 # Recovery logs on a real broker. ----------------------------------------------------------
 
 
-def log_spec(name: str) -> pb.JournalSpec:
+def log_spec(name: str, fragment_length: int = 1 << 20) -> pb.JournalSpec:
     spec = pb.JournalSpec(
         name=name,
         replication=1,
         labels=label_set({"content-type": RECOVERY_LOG_CONTENT_TYPE}),
     )
-    spec.fragment.length = 1 << 20
+    spec.fragment.length = fragment_length
     spec.fragment.compression_codec = pb.NONE  # type: ignore[assignment]
     spec.fragment.stores.append("file:///")
     spec.fragment.refresh_interval.seconds = 1
     return spec
 
 
-async def create_log(client: JournalClient, name: str) -> None:
-    await apply_journals(
-        client, [pb.ApplyRequest.Change(upsert=log_spec(name), expect_mod_revision=0)]
-    )
+async def create_log(client: JournalClient, name: str, fragment_length: int = 1 << 20) -> None:
+    spec = log_spec(name, fragment_length)
+    await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=0)])
 
 
 async def take_over(
