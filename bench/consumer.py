@@ -32,6 +32,17 @@ each. Then:
 
     python bench/consumer.py [--quick] [--max-txn-duration 100ms]
 
+`--recovery` runs only `recovery_vs_history` (a broker, no consumer processes): a store of
+`--history-db-mb` MiB (10) takes `--history-txns` (1,000,000) small transactions (one row
+rewritten, a checkpoint; two commits in flight, as a consumer pipelines them), each its own
+recorded commit. At points along the way, a fresh process builds a standby from the
+store's current hints (as a recovering replica does) and reports the bytes it read from
+the log and the time it took, beside the log's length (the history), and which fragments
+`shards prune` would keep for those hints. Baseline: a plain read of the whole log, what a
+store without compaction replays at least.
+
+    python bench/consumer.py --recovery [--history-txns 20000]
+
 Prints one JSON document.
 """
 
@@ -550,6 +561,189 @@ async def recovery(cluster: ConsumerCluster, args: argparse.Namespace, tmp: Path
     }
 
 
+# Recovery against history length (--recovery) --------------------------------------------
+
+HISTORY_LOG_PREFIX = "bench/consumer/history-log"
+HISTORY_FRAGMENT = 16 * MiB
+
+
+def recovered_bytes() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("gazette_recoverylog_recovered_bytes_total") or 0.0
+
+
+async def play_hints(broker: str, hints: rpb.FSMHints, plain_read: bool) -> dict[str, Any]:
+    """In a fresh process: a Player from `hints` (as a recovering replica does); the bytes
+    it read from the log, its time; with `plain_read`, a plain read of the whole log too
+    (the baseline)."""
+    from pygazette.consumer.recoverylog import Player
+
+    out: dict[str, Any] = {}
+    async with JournalClient(broker) as client:
+        directory = Path(tempfile.mkdtemp(prefix="bench-play-"))
+        try:
+            before = recovered_bytes()
+            start = time.perf_counter()
+            player = Player(client, hints, directory / "store")
+            player.finish_at_write_head()
+            await player.play()
+            out["play_seconds"] = time.perf_counter() - start
+            out["play_bytes"] = int(recovered_bytes() - before)
+            out["files"] = {
+                str(p.relative_to(directory / "store")): p.stat().st_size
+                for p in (directory / "store").rglob("*")
+                if p.is_file()
+            }
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        if plain_read:
+            start = time.perf_counter()
+            n = 0
+            async for chunk in read_journal(client, hints.log):
+                n += len(chunk)
+            out["read_seconds"] = time.perf_counter() - start
+            out["log_bytes"] = n
+    return out
+
+
+async def measure_hints(
+    broker: str, hints: rpb.FSMHints, tmp: Path, plain_read: bool
+) -> dict[str, Any]:
+    from pygazette.consumer.hints import encode_hints
+
+    path = tmp / "hints.json"
+    path.write_bytes(encode_hints(hints))
+    cmd = [sys.executable, str(ROOT / "bench" / "consumer.py"), "--play-hints", str(path)]
+    cmd += ["--broker", broker] + (["--plain-read"] if plain_read else [])
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError("the playing process failed")
+    played: dict[str, Any] = json.loads(out)
+    return played
+
+
+async def prune_keeps(client: JournalClient, hints: rpb.FSMHints) -> tuple[int, int]:
+    """(fragments, bytes) of the log that `shards prune` keeps for `hints` (it removes the
+    others), by its own rule."""
+    from pygazette.cli.shards_cmd import live_segments, overlaps_any_segment
+    from pygazette.client.fragments import list_all_fragments
+
+    segments = live_segments(hints)
+    kept = [
+        f.spec
+        for f in await list_all_fragments(client, hints.log)
+        if overlaps_any_segment(segments, f.spec)
+    ]
+    return len(kept), sum(f.end - f.begin for f in kept)
+
+
+async def sqlite_history(
+    client: JournalClient, broker: str, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    """The SQLite store's rows of `recovery_vs_history` (see the module docstring)."""
+    from pygazette.consumer.recoverylog import Author, Player, Recorder
+    from pygazette.consumer.sqlite_store import SQLiteStore
+
+    log = f"{HISTORY_LOG_PREFIX}/sqlite"
+    spec = journal_spec(log, RECOVERY_LOG_CT)
+    spec.fragment.length = HISTORY_FRAGMENT
+    await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec)])
+    directory = tmp / "history-sqlite"
+    player = Player(client, rpb.FSMHints(log=log), directory)
+    author = Author.random()
+    player.inject_handoff(author)
+    recorder = Recorder(client, await player.play(), author, directory)
+    store = SQLiteStore(
+        recorder, bootstrap_sql="CREATE TABLE IF NOT EXISTS kv(k INTEGER PRIMARY KEY, v BLOB);"
+    )
+    rng = random.Random(15)
+    row_bytes = 100
+    # Fill the store, in transactions of 4 MiB.
+    k = 0
+    while store.path.stat().st_size < args.history_db_mb * MiB:
+        batch = [(k + i, rng.randbytes(row_bytes)) for i in range(4 * MiB // row_bytes)]
+        k += len(batch)
+        store.db.executemany("INSERT INTO kv VALUES(?, ?)", batch)
+        await store.start_commit(None, cpb.Checkpoint(), [])  # type: ignore[arg-type]
+    rows_total = k
+    points = sorted({max(1, int(args.history_txns * f)) for f in (0.01, 0.1, 0.3, 1.0)})
+    out: list[dict[str, Any]] = []
+    cp = cpb.Checkpoint()
+    inflight: list[Any] = []
+    done = 0
+    start = time.perf_counter()
+    try:
+        for point in points:
+            while done < point:
+                done += 1
+                store.db.execute(
+                    "UPDATE kv SET v = ? WHERE k = ?",
+                    (rng.randbytes(row_bytes), rng.randrange(rows_total)),
+                )
+                cp.sources["bench/source"].read_through = done
+                inflight.append(store.start_commit(None, cp, []))  # type: ignore[arg-type]
+                if len(inflight) >= 2:
+                    await inflight.pop(0)
+            for fut in inflight:
+                await fut
+            inflight.clear()
+            elapsed = time.perf_counter() - start
+            hints = recorder.build_hints()
+            head = recorder.write_head
+            last = point == points[-1]
+            played = await measure_hints(broker, hints, tmp, plain_read=last)
+            kept_fragments, kept_bytes = await prune_keeps(client, hints)
+            db_bytes = store.path.stat().st_size
+            row: dict[str, Any] = {
+                "transactions": point,
+                "history_mb": round(head / 1e6, 1),
+                "history_to_store": round(head / db_bytes, 1),
+                "compactions": store.compactions,
+                "playback_mb": round(played["play_bytes"] / 1e6, 2),
+                "playback_to_store": round(played["play_bytes"] / db_bytes, 2),
+                "playback_seconds": round(played["play_seconds"], 3),
+                "rebuilt_matches": played["files"] == {"store.sqlite": db_bytes},
+                "prune_keeps_fragments": kept_fragments,
+                "prune_keeps_mb": round(kept_bytes / 1e6, 1),
+                "txns_per_s": round(point / elapsed, 1),
+            }
+            if last:
+                row["baseline_plain_read_of_history_seconds"] = round(played["read_seconds"], 3)
+                row["playback_time_to_baseline"] = round(
+                    played["play_seconds"] / played["read_seconds"], 3
+                )
+            out.append(row)
+            print(json.dumps({"sqlite": row}), file=sys.stderr, flush=True)
+        db_mb = round(store.path.stat().st_size / 1e6, 1)
+    finally:
+        store.destroy()
+    return {"store": "sqlite", "db_mb": db_mb, "rows": rows_total, "points": out}
+
+
+async def recovery_vs_history(args: argparse.Namespace) -> dict[str, Any]:
+    """`--recovery`: the stores' recovery against history length (a broker, no consumers)."""
+    tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-recovery-"))
+    cluster = ConsumerCluster(tmp, lease_ttl=args.lease_ttl)
+    result: dict[str, Any] = {
+        "benchmark": "consumer-recovery-vs-history",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "history_txns": args.history_txns,
+        "history_db_mb": args.history_db_mb,
+    }
+    try:
+        cluster.start()
+        async with JournalClient(cluster.broker.url) as client:
+            result["sqlite"] = await sqlite_history(client, cluster.broker.url, args, tmp)
+        result["load_average"] = os.getloadavg()
+    finally:
+        await cluster.close()
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
 # Takeover --------------------------------------------------------------------------------
 
 
@@ -676,7 +870,14 @@ def main() -> None:
         "--max-txn-duration", default="1s", help="the shards' max_txn_duration (Go duration)"
     )
     parser.add_argument("--within", type=float, default=300.0, help="seconds a phase may take")
+    parser.add_argument(
+        "--recovery", action="store_true", help="only recovery against history length"
+    )
+    parser.add_argument("--history-txns", type=int, default=1_000_000)
+    parser.add_argument("--history-db-mb", type=int, default=10)
     parser.add_argument("--play-log", help=argparse.SUPPRESS)
+    parser.add_argument("--play-hints", help=argparse.SUPPRESS)
+    parser.add_argument("--plain-read", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # The consumer processes run with `tune_gc()`; so does this process's ceiling reader,
@@ -684,6 +885,15 @@ def main() -> None:
     tune_gc()
     if args.play_log:
         print(json.dumps(asyncio.run(play_log(args.broker, args.play_log))))
+        return
+    if args.play_hints:
+        from pygazette.consumer.hints import decode_hints
+
+        hints = decode_hints(Path(args.play_hints).read_bytes())
+        print(json.dumps(asyncio.run(play_hints(args.broker, hints, args.plain_read))))
+        return
+    if args.recovery:
+        print(json.dumps(asyncio.run(recovery_vs_history(args)), indent=2))
         return
     defaults = (
         {
