@@ -23,6 +23,10 @@ so this bounds how far it runs past `max_txn_duration`, and with the bounded que
 a transaction close (nothing is ready) while the readers still have content to deliver, so
 that the next transaction pipelines with its commit, as Gazette's message-at-a-time loop
 does.
+
+A batch may be empty: a read that began a producer's transaction (uncommitted messages)
+without committing anything is queued as such, with the sequencer's `begun` and
+`newest_open`, so that a transaction knows it awaits an ACK (Gazette's wait-for-ACK).
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ class SourceBatch:
     states: list[ProducerState] = field(default_factory=list)
     error: BaseException | None = None
     ended: bool = False  # The journal's reading ended.
+    # The journal's Sequencer as of the batch: transactions of producers begun so far, and
+    # when the newest one still awaiting its ACK began (`Sequencer.newest_open`).
+    begun: int = 0
+    newest_open: int = 0
 
 
 class SourceReaders:
@@ -134,7 +142,7 @@ class SourceReaders:
         async with reader:
             while True:
                 try:
-                    batch = await reader.next_batch(self.batch_messages)
+                    batch = await reader.next_batch(self.batch_messages, wake_on_begin=True)
                 except StopAsyncIteration:
                     await self._put(SourceBatch(journal, ended=True))
                     return
@@ -144,7 +152,16 @@ class SourceReaders:
                     await self._put(SourceBatch(journal, error=exc))
                     return
                 offsets, states = sequencer.checkpoint(PRUNE_HORIZON_NS)
-                await self._put(SourceBatch(journal, batch, offsets.get(journal, offset), states))
+                await self._put(
+                    SourceBatch(
+                        journal,
+                        batch,
+                        offsets.get(journal, offset),
+                        states,
+                        begun=sequencer.begun,
+                        newest_open=sequencer.newest_open(),
+                    )
+                )
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -7,6 +7,12 @@ transaction has fully committed (its store commit and its ACK appends); or at on
 never commits before its predecessor). Meanwhile the previous transaction's commit runs,
 so consuming and committing overlap (pipelining).
 
+Wait-for-ACK (Gazette's, unless the spec's `disable_wait_for_ack`): while a producer's
+transaction that began (in a source journal) since the last commit still awaits its ACK,
+the transaction stays open past `min_txn_duration`, up to `max_txn_duration`, so that the
+acknowledged messages are consumed in it rather than in the next one. (With message cycles
+between shards, a transaction could wait on its own outputs' ACK: disable it then.)
+
 Closing: the application's `finalize_txn`; a Checkpoint of the source offsets and producer
 states of the batches consumed, and of the publisher's ACK intents; then
 `store.start_commit(checkpoint, wait_for=every pending append)`, so the checkpoint commits
@@ -152,6 +158,11 @@ class Transactions:
         self._ended: set[str] = set()
         self.offsets: dict[str, int] = {}
         self.states: dict[str, list[ProducerState]] = {}
+        # Per source journal, as of the batches consumed: its sequencer's `begun` count, and
+        # `newest_open`; and the `begun` counts as of the last commit (wait-for-ACK).
+        self._begun: dict[str, int] = {}
+        self._newest_open: dict[str, int] = {}
+        self._begun_at_commit: dict[str, int] = {}
 
     # Recovery ----------------------------------------------------------------------------
 
@@ -178,6 +189,10 @@ class Transactions:
                         break
                     # Only the previous transaction finished: record its progress.
                     await self._complete(prev)
+                    continue
+                if not batch.envelopes and batch.error is None and not batch.ended:
+                    # Only a transaction begun upstream: nothing to begin one here with.
+                    await self._consume(batch)
                     continue
                 committed = await self._transaction(batch, prev, stop_wait)
                 if committed is None:
@@ -257,7 +272,21 @@ class Transactions:
         if not batch.ended:
             self.offsets[batch.journal] = batch.read_through
             self.states[batch.journal] = batch.states
+            self._begun[batch.journal] = batch.begun
+            self._newest_open[batch.journal] = batch.newest_open
         return messages, nbytes
+
+    def _awaits_ack(self) -> bool:
+        """Whether a producer's transaction begun since the last commit awaits its ACK
+        (Gazette's sequencer.HasPending), and the spec has the transaction wait for it."""
+        if self.shard.spec.disable_wait_for_ack:
+            return False
+        at_commit = self._begun_at_commit
+        return any(
+            newest > at_commit.get(journal, 0)
+            for journal, newest in self._newest_open.items()
+            if journal not in self._ended
+        )
 
     async def _transaction(
         self, first: SourceBatch, prev: _Committed, stop_wait: asyncio.Future[Any]
@@ -281,7 +310,7 @@ class Transactions:
                 break
             if self.shard.stopping.is_set():
                 return None  # Abandon: nothing of it is committed.
-            if prev_done and now >= began + min_dur:
+            if prev_done and now >= began + min_dur and not self._awaits_ack():
                 # Only batches ready right now keep the transaction open.
                 batch = self._ready()
                 if batch is None:
@@ -311,6 +340,7 @@ class Transactions:
             states = [s for journal_states in self.states.values() for s in journal_states]
             intents = publisher.build_ack_intents()
             cp = build_checkpoint(self.offsets, states, intents)
+            self._begun_at_commit = dict(self._begun)
             if not self.lease_check():
                 raise LeaseLost("consumer lease may have expired; not committing")
             wait_for = list(self.service.pending_except(""))

@@ -248,14 +248,19 @@ class ReadCommitted:
             await self._fill()
         return ready.popleft()
 
-    async def next_batch(self, limit: int = 0) -> list[Envelope]:
+    async def next_batch(self, limit: int = 0, *, wake_on_begin: bool = False) -> list[Envelope]:
         """The committed messages sequenced from the next read (at least one). With
         `limit`, at most `limit` of the read's messages are sequenced per call (the rest wait
         for the next calls), so that the sequencer's `checkpoint()` after each call is
-        exactly as of the batch returned, however large the reads."""
+        exactly as of the batch returned, however large the reads. With `wake_on_begin`, a
+        read that begins a producer's transaction without committing anything returns an
+        empty batch (the reader can then know it awaits an ACK)."""
         ready = self._ready
         while not ready:
+            begun = self.sequencer.begun
             await self._fill(limit)
+            if wake_on_begin and not ready and self.sequencer.begun != begun:
+                return []
         batch = list(ready)
         ready.clear()
         return batch

@@ -86,7 +86,7 @@ class ReplayError(RuntimeError):
 class _Partial:
     """A producer's partially read transaction in one journal."""
 
-    __slots__ = ("begin", "jp", "max_clock", "min_clock", "ring_start", "ring_stop")
+    __slots__ = ("begin", "jp", "max_clock", "min_clock", "ring_start", "ring_stop", "serial")
 
     def __init__(self, jp: tuple[str, bytes], min_clock: int, max_clock: int, begin: int) -> None:
         self.jp = jp
@@ -95,6 +95,7 @@ class _Partial:
         self.begin = begin  # See ProducerState.begin.
         self.ring_start = -1  # Ring indices (inclusive) of the sequence, or -1.
         self.ring_stop = -1
+        self.serial = 0  # Sequencer.begun when its open transaction began.
 
     def reset(self, clock: int) -> None:
         self.min_clock = self.max_clock = clock
@@ -119,6 +120,10 @@ class Sequencer:
         self._offsets: dict[str, int] = dict(offsets or {})
         self._partials: dict[tuple[str, bytes], _Partial] = {}
         self._pending: set[_Partial] = set()
+        # Transactions begun and not yet acknowledged or rolled back (unlike `_pending`, not
+        # cleared by checkpoints), and how many transactions were begun so far.
+        self._open: set[_Partial] = set()
+        self.begun = 0
         self._emit: _Partial | None = None
         self._direct: Envelope | None = None  # A sequence of exactly this envelope.
         self._replay: Iterator[Envelope] | None = None
@@ -203,12 +208,16 @@ class Sequencer:
             if outcome == QueueOutcome.CONTINUE_BEGIN_SPAN:
                 partial.begin = env.begin
                 self._pending.add(partial)
+                self._open.add(partial)
+                self.begun += 1
+                partial.serial = self.begun
             self._add_at_head(env, partial)
             partial.max_clock = clock
             self._offsets[journal] = env.end
         elif outcome == QueueOutcome.ACK_ROLLBACK:
             partial.reset(clock)
             self._pending.discard(partial)
+            self._open.discard(partial)
             self._offsets[journal] = env.end
         elif outcome == QueueOutcome.OUTSIDE_COMMIT:
             # Commits this message alone; a pending CONTINUE_TXN sequence is clobbered (an
@@ -262,6 +271,7 @@ class Sequencer:
                     if partial.begin != -1:
                         self._log_error(env, partial, _MIXED)
                         self._pending.discard(partial)
+                        self._open.discard(partial)
                     partial.min_clock = partial.max_clock = clock
                     partial.begin = partial.ring_start = partial.ring_stop = -1
                 offsets[env.journal] = env.end
@@ -353,6 +363,7 @@ class Sequencer:
         self._offsets[emit.jp[0]] = self.dequeued.end
         emit.reset(emit.min_clock)
         self._pending.discard(emit)
+        self._open.discard(emit)
         self.dequeued = None
         self._dequeued_clock = 0
         self._dequeued_slot = -1
@@ -386,6 +397,12 @@ class Sequencer:
         is then probably on its way)."""
         return bool(self._pending)
 
+    def newest_open(self) -> int:
+        """The `begun` count at which the newest transaction still awaiting its ACK began
+        (0 if none awaits one): a transaction began after `begun` was N awaits its ACK if
+        this is larger than N."""
+        return max((p.serial for p in self._open), default=0)
+
     def checkpoint(self, prune_horizon_ns: int = 0) -> tuple[dict[str, int], list[ProducerState]]:
         """Read-through offsets and producer states, to restore a Sequencer from.
 
@@ -406,6 +423,7 @@ class Sequencer:
                 states.append(ProducerState(jp[0], jp[1], partial.min_clock, partial.begin))
             else:
                 del self._partials[jp]
+                self._open.discard(partial)
         self._pending.clear()
         return dict(self._offsets), states
 
