@@ -672,3 +672,23 @@ def test_batched_sequencing_equals_queue_and_step(
     a, b = Sequencer(buffer=ring), Sequencer(buffer=ring)
     assert _read_committed_batched(journal, a) == _read_committed(journal, b)
     assert a.checkpoint() == b.checkpoint()
+
+
+def test_open_transactions_outlive_checkpoints_until_acked_or_rolled_back() -> None:
+    """`begun` and `newest_open` (the consumer's wait-for-ACK): a transaction is open from
+    its first message until its ACK commits or rolls it back, across checkpoints."""
+    seq, gen = Sequencer(), Gen()
+    p1, p2 = new_producer_id(), new_producer_id()
+    assert (seq.begun, seq.newest_open()) == (0, 0)
+    queue(seq, gen(p1, 1, CONTINUE_TXN), gen(p1, 2, CONTINUE_TXN))
+    assert (seq.begun, seq.newest_open()) == (1, 1)  # Extending it begins nothing new.
+    seq.checkpoint()
+    assert not seq.has_pending() and seq.newest_open() == 1
+    queue(seq, gen(p2, 5, CONTINUE_TXN))
+    assert (seq.begun, seq.newest_open()) == (2, 2)
+    assert queue(seq, gen(p2, 4, ACK_TXN)) == [Q.ACK_ROLLBACK]
+    assert seq.newest_open() == 1
+    assert queue(seq, gen(p1, 2, ACK_TXN)) == [Q.ACK_COMMIT_RING]
+    while seq.step():
+        pass
+    assert (seq.begun, seq.newest_open()) == (2, 0)
