@@ -22,7 +22,7 @@ from pygazette.client import JournalClient, append, apply_journals
 from pygazette.client.fragments import list_all_fragments
 from pygazette.consumer.memory_store import EarlierCommitFailed
 from pygazette.consumer.progress import Progress
-from pygazette.consumer.recoverylog import Player
+from pygazette.consumer.recoverylog import Author, Player, Recorder
 from pygazette.consumer.sqlite_store import SQLiteStore, read_checkpoint
 from pygazette.consumer.store import StoreFenced
 from pygazette.message.envelope import Envelope
@@ -693,3 +693,50 @@ async def test_primary_killed_around_compactions_recovers_from_hints_only(
     assert len(rows(store)) == min(n, 50) + 1
     store.destroy()
     assert integrity(recovered / "store.sqlite") == [("ok",)]
+
+
+async def test_hot_standby_tails_compactions_and_takes_over(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/compaction-standby"
+    await create_log(client, log)
+    primary = tmp_path / "primary"
+    store = SQLiteStore(
+        await take_over(client, log, primary),
+        bootstrap_sql=SCHEMA,
+        compact_ratio=0.5,
+        compact_min_bytes=32 << 10,
+    )
+    put(store, "n", 0)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    # A hot standby, from the primary's hints, tailing the log as the primary compacts.
+    standby_dir = tmp_path / "standby"
+    standby = Player(client, store.recorder.build_hints(), standby_dir)  # type: ignore[union-attr]
+    playing = asyncio.ensure_future(standby.play())
+    await standby.tailing.wait()
+    n = 1
+    while store.compactions < 3:
+        n += 1
+        put(store, "n", n)
+        put(store, f"k{n % 40}", b"s" * 600)
+        await store.start_commit(SHARD, checkpoint(n), [])
+    expected = rows(store)
+
+    # The standby takes over: the deposed primary is fenced, the store is what it committed.
+    author = Author.random()
+    standby.inject_handoff(author)
+    fsm = await playing
+    new = SQLiteStore(Recorder(client, fsm, author, standby_dir), bootstrap_sql=SCHEMA)
+    assert read_through(await new.restore_checkpoint(SHARD)) == n
+    assert rows(new) == expected
+    put(store, "n", -1)
+    with pytest.raises(StoreFenced):
+        await store.start_commit(SHARD, checkpoint(n + 1), [])
+    store.destroy()
+    put(new, "n", n + 1)
+    await new.start_commit(SHARD, checkpoint(n + 1), [])
+    new.destroy()
+    assert integrity(standby_dir / "store.sqlite") == [("ok",)]
+    final = tmp_path / "final"
+    await replay(client, log, final)  # All of the log, compactions and all.
+    assert files_of(final) == {"store.sqlite": (standby_dir / "store.sqlite").read_bytes()}
