@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from pygazette.cli.shardspace import flatten, parse_shardspace
@@ -792,3 +793,52 @@ def test_errors_are_one_line(deployment: Deployment, prefix: str, tmp_path: Path
         )
     )
     assert "unavailable at http://127.0.0.1:1" in broker_down
+
+
+def test_prune_after_sqlite_compactions_keeps_what_recovery_needs(
+    deployment: Deployment, prefix: str, tmp_path: Path
+) -> None:
+    """A SQLite store that compacts its log (tests.consumer.apps: after 32 KiB): hints name
+    only the newest database file, so `shards prune` removes everything before it, and the
+    shard still recovers from what is left."""
+    dep = deployment
+    shard = f"{prefix}-sqlite"
+    log = f"{prefix}/recovery/{shard}"
+    setup_journals(dep, prefix, [shard], fragment_length=1024)
+    apply_shards(dep, prefix, f"- id: {shard}\n")
+    wait_primary(dep, shard)
+    counts: dict[str, int] = {}
+    for round_ in range(40):
+        keys = [f"key-{round_ % 5}-{i % 4}" for i in range(8)]
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        feed(dep, shard, f"{prefix}/in/{'ab'[round_ % 2]}", keys)
+
+    def settled() -> bool:
+        hints = hints_of(dep, shard)
+        if not hints.primary_hints.HasField("hints"):
+            return False
+        first = min(
+            s.first_offset for n in hints.primary_hints.hints.live_nodes for s in n.segments
+        )
+        frags = fragments_of(dep, log)
+        # Hints recorded after a compaction, and every older fragment persisted.
+        return first > 0 and all(f.mod_time for f in frags if f.end <= first)
+
+    wait_until(settled, "hints after a compaction and persisted fragments")
+    before = fragments_of(dep, log)
+    out = ok(
+        dep.cli("shards", "prune", "-l", f"id={shard}", "--file-root", str(dep.broker.file_root))
+    )
+    removed = [(int(row[1]), int(row[2])) for row in table_rows(out)[1:-1]]
+    removed_bytes = sum(end - begin for begin, end in removed)
+    total = sum(f.end - f.begin for f in before)
+    assert removed_bytes > total / 2, out  # Most of the log held compacted-away history.
+
+    recovered = tmp_path / "recovered"
+    ok(dep.cli("shards", "recover", "--id", shard, "--dir", str(recovered)))
+    conn = apsw.Connection(str(recovered / "store.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        assert dict(conn.execute("SELECT k, n FROM counts").fetchall()) == counts
+    finally:
+        conn.close()
