@@ -61,7 +61,10 @@ rename of it over the database (which deletes the old file's fnode), all in the 
 append of that commit. Hints built after it name only the new fnode, so a player from hints
 reads at most about (1 + `compact_ratio`) times the file's size, and `shards prune` removes
 every fragment before the rewrite. The local file itself is untouched. `compactions` and
-`history_bytes` report what happened.
+`history_bytes` report what happened. The rewrite is read and recorded from memory (the file
+as of the commit, then the recorder's buffer of its one append): it costs about twice the
+database's size in memory and a read of the file in the event loop, once per compaction,
+which suits stores of up to some hundreds of MB.
 """
 
 from __future__ import annotations
