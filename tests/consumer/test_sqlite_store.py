@@ -740,3 +740,39 @@ async def test_hot_standby_tails_compactions_and_takes_over(
     final = tmp_path / "final"
     await replay(client, log, final)  # All of the log, compactions and all.
     assert files_of(final) == {"store.sqlite": (standby_dir / "store.sqlite").read_bytes()}
+
+
+async def test_a_failed_compaction_commit_records_nothing_and_the_next_compacts(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/compaction-failed"
+    await create_log(client, log)
+    primary = tmp_path / "primary"
+    store = SQLiteStore(
+        await take_over(client, log, primary), bootstrap_sql=SCHEMA, compact_ratio=None
+    )
+    put(store, "a", 1)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    head = await write_head(client, log)
+    store.compact_ratio, store.compact_min_bytes = 0.01, 0  # The next commit compacts.
+    put(store, "a", 2)
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failing = store.start_commit(SHARD, checkpoint(2), [gate])
+    assert store.compactions == 1
+    gate.set_exception(RuntimeError("append failed"))
+    with pytest.raises(RuntimeError, match="append failed"):
+        await failing
+    assert await write_head(client, log) == head
+    assert read_through(await store.restore_checkpoint(SHARD)) == 1
+    assert rows(store) == [("a", 1)]
+
+    put(store, "b", 3)
+    await store.start_commit(SHARD, checkpoint(3), [])
+    assert store.compactions == 2
+    hints = store.recorder.build_hints()  # type: ignore[union-attr]
+    assert min(s.first_offset for n in hints.live_nodes for s in n.segments) >= head
+    store.destroy()
+    standby = tmp_path / "standby"
+    await play_hints(client, hints, standby)
+    assert files_of(standby) == {"store.sqlite": (primary / "store.sqlite").read_bytes()}
+    assert rows_of(standby / "store.sqlite") == [("a", 1), ("b", 3)]
