@@ -660,10 +660,11 @@ async def sqlite_history(
     )
     rng = random.Random(15)
     row_bytes = 100
-    # Fill the store, in transactions of 4 MiB.
+    # Fill the store, in transactions of 4 MiB (or half the store, if smaller).
     k = 0
+    fill = min(4 * MiB, args.history_db_mb * MiB // 2)
     while store.path.stat().st_size < args.history_db_mb * MiB:
-        batch = [(k + i, rng.randbytes(row_bytes)) for i in range(4 * MiB // row_bytes)]
+        batch = [(k + i, rng.randbytes(row_bytes)) for i in range(fill // row_bytes)]
         k += len(batch)
         store.db.executemany("INSERT INTO kv VALUES(?, ?)", batch)
         await store.start_commit(None, cpb.Checkpoint(), [])  # type: ignore[arg-type]
