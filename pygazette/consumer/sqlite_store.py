@@ -55,16 +55,19 @@ Compaction (bounded recovery): a player replays every recorded write of the data
 since the file was created, so, left alone, the recovery time of a shard would grow with its
 age. Instead, once the log holds more than `compact_ratio` times the file's size of writes
 since the file was last written whole (and at least `compact_min_bytes` of them), the store
-records the database anew: the commit that crosses the threshold is recorded not as its page
-writes but as a create of a new file, the whole database file as of that commit, and a
-rename of it over the database (which deletes the old file's fnode), all in the one atomic
-append of that commit. Hints built after it name only the new fnode, so a player from hints
-reads at most about (1 + `compact_ratio`) times the file's size, and `shards prune` removes
-every fragment before the rewrite. The local file itself is untouched. `compactions` and
-`history_bytes` report what happened. The rewrite is read and recorded from memory (the file
-as of the commit, then the recorder's buffer of its one append): it costs about twice the
-database's size in memory and a read of the file in the event loop, once per compaction,
-which suits stores of up to some hundreds of MB.
+records the database anew, as a new file `<filename>.compacted` renamed over the old one
+(which deletes the old file's fnode). The copy rides along with commits, at most
+`compact_chunk_bytes` per commit, each piece read from the local file as of its commit: the
+commit that starts it records the new file's creation and the first piece; each later one its
+next piece, and its own page writes both to the database file and, where they fall in pieces
+already copied, to the new file; the commit that copies the last piece records the rename
+(and its page writes only to the new file), so that the new file, as renamed, is the database
+as of that commit. Hints built after it name only the new fnode, so a player from hints reads
+at most about (1 + `compact_ratio`) times the file's size, plus the writes made during the
+copy; `shards prune` removes every fragment before it. A copy that a failed commit cut
+short leaves its new file in the log, until the store removes it (with its next commit) and a
+new copy starts over. The local file itself is untouched. `compactions` (copies started) and
+`history_bytes` report what happened.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ MAX_RECORDED_WRITE = 1 << 20
 # Compaction defaults (see the module docstring).
 DEFAULT_COMPACT_RATIO = 1.0
 DEFAULT_COMPACT_MIN_BYTES = 4 << 20
+DEFAULT_COMPACT_CHUNK_BYTES = 4 << 20
 # Where a compaction's new file is recorded before it is renamed over the database.
 _COMPACT_SUFFIX = ".compacted"
 
@@ -129,9 +133,15 @@ class _Batch:
         self.undo_file: Path | None = None
         # offset -> content; the order is that of each offset's last write.
         self.redo: dict[int, bytes] | None = {} if record else None
-        # With a compaction: the whole database file as of this batch's commit, recorded as
-        # a new file instead of the batch's writes.
-        self.snapshot: bytes | None = None
+        # With a compaction in progress (see the module docstring): whether this batch
+        # creates the new file, the piece of the database (as of its commit) it copies there
+        # and where, the offset below which its writes also go to the new file, and whether
+        # it completes the copy (renaming the new file over the database).
+        self.copy_create = False
+        self.chunk: bytes | None = None
+        self.chunk_offset = 0
+        self.copy_below = 0
+        self.copy_done = False
 
     def redo_bytes(self) -> int:
         return sum(len(data) for data in self.redo.values()) if self.redo else 0
@@ -353,10 +363,10 @@ class SQLiteStore(Store):
     `filename`: the database file's name (relative to the directory).
     `bootstrap_sql`: run at every open of the database, before the checkpoint table is
     created: PRAGMAs, `CREATE TABLE IF NOT EXISTS` and the like (run outside a transaction).
-    `compact_ratio`, `compact_min_bytes`: with a recorder, record the database file anew once
-    the log holds more than `compact_ratio` times its size of writes since it was last
-    recorded whole, and at least `compact_min_bytes` (see the module docstring);
-    `compact_ratio=None` never compacts.
+    `compact_ratio`, `compact_min_bytes`, `compact_chunk_bytes`: with a recorder, record the
+    database file anew, at most `compact_chunk_bytes` per commit, once the log holds more
+    than `compact_ratio` times its size of writes since it was last recorded whole, and at
+    least `compact_min_bytes` (see the module docstring); `compact_ratio=None` never compacts.
     """
 
     def __init__(
@@ -368,12 +378,17 @@ class SQLiteStore(Store):
         bootstrap_sql: str = "",
         compact_ratio: float | None = DEFAULT_COMPACT_RATIO,
         compact_min_bytes: int = DEFAULT_COMPACT_MIN_BYTES,
+        compact_chunk_bytes: int = DEFAULT_COMPACT_CHUNK_BYTES,
     ) -> None:
         if compact_ratio is not None and not compact_ratio > 0:
             raise ValueError(f"SQLiteStore: compact_ratio must be > 0, not {compact_ratio}")
         if compact_min_bytes < 0:
             raise ValueError(
                 f"SQLiteStore: compact_min_bytes must be >= 0, not {compact_min_bytes}"
+            )
+        if compact_chunk_bytes <= 0:
+            raise ValueError(
+                f"SQLiteStore: compact_chunk_bytes must be > 0, not {compact_chunk_bytes}"
             )
         if recorder is not None:
             if directory is not None and Path(directory) != Path(recorder.root):
@@ -393,11 +408,14 @@ class SQLiteStore(Store):
         self.bootstrap_sql = bootstrap_sql
         self.compact_ratio = compact_ratio
         self.compact_min_bytes = compact_min_bytes
+        self.compact_chunk_bytes = compact_chunk_bytes
         # Bytes of recorded writes of the database file since it was last recorded whole
         # (its creation or compaction), including that whole file: about what a player from
         # fresh hints reads. Counted as commits are started.
         self.history_bytes = 0
         self.compactions = 0  # Compactions started by this store.
+        self._copy_offset: int | None = None  # Next offset to copy, while compacting.
+        self._temp_fnode: int | None = None  # The new file of a compaction, once recorded.
         self._tracker = _Tracker(str(self.path), record=recorder is not None)
         self._vfs = _VFS(f"pygazette-sqlite-{os.getpid()}-{next(_vfs_ids)}", self._tracker)
         self._pipeline = CommitPipeline()
@@ -528,26 +546,43 @@ class SQLiteStore(Store):
         return batch
 
     def _maybe_compact(self, batch: _Batch) -> None:
-        """Count `batch`'s recorded bytes; past the threshold, make it a compaction: take the
-        database file as of its commit (it is recorded instead of the batch's writes)."""
+        """Count `batch`'s recorded bytes; past the threshold, or while compacting, have it
+        copy the next piece of the database file, as of its commit, to the new file."""
         if self.recorder is None:
             return
         self.history_bytes += batch.redo_bytes()
-        if self.compact_ratio is None:
-            return
         size = self._file_size()
-        if self.history_bytes <= max(self.compact_min_bytes, (1 + self.compact_ratio) * size):
-            return
+        offset = self._copy_offset
+        if offset is None:
+            if self.compact_ratio is None:
+                return
+            threshold = max(self.compact_min_bytes, (1 + self.compact_ratio) * size)
+            if self.history_bytes <= threshold:
+                return
+            offset = 0
+            self.compactions += 1
+            batch.copy_create = True
         with open(self.path, "rb") as f:
-            batch.snapshot = f.read()
-        self.history_bytes = len(batch.snapshot)
-        self.compactions += 1
+            f.seek(offset)
+            batch.chunk = f.read(min(self.compact_chunk_bytes, max(0, size - offset)))
+        batch.chunk_offset = batch.copy_below = offset
+        self._copy_offset = offset + len(batch.chunk)
+        if self._copy_offset >= size:
+            batch.copy_done = True
+            self._copy_offset = None
+            self.history_bytes = size
 
     def _open(self) -> None:
         if self.recorder is None:
             recover_undo_files(self.path)
         batch = self._new_batch()
+        self._copy_offset = self._temp_fnode = None
         if self.recorder is not None:
+            temp = self.filename + _COMPACT_SUFFIX
+            if self.recorder.fnode_of(temp) is not None and self.recorder.failed is None:
+                # The new file of a compaction cut short: removed with the next commit.
+                self.recorder.record_remove(temp)
+            (self.path.parent / os.path.basename(temp)).unlink(missing_ok=True)
             # What the log holds of the database file's history: from the segment where its
             # fnode was created to the recorder's write head.
             fnode = self.recorder.fnode_of(self.filename)
@@ -607,17 +642,17 @@ class SQLiteStore(Store):
     async def _make_durable(self, batch: _Batch) -> None:
         rec = self.recorder
         if rec is not None:
-            if batch.snapshot is not None:
-                # Compaction: the database anew, renamed over the old file (deleting it).
-                temp = self.filename + _COMPACT_SUFFIX
-                new = rec.record_create(temp)
-                snapshot = memoryview(batch.snapshot)
-                for offset in range(0, len(snapshot), MAX_RECORDED_WRITE):
-                    rec.record_write(new, offset, snapshot[offset : offset + MAX_RECORDED_WRITE])
-                rec.record_rename(temp, self.filename)
-                self._fnode = new
-                batch.snapshot = None
-            else:
+            temp_fnode = self._temp_fnode
+            if batch.copy_create:
+                temp_fnode = self._temp_fnode = rec.record_create(self.filename + _COMPACT_SUFFIX)
+            if batch.chunk is not None:
+                assert temp_fnode is not None, "a compaction's pieces follow its creation"
+                chunk = memoryview(batch.chunk)
+                for at in range(0, len(chunk), MAX_RECORDED_WRITE):
+                    piece = chunk[at : at + MAX_RECORDED_WRITE]
+                    rec.record_write(temp_fnode, batch.chunk_offset + at, piece)
+                batch.chunk = None
+            if not batch.copy_done:
                 fnode = self._fnode
                 if fnode is None:
                     fnode = rec.fnode_of(self.filename)
@@ -626,6 +661,16 @@ class SQLiteStore(Store):
                     self._fnode = fnode
                 for offset, data in batch.recorded_writes():
                     rec.record_write(fnode, offset, data)
+            if temp_fnode is not None:
+                # Writes to pieces already copied go to the new file too (the rest are in
+                # this batch's piece, or will be in later ones).
+                for offset, data in batch.recorded_writes():
+                    if offset < batch.copy_below:
+                        rec.record_write(temp_fnode, offset, data[: batch.copy_below - offset])
+            if batch.copy_done:
+                assert temp_fnode is not None
+                rec.record_rename(self.filename + _COMPACT_SUFFIX, self.filename)
+                self._fnode, self._temp_fnode = temp_fnode, None
             try:
                 await rec.commit()
             except RecorderFenced as exc:

@@ -606,8 +606,9 @@ async def main():
         if len(sys.argv) > 5:
             hints.ParseFromString(bytes.fromhex(sys.argv[5]))
         recorder = await take_over(client, log, Path(directory), hints)
+        # Copies of the database ride along with several commits (16 KiB each).
         store = SQLiteStore(recorder, bootstrap_sql=schema, compact_ratio=0.5,
-                            compact_min_bytes=64 << 10)
+                            compact_min_bytes=64 << 10, compact_chunk_bytes=16 << 10)
         shard = FakeShard()
         n = 0
         for (v,) in store.db.execute("SELECT v FROM kv WHERE k = 'n'"):
@@ -695,10 +696,11 @@ async def test_primary_killed_around_compactions_recovers_from_hints_only(
     assert integrity(recovered / "store.sqlite") == [("ok",)]
 
 
+@pytest.mark.parametrize("chunk", [4 << 20, 8 << 10])
 async def test_hot_standby_tails_compactions_and_takes_over(
-    client: JournalClient, tmp_path: Path
+    client: JournalClient, tmp_path: Path, chunk: int
 ) -> None:
-    log = LOG + "/compaction-standby"
+    log = LOG + f"/compaction-standby-{chunk}"
     await create_log(client, log)
     primary = tmp_path / "primary"
     store = SQLiteStore(
@@ -706,6 +708,7 @@ async def test_hot_standby_tails_compactions_and_takes_over(
         bootstrap_sql=SCHEMA,
         compact_ratio=0.5,
         compact_min_bytes=32 << 10,
+        compact_chunk_bytes=chunk,
     )
     put(store, "n", 0)
     await store.start_commit(SHARD, checkpoint(1), [])
@@ -776,3 +779,50 @@ async def test_a_failed_compaction_commit_records_nothing_and_the_next_compacts(
     await play_hints(client, hints, standby)
     assert files_of(standby) == {"store.sqlite": (primary / "store.sqlite").read_bytes()}
     assert rows_of(standby / "store.sqlite") == [("a", 1), ("b", 3)]
+
+
+async def test_a_compaction_cut_short_is_removed_and_started_over(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/compaction-cut-short"
+    await create_log(client, log)
+    primary = tmp_path / "primary"
+    store = SQLiteStore(
+        await take_over(client, log, primary),
+        bootstrap_sql=SCHEMA,
+        compact_ratio=None,
+        compact_chunk_bytes=8 << 10,
+    )
+    for i in range(60):
+        put(store, f"k{i:02}", b"c" * 1000)
+    await store.start_commit(SHARD, checkpoint(1), [])
+    store.compact_ratio, store.compact_min_bytes = 0.01, 0
+    for n in range(2, 5):  # The copy starts, two more pieces of it are durable.
+        put(store, "n", n)
+        await store.start_commit(SHARD, checkpoint(n), [])
+    recorder = store.recorder
+    assert recorder is not None
+    assert recorder.fnode_of("store.sqlite.compacted") is not None
+    put(store, "n", 5)
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failing = store.start_commit(SHARD, checkpoint(5), [gate])
+    gate.set_exception(RuntimeError("append failed"))
+    with pytest.raises(RuntimeError, match="append failed"):
+        await failing
+    assert read_through(await store.restore_checkpoint(SHARD)) == 4
+
+    # The cut-short copy goes with the next commit; a new one starts over and completes.
+    n = 4
+    while True:
+        n += 1
+        put(store, "n", n)
+        await store.start_commit(SHARD, checkpoint(n), [])
+        if recorder.fnode_of("store.sqlite.compacted") is None and store.compactions == 2:
+            break
+    hints = recorder.build_hints()
+    assert [node.fnode for node in hints.live_nodes] == [recorder.fnode_of("store.sqlite")]
+    store.destroy()
+    standby = tmp_path / "standby"
+    await play_hints(client, hints, standby)
+    assert files_of(standby) == {"store.sqlite": (primary / "store.sqlite").read_bytes()}
+    assert read_through(checkpoint_of(standby / "store.sqlite")) == n
