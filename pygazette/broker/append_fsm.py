@@ -54,7 +54,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -132,6 +132,8 @@ class ClusterAppends:
         self._tasks: set[asyncio.Task[None]] = set()
         # Routes found advertised by assignments (see `_advertises`).
         self._advertised: set[tuple[object, ...]] = set()
+        # Told of each replication pipeline opened (the pulser watches the journal then).
+        self.on_pipeline_open: Callable[[JournalRuntime], None] = lambda _journal: None
 
     # Entry points.
     async def serve(self, requests: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
@@ -438,6 +440,7 @@ class ClusterAppends:
             journal.spool_lock.release()
             raise
         journal.replication = pln
+        self.on_pipeline_open(journal)
         return None
 
     def _new_pipeline(self, journal: JournalRuntime, res: Resolution) -> Pipeline:

@@ -35,6 +35,7 @@ from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
@@ -119,10 +120,16 @@ class ClusterMember:
         )
         self.peers = Peers(tls=cfg.peer_tls, auth=cfg.peer_auth)
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
-        self.pulser = Pulser(self.appends.pulse, lambda: self.resolver.replicas.values())
+        self.pulser = Pulser(self.appends.pulse)
         self.resolver.on_primary = self.pulser.request
+        self.appends.on_pipeline_open = self._pipeline_opened
         self.resolver.lease_alive = self.session.lease_alive
         self.services = ClusterServices(self.resolver, self.appends, self.peers)
+
+    def _pipeline_opened(self, journal: JournalRuntime) -> None:
+        replica = self.resolver.replicas.get(journal.name)
+        if replica is journal:
+            self.pulser.opened(replica)
 
     async def join(self) -> None:
         """Announce this broker and start serving assignments and allocating."""

@@ -16,6 +16,11 @@ pulsed:
 Pulses run CONCURRENCY at a time, by a fixed set of workers, from one queue. The sweep
 (every SWEEP_SECONDS) also closes replication pipelines left idle for PIPELINE_IDLE_SECONDS,
 which ends their Replicate streams on the peers: a journal without traffic holds no streams.
+
+The sweep walks only the *active* journals: those that opened a replication pipeline (an
+append or a pulse did: `opened`), until their pipeline closed and their open spool has
+nothing left to flush. So its cost grows with the journals that had traffic, not with
+every journal this broker leads.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from pygazette.broker.journal_runtime import JournalRuntime
@@ -49,14 +54,13 @@ class Pulser:
     def __init__(
         self,
         pulse: Callable[[Pulsed], Awaitable[bool]],
-        journals: Callable[[], Iterable[Pulsed]],
         *,
         concurrency: int = CONCURRENCY,
     ) -> None:
         # `pulse` returns whether the journal is done with (False: retry it).
         self._pulse = pulse
-        self._journals = journals
         self._concurrency = concurrency
+        self._active: dict[str, Pulsed] = {}  # Journals the sweep watches (see `opened`).
         self._pending: dict[str, Pulsed] = {}  # In request order.
         self._retry: dict[str, tuple[float, Pulsed]] = {}
         self._ready = asyncio.Event()
@@ -84,9 +88,19 @@ class Pulser:
         self._pending[journal.name] = journal
         self._ready.set()
 
+    def opened(self, journal: Pulsed) -> None:
+        """`journal` opened a replication pipeline: sweeps watch it until it is idle again
+        (its pipeline closed, nothing in its open spool left to flush)."""
+        self._active[journal.name] = journal
+
     @property
     def queued(self) -> int:
         return len(self._pending) + len(self._retry)
+
+    @property
+    def active(self) -> frozenset[str]:
+        """The journals sweeps watch now."""
+        return frozenset(self._active)
 
     async def _worker(self) -> None:
         while True:
@@ -129,16 +143,21 @@ class Pulser:
                     log.warning("pulse sweep failed", extra={"error": str(exc)})
 
     async def sweep(self) -> None:
-        """Pulse journals whose spool is due to roll; close pipelines left idle."""
+        """Of the active journals: pulse those whose spool is due to roll, close pipelines
+        left idle, and let go of those with neither a pipeline nor content to flush."""
         wall = time.time()
         idle: list[Pulsed] = []
-        for journal in list(self._journals()):
+        for name, journal in list(self._active.items()):
             if not journal.primary or journal.stopping:
+                del self._active[name]  # Becoming primary again pulses it, which re-adds it.
                 continue
             if flush_due(journal, wall):
                 self.request(journal)
             pln = journal.replication
-            if pln is not None and pln.idle_seconds() > PIPELINE_IDLE_SECONDS:
+            if pln is None:
+                if not flush_pending(journal):
+                    del self._active[name]
+            elif pln.idle_seconds() > PIPELINE_IDLE_SECONDS:
                 idle.append(journal)
         for journal in idle:
             await self._close_idle(journal)
@@ -153,6 +172,12 @@ class Pulser:
             with contextlib.suppress(Exception):
                 await journal.close_replication()
             self.pipelines_closed += 1
+
+
+def flush_pending(journal: Pulsed) -> bool:
+    """Whether the journal's open spool holds content a flush interval will roll."""
+    rs = journal.rspool
+    return rs is not None and rs.end > rs.begin and journal.spec.fragment.flush_interval.seconds > 0
 
 
 def flush_due(journal: Pulsed, now: float) -> bool:

@@ -112,6 +112,11 @@ async def test_idle_journals_hold_no_tasks_or_streams(
         30,
     )
     await wait_for(lambda: tasks_of_journals() == [], "replication tasks to end", 30)
+    # Sweeps walk only journals with traffic: with every pipeline closed, none.
+    for b in brokers:
+        assert b.member is not None
+        await b.member.pulser.sweep()
+        assert b.member.pulser.active == frozenset()
     idle_tasks = len(asyncio.all_tasks())
     assert idle_tasks - baseline < 60, sorted(t.get_name() for t in asyncio.all_tasks())
 
@@ -125,6 +130,8 @@ async def test_idle_journals_hold_no_tasks_or_streams(
     ]
     assert sorted(open_pipelines) == sorted(written)
     assert tasks_of_journals() != []
+    active = [n for b in brokers if b.member is not None for n in b.member.pulser.active]
+    assert sorted(active) == sorted(written)
     # ...which close once idle, taking their tasks with them.
     for b in brokers:
         assert b.member is not None
@@ -135,6 +142,10 @@ async def test_idle_journals_hold_no_tasks_or_streams(
         30,
     )
     await wait_for(lambda: tasks_of_journals() == [], "replication tasks to end", 30)
+    for b in brokers:
+        assert b.member is not None
+        await b.member.pulser.sweep()
+        assert b.member.pulser.active == frozenset()
 
     # An append works again after its pipeline closed.
     resp = await append(cluster.stub(1), written[0], b"again\n")
