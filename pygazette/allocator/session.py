@@ -3,16 +3,24 @@
 The key says the member exists (and, in its value, what it can take); the lease says it is
 alive. `start` grants the lease and creates the key, waiting out an earlier incarnation's
 key if one still exists under another lease (it vanishes when that lease expires). A
-keep-alive task refreshes the lease every third of its TTL; if the lease can't be refreshed
+keep-alive refreshes the lease every third of its TTL; if the lease can't be refreshed
 before it would expire (or etcd reports it gone), `lost` is set and the member must stop
 acting as one — its key and all its assignments are gone or about to be.
+
+The keep-alive runs on a thread of its own, with its own synchronous channel to etcd
+(`EtcdKeyspace.keep_alive_blocking`), not on the event loop: a loop kept busy for seconds
+(a broker taking back thousands of journals after a restart) must not let the lease expire
+while the member is alive. The thread only refreshes the lease and reports; everything the
+member does on losing it runs on the loop (`lost`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import threading
 import time
 
 from pygazette.keyspace.etcd import EtcdKeyspace
@@ -35,14 +43,25 @@ class MemberSession:
         # plus the TTL etcd granted. Past it, the lease may have expired unnoticed (e.g.
         # the process was frozen), and the member must not commit anything.
         self.lease_deadline = 0.0
-        self._task: asyncio.Task[None] | None = None
+        self.keep_alives = 0  # Refreshes etcd acknowledged (for tests and diagnostics).
+        # The longest a refresh waited for etcd's answer (s).
+        self.slowest_keep_alive = 0.0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     async def start(self) -> int:
         """Grant the lease and announce the key; returns the announcement's revision."""
         sent = time.monotonic()
         self.lease = await self.ks.grant_lease(max(1, math.ceil(self.lease_ttl)))
         self.lease_deadline = sent + self.lease_ttl
-        self._task = asyncio.create_task(self._keep_alive(), name="lease-keepalive")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._keep_alive,
+            args=(asyncio.get_running_loop(),),
+            name="lease-keepalive",
+            daemon=True,
+        )
+        self._thread.start()
         warned = False
         while True:
             result = await self.ks.txn(
@@ -79,30 +98,42 @@ class MemberSession:
         await self.ks.wait_for_revision(result.revision)
         return result.revision
 
-    async def _keep_alive(self) -> None:
+    def _keep_alive(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The keep-alive thread: refresh every third of the TTL until stopped or lost."""
         interval = self.lease_ttl / 3
         last_ok = time.monotonic()
-        while True:
+        while not self._stop.is_set():
+            sent = time.monotonic()
             try:
-                sent = time.monotonic()
-                ttl = await self.ks.keep_alive(self.lease, within=interval)
-                if ttl <= 0:
-                    log.error("etcd lease expired", extra={"key": self.key})
-                    self.lease_deadline = 0.0
-                    self.lost.set()
-                    return
-                last_ok = time.monotonic()
-                self.lease_deadline = sent + ttl
+                ttl = self.ks.keep_alive_blocking(self.lease, within=interval)
             except KeyspaceUnavailable as exc:
+                if self._stop.is_set():
+                    return
                 if time.monotonic() - last_ok > self.lease_ttl:
                     log.error(
                         "cannot keep the etcd lease alive",
                         extra={"key": self.key, "error": str(exc)},
                     )
-                    self.lost.set()
+                    self._lose(loop)
                     return
                 log.warning("lease keep-alive failed (will retry)", extra={"error": str(exc)})
-            await asyncio.sleep(interval)
+            else:
+                if ttl <= 0:
+                    log.error("etcd lease expired", extra={"key": self.key})
+                    self._lose(loop)
+                    return
+                last_ok = time.monotonic()
+                self.slowest_keep_alive = max(self.slowest_keep_alive, last_ok - sent)
+                self.keep_alives += 1
+                self.lease_deadline = sent + ttl
+            self._stop.wait(interval)
+
+    def _lose(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(The keep-alive thread.) The lease is lost: nothing may commit from now on, and
+        the loop learns of it through `lost`."""
+        self.lease_deadline = 0.0
+        with contextlib.suppress(RuntimeError):  # The loop closed meanwhile.
+            loop.call_soon_threadsafe(self.lost.set)
 
     def lease_alive(self, margin: float = 0.0) -> bool:
         """The lease is surely alive for `margin` more seconds."""
@@ -110,9 +141,10 @@ class MemberSession:
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop keeping the lease alive; with `revoke`, drop it (and the member's keys) now."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])  # Our own cancellation still propagates.
-            self._task = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            self.ks.close_blocking_channel()  # Ends a refresh in flight.
+            await asyncio.to_thread(thread.join)
         if revoke and self.lease and not self.lost.is_set():
             await self.ks.revoke_lease(self.lease)

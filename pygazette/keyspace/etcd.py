@@ -21,6 +21,7 @@ import bisect
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -131,9 +132,12 @@ class EtcdKeyspace(Keyspace):
         if tls is not None and not etcd_url_is_tls(url):
             raise ValueError(f"etcd TLS options given, but {url!r} is not an https:// URL")
         client_type: Any = aetcd.Client
+        self._target = f"{host}:{port}"
+        self._credentials: grpc.ChannelCredentials | None = None
         if etcd_url_is_tls(url):
             # Files are read and checked now, at start-up.
-            client_type = functools.partial(_TLSEtcdClient, channel_credentials(tls))
+            self._credentials = channel_credentials(tls)
+            client_type = functools.partial(_TLSEtcdClient, self._credentials)
         self._client = client_type(
             host=host,
             port=port,
@@ -153,6 +157,9 @@ class EtcdKeyspace(Keyspace):
         self._identity = ClusterIdentity(0, 0, 0)
         self._watch_task: asyncio.Task[None] | None = None
         self.watch_failures = 0  # Watches re-established (for tests and diagnostics).
+        # A synchronous channel for `keep_alive_blocking` (a thread's own, opened on use).
+        self._sync_channel: grpc.Channel | None = None
+        self._sync_lock = threading.Lock()
 
     # Keyspace interface.
     @property
@@ -220,6 +227,7 @@ class EtcdKeyspace(Keyspace):
             self._watch_task = None
         with contextlib.suppress(Exception):
             await self._client.close()
+        self.close_blocking_channel()
 
     async def _call(self, fn: Any) -> Any:
         try:
@@ -353,6 +361,37 @@ class EtcdKeyspace(Keyspace):
         result: int = await self._call(once)
         return result
 
+    def keep_alive_blocking(self, lease: int, within: float) -> int:
+        """`keep_alive` for a thread of its own, on a synchronous channel of its own: it
+        doesn't wait for the event loop, so a busy loop can't starve the lease."""
+        with self._sync_lock:
+            if self._sync_channel is None:
+                if self._credentials is not None:
+                    self._sync_channel = grpc.secure_channel(self._target, self._credentials)
+                else:
+                    self._sync_channel = grpc.insecure_channel(self._target)
+            channel = self._sync_channel
+        stub = etcd_rpc.LeaseStub(channel)
+        try:
+            replies = stub.LeaseKeepAlive(
+                iter([etcd_rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=within
+            )
+            try:
+                for reply in replies:
+                    return int(reply.TTL)
+                return 0
+            finally:
+                replies.cancel()
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed.
+            raise KeyspaceUnavailable(f"etcd at {self.url}: {_describe(exc)}") from exc
+
+    def close_blocking_channel(self) -> None:
+        """Close `keep_alive_blocking`'s channel (ending a call in flight on it)."""
+        with self._sync_lock:
+            channel, self._sync_channel = self._sync_channel, None
+        if channel is not None:
+            channel.close()
+
     async def revoke_lease(self, lease: int) -> None:
         request = etcd_rpc.LeaseRevokeRequest(ID=lease)
         with contextlib.suppress(KeyspaceUnavailable):
@@ -367,5 +406,7 @@ class _Compacted(Exception):
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call):  # A synchronous call's.
         return f"{exc.code().name}: {exc.details()}"
     return str(exc) or type(exc).__name__

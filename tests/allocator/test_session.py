@@ -1,0 +1,47 @@
+"""A member's session on a real etcd: its lease outlives a busy event loop."""
+
+from __future__ import annotations
+
+import time
+
+from pygazette.allocator.session import MemberSession
+from pygazette.keyspace.etcd import EtcdKeyspace
+from pygazette.keyspace.layout import KeyLayout
+from tests.support.etcd_process import EtcdProcess
+
+TTL = 2.0
+
+
+async def test_lease_kept_alive_while_the_event_loop_is_blocked(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    ks = EtcdKeyspace(etcd.url, etcd_root)
+    await ks.open()
+    key = KeyLayout(etcd_root).member_key("zone-a", "busy")
+    session = MemberSession(ks, key, b"1", lease_ttl=TTL)
+    try:
+        await session.start()
+        refreshed = session.keep_alives
+        # The loop does nothing else for over twice the TTL (as a broker taking back
+        # thousands of journals can): a keep-alive waiting for the loop would let etcd
+        # expire the lease, and the member key with it.
+        time.sleep(2.5 * TTL)
+        assert session.keep_alives >= refreshed + 3
+        assert session.lease_alive()
+        assert not session.lost.is_set()
+        existing = await ks.get_remote(key)
+        assert existing is not None and existing.lease == session.lease
+    finally:
+        await session.close()
+        await ks.close()
+    assert await ks_key_gone(etcd, etcd_root, key)
+
+
+async def ks_key_gone(etcd: EtcdProcess, root: str, key: str) -> bool:
+    """Whether `key` is gone from etcd (closing revoked the lease)."""
+    ks = EtcdKeyspace(etcd.url, root)
+    await ks.open()
+    try:
+        return await ks.get_remote(key) is None
+    finally:
+        await ks.close()
