@@ -67,7 +67,12 @@ from pygazette.auth.client_interceptor import journal_claims_scope
 from pygazette.broker.allocation import assignments_advertise, route_value
 from pygazette.broker.append_service import AppendAborted, AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
-from pygazette.broker.flow_control import FlowControlUnderflow, MinRatePolicer, throttle
+from pygazette.broker.flow_control import (
+    FlowControlUnderflow,
+    MinRatePolicer,
+    next_policed,
+    throttle,
+)
 from pygazette.broker.invalidation import acquire_or_invalidated
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.metrics import record_append
@@ -489,13 +494,7 @@ class ClusterAppends:
         may_write = journal_spec_flags_allow_write(spec)
 
         async def receive() -> pb.AppendRequest | None:
-            try:
-                async with asyncio.timeout(policer.timeout()):
-                    return await anext(it)
-            except StopAsyncIteration:
-                return None
-            except TimeoutError:
-                raise FlowControlUnderflow(policer.min_rate) from None
+            return await next_policed(it, policer)
 
         try:
             while True:

@@ -23,6 +23,7 @@ from pygazette.broker.flow_control import (
     FlowControlUnderflow,
     MinRatePolicer,
     RateLimiter,
+    next_policed,
     throttle,
 )
 from pygazette.broker.fragment.spool import PendingAppend
@@ -245,13 +246,7 @@ async def _receive_content(
     big = False
 
     async def receive() -> pb.AppendRequest | None:
-        try:
-            async with asyncio.timeout(policer.timeout()):
-                return await anext(it)
-        except StopAsyncIteration:
-            return None
-        except TimeoutError:
-            raise FlowControlUnderflow(policer.min_rate) from None
+        return await next_policed(it, policer)
 
     global _big_appends
     try:

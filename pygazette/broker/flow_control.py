@@ -6,6 +6,12 @@ sending at least `min_rate` bytes per second, with one second of slack and at mo
 second of banked credit, or its append is aborted. Time the broker itself spends throttling
 (for a maximum rate) is not charged to the client.
 
+The broker's own stalls aren't charged either (`next_policed`): when the timer that would
+abort a client fires late because the event loop was busy (a broker under load, or blocked),
+the lateness is excused and the client gets that much longer; only a timer that fires on
+time aborts it. A busy broker otherwise failed prompt clients whose chunks sat in its own
+queues (bench/scale.py's failed first appends at 5,000 journals).
+
 `RateLimiter` is a token bucket; an append's chunks pass the journal's and the broker's
 limiters, and a chunk that has to wait is counted as delayed.
 """
@@ -14,6 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# A policing timer firing later than this was held up by the event loop, not the client.
+LOOP_STALL_SECONDS = 0.05
+# At most this much loop stall is excused while waiting for one chunk.
+MAX_STALL_EXCUSE_SECONDS = 10.0
 
 
 class FlowControlUnderflow(Exception):
@@ -88,3 +103,56 @@ class MinRatePolicer:
             return None
         self._accrue()
         return max(0.0, (self.SLACK_SECONDS * self.min_rate - self._debt) / self.min_rate)
+
+
+async def next_policed(it: AsyncIterator[T], policer: MinRatePolicer) -> T | None:
+    """The client's next request (None at the end of its stream), or FlowControlUnderflow
+    once it has taken longer than the policer allows. Time the event loop was stalled past
+    the deadline is excused (see the module docstring)."""
+    try:
+        async with asyncio.timeout(None) as scope:
+            deadline = _Deadline(scope, policer)
+            try:
+                return await anext(it)
+            finally:
+                deadline.cancel()
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise FlowControlUnderflow(policer.min_rate) from None
+
+
+class _Deadline:
+    """Expires `scope` when the policer's allowance runs out, excusing loop stalls."""
+
+    __slots__ = ("_excused", "_handle", "_loop", "_policer", "_scope", "_when")
+
+    def __init__(self, scope: asyncio.Timeout, policer: MinRatePolicer) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._scope = scope
+        self._policer = policer
+        self._excused = 0.0
+        self._when = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+        limit = policer.timeout()
+        if limit is not None:
+            self._arm(limit)
+
+    def _arm(self, limit: float) -> None:
+        self._when = self._loop.time() + limit
+        self._handle = self._loop.call_at(self._when, self._fire)
+
+    def _fire(self) -> None:
+        lag = self._loop.time() - self._when
+        if lag > LOOP_STALL_SECONDS and self._excused < MAX_STALL_EXCUSE_SECONDS:
+            self._excused += lag
+            self._policer.excuse(lag)
+            self._arm(self._policer.timeout() or 0.0)
+            return
+        self._handle = None
+        self._scope.reschedule(self._loop.time())
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

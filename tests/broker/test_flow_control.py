@@ -10,7 +10,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pygazette.broker.flow_control import FlowControlUnderflow, MinRatePolicer, RateLimiter
+from pygazette.broker.flow_control import (
+    FlowControlUnderflow,
+    MinRatePolicer,
+    RateLimiter,
+    next_policed,
+)
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
@@ -35,6 +40,31 @@ def test_min_rate_policer() -> None:
     with pytest.raises(FlowControlUnderflow):
         p.received(1)
     assert MinRatePolicer(0).timeout() is None
+
+
+async def _chunk_after(delay: float) -> AsyncIterator[bytes]:
+    await asyncio.sleep(delay)
+    yield b"chunk"
+
+
+async def test_next_policed_aborts_a_stalled_client() -> None:
+    started = time.monotonic()
+    with pytest.raises(FlowControlUnderflow):
+        await next_policed(_chunk_after(60), MinRatePolicer(1 << 16))
+    assert time.monotonic() - started < 5
+    # A prompt one is served, and the end of a stream is None.
+    it = _chunk_after(0.01)
+    assert await next_policed(it, MinRatePolicer(1 << 16)) == b"chunk"
+    assert await next_policed(it, MinRatePolicer(1 << 16)) is None
+
+
+async def test_next_policed_excuses_the_brokers_own_stall() -> None:
+    """The client's chunk is due at 0.1 s; the loop is blocked from 0.05 s to 1.65 s (past
+    the 1 s allowance). When it comes back, the client isn't blamed for the broker's stall
+    (asyncio.timeout alone aborted it: its timer ran before the chunk was taken)."""
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, time.sleep, 1.6)
+    assert await next_policed(_chunk_after(0.1), MinRatePolicer(1 << 16)) == b"chunk"
 
 
 @pytest.mark.slow
