@@ -134,42 +134,41 @@ class JournalLabels:
 JOURNAL_LABEL = JournalLabels()
 
 
-class _JournalMeters:
-    """The labelled children of one journal, looked up once."""
+class _AppendMeters:
+    """The append children of one journal, looked up once (at its first append)."""
 
-    __slots__ = (
-        "append_bytes",
-        "append_seconds",
-        "read_bytes",
-        "read_content",
-        "read_seconds",
-        "write_head",
-    )
+    __slots__ = ("append_bytes", "append_seconds", "write_head")
 
     def __init__(self, journal: str) -> None:
         label = JOURNAL_LABEL(journal)
         self.write_head = WRITE_HEAD.labels(journal)
         self.append_bytes = APPEND_BYTES.labels(label)
         self.append_seconds = APPEND_SECONDS.labels(label)
+
+
+class _ReadMeters:
+    """The read children of one journal, looked up once (at its first read): a journal
+    only written to creates none."""
+
+    __slots__ = ("read_bytes", "read_content", "read_seconds")
+
+    def __init__(self, journal: str) -> None:
+        label = JOURNAL_LABEL(journal)
         self.read_bytes = READ_BYTES.labels(label)
         self.read_seconds = READ_SECONDS.labels(label)
         self.read_content = READ_CONTENT_BYTES.labels(label)
 
 
-_meters: dict[str, _JournalMeters] = {}
-
-
-def journal_meters(journal: str) -> _JournalMeters:
-    meters = _meters.get(journal)
-    if meters is None:
-        meters = _meters[journal] = _JournalMeters(journal)
-    return meters
+_append_meters: dict[str, _AppendMeters] = {}
+_read_meters: dict[str, _ReadMeters] = {}
 
 
 def record_append(commit: pb.Fragment, started: float) -> None:
     """An append this broker committed as primary: `commit` is its fragment, `started` the
     `time.monotonic()` at which its RPC began."""
-    meters = journal_meters(commit.journal)
+    meters = _append_meters.get(commit.journal)
+    if meters is None:
+        meters = _append_meters[commit.journal] = _AppendMeters(commit.journal)
     meters.write_head.set(commit.end)
     meters.append_bytes.observe(commit.end - commit.begin)
     meters.append_seconds.observe(time.monotonic() - started)
@@ -194,7 +193,10 @@ class ReadMeter:
     __slots__ = ("_meters", "_started", "bytes")
 
     def __init__(self, journal: str) -> None:
-        self._meters = journal_meters(journal)
+        meters = _read_meters.get(journal)
+        if meters is None:
+            meters = _read_meters[journal] = _ReadMeters(journal)
+        self._meters = meters
         self._started = time.monotonic()
         self.bytes = 0
 
