@@ -111,6 +111,7 @@ class ClusterResolver(Resolver):
         self.decoder = decoder
         self.serving = True
         self._endpoints: dict[tuple[str, int], str] = {}
+        self._member_keys: dict[tuple[str, str], str] = {}  # (zone, suffix) -> member key.
         # Called with each replica whose assignments changed while this broker is its
         # primary (asks for a pulse: see `pulser`; nothing runs per replica).
         self.on_primary: Callable[[Replica], None] | None = None
@@ -227,7 +228,13 @@ class ClusterResolver(Resolver):
         return hdr
 
     def endpoint_of(self, zone: str, suffix: str) -> str:
-        kv = self.keyspace.get(self.layout.member_key(zone, suffix))
+        key = self._member_keys.get((zone, suffix))
+        if key is None:
+            key = self.layout.member_key(zone, suffix)  # Checks the parts: once per member.
+            if len(self._member_keys) >= 4096:
+                self._member_keys.clear()
+            self._member_keys[(zone, suffix)] = key
+        kv = self.keyspace.get(key)
         if kv is None:
             return ""
         cached = self._endpoints.get((kv.key, kv.mod_revision))

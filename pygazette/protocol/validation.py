@@ -226,7 +226,16 @@ def validate_journal_name(name: str, *, allow_meta: bool = True) -> None:
 
     A ";meta" suffix (used by readers) must itself be a clean path component;
     with ``allow_meta=False`` (as for JournalSpec names) it is refused.
+
+    Names found valid are remembered (every Append, Read and Replicate request names its
+    journal; checking the path costs more than the rest of a small request's checks).
     """
+    _valid_journal_name(name, allow_meta)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _valid_journal_name(name: str, allow_meta: bool) -> None:
+    """`validate_journal_name`, cached for valid names (an error is raised, not cached)."""
     base, meta = split_journal_meta(name)
     validate_path_component(base, "", MIN_JOURNAL_NAME_LEN, MAX_JOURNAL_NAME_LEN)
     if not meta:

@@ -168,6 +168,14 @@ def test_journal_name_without_meta() -> None:
     assert v.split_journal_meta("foo/bar") == ("foo/bar", "")
 
 
+def test_journal_names_remembered_only_when_valid() -> None:
+    # A valid name is remembered per allow_meta; an invalid one fails every time.
+    v.validate_journal_name("a/journal;meta")
+    assert fails(v.validate_journal_name, "a/journal;meta", allow_meta=False) != ""
+    for _ in range(2):
+        assert fails(v.validate_journal_name, "bad//name") == "must be a clean path (bad//name)"
+
+
 @pytest.mark.parametrize(
     ("store", "expect"),
     [
