@@ -41,8 +41,12 @@ lint: venv
 
 # Servers check every response they send with Gazette's rules (PYGAZETTE_CHECK_RESPONSES=1):
 # a response breaking one fails its RPC, and so the test that drove the server into it.
+# Most tests wait on processes (brokers, etcd, JVMs), so two workers (TEST_WORKERS) share
+# the cores; a test file stays on one worker with its module's fixtures (--dist loadfile).
+TEST_WORKERS ?= 2
 test: deps lint s3server-bin
-	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q --ignore=tests/interop -m "not bench_smoke"
+	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		--ignore=tests/interop -m "not bench_smoke"
 	PYGAZETTE_CHECK_RESPONSES=1 $(MAKE) interop
 
 # Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).

@@ -721,8 +721,12 @@ def test_lag_prune_and_recover(deployment: Deployment, prefix: str, tmp_path: Pa
     out = ok(
         dep.cli("shards", "prune", "-l", f"id={shard}", "--file-root", str(dep.broker.file_root))
     )
-    assert out.splitlines()[-1].startswith(f"removed {len(would)} of ")
+    # The shard may persist or retire more of its log between the two runs (an open
+    # fragment's flush, hints recorded after the last commit), so the real run removes at
+    # least what the dry run named.
+    assert out.splitlines()[-1].startswith("removed "), out
     removed = {(int(row[1]), int(row[2])) for row in table_rows(out)[1:-1]}
+    assert {(int(row[1]), int(row[2])) for row in would} <= removed, (would, out)
     for begin, end in removed:
         assert not list(dep.broker.file_root.glob(f"{log}/{begin:016x}-{end:016x}-*")), (begin, end)
 
