@@ -39,7 +39,7 @@ from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
-from pygazette.broker.replica import Replica
+from pygazette.broker.replica import Replica, spool_directory
 from pygazette.broker.replicated_spool import ReplicatedSpool
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
@@ -93,6 +93,9 @@ class ClusterMember:
         self.spec.process_spec.endpoint = identity.endpoint
         self._tasks: list[asyncio.Task[None]] = []
         self._allocator_task: asyncio.Task[None] | None = None
+        # Journals whose spool directory may hold orphaned spools (see `_sweep_orphans`):
+        # None until the first sweep lists the spool root once.
+        self._orphan_candidates: set[str] | None = None
 
     async def open(self) -> None:
         """Connect to etcd and build this member's services (nothing is announced yet)."""
@@ -122,9 +125,19 @@ class ClusterMember:
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
         self.pulser = Pulser(self.appends.pulse)
         self.resolver.on_primary = self.pulser.request
+        self.resolver.on_stopped = self._replica_stopped
         self.appends.on_pipeline_open = self._pipeline_opened
         self.resolver.lease_alive = self.session.lease_alive
         self.services = ClusterServices(self.resolver, self.appends, self.peers)
+
+    @property
+    def orphan_candidates(self) -> frozenset[str]:
+        """Journals the next orphan sweep looks at (after the first sweep)."""
+        return frozenset(self._orphan_candidates or ())
+
+    def _replica_stopped(self, name: str) -> None:
+        if self._orphan_candidates is not None:
+            self._orphan_candidates.add(name)
 
     def _pipeline_opened(self, journal: JournalRuntime) -> None:
         replica = self.resolver.replicas.get(journal.name)
@@ -225,15 +238,19 @@ class ClusterMember:
         the journal again (or the whole cluster restarted and its copy matters). Once the
         journal is consistent without this broker, its spools are done with: they're
         moved aside, cut to their confirmed frontier, and persisted if the store lacks them.
+
+        The spool root is listed once (after a start, what an earlier run left); later
+        sweeps look only at journals this broker stopped serving since, and at those not
+        settled yet: their cost doesn't grow with the journals a broker ever held.
         """
         while True:
             await asyncio.sleep(ORPHAN_SWEEP_SECONDS)
             try:
-                self._sweep_once()
+                self.sweep_orphans_once()
             except Exception as exc:
                 log.warning("orphaned spool sweep failed", extra={"error": str(exc)})
 
-    def _sweep_once(self) -> None:
+    def sweep_orphans_once(self) -> None:
         if not self.spool_root.is_dir():
             return
         aside_root = self.spool_root / ".orphaned"
@@ -241,14 +258,23 @@ class ClusterMember:
             for done in aside_root.iterdir():
                 if done.is_dir() and not any(done.glob("*.log")):
                     shutil.rmtree(done, ignore_errors=True)
+        if self._orphan_candidates is None:
+            self._orphan_candidates = {
+                unquote(d.name)
+                for d in self.spool_root.iterdir()
+                if not d.name.startswith(".") and d.is_dir()
+            }
+        candidates = self._orphan_candidates
         state = self.observed.current
-        for directory in sorted(self.spool_root.iterdir()):
-            if not directory.is_dir() or directory.name.startswith("."):
-                continue
-            name = unquote(directory.name)
-            if name in self.resolver.replicas or name in self.resolver.stopping_journals:
-                continue
-            if not any(directory.iterdir()):
+        for name in sorted(candidates):
+            if name in self.resolver.stopping_journals:
+                continue  # Looked at again once it stopped.
+            candidates.discard(name)
+            if name in self.resolver.replicas:
+                continue  # Served: its spools are its replica's (it is a candidate again
+                # when it stops).
+            directory = spool_directory(self.spool_root, name)
+            if not directory.is_dir() or not any(directory.iterdir()):
                 continue
             item = self.keyspace.get(self.layout.item_key(name)) if "#" not in name else None
             spec: pb.JournalSpec | None = None
@@ -259,7 +285,8 @@ class ClusterMember:
                     spec = None
                 group = state.assignments_of(name)
                 if not group or not assignments_advertise(route_of(group), group):
-                    continue  # Not settled yet: this broker may be needed for recovery.
+                    candidates.add(name)  # Not settled yet: this broker may be needed for
+                    continue  # recovery. Looked at again next sweep.
             aside = self.spool_root / ".orphaned" / f"{directory.name}-{time.time_ns()}"
             aside.parent.mkdir(parents=True, exist_ok=True)
             directory.rename(aside)

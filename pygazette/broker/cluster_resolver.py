@@ -115,6 +115,8 @@ class ClusterResolver(Resolver):
         # Called with each replica whose assignments changed while this broker is its
         # primary (asks for a pulse: see `pulser`; nothing runs per replica).
         self.on_primary: Callable[[Replica], None] | None = None
+        # Called with the name of each journal whose replica this broker stops.
+        self.on_stopped: Callable[[str], None] | None = None
         # Whether this broker's etcd lease is surely alive. When it may not be (the broker
         # was frozen, or cut off from etcd), its view of the cluster can't be trusted: it
         # resolves nothing until it knows again.
@@ -188,6 +190,8 @@ class ClusterResolver(Resolver):
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
         task.add_done_callback(partial(_discard, self.stopping_journals, name))
+        if self.on_stopped is not None:
+            self.on_stopped(name)
 
     def _start_primary(self, replica: Replica) -> None:
         if self.on_primary is not None:
