@@ -119,3 +119,14 @@ class LeaseCollector:
             "Seconds until the etcd lease would expire without another keep-alive.",
             value=max(0.0, session.lease_deadline - time.monotonic()),
         )
+        yield CounterMetricFamily(
+            "pygazette_etcd_lease_keepalives",
+            "Keep-alives of this member's etcd lease that etcd acknowledged (they run on a "
+            "thread of their own, so a busy event loop doesn't delay them).",
+            value=session.keep_alives,
+        )
+        yield GaugeMetricFamily(
+            "pygazette_etcd_lease_keepalive_max_seconds",
+            "The longest a keep-alive of this member's etcd lease waited for etcd's answer.",
+            value=session.slowest_keep_alive,
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from pygazette.allocator.metrics import LeaseCollector
 from pygazette.allocator.session import MemberSession
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyLayout
@@ -31,6 +32,14 @@ async def test_lease_kept_alive_while_the_event_loop_is_blocked(
         assert not session.lost.is_set()
         existing = await ks.get_remote(key)
         assert existing is not None and existing.lease == session.lease
+        # Both are exposed to scrapes.
+        samples = {
+            sample.name: sample.value
+            for family in LeaseCollector(lambda: session).collect()
+            for sample in family.samples
+        }
+        assert samples["pygazette_etcd_lease_keepalives_total"] == session.keep_alives
+        assert 0 < samples["pygazette_etcd_lease_keepalive_max_seconds"] < TTL
     finally:
         await session.close()
         await ks.close()
