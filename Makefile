@@ -10,7 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
-.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-scale bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos
+.PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-scale bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos image kustomize-bin deploy-test
 
 all: test
 
@@ -44,7 +44,7 @@ lint: venv
 # Most tests wait on processes (brokers, etcd, JVMs), so two workers (TEST_WORKERS) share
 # the cores; a test file stays on one worker with its module's fixtures (--dist loadfile).
 TEST_WORKERS ?= 2
-test: deps lint s3server-bin
+test: deps lint s3server-bin kustomize-bin
 	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--ignore=tests/interop -m "not bench_smoke"
 	PYGAZETTE_CHECK_RESPONSES=1 $(MAKE) interop
@@ -70,6 +70,23 @@ stream-sum-bin: deps
 # against, built once from the Go module proxy into interop/bin/ (interop/build-s3server).
 s3server-bin:
 	./interop/build-s3server
+
+# kustomize (deploy/ overlays; tests/deploy renders them), built once from the Go module
+# proxy into interop/bin/ (deploy/build-kustomize).
+kustomize-bin:
+	./deploy/build-kustomize
+
+# The container image (deploy/Containerfile) with podman: BASE=docker.io/library/python:3.11-slim
+# for a real build; without BASE, a base built here from Debian packages (mmdebstrap). Installs
+# podman, runc and mmdebstrap when missing (deploy/install-podman). README "Deploying".
+image: venv interop-bin s3server-bin
+	./deploy/build-image
+
+# deploy/overlays/test played with `podman kube play` (tests/deploy/play.py): etcd, S3, three
+# brokers, the examples' consumers and Jobs; stream-sum verified through them, across a
+# broker pod kill. Several minutes; not part of make test.
+deploy-test: image kustomize-bin
+	$(PY) -m tests.deploy.play
 
 interop-go: venv interop-bin
 	cd interop && PYGAZETTE="$(abspath $(VENV))/bin/pygazette" $(INTEROP_GO_ENV) \
