@@ -6,7 +6,8 @@ directly: for every key they must be 1, 2, …, N with no gap and no repeat — 
 duplicated input, or state that went backwards, shows up as a wrong sequence.
 
 Its store is a JSONFileStore, or, for shards whose id ends in `-sqlite`, a SQLiteStore
-(table `counts(k, n)`) that compacts its recovery log early (after 32 KiB of history).
+(table `counts(k, n)`) that compacts its recovery log early (after 32 KiB of history), or,
+for shards whose id ends in `-rocksdb`, a RocksDBStore (key -> decimal count).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from pygazette.consumer.json_file_store import JSONFileStore
 from pygazette.consumer.memory_store import MemoryStore
+from pygazette.consumer.rocksdb_store import RocksDBStore
 from pygazette.consumer.sqlite_store import SQLiteStore
 from pygazette.consumer.store import Store
 from pygazette.message.envelope import Envelope
@@ -35,6 +37,8 @@ class Counter:
             raise OSError(f"cannot open the store of {shard.id}")
         if recorder is not None and shard.id.endswith("-sqlite"):
             return SQLiteStore(recorder, bootstrap_sql=COUNTS, compact_min_bytes=32 << 10)
+        if recorder is not None and shard.id.endswith("-rocksdb"):
+            return RocksDBStore(recorder)
         if recorder is not None:
             return JSONFileStore(recorder, {"counts": {}})
         return MemoryStore({"counts": {}})
@@ -49,6 +53,9 @@ class Counter:
                 "RETURNING n",
                 (key,),
             ).fetchall()
+        elif isinstance(store, RocksDBStore):
+            count = int(store.get(key.encode()) or b"0") + 1
+            store.put(key.encode(), str(count).encode())
         else:
             counts = store.state["counts"]
             counts[key] = count = counts.get(key, 0) + 1

@@ -47,6 +47,7 @@ SOURCES = ["tests/consumer/in-a", "tests/consumer/in-b"]
 OUT = "tests/consumer/out"
 LOGS = "tests/consumer/recovery"
 SHARD = "counter-000"
+ROCKSDB_SHARD = "counter-000-rocksdb"  # The Counter app keeps it in a RocksDBStore.
 LEASE = "3s"
 
 
@@ -171,7 +172,7 @@ async def group(
         specs = [small_journal_spec(j) for j in [*SOURCES, OUT]]
         specs += [
             small_journal_spec(f"{LOGS}/{s}", RECOVERY_LOG)
-            for s in (SHARD, "counter-001", "counter-002")
+            for s in (SHARD, "counter-001", "counter-002", ROCKSDB_SHARD)
         ]
         await apply_journals(
             client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]
@@ -252,6 +253,26 @@ async def test_primary_killed_standby_takes_over_exactly_once(group: Group) -> N
             for c in primary_restart:
                 c.start()
         await inputs.publish(400)
+        outputs = await committed_outputs(client, inputs.sent, 60)
+        assert_exactly_once(outputs, inputs.sent)
+
+
+async def test_rocksdb_primary_killed_standby_takes_over_exactly_once(group: Group) -> None:
+    # A RocksDBStore (the Counter app's store for shards named *-rocksdb): the standby plays
+    # the recorded database and takes over from the kill -9'd primary.
+    shard = ROCKSDB_SHARD
+    for _ in range(2):
+        group.add()
+    await group.apply(shard_spec(shard))
+    async with JournalClient(group.broker.url) as client:
+        inputs = Inputs(client)
+        primary = await group.wait_primary(shard=shard)
+        await group.wait_standby(shard=shard)
+        await inputs.publish(100)
+        await committed_outputs(client, inputs.sent, 60)
+        primary.kill()
+        await group.wait_primary(not_=primary, shard=shard)
+        await inputs.publish(100)
         outputs = await committed_outputs(client, inputs.sent, 60)
         assert_exactly_once(outputs, inputs.sent)
 
