@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import heapq
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,6 +102,10 @@ class Keyspace(abc.ABC):
         self.root = root
         self._listeners: list[ChangeListener] = []
         self._changed = asyncio.Condition()
+        # wait_for_revision's waiters by revision: a change wakes only those it satisfies
+        # (through a Condition, every change woke every waiter: O(waiters) per change).
+        self._revision_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_seq = itertools.count()
 
     @property
     @abc.abstractmethod
@@ -137,6 +143,11 @@ class Keyspace(abc.ABC):
                 listener(changes)
             except Exception:  # One broken listener must not stop the mirror.
                 log.exception("keyspace listener failed", extra={"revision": revision})
+        waiters, reached = self._revision_waiters, self.revision
+        while waiters and waiters[0][0] <= reached:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
         async with self._changed:
             self._changed.notify_all()
 
@@ -144,8 +155,14 @@ class Keyspace(abc.ABC):
         """Return once the mirror has applied `revision` (TimeoutError after `within` s)."""
         if self.revision >= revision:
             return
-        async with asyncio.timeout(within), self._changed:
-            await self._changed.wait_for(lambda: self.revision >= revision)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._revision_waiters, (revision, next(self._waiter_seq), fut))
+        try:
+            async with asyncio.timeout(within):
+                await fut
+        finally:
+            if not fut.done():
+                fut.cancel()  # Dropped from the heap once its revision is reached.
 
     async def wait_until(self, predicate: Callable[[], bool], within: float | None = None) -> None:
         """Return once `predicate()` holds, checking it after each applied change

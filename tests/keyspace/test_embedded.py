@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,29 @@ def test_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(RuntimeError, match="cannot load keyspace"):
         EmbeddedKeyspace(path)
+
+
+async def test_revision_waiters_wake_when_their_revision_is_applied() -> None:
+    ks = EmbeddedKeyspace(None)  # In memory.
+    woken: list[int] = []
+
+    async def wait(revision: int) -> None:
+        await ks.wait_for_revision(revision)
+        woken.append(revision)
+
+    waits = [asyncio.ensure_future(wait(r)) for r in (4, 3, 3, 2)]
+    await asyncio.sleep(0)
+    await ks.txn([], [Put("/a", b"1")])  # Revision 2.
+    await asyncio.sleep(0)
+    assert woken == [2] and ks._revision_waiters[0][0] == 3  # Only the satisfied one.
+    await ks.txn([], [Put("/a", b"2")])  # 3.
+    await asyncio.sleep(0)
+    assert sorted(woken) == [2, 3, 3]
+    # A waiter that times out leaves nothing behind once its revision is reached.
+    with pytest.raises(TimeoutError):
+        await ks.wait_for_revision(5, 0.01)
+    await ks.txn([], [Put("/a", b"3")])  # 4.
+    await ks.txn([], [Put("/a", b"4")])  # 5.
+    await asyncio.gather(*waits)
+    assert sorted(woken) == [2, 3, 3, 4] and ks._revision_waiters == []
+    await ks.wait_for_revision(5)  # Already applied: returns at once.
