@@ -29,7 +29,7 @@ processes (`pygazette consumer serve`, the test Counter app on MemoryStore) and 
 reading the N journals, applied in transactions of 100; the time from the end of the
 apply until every shard has a primary (target: 10 s).
 
-    python bench/scale.py [-K 6] [-N 1000] [-R 2] [--shards 5000] [--quick]
+    python bench/scale.py [-K 6] [-N 1000] [-R 2] [--shards 5000 [--shards-only]] [--quick]
                           [--systems pygazette gazette] [--smoke]
 
 Prints one JSON document: every figure per system, and pygazette's as ratios to Gazette's
@@ -441,6 +441,9 @@ async def run_system(
             out["etcd_revisions_apply_to_quiet"] = etcd_revision(cluster.etcd.url) - rev0
             out["rss_mib_converged"] = round(cluster.rss() / 1024, 1)
             out["rss_kib_per_replica_converged"] = round((cluster.rss() - rss_empty) / (n * r), 1)
+            if args.shards_only:
+                out["shards"] = await shards_bench(cluster, tmp, names, args)
+                return out
 
             # First append to each journal.
             cpu0 = cluster.cpu()
@@ -601,24 +604,27 @@ async def shards_bench(
         rss0 = sum(rss_kib(p) for p in pids)
         cpu0 = sum(cpu_seconds(p) for p in pids)
         async with ShardClient(consumers[0].url) as shards:
-            started = time.monotonic()
-            await shards.apply_in_batches(changes, TXN_SIZE, within=60)
-            out["apply_s"] = round(time.monotonic() - started, 2)
-            applied = time.monotonic()
-            primaries = 0
-            while time.monotonic() - applied < args.timeout:
-                listing = await shards.list_all(pb.LabelSelector(), within=60)
-                primaries = sum(
-                    1
-                    for s in listing.shards
-                    if s.status and s.status[0].code == cpb.ReplicaStatus.PRIMARY
-                )
-                if primaries == m:
-                    break
-                await asyncio.sleep(0.25)
-            ok = primaries == m
-            out["converged_after_apply_s"] = round(time.monotonic() - applied, 2) if ok else None
-            out["primaries"] = primaries
+            with sampled(pids, args.py_spy, "shards", "consumer"):
+                started = time.monotonic()
+                await shards.apply_in_batches(changes, TXN_SIZE, within=60)
+                out["apply_s"] = round(time.monotonic() - started, 2)
+                applied = time.monotonic()
+                primaries = 0
+                while time.monotonic() - applied < args.timeout:
+                    listing = await shards.list_all(pb.LabelSelector(), within=60)
+                    primaries = sum(
+                        1
+                        for s in listing.shards
+                        if s.status and s.status[0].code == cpb.ReplicaStatus.PRIMARY
+                    )
+                    if primaries == m:
+                        break
+                    # Each List of M shards costs the consumer serving it: not too often.
+                    await asyncio.sleep(0.5)
+                ok = primaries == m
+                took = round(time.monotonic() - applied, 2)
+                out["converged_after_apply_s"] = took if ok else None
+                out["primaries"] = primaries
         out["consumer_cpu_s"] = round(sum(cpu_seconds(p) for p in pids) - cpu0, 2)
         out["rss_kib_per_shard"] = round((sum(rss_kib(p) for p in pids) - rss0) / m, 1)
     finally:
@@ -675,9 +681,9 @@ def failures(result: dict[str, Any]) -> list[str]:
     bad = []
     if result.get("converged_after_apply_s") is None:
         bad.append(f"{result['converged_journals']}/{result['journals']} journals converged")
-    if result["first_append"]["errors"]:
+    if "first_append" in result and result["first_append"]["errors"]:
         bad.append(f"first appends failed: {result['first_append']['error_kinds']}")
-    if result["second_append"]["errors"]:
+    if "second_append" in result and result["second_append"]["errors"]:
         bad.append(f"second appends failed: {result['second_append']['error_kinds']}")
     shards = result.get("shards")
     if shards and shards.get("converged_after_apply_s") is None:
@@ -695,6 +701,16 @@ def py_spy(cluster: Cluster, into: Path | None, phase: str) -> Iterator[None]:
     if into is None or cluster.system != "pygazette":
         yield
         return
+    with sampled([p for p in cluster.pids() if p is not None], into, phase, "broker"):
+        yield
+
+
+@contextmanager
+def sampled(pids: list[int], into: Path | None, phase: str, kind: str) -> Iterator[None]:
+    """py-spy samples of `pids` through the block: DIR/<phase>-<kind>-<i>.txt."""
+    if into is None:
+        yield
+        return
     binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     into.mkdir(parents=True, exist_ok=True)
     recorders = [
@@ -710,13 +726,12 @@ def py_spy(cluster: Cluster, into: Path | None, phase: str) -> Iterator[None]:
                 "-f",
                 "raw",
                 "-o",
-                str(into / f"{phase}-broker-{i:02d}.txt"),
+                str(into / f"{phase}-{kind}-{i:02d}.txt"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for i, pid in enumerate(cluster.pids())
-        if pid is not None
+        for i, pid in enumerate(pids)
     ]
     try:
         yield
@@ -783,6 +798,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-R", "--replication", type=int, default=2)
     parser.add_argument("--shards", type=int, default=0, help="shards across 4 consumers")
     parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument(
+        "--shards-only",
+        action="store_true",
+        help="pygazette only: apply the journals, then straight to the shards phase",
+    )
     parser.add_argument("--idle", type=float, default=30.0, help="idle window, seconds")
     parser.add_argument("--timeout", type=float, default=600.0, help="per wait, seconds")
     parser.add_argument(
@@ -802,9 +822,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="DIR",
-        help="collapsed stacks of pygazette's brokers through apply and first appends",
+        help="collapsed stacks of pygazette's brokers through apply and first appends, "
+        "and of its consumers through the shards phase",
     )
     args = parser.parse_args(argv)
+    if args.shards_only:
+        if not args.shards:
+            parser.error("--shards-only needs --shards M")
+        args.systems = ["pygazette"]
     if args.quick:
         args.brokers, args.journals, args.idle = 3, 300, 5.0
     if args.brokers < args.replication or args.brokers < 2:

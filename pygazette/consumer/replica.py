@@ -50,6 +50,7 @@ from pygazette.consumer.hints import (
     store_recorded_hints,
     store_recovered_hints,
 )
+from pygazette.consumer.journal_specs import JournalSpecs, list_specs
 from pygazette.consumer.metrics import RECOVERIES
 from pygazette.consumer.progress import Progress
 from pygazette.consumer.source_reader import SourceReaders
@@ -92,6 +93,12 @@ class ConsumerContext:
     hints_interval: float = 5.0
     stop_timeout: float = 10.0
     replicas: dict[str, ShardReplica] = field(default_factory=dict)
+    # Source journals' specs, looked up once for all shards (None: one made on the client).
+    journal_specs: JournalSpecs | None = None
+
+    def __post_init__(self) -> None:
+        if self.journal_specs is None:
+            self.journal_specs = JournalSpecs(list_specs(self.client))
 
 
 class ShardReplica:
@@ -150,6 +157,8 @@ class ShardReplica:
 
     @property
     def local_dir(self) -> str:
+        """The replica's own directory (made at first use for a shard without a log)."""
+        self._local_dir.mkdir(parents=True, exist_ok=True)
         return str(self._local_dir)
 
     def progress(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -279,7 +288,11 @@ class ShardReplica:
                         return
                     error = f"{type(exc).__name__}: {exc}"
                     if not is_transient(exc):
-                        log.error("shard failed", extra={"shard": self.id, "error": f"{exc!r}"})
+                        log.error(
+                            "shard failed",
+                            extra={"shard": self.id, "error": f"{exc!r}"},
+                            exc_info=exc,
+                        )
                         await self._set_status(cpb.ReplicaStatus.FAILED, error)
                         return
                     log.warning(
@@ -301,7 +314,8 @@ class ShardReplica:
         finally:
             self._ended.set()
             self._release_store()
-            shutil.rmtree(self._local_dir, ignore_errors=True)
+            if self._local_dir.exists():
+                shutil.rmtree(self._local_dir, ignore_errors=True)
 
     def _release_store(self) -> None:
         store, self.store, self.recorder = self.store, None, None
@@ -326,10 +340,11 @@ class ShardReplica:
 
     async def _serve_replica(self) -> None:
         ctx = self.ctx
-        shutil.rmtree(self._local_dir, ignore_errors=True)
-        self._local_dir.mkdir(parents=True)
+        if self._local_dir.exists():
+            shutil.rmtree(self._local_dir, ignore_errors=True)
         log_name = self.recovery_log
         if log_name:
+            self._local_dir.mkdir(parents=True)
             self.recorder = await self._recover(log_name)
             if self.recorder is None:
                 return  # Stopped.
@@ -398,7 +413,8 @@ class ShardReplica:
 
     async def _framing(self, journal: str) -> Framing | None:
         new_framing = getattr(self.ctx.app, "new_framing", None)
-        spec = await get_journal(self.ctx.client, journal)
+        assert self.ctx.journal_specs is not None
+        spec = await self.ctx.journal_specs.get(journal)
         if new_framing is not None:
             framing: Framing | None = await maybe_await(new_framing(spec))
             if framing is not None:

@@ -10,9 +10,12 @@ that was deleted and re-created (same or higher slot, new create revision) gets 
 
 Each replica reports its status through a `StatusReporter` that writes the ReplicaStatus
 into its assignment's value (Gazette's updateStatus): reduced with the stored status (the
-larger code wins, errors accumulate), in a transaction guarded by the assignment's mod
-revision and keeping the assignment's lease; retried when the assignment changed meanwhile,
-and a no-op once the assignment is gone or the replica stopped.
+larger code wins, errors accumulate), guarded by the assignment's mod revision and keeping
+the assignment's lease; retried when the assignment changed meanwhile, and a no-op once the
+assignment is gone or the replica stopped. Reports made at the same time (thousands of
+shards starting at once) are written together, up to `STATUS_BATCH` assignments per etcd
+transaction by at most `STATUS_WRITERS` writers at a time; a batch that fails (an assignment
+changed under it, etcd unreachable) is retried one report per transaction, as Gazette does.
 
 `resolve` maps a shard ID to a Resolution at the current (or a required) revision: the spec,
 the shard's route (members in key order, the slot-0 member primary, endpoints from the
@@ -61,6 +64,10 @@ __all__ = [
 
 # Backoff between attempts to write a replica's status (etcd unreachable, lost races).
 _REPORT_BACKOFF_SECONDS = (0.05, 2.0)
+# Status reports written together: assignments per etcd transaction (each a compare and a
+# put, within etcd's default --max-txn-ops of 128), and transactions in flight at once.
+STATUS_BATCH = 100
+STATUS_WRITERS = 4
 
 StatusReporter = Callable[[cpb.ReplicaStatus], Awaitable[None]]
 
@@ -176,6 +183,10 @@ class ShardResolver:
         self._started = False
         self._sources: tuple[int, dict[str, list[cpb.ShardSpec]]] = (-1, {})
         self._touched = observed.touched_items()
+        # Status reports waiting for a batch: (entry, status, whether it was written).
+        self._reports: list[tuple[_LocalShard, cpb.ReplicaStatus, asyncio.Future[bool]]] = []
+        self._writers: set[asyncio.Task[None]] = set()
+        self.status_txns = 0  # Batched status transactions that succeeded (tests).
 
     # Local replicas.
     @property
@@ -293,6 +304,83 @@ class ShardResolver:
         return report
 
     async def _report_status(self, entry: _LocalShard, status: cpb.ReplicaStatus) -> None:
+        if entry.stopped.is_set():
+            return
+        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._reports.append((entry, status, written))
+        if len(self._writers) < STATUS_WRITERS:
+            task = asyncio.create_task(self._write_reports(), name="shard-status-writer")
+            self._writers.add(task)
+            task.add_done_callback(self._writers.discard)
+        if not await written:
+            await self._report_alone(entry, status)
+
+    async def _write_reports(self) -> None:
+        """Write waiting status reports in batches until none wait."""
+        while self._reports:
+            batch: list[tuple[_LocalShard, cpb.ReplicaStatus, asyncio.Future[bool]]] = []
+            keys: set[str] = set()
+            later = []
+            for report in self._reports:
+                key = report[0].assignment.kv.key
+                if len(batch) == STATUS_BATCH or key in keys:
+                    later.append(report)  # One put per key and transaction.
+                else:
+                    keys.add(key)
+                    batch.append(report)
+            self._reports = later
+            try:
+                await self._write_batch(batch)
+            except Exception as exc:  # Each report is retried on its own.
+                log.warning("cannot write shard statuses together", extra={"error": str(exc)})
+                for _, _, written in batch:
+                    if not written.done():
+                        written.set_result(False)
+
+    async def _write_batch(
+        self, batch: list[tuple[_LocalShard, cpb.ReplicaStatus, asyncio.Future[bool]]]
+    ) -> None:
+        """One transaction writing each report of `batch` that changes its assignment;
+        each report's future says whether it is done with (False: retry it alone)."""
+        compares: list[Compare] = []
+        puts: list[Put] = []
+        pending: list[asyncio.Future[bool]] = []
+        for entry, status, written in batch:
+            if written.done():
+                continue  # The replica gave up waiting.
+            kv = self.keyspace.get(entry.assignment.kv.key)
+            value = None
+            if kv is not None and not entry.stopped.is_set():
+                value = _reduced(status, self.decoder.replica_status(kv))
+            if kv is None or value is None:
+                written.set_result(True)  # Gone, stopped, or already says as much.
+                continue
+            try:
+                validate_replica_status(value)  # Never store what no one could decode.
+            except Exception as exc:
+                written.set_exception(exc)
+                continue
+            compares.append(Compare(kv.key, kv.mod_revision))
+            puts.append(Put(kv.key, value.SerializeToString(deterministic=True), ignore_lease=True))
+            pending.append(written)
+        if not puts:
+            return
+        try:
+            result = await self.keyspace.txn(compares, puts)
+        except KeyspaceUnavailable as exc:
+            log.warning("cannot report shard statuses (will retry)", extra={"error": str(exc)})
+            result = None
+        if result is not None and result.succeeded:
+            self.status_txns += 1
+            # Return once the mirror reflects the new statuses (as Gazette's does).
+            with contextlib.suppress(TimeoutError):
+                await self.keyspace.wait_for_revision(result.revision, REVISION_WAIT_SECONDS)
+        for written in pending:
+            if not written.done():
+                written.set_result(result is not None and result.succeeded)
+
+    async def _report_alone(self, entry: _LocalShard, status: cpb.ReplicaStatus) -> None:
+        """Write one report in transactions of its own until it is done with."""
         backoff, max_backoff = _REPORT_BACKOFF_SECONDS
         while not entry.stopped.is_set():
             key = entry.assignment.kv.key

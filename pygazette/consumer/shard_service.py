@@ -49,6 +49,7 @@ from pygazette.keyspace.keyspace import (
     Delete,
     Keyspace,
     KeyspaceUnavailable,
+    KeyValue,
     Put,
 )
 from pygazette.keyspace.layout import KeyLayout
@@ -77,6 +78,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 # How long a Stat without a deadline waits for the shard to read through its offsets.
 DEFAULT_STAT_WAIT_SECONDS = 300.0
+# Specs whose List view is kept (all are dropped past it).
+_LISTED_LIMIT = 100_000
 # How long an answer waits for this process's mirror to reflect its own write.
 _OWN_WRITE_WAIT_SECONDS = 30.0
 
@@ -96,6 +99,9 @@ class ShardService(cpb_grpc.ShardServicer):
         self.layout = layout
         self.peers = peers if peers is not None else ShardPeers()
         self.stat_wait = stat_wait
+        # List's view of each spec (by item key and mod revision): its labels with the
+        # shard ID, and its canonical form.
+        self._listed: dict[tuple[str, int], tuple[pb.LabelSet, cpb.ShardSpec]] = {}
 
     async def close(self) -> None:
         """Close the channels to peers (proxied Stats)."""
@@ -192,12 +198,12 @@ class ShardService(cpb_grpc.ShardServicer):
             if found is None:
                 continue
             spec, kv = found
-            labels = shard_label_set_ext(spec)
+            labels, canonical = self._listed_spec(spec, kv)
             if not selector_matches(request.selector, labels) or not labels_permitted(labels):
                 continue
             assignments = resolver.shard_assignments(state, item.id)
             shard = resp.shards.add(
-                spec=canonical_shard_spec(spec),
+                spec=canonical,
                 mod_revision=kv.mod_revision,
                 create_revision=kv.create_revision,
                 route=resolver.shard_route(state, assignments),
@@ -207,6 +213,15 @@ class ShardService(cpb_grpc.ShardServicer):
                 assert status is not None  # shard_assignments keeps decodable ones only.
                 shard.status.append(status)
         return resp
+
+    def _listed_spec(self, spec: cpb.ShardSpec, kv: KeyValue) -> tuple[pb.LabelSet, cpb.ShardSpec]:
+        key = (kv.key, kv.mod_revision)
+        listed = self._listed.get(key)
+        if listed is None:
+            if len(self._listed) > _LISTED_LIMIT:
+                self._listed.clear()
+            listed = self._listed[key] = (shard_label_set_ext(spec), canonical_shard_spec(spec))
+        return listed
 
     # Apply.
     async def Apply(self, request: cpb.ApplyRequest, context: Context) -> cpb.ApplyResponse:  # type: ignore[override]

@@ -60,6 +60,9 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.UNKNOWN,  # An append whose outcome is in doubt.
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,  # A broker's full disk.
+        # A call the server dropped: gRPC cancels calls that an overloaded server left
+        # unanswered for 30 s (a caller's own cancellation raises CancelledError instead).
+        grpc.StatusCode.CANCELLED,
     }
 )
 _TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

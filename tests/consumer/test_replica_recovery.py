@@ -64,6 +64,7 @@ def test_transient_failures_are_those_of_the_infrastructure() -> None:
         OSError(errno.ENOSPC, "No space left on device"),
         _rpc_error(grpc.StatusCode.UNAVAILABLE),
         _rpc_error(grpc.StatusCode.UNKNOWN),
+        _rpc_error(grpc.StatusCode.CANCELLED),  # A call an overloaded broker dropped.
         ExceptionGroup("both", [lease, KeyspaceUnavailable("x")]),
     ]
     wrapped = DependencyFailed("a dependency failed")

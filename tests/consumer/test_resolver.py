@@ -22,6 +22,7 @@ from pygazette.allocator.session import MemberSession
 from pygazette.allocator.state import Assignment
 from pygazette.consumer.key_space import ShardDecoder
 from pygazette.consumer.resolver import (
+    STATUS_BATCH,
     ReplicaStopped,
     ResolveError,
     ShardResolver,
@@ -390,6 +391,67 @@ async def test_status_report_retries_when_the_assignment_changed(tmp_path: Path)
     await replica.report(RS(code=RS.FAILED, errors=["mine"]))
     kv = ks.get(key)
     assert kv is not None and sorted(RS.FromString(kv.value).errors) == ["concurrent", "mine"]
+    await t.resolver.stop()
+
+
+class _CountingKeyspace(EmbeddedKeyspace):
+    """Records the puts of each transaction that writes assignments."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.assignment_txns: list[int] = []
+
+    async def txn(self, compares: list[Compare], ops: list[Put | Delete]) -> TxnResult:  # type: ignore[override]
+        if compares and all("/assign/" in op.key for op in ops):
+            self.assignment_txns.append(len(ops))
+        return await super().txn(compares, ops)
+
+
+async def test_status_reports_made_together_are_written_together(tmp_path: Path) -> None:
+    ks = _CountingKeyspace(tmp_path / "ks.json")
+    t = await _local(tmp_path, ks)
+    ids = [f"shard-{i:03d}" for i in range(250)]
+    for i in range(0, len(ids), 50):  # 250 shards assigned here, 50 per transaction.
+        ops: list[Put | Delete] = []
+        for sid in ids[i : i + 50]:
+            ops.append(Put(t.layout.item_key(sid), shard_spec(sid).SerializeToString()))
+            ops.append(Put(t.asn_key(sid, "local", 0), b""))
+        await t.put(*ops)
+    assert len(t.replicas.made) == 250
+    for replica in t.replicas.made:
+        await replica.reported()  # Each reported PRIMARY (auto_status).
+    for sid in ids:
+        kv = ks.get(t.asn_key(sid, "local", 0))
+        assert kv is not None and RS.FromString(kv.value).code == RS.PRIMARY
+    # Alone, that is 250 transactions.
+    assert 3 <= len(ks.assignment_txns) <= 10, ks.assignment_txns
+    assert sum(ks.assignment_txns) == 250 and max(ks.assignment_txns) <= STATUS_BATCH
+    assert t.resolver.status_txns == len(ks.assignment_txns)
+    await t.resolver.stop()
+
+
+async def test_a_status_batch_that_lost_a_race_is_written_report_by_report(
+    tmp_path: Path,
+) -> None:
+    ks = _RacingKeyspace(tmp_path / "ks.json")
+    t = await _local(tmp_path, ks)
+    t.replicas.auto_status = False
+    ids = ["shard-000", "shard-001", "shard-002"]
+    ops: list[Put | Delete] = []
+    for sid in ids:
+        ops.append(Put(t.layout.item_key(sid), shard_spec(sid).SerializeToString()))
+        ops.append(Put(t.asn_key(sid, "local", 0), b""))
+    await t.put(*ops)
+    raced = t.asn_key("shard-001", "local", 0)
+    ks.race_key = raced
+    ks.race_value = RS(code=RS.FAILED, errors=["concurrent"]).SerializeToString()
+    await asyncio.gather(*(r.report(RS(code=RS.PRIMARY)) for r in t.replicas.made))
+    for sid in ids:
+        kv = ks.get(t.asn_key(sid, "local", 0))
+        assert kv is not None
+        want = RS(code=RS.FAILED, errors=["concurrent"]) if kv.key == raced else RS(code=RS.PRIMARY)
+        assert RS.FromString(kv.value) == want
+    assert t.resolver.status_txns == 0  # The batch failed; each went alone.
     await t.resolver.stop()
 
 
