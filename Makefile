@@ -10,6 +10,7 @@ HTTP_PORT ?= 8090
 DATA ?= ./data
 PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
 
+.PHONY: spark-cluster test-spark-cluster bench-spark-cluster demo-pipeline
 .PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-scale bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos image kustomize-bin deploy-test
 
 all: test
@@ -46,7 +47,7 @@ lint: venv
 TEST_WORKERS ?= 2
 test: deps lint s3server-bin kustomize-bin
 	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile \
-		--ignore=tests/interop -m "not bench_smoke"
+		--ignore=tests/interop -m "not bench_smoke and not spark_cluster_faults"
 	PYGAZETTE_CHECK_RESPONSES=1 $(MAKE) interop
 
 # Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).
@@ -134,6 +135,25 @@ bench-spark-kafka: deps
 # job turning a journal's fragments into Parquet.
 demo: deps
 	$(PY) examples/spark_demo.py
+
+# A standalone Spark cluster on loopback (a master and two one-core workers from the pyspark
+# package's own spark-class) for trying jobs by hand; prints its spark:// URL, Ctrl-C stops it.
+spark-cluster: deps
+	$(PY) -m tests.support.spark_cluster --workers $(or $(WORKERS),2)
+
+# The cluster tests of make test, then kill -9 of an executor mid-stream and of a driver
+# mid-batch on that cluster (the spark_cluster_faults marker): exactly once.
+test-spark-cluster: deps
+	$(VENV)/bin/pytest -q tests/spark/test_on_cluster.py tests/spark/test_cluster_faults.py
+
+# Batch reads on the cluster with one worker, then two (rows/s of both).
+bench-spark-cluster: deps
+	$(PY) bench/spark_read.py --cluster --quick
+
+# events -> Structured Streaming (clean, aggregate) -> exactly-once sink -> a pygazette
+# consumer with per-key state -> a Spark batch job over fragment files -> a Parquet report.
+demo-pipeline: deps
+	$(PY) examples/pipeline/run.py
 
 # The consumer examples end to end: etcd, a broker, two consumer processes each of stream-sum
 # (every sum verified exactly once) and word-count (queries that read their writes).

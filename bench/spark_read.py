@@ -17,8 +17,14 @@ same schema (see bench/spark_kafka.py for exactly what is measured).
 
     python bench/spark_read.py [--quick] [--records N] [--runs N]
     python bench/spark_read.py --vs-kafka [--quick] [--records N] [--runs N] [--partitions N]
+    python bench/spark_read.py --cluster [--quick] [--records N] [--runs N]
 
-Prints one JSON document. Runs Spark local[2] and a broker on loopback.
+With ``--cluster``, instead: batch reads on a standalone Spark cluster (a master and two
+one-core workers on loopback, tests/support/spark_cluster.py), by an application allowed one
+executor core (one worker) and then two (both workers), rows/s of each, the gazette source
+beside Spark's own JSON reader over the same fragment files on the same executors.
+
+Prints one JSON document. Runs Spark local[2] (or the cluster) and a broker on loopback.
 """
 
 from __future__ import annotations
@@ -293,11 +299,18 @@ def main() -> None:
     parser.add_argument(
         "--partitions", type=int, default=2, help="--vs-kafka: minPartitions of both sources"
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="instead: batch reads on a standalone cluster with one worker, then two",
+    )
     args = parser.parse_args()
     rows = args.records or (200_000 if args.quick else 1_000_000)
     runs = args.runs or (2 if args.quick else 3)
     if args.vs_kafka:
         sys.exit(main_vs_kafka(rows, runs, args.partitions))
+    if args.cluster:
+        sys.exit(main_cluster(rows, runs))
 
     with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-") as tmp:
         scratch = Path(tmp)
@@ -332,12 +345,93 @@ def main() -> None:
     print(json.dumps(result, indent=2))
 
 
-def load_journal(broker: Broker, journal: str, rows: int) -> None:
-    """Start `broker`, append `rows` records to a new journal, and restart the broker so
-    that every record is in a persisted fragment file; the broker is left running."""
+def main_cluster(rows: int, runs: int) -> int:
+    """Batch reads on a standalone cluster by one executor core, then two; one JSON document.
+
+    The journal's fragments are 4 MiB, so a read plans several fragment-aligned partitions
+    and both workers' executors get tasks. Each worker count is its own application on the
+    same cluster (`spark.cores.max` 1: one worker's executor; 2: both workers')."""
+    from tests.support.spark_cluster import SparkCluster, cluster_conf
+
+    with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-cluster-") as tmp:
+        scratch = Path(tmp)
+        broker = Broker(scratch / "data")
+        journal = "bench/spark/cluster-events"
+        load_journal(broker, journal, rows, length=4 * MiB)
+        file_root = str(scratch / "data" / "fragments")
+        files = sorted(str(p) for p in (scratch / "data" / "fragments" / journal).glob("*.raw"))
+        content_bytes = sum(os.path.getsize(f) for f in files)
+        cluster = SparkCluster(scratch / "cluster", workers=2)
+        by_workers: dict[str, dict[str, float]] = {}
+        try:
+            cluster.start()
+            for workers in (1, 2):
+                conf = cluster_conf(cluster, f"pygazette-bench-{workers}-workers")
+                conf["spark.cores.max"] = str(workers)
+                t0 = time.perf_counter()
+                spark = session(scratch / f"app-{workers}", conf=conf)
+                try:
+                    wait_executors(spark, workers)
+                    started = time.perf_counter() - t0
+                    parts = (
+                        spark.read.format("gazette")
+                        .option("broker", broker.url)
+                        .option("journals", journal)
+                        .option("framing", "json")
+                        .schema(SCHEMA)
+                        .load()
+                        .rdd.getNumPartitions()
+                    )
+                    result = bench_batch(spark, broker.url, journal, files, rows, runs, file_root)
+                finally:
+                    spark.stop()
+                by_workers[f"{workers}_worker{'s' if workers > 1 else ''}"] = {
+                    **result,
+                    "partitions": parts,
+                    "app_start_seconds": round(started, 1),
+                }
+        finally:
+            cluster.stop()
+            broker.stop()
+    one, two = by_workers["1_worker"], by_workers["2_workers"]
+    out = {
+        "benchmark": "spark_read_cluster",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "cluster": {
+            "master": "standalone, loopback",
+            "workers": 2,
+            "cores_per_worker": 1,
+            "start_seconds": round(cluster.started_in, 1),
+        },
+        "data": {"records": rows, "bytes": content_bytes, "fragments": len(files)},
+        "batch_read": by_workers,
+        "two_workers_over_one": {
+            "gazette": round(two["gazette_rows_per_s"] / one["gazette_rows_per_s"], 2),
+            "spark_json": round(two["spark_json_rows_per_s"] / one["spark_json_rows_per_s"], 2),
+        },
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def wait_executors(spark: SparkSession, count: int, timeout: float = 300.0) -> None:
+    """Until `count` executors have registered with the driver (each a JVM start-up)."""
+    tracker = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()  # type: ignore[union-attr]
+    deadline = time.monotonic() + timeout
+    while tracker.size() - 1 < count:  # The driver is one entry.
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} executors did not register")
+        time.sleep(0.5)
+        tracker = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()  # type: ignore[union-attr]
+
+
+def load_journal(broker: Broker, journal: str, rows: int, length: int = 16 * MiB) -> None:
+    """Start `broker`, append `rows` records to a new journal (fragments of `length`), and
+    restart the broker so that every record is in a persisted fragment file; the broker is
+    left running."""
     broker.start()
     with SyncJournalClient(broker.url) as client:
-        create(client, spec(journal))
+        create(client, spec(journal, length=length))
         for block in record_blocks(rows):
             client.append(journal, block)
     broker.stop()  # Persists the last spool: every record is in a fragment file.
@@ -348,10 +442,14 @@ def record_blocks(rows: int, step: int = 50_000) -> list[bytes]:
     return [records(first, min(step, rows - first)) for first in range(0, rows, step)]
 
 
-def session(scratch: Path, jars: list[str] | None = None) -> SparkSession:
+def session(
+    scratch: Path, jars: list[str] | None = None, conf: dict[str, str] | None = None
+) -> SparkSession:
+    builder = SparkSession.builder.master("local[2]")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("pygazette-bench")
+        builder.appName("pygazette-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -7,7 +7,8 @@ the fault point claims the token (an atomic rename), so each fault fires exactly
 - ``fail-after-append.<journal>``: raise right after an append to <journal> committed, as
   a task dying between two appends would.
 - ``hang-after-append.<journal>``: after the append committed, create ``hung.<journal>``
-  and block, so the test can kill the query in the middle of a micro-batch.
+  (holding the hung process's pid) and block, so the test can kill the query, or the
+  executor running the task, in the middle of a micro-batch.
 
 Journal names have '/' replaced by '~' in file names.
 """
@@ -45,6 +46,9 @@ def after_append(journal: str) -> None:
     if _claim(directory, token_name("fail-after-append", journal)):
         raise InjectedFault(f"injected failure after appending to {journal}")
     if _claim(directory, token_name("hang-after-append", journal)):
-        (directory / token_name("hung", journal)).touch()
+        hung = directory / token_name("hung", journal)
+        partial = directory / f"{hung.name}.tmp"
+        partial.write_text(str(os.getpid()))
+        os.rename(partial, hung)  # Seen whole, pid included.
         while True:
             time.sleep(60)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pygazette.client import SyncJournalClient
-from pygazette.spark.faults import token_name
+from pygazette.spark.faults import FAULTS_ENV, token_name
 from pygazette.spark.routing import fnv1a32
 from tests.support.broker_process import BrokerProcess
 from tests.support.journal_data import append_each, json_records, wait_for
@@ -139,6 +140,20 @@ def test_query_killed_mid_batch_and_restarted_writes_each_row_once(
     prefix: str,
     tmp_path: Path,
 ) -> None:
+    kill_driver_mid_batch_and_restart(lambda: spark, spark_broker, gz, prefix, tmp_path)
+
+
+def kill_driver_mid_batch_and_restart(
+    restart_session: Callable[[], SparkSession],
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+    job_conf: dict[str, str] | None = None,
+) -> None:
+    """A job's driver (a process of its own, on `job_conf`'s master, else local) is killed
+    -9 while a task hangs after one of its appends; the session `restart_session` gives
+    restarts the query from the checkpoint, and every row is in the output journals once."""
     source = prefix + "in"
     create_journals(gz, journal_spec(source))
     append_each(gz, source, [b"".join(json_records(i, 50)) for i in range(0, 250, 50)])
@@ -148,6 +163,8 @@ def test_query_killed_mid_batch_and_restarted_writes_each_row_once(
     job_faults = tmp_path / "job-faults"
     job_faults.mkdir()
     arm(job_faults, "hang-after-append", outs[0])
+    if job_conf is not None:  # The job's executors look for faults where the job arms them.
+        job_conf = {**job_conf, f"spark.executorEnv.{FAULTS_ENV}": str(job_faults)}
 
     env = dict(os.environ, **spark_env(job_faults))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -163,6 +180,7 @@ def test_query_killed_mid_batch_and_restarted_writes_each_row_once(
             checkpoint,
             str(job_faults),
             str(tmp_path / "job-scratch"),
+            *([json.dumps(job_conf)] if job_conf else []),
         ],
         cwd=REPO,
         env=env,
@@ -185,7 +203,7 @@ def test_query_killed_mid_batch_and_restarted_writes_each_row_once(
     partial = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
     assert partial and sum(partial.values()) < 250  # Killed mid-batch, rows half written.
 
-    run_query(spark, spark_broker.url, source, f"topic={topic}", checkpoint)
+    run_query(restart_session(), spark_broker.url, source, f"topic={topic}", checkpoint)
     written = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
     assert written == Counter(range(250))
 

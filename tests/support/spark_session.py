@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,17 +44,25 @@ def spark_env(faults_dir: Path) -> dict[str, str]:
     return env
 
 
-def new_session(faults_dir: Path, scratch: Path) -> SparkSession:
+def new_session(
+    faults_dir: Path, scratch: Path, conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A session on `local[2,4]`, or on what `conf` says (`spark.master`, e.g. a standalone
+    cluster's settings from tests/support/spark_cluster.py's `cluster_conf`)."""
     from pyspark.sql import SparkSession
 
     os.environ.update(spark_env(faults_dir))
+    builder = SparkSession.builder.master("local[2,4]").appName("pygazette-tests")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("pygazette-tests")
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", "1g")
+        # A Python worker (the driver's source runner, or a task's) has this long to start
+        # and connect back: 15 s by default, less than a start-up takes on a loaded machine.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.sql.streaming.stateStore.providerClass", _state_store())
         .config("spark.local.dir", str(scratch / "spark-local"))
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))

@@ -3,7 +3,10 @@
 Reads JSON records {"n", "user"} from an input journal and writes them, keyed by user, over
 the journals of a selector, with Trigger.AvailableNow. Run it as
 
-    python -m tests.support.spark_stream_job BROKER INPUT SELECTOR CHECKPOINT FAULTS SCRATCH
+    python -m tests.support.spark_stream_job BROKER INPUT SELECTOR CHECKPOINT FAULTS SCRATCH [CONF]
+
+CONF, a JSON object of Spark settings, puts the job on a cluster (`spark.master`; see
+tests/support/spark_cluster.py's `cluster_conf`); without it the job runs `local[2,4]`.
 
 The test kills its whole process group (driver, JVM and Python workers) and restarts the
 query from the same checkpoint (`run_query`, in-process or here).
@@ -11,6 +14,7 @@ query from the same checkpoint (`run_query`, in-process or here).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -46,8 +50,8 @@ def run_query(
 def main(argv: list[str]) -> None:
     from tests.support.spark_session import new_session
 
-    broker, journal, selector, checkpoint, faults, scratch = argv
-    spark = new_session(Path(faults), Path(scratch))
+    broker, journal, selector, checkpoint, faults, scratch, *conf = argv
+    spark = new_session(Path(faults), Path(scratch), json.loads(conf[0]) if conf else None)
     try:
         run_query(spark, broker, journal, selector, checkpoint)
     finally:

@@ -1,0 +1,1 @@
+"""The pipeline example: Spark Structured Streaming and a pygazette consumer over journals."""
