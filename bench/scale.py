@@ -604,7 +604,10 @@ async def shards_bench(
         rss0 = sum(rss_kib(p) for p in pids)
         cpu0 = sum(cpu_seconds(p) for p in pids)
         async with ShardClient(consumers[0].url) as shards:
-            with sampled(pids, args.py_spy, "shards", "consumer"):
+            with (
+                sampled(pids, args.py_spy, "shards", "consumer"),
+                py_spy(cluster, args.py_spy, "shards"),
+            ):
                 started = time.monotonic()
                 await shards.apply_in_batches(changes, TXN_SIZE, within=60)
                 out["apply_s"] = round(time.monotonic() - started, 2)

@@ -40,7 +40,7 @@ from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.gazette_encoding import canonical_journal_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
-from pygazette.protocol.selector import journal_selected
+from pygazette.protocol.selector import journal_matcher
 from pygazette.protocol.validation import (
     journal_spec_flags_allow_read,
     validate_apply_request,
@@ -102,13 +102,14 @@ class JournalService(pb_grpc.JournalServicer):
             min_revision = ks.revision + 1
             header = self.resolver.header(routed=False)
             matched: list[tuple[pb.JournalSpec, int, int]] = []
+            selected = journal_matcher(request.selector)  # Prepared once per snapshot.
             for kv in ks.range(self._journals_prefix()):
                 spec = pb.JournalSpec()
                 try:
                     spec.ParseFromString(kv.value)
                 except Exception:  # A foreign or corrupt value: skip it.
                     continue
-                if journal_selected(request.selector, spec) and journal_permitted(
+                if selected(spec) and journal_permitted(
                     spec, rewrite_prefix=True
                 ):
                     matched.append((spec, kv.mod_revision, kv.create_revision))

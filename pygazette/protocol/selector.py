@@ -19,7 +19,7 @@ tokens of at least two letters, digits or ``-_+/.``; values may also use
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.labels import (
@@ -27,7 +27,6 @@ from pygazette.protocol.labels import (
     META_LABEL_PREFIX,
     PREFIX_SUFFIX,
     add_value,
-    journal_label_set_ext,
     label_values,
     remove_label,
 )
@@ -36,6 +35,7 @@ from pygazette.protocol.validation import PATH_SYMBOLS, TOKEN_SYMBOLS, validate_
 
 __all__ = [
     "format_selector",
+    "journal_matcher",
     "journal_selected",
     "parse_selector",
     "rewrite_prefix_meta_label",
@@ -228,6 +228,47 @@ def journal_selected(sel: pb.LabelSelector, spec: pb.JournalSpec) -> bool:
     turning ``prefix=<p>`` selector labels into ``name:prefix=<p>``: the
     exact procedure of Gazette's broker.
     """
-    return selector_matches(
-        rewrite_prefix_meta_label(sel), journal_label_set_ext(spec.name, spec.labels)
-    )
+    return journal_matcher(sel)(spec)
+
+
+# A selector's labels of one name: (name, exact values, prefix values, an empty value).
+_Group = tuple[str, frozenset[str], tuple[str, ...], bool]
+
+
+def _groups(sel: Sequence[pb.Label]) -> list[_Group]:
+    groups: dict[str, tuple[set[str], list[str], list[bool]]] = {}
+    for want in sel:
+        exact, prefixes, empty = groups.setdefault(want.name, (set(), [], [False]))
+        if want.value == "":
+            empty[0] = True
+        elif want.prefix:
+            prefixes.append(want.value)
+        else:
+            exact.add(want.value)
+    return [(n, frozenset(e), tuple(p), m[0]) for n, (e, p, m) in groups.items()]
+
+
+def _group_matches(group: _Group, by_name: dict[str, list[str]]) -> bool:
+    name, exact, prefixes, empty = group
+    present = by_name.get(name)
+    if not present:
+        return False
+    return empty or any(v in exact or (prefixes and v.startswith(prefixes)) for v in present)
+
+
+def journal_matcher(sel: pb.LabelSelector) -> Callable[[pb.JournalSpec], bool]:
+    """`journal_selected` for many journals: the selector rewritten and indexed once (a List
+    selecting `name in (...)` of hundreds of journals costs one set look-up per journal, not
+    a pass over every value)."""
+    rewritten = rewrite_prefix_meta_label(sel)
+    include, exclude = _groups(rewritten.include.labels), _groups(rewritten.exclude.labels)
+
+    def matches(spec: pb.JournalSpec) -> bool:
+        by_name: dict[str, list[str]] = {META_LABEL_NAME: [spec.name]}
+        for label in spec.labels.labels:
+            by_name.setdefault(label.name, []).append(label.value)
+        if any(_group_matches(g, by_name) for g in exclude):
+            return False
+        return all(_group_matches(g, by_name) for g in include)
+
+    return matches

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.labels import label_set
+from pygazette.protocol.labels import journal_label_set_ext, label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import (
     format_selector,
+    journal_matcher,
     journal_selected,
     parse_selector,
     rewrite_prefix_meta_label,
@@ -219,3 +220,36 @@ def test_a_value_starting_with_equals_round_trips() -> None:
     sel = parse_selector("aa===")
     assert [(x.name, x.value) for x in sel.include.labels] == [("aa", "=")]
     assert parse_selector(format_selector(sel)) == sel
+
+
+def test_journal_matcher_agrees_with_matching_the_label_set() -> None:
+    specs = [
+        spec("examples/a-name/part-000", "topic", "events"),
+        spec("examples/b/part-001", "topic", "clicks"),
+        spec("other/c", "region", "eu"),
+        spec("other/d"),
+    ]
+    many = ", ".join(f"a/{i:03d}" for i in range(200))
+    selectors = [
+        "",
+        "name=examples/b/part-001",
+        f"name in ({many}, other/c)",  # Hundreds of names: a set look-up.
+        f"name notin ({many}, other/c)",
+        "prefix in (other/, examples/a-)",
+        "name:prefix in (examples/b/, zzz), topic",
+        "topic in (events, clicks), prefix!=examples/b/",
+        "topic=",
+        "!region",
+        "region in (us, eu), name:prefix=other/",
+    ]
+    for text in selectors:
+        selector = parse_selector(text)
+        matches = journal_matcher(selector)
+        for j in specs:
+            want = selector_matches(
+                rewrite_prefix_meta_label(selector), journal_label_set_ext(j.name, j.labels)
+            )
+            assert matches(j) == want == journal_selected(selector, j), (text, j.name)
+    assert [j.name for j in specs if journal_matcher(parse_selector(selectors[2]))(j)] == [
+        "other/c"
+    ]
