@@ -39,7 +39,9 @@ recorded commit. At points along the way, a fresh process builds a standby from 
 store's current hints (as a recovering replica does) and reports the bytes it read from
 the log and the time it took, beside the log's length (the history), and which fragments
 `shards prune` would keep for those hints. Baseline, at each point: a plain read of the
-whole log, what a store without compaction replays at least.
+whole log, what a store without compaction replays at least. Both the SQLite store and the
+RocksDB store (`--recovery-stores sqlite,rocksdb`; RocksDB with a `--rocksdb-write-buffer-mb`
+(4) memtable, its WAL flushed into table files that compaction merges) are measured.
 
     python bench/consumer.py --recovery [--history-txns 20000]
 
@@ -721,6 +723,98 @@ async def sqlite_history(
     return {"store": "sqlite", "db_mb": db_mb, "rows": rows_total, "points": out}
 
 
+async def rocksdb_history(
+    client: JournalClient, broker: str, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    """The RocksDB store's rows of `recovery_vs_history`: as the SQLite store's, on a
+    RocksDBStore (100-byte values under 8-byte keys, one point update per transaction) with
+    a `--rocksdb-write-buffer-mb` memtable, so its WAL is flushed into table files, which
+    compaction merges (deleting the old ones) and the hints then skip."""
+    from pygazette.consumer.recoverylog import Author, Player, Recorder
+    from pygazette.consumer.rocksdb_store import RocksDBStore, default_options
+
+    log = f"{HISTORY_LOG_PREFIX}/rocksdb"
+    spec = journal_spec(log, RECOVERY_LOG_CT)
+    spec.fragment.length = HISTORY_FRAGMENT
+    await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec)])
+    directory = tmp / "history-rocksdb"
+    player = Player(client, rpb.FSMHints(log=log), directory)
+    author = Author.random()
+    player.inject_handoff(author)
+    recorder = Recorder(client, await player.play(), author, directory)
+    options = default_options()
+    options.set_write_buffer_size(args.rocksdb_write_buffer_mb * MiB)
+    store = RocksDBStore(recorder, options=options)
+
+    def store_bytes() -> int:
+        return sum(store.recorded_files.values())
+
+    rng = random.Random(15)
+    row_bytes = 100
+    fill = min(4 * MiB, args.history_db_mb * MiB // 2)
+    k = 0
+    while k * row_bytes < args.history_db_mb * MiB:
+        for i in range(fill // row_bytes):
+            store.put((k + i).to_bytes(8, "big"), rng.randbytes(row_bytes))
+        k += fill // row_bytes
+        await store.start_commit(None, cpb.Checkpoint(), [])  # type: ignore[arg-type]
+    rows_total = k
+    points = sorted({max(1, int(args.history_txns * f)) for f in (0.01, 0.1, 0.3, 1.0)})
+    out: list[dict[str, Any]] = []
+    cp = cpb.Checkpoint()
+    inflight: list[Any] = []
+    done = 0
+    start = time.perf_counter()
+    try:
+        for point in points:
+            while done < point:
+                done += 1
+                key = rng.randrange(rows_total).to_bytes(8, "big")
+                store.put(key, rng.randbytes(row_bytes))
+                cp.sources["bench/source"].read_through = done
+                inflight.append(store.start_commit(None, cp, []))  # type: ignore[arg-type]
+                if len(inflight) >= 2:
+                    await inflight.pop(0)
+            for fut in inflight:
+                await fut
+            inflight.clear()
+            elapsed = time.perf_counter() - start
+            hints = recorder.build_hints()
+            head = recorder.write_head
+            played = await measure_hints(broker, hints, tmp, plain_read=True)
+            kept_fragments, kept_bytes = await prune_keeps(client, hints)
+            db_bytes = store_bytes()
+            row: dict[str, Any] = {
+                "transactions": point,
+                "history_mb": round(head / 1e6, 1),
+                "history_to_store": round(head / db_bytes, 1),
+                "store_mb": round(db_bytes / 1e6, 2),
+                "playback_mb": round(played["play_bytes"] / 1e6, 2),
+                "playback_to_store": round(played["play_bytes"] / db_bytes, 2),
+                "playback_seconds": round(played["play_seconds"], 3),
+                "rebuilt_matches": played["files"] == store.recorded_files,
+                "prune_keeps_fragments": kept_fragments,
+                "prune_keeps_mb": round(kept_bytes / 1e6, 1),
+                "txns_per_s": round(point / elapsed, 1),
+                "baseline_plain_read_of_history_seconds": round(played["read_seconds"], 3),
+                "playback_time_to_baseline": round(
+                    played["play_seconds"] / played["read_seconds"], 3
+                ),
+            }
+            out.append(row)
+            print(json.dumps({"rocksdb": row}), file=sys.stderr, flush=True)
+        db_mb = round(store_bytes() / 1e6, 1)
+    finally:
+        store.destroy()
+    return {
+        "store": "rocksdb",
+        "db_mb": db_mb,
+        "rows": rows_total,
+        "write_buffer_mb": args.rocksdb_write_buffer_mb,
+        "points": out,
+    }
+
+
 async def recovery_vs_history(args: argparse.Namespace) -> dict[str, Any]:
     """`--recovery`: the stores' recovery against history length (a broker, no consumers)."""
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-bench-recovery-"))
@@ -734,7 +828,10 @@ async def recovery_vs_history(args: argparse.Namespace) -> dict[str, Any]:
     try:
         cluster.start()
         async with JournalClient(cluster.broker.url) as client:
-            result["sqlite"] = await sqlite_history(client, cluster.broker.url, args, tmp)
+            if "sqlite" in args.recovery_stores.split(","):
+                result["sqlite"] = await sqlite_history(client, cluster.broker.url, args, tmp)
+            if "rocksdb" in args.recovery_stores.split(","):
+                result["rocksdb"] = await rocksdb_history(client, cluster.broker.url, args, tmp)
         result["load_average"] = os.getloadavg()
     finally:
         await cluster.close()
@@ -874,6 +971,10 @@ def main() -> None:
     )
     parser.add_argument("--history-txns", type=int, default=1_000_000)
     parser.add_argument("--history-db-mb", type=int, default=10)
+    parser.add_argument(
+        "--recovery-stores", default="sqlite,rocksdb", help="--recovery's stores (comma-separated)"
+    )
+    parser.add_argument("--rocksdb-write-buffer-mb", type=int, default=4)
     parser.add_argument("--play-log", help=argparse.SUPPRESS)
     parser.add_argument("--play-hints", help=argparse.SUPPRESS)
     parser.add_argument("--plain-read", action="store_true", help=argparse.SUPPRESS)

@@ -47,6 +47,18 @@ consistent point in time because of what RocksDB guarantees and what the store c
 - The WAL holds every applied batch (write with sync=True); the store is the only writer,
   and batches are applied one commit at a time, so the recorded state is that of the commit.
 
+IDENTITY is recorded as a property (kept inline in the hints), as Gazette's recorder does.
+Bounded recovery: a player reads the log from the first segment of the oldest live file, so
+a file that outlives much history (an OPTIONS file written at open, a bottom-level table
+that compaction never rewrites) would make recovery time grow with the shard's age. Once the
+log holds more than (1 + `refresh_ratio`) times the store's size of history since its oldest
+live file (and at least `refresh_min_bytes`), the store records anew, with that commit, every
+live file first recorded more than `refresh_ratio` times the store's size behind the log's
+head (a create of the same path, which retires the old fnode, and its whole content): hints
+then start past that history, and `shards prune` removes it. A hard link of a file recorded
+anew keeps its other paths on the old fnode (RocksDB makes no hard links of its own).
+`refreshed_files` counts the files recorded anew.
+
 Excluded from the log: LOCK, the info LOG files (rewritten and rolled by RocksDB) and
 rocksdict's own `rocksdict-config.json`. As Gazette's store does, the MANIFEST is capped at
 128 KiB (`max_manifest_file_size`), so it is rewritten anew and old ones are deleted, and
@@ -99,6 +111,11 @@ _UNRECORDED = ("LOCK", "LOG", "rocksdict-config.json")
 MAX_RECORDED_WRITE = 1 << 20
 # Gazette's store-rocksdb: Options.SetMaxManifestFileSize(1 << 17).
 MAX_MANIFEST_FILE_SIZE = 1 << 17
+# Recorded as a property (inline in hints), as Gazette's recorder does: RocksDB writes it once.
+_PROPERTY_FILES = ("/IDENTITY",)
+# Re-recording of live files that pin the log's old history (see the module docstring).
+DEFAULT_REFRESH_RATIO = 1.0
+DEFAULT_REFRESH_MIN_BYTES = 4 << 20
 # A snapshot raced by a background flush or compaction is taken again, at most this often.
 _SNAPSHOT_ATTEMPTS = 50
 
@@ -174,7 +191,7 @@ class _Tracked:
 class _FileOp:
     """One recorded change of the directory, in the order it must be recorded."""
 
-    kind: str  # "create", "link", "unlink", "write"
+    kind: str  # "create", "link", "unlink", "write", "property"
     path: str
     src: str = ""
     offset: int = 0
@@ -200,7 +217,11 @@ class RocksDBStore(Store):
         *,
         directory: str | os.PathLike[str] | None = None,
         options: rocksdict.Options | None = None,
+        refresh_ratio: float | None = DEFAULT_REFRESH_RATIO,
+        refresh_min_bytes: int = DEFAULT_REFRESH_MIN_BYTES,
     ) -> None:
+        if refresh_ratio is not None and not refresh_ratio > 0:
+            raise ValueError(f"RocksDBStore: refresh_ratio must be > 0, not {refresh_ratio}")
         if recorder is not None:
             if directory is not None and Path(directory) != Path(recorder.root):
                 raise ValueError("RocksDBStore: `directory` must be the recorder's root")
@@ -219,6 +240,9 @@ class RocksDBStore(Store):
         self._tracked: dict[str, _Tracked] = {}
         self._destroyed = False
         self.recorded_bytes = 0  # File bytes recorded by this store.
+        self.refresh_ratio = refresh_ratio
+        self.refresh_min_bytes = refresh_min_bytes
+        self.refreshed_files = 0  # Live files recorded anew (see the module docstring).
         if recorder is not None:
             self._track_played_files(recorder)
         opts = options if options is not None else default_options()
@@ -242,6 +266,11 @@ class RocksDBStore(Store):
             except BaseException:
                 self.db.close()
                 raise
+
+    @property
+    def recorded_files(self) -> dict[str, int]:
+        """Files of the directory as recorded so far (name -> recorded length)."""
+        return {rel.lstrip("/"): t.size for rel, t in self._tracked.items()}
 
     # The application's side ----------------------------------------------------------------
 
@@ -342,7 +371,7 @@ class RocksDBStore(Store):
 
     def _track_played_files(self, rec: Recorder) -> None:
         """Track the files the log holds, as the player left them in the directory."""
-        for rel in rec.fsm.links:
+        for rel in [*rec.fsm.links, *(p for p in rec.fsm.properties if p in _PROPERTY_FILES)]:
             path = self.directory / rel.lstrip("/")
             try:
                 st = path.stat()
@@ -354,7 +383,9 @@ class RocksDBStore(Store):
 
     def _record(self, rec: Recorder, op: _FileOp) -> None:
         path, src = op.path.lstrip("/"), op.src.lstrip("/")
-        if op.kind == "create":
+        if op.kind == "property":
+            rec.record_property(path, op.data.decode())
+        elif op.kind == "create":
             rec.record_create(path)
         elif op.kind == "link":
             fnode = rec.fnode_of(src)
@@ -442,11 +473,18 @@ class RocksDBStore(Store):
                 ops.append(_FileOp("link", rel, src=src))
                 tracked[rel] = _Tracked(st.st_ino, tracked[src].size)
                 continue
+            if rel in _PROPERTY_FILES:
+                fd = fds[rel][0]
+                content = os.pread(fd, sizes[rel], 0)
+                ops.append(_FileOp("property", rel, data=content))
+                tracked[rel] = _Tracked(st.st_ino, sizes[rel])
+                continue
             # A new file, or another file (or a truncated one) behind a tracked path.
             ops.append(_FileOp("create", rel))
             tracked[rel] = _Tracked(st.st_ino, 0)
         for rel in gone:
-            ops.append(_FileOp("unlink", rel))
+            if rel not in _PROPERTY_FILES:  # A property stays (RocksDB never deletes it).
+                ops.append(_FileOp("unlink", rel))
             del tracked[rel]
         # Appends, in path order (links of one file share its recorded size).
         recorded_ino: set[int] = set()
@@ -461,6 +499,50 @@ class RocksDBStore(Store):
             for other in tracked.values():
                 if other.ino == st.st_ino:
                     other.size = size
+        ops += self._refresh(fds, sizes, {op.path for op in ops if op.kind == "create"})
+        return ops
+
+    def _refresh(
+        self,
+        fds: dict[str, tuple[int, os.stat_result]],
+        sizes: dict[str, int],
+        created: set[str],
+    ) -> list[_FileOp]:
+        """Record anew the live files that pin history older than `refresh_ratio` times the
+        store's size behind the log's head, once the log holds more than (1 + ratio) times
+        the store's size (and `refresh_min_bytes`) of history since its oldest live file."""
+        rec = self.recorder
+        if rec is None or self.refresh_ratio is None:
+            return []
+        firsts: dict[str, int] = {}
+        for rel in fds:
+            if rel in created or rel in _PROPERTY_FILES:
+                continue
+            fnode = rec.fsm.links.get(rel)
+            node = rec.fsm.live_nodes.get(fnode) if fnode is not None else None
+            if node is None or not node.segments or node.segments[0].log != rec.journal:
+                continue
+            firsts[rel] = node.segments[0].first_offset
+        if not firsts:
+            return []
+        store = sum(sizes[rel] for rel in fds if rel not in _PROPERTY_FILES)
+        head = rec.write_head
+        if head - min(firsts.values()) <= max(
+            self.refresh_min_bytes, (1 + self.refresh_ratio) * store
+        ):
+            return []
+        horizon = head - self.refresh_ratio * store
+        ops: list[_FileOp] = []
+        done: set[int] = set()
+        for rel, first in sorted(firsts.items(), key=lambda kv: kv[1]):
+            fd, st = fds[rel]
+            if first >= horizon or st.st_ino in done:
+                continue
+            done.add(st.st_ino)
+            ops.append(_FileOp("create", rel))
+            for offset, data in _read_range(fd, 0, sizes[rel]):
+                ops.append(_FileOp("write", rel, offset=offset, data=data))
+            self.refreshed_files += 1
         return ops
 
     def __repr__(self) -> str:
