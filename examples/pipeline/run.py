@@ -147,6 +147,7 @@ async def demo(args: argparse.Namespace) -> int:
             f"{spark_cluster.started_in:.0f} s)"
         )
         conf = cluster_conf(spark_cluster, "pipeline")
+        conf["spark.ui.showConsoleProgress"] = "false"
         spark = new_session(tmp / "faults", tmp / "driver", conf)
         checkpoint = str(tmp / "checkpoints" / "page-counts")
 
