@@ -263,3 +263,34 @@ async def test_primary_killed_mid_transaction_recovers_from_hints_only(
     assert n >= reported
     assert items[b"n"] == str(n).encode()  # The state is that of the checkpoint.
     assert len([k for k in items if k.startswith(b"k")]) == min(n, 200)
+
+
+async def test_files_pinning_old_history_are_recorded_anew(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    log = LOG + "/refresh"
+    await create_log(client, log)
+    recorder = await take_over(client, log, tmp_path / "primary")
+    store = RocksDBStore(recorder, refresh_min_bytes=16 << 10)
+    for i in range(80):
+        store.put(b"k%02d" % (i % 20), bytes([i]) * 2000)
+        await store.start_commit(SHARD, checkpoint(i + 1), [])
+        if i % 10 == 9:  # New table files and WALs; the OPTIONS file stays from the open.
+            await asyncio.to_thread(store.db.flush)
+    expected = {b"k%02d" % k: store.get(b"k%02d" % k) for k in range(20)}
+    hints = recorder.build_hints()
+    store_bytes = sum(store.recorded_files.values())
+    store.destroy()
+    assert store.refreshed_files > 0
+    # Playback from the hints starts within about twice the store's size of the head, not
+    # at the log's beginning.
+    first = min(s.first_offset for node in hints.live_nodes for s in node.segments)
+    assert recorder.write_head - first <= 3 * store_bytes, (first, recorder.write_head)
+    assert first > 0
+    standby = tmp_path / "standby"
+    player = Player(client, hints, standby)
+    player.finish_at_write_head()
+    await player.play()
+    items = items_of(standby)
+    assert {k: items[k] for k in expected} == expected
+    assert read_checkpoint_of(standby) == checkpoint(80)
