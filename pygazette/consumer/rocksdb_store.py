@@ -41,8 +41,9 @@ consistent point in time because of what RocksDB guarantees and what the store c
   a file created during the snapshot that the recorded MANIFEST prefix could name is picked
   up by a second listing after the MANIFEST's size was read.
 - The snapshot is accepted only if CURRENT and the MANIFEST's size were the same before and
-  after it; else (a background flush or compaction installed its result meanwhile) it is
-  taken again. An unfinished table file (a flush or compaction still writing it) is recorded
+  after every file was opened, and the MANIFEST is recorded up to that size; else (a
+  background flush or compaction installed its result meanwhile) it is taken again. An
+  unfinished table file (a flush or compaction still writing it) is recorded
   as far as it goes; RocksDB only ever appends to it, and no recorded MANIFEST names it yet.
 - The WAL holds every applied batch (write with sync=True); the store is the only writer,
   and batches are applied one commit at a time, so the recorded state is that of the commit.
@@ -412,14 +413,14 @@ class RocksDBStore(Store):
             f"{_SNAPSHOT_ATTEMPTS} attempts (background work kept changing the MANIFEST)"
         )
 
-    def _manifest_state(self) -> tuple[bytes, int]:
+    def _manifest_state(self) -> tuple[bytes, str, int]:
         current = (self.directory / "CURRENT").read_bytes()
         name = current.decode(errors="replace").strip()
         try:
             size = (self.directory / name).stat().st_size
         except FileNotFoundError:
             raise _SnapshotRaced() from None
-        return current, size
+        return current, "/" + name, size
 
     def _try_snapshot(self) -> list[_FileOp]:
         before = self._manifest_state()
@@ -428,9 +429,11 @@ class RocksDBStore(Store):
             self._open_all(fds)
             after = self._manifest_state()
             self._open_all(fds)  # Files created since the first listing.
-            if after != before:
+            if after != before or after[1] not in fds:
                 raise _SnapshotRaced()
-            return self._diff(fds)
+            # The MANIFEST is recorded as far as it was checked: an edit appended since may
+            # name a table file this snapshot doesn't hold.
+            return self._diff(fds, {after[1]: after[2]})
         finally:
             for fd, _st in fds.values():
                 os.close(fd)
@@ -450,10 +453,14 @@ class RocksDBStore(Store):
                 continue
             fds[rel] = (fd, st)
 
-    def _diff(self, fds: dict[str, tuple[int, os.stat_result]]) -> list[_FileOp]:
+    def _diff(
+        self, fds: dict[str, tuple[int, os.stat_result]], caps: dict[str, int]
+    ) -> list[_FileOp]:
         ops: list[_FileOp] = []
         tracked = self._tracked
         sizes = {rel: os.fstat(fd).st_size for rel, (fd, _st) in fds.items()}
+        for rel, cap in caps.items():
+            sizes[rel] = min(sizes[rel], cap)
         gone = [rel for rel in tracked if rel not in fds]
         # Paths whose tracked file is still there, by inode: another path of the same inode
         # is a hard link of it. A vanished path's inode may be reused by any new file, so a
