@@ -19,9 +19,11 @@ An Append (or a pulse: an empty append the primary runs on its own) goes through
 6. stream — roll the fragment first if due (length, flush interval, codec; everything
    before is confirmed first), then send each content chunk to every peer and to the local
    spool; on commit, propose the extended fragment, with the new registers, to every peer
-   and commit it locally; release the append lock;
+   and commit it locally (on a route of two: commit it locally, then send a commit that
+   confirms itself, `Pipeline.propose_confirmed_commit`); release the append lock;
 7. acknowledge — wait for every peer to acknowledge the commit, then for a confirmation
-   covering it, then for the append before it to be answered; answer.
+   covering it (on a route of two, the commit's own acknowledgement), then for the append
+   before it to be answered; answer.
 
 Appends pipeline as Gazette's do: an append holds the journal's append lock only while it
 streams its content and sends its commit (to every peer, then to the local spool); the next
@@ -33,7 +35,9 @@ Departures from Gazette, all for safety under failures:
 - An append is acknowledged only once its commit is *confirmed* on every replica: after
   every peer acknowledged the commit, the primary sends a confirmation (one covers every
   commit below it) and waits until every peer acknowledged that too; only then may readers
-  see it. A confirmation goes out only while the primary's etcd lease is surely alive (a
+  see it. (With one peer, the primary commits first and its commit carries the
+  confirmation: the peer that commits it confirms it, and its one acknowledgement covers
+  both.) A confirmation goes out only while the primary's etcd lease is surely alive (a
   frozen or partitioned primary that comes back can't make an append durable). So an
   acknowledged append is confirmed on every replica, and content that isn't confirmed was
   never acknowledged: a new pipeline cuts it from every replica, primary included, and an
@@ -578,6 +582,20 @@ class ClusterAppends:
         assert rs.pending is not None
         commit.end = begin + rs.delta
         commit.sum.CopyFrom(sha1sum_from_digest(rs.pending.sha.digest()))
+        if pln.pair:
+            # A route of two: commit here first, then send a commit that confirms itself
+            # (`Pipeline.propose_confirmed_commit`). Committed here but never sent, it lies
+            # above the confirmed frontier, and the next pipeline cuts it.
+            pln.check_may_confirm()
+            local = await rs.apply_proposal(proposal, new_registers, primary=True)
+            if local.status != pb.OK:
+                pln.fail(f"own spool refused its commit: {local}")
+                raise PipelineBroken(pln.broken)
+            rnd = pln.propose_confirmed_commit(
+                pb.ReplicateRequest(proposal=proposal, registers=new_registers)
+            )
+            resp = _response(res, commit, new_registers, total_chunks, delayed_chunks)
+            return PendingCommit(journal, pln, rnd, proposal.end, resp, *pln.barrier())
         rnd = await pln.propose(
             pb.ReplicateRequest(proposal=proposal, registers=new_registers), commit=True
         )

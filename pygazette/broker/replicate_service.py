@@ -9,7 +9,9 @@ applying each request (`replicated_spool`) and answering those that ask for it.
 A later proposal that carries a Header again is the primary's *confirmation* (`pipeline`):
 every peer holds the journal up to the proposal's end, so it moves the confirmed frontier
 (`replicated_spool`) there and changes nothing else; content streamed for the next append
-stays pending.
+stays pending. On a route of two, a proposal with a Header that commits the content streamed
+since the last commit is a commit that confirms itself: the primary committed it first, so
+once it is committed here too the frontier moves to its end.
 
 Unlike Gazette's replicas, it drops the stream as soon as its keyspace shows a route the
 stream no longer matches: a primary that was cut off (frozen, partitioned) and has since
@@ -81,11 +83,12 @@ async def serve_replicate(
     rs = replica.rspool
     assert rs is not None
     watch = _RouteWatch(replica, resolver, journal, stream_route, first.header)
+    pair = len(stream_route.members) == 2  # Commits may confirm themselves (`_apply`).
     try:
         req: pb.ReplicateRequest | None = first
         is_first = True
         while req is not None:
-            resp = await _apply(replica, req, is_first)
+            resp = await _apply(replica, req, is_first, pair=pair)
             is_first = False
             if req.acknowledge:
                 assert resp is not None
@@ -106,7 +109,7 @@ async def serve_replicate(
 
 
 async def _apply(
-    replica: JournalRuntime, req: pb.ReplicateRequest, is_first: bool
+    replica: JournalRuntime, req: pb.ReplicateRequest, is_first: bool, pair: bool = False
 ) -> pb.ReplicateResponse | None:
     rs = replica.rspool
     assert rs is not None
@@ -130,6 +133,13 @@ async def _apply(
         ):
             rs.cut_unconfirmed()
     elif req.HasField("header"):
+        if pair and rs.delta and req.proposal.end == rs.end + rs.delta:
+            # A commit that confirms itself, on a route of two (`pipeline`): the primary
+            # committed it first, so once it is committed here every member holds it.
+            resp = await rs.apply_proposal(req.proposal, req.registers, primary=False)
+            if resp.status == pb.OK:
+                replica.confirm_through(req.proposal.end)
+            return resp
         # A confirmation: every peer holds the journal up to the proposal's end.
         if req.proposal.end > rs.end:
             return pb.ReplicateResponse(

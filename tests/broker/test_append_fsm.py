@@ -53,7 +53,7 @@ class UnconfirmedCommits:
         self._apply = replicate_service._apply
 
     async def apply(
-        self, replica: Replica, req: pb.ReplicateRequest, is_first: bool
+        self, replica: Replica, req: pb.ReplicateRequest, is_first: bool, pair: bool = False
     ) -> pb.ReplicateResponse | None:
         if self.armed and req.HasField("proposal") and not is_first:
             rs = replica.rspool
@@ -69,7 +69,7 @@ class UnconfirmedCommits:
                     self.cut_off += 1
                     if self.cut_off == (2 if self.only is None else len(self.only)):
                         self.both_cut_off.set()
-        return await self._apply(replica, req, is_first)
+        return await self._apply(replica, req, is_first, pair=pair)
 
 
 class InProcessCluster:

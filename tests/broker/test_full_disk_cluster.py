@@ -2,8 +2,9 @@
 on a small tmpfs that fills up.
 
 Whether the full broker is a journal's primary or its replica, appends are refused (the
-primary answers RESOURCE_EXHAUSTED, or UNAVAILABLE when a replica refused the replication;
-either way the details say "insufficient storage"), nothing of a refused append surfaces,
+primary answers RESOURCE_EXHAUSTED, or UNAVAILABLE when a replica refused the replication,
+or UNKNOWN when it failed after the append's self-confirming commit went out; either way the
+details say "insufficient storage"), nothing of a refused append surfaces,
 and once space is freed appends commit again at the head, which both brokers read back.
 """
 
@@ -74,7 +75,13 @@ async def test_full_broker_refuses_appends_as_primary_and_replica(
                 assert (await append_once(stub, j, data)).status == pb.OK
                 acked[j].append(data)
         code = refused.value.code()
-        assert code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE), code
+        # UNKNOWN: in doubt, when the replica failed after the commit went out (at
+        # replication 2 a commit carries its own confirmation); nothing of it surfaces below.
+        assert code in (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.UNKNOWN,
+        ), code
         details = refused.value.details() or ""
         assert "insufficient storage" in details, refused.value
 

@@ -65,9 +65,9 @@ class _Peers:
         return _Stub(self.calls)
 
 
-def _header() -> pb.Header:
+def _header(members: int = 3) -> pb.Header:
     header = pb.Header()
-    for i in range(3):
+    for i in range(members):
         header.route.members.add(zone="z", suffix=f"broker-{i}")
         header.route.endpoints.append(f"http://127.0.0.1:{1000 + i}")
     header.route.primary = 0
@@ -79,10 +79,17 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _pipeline() -> tuple[Pipeline, _Peers, list[int]]:
+async def _pipeline(
+    members: int = 3, may_confirm: bool = True
+) -> tuple[Pipeline, _Peers, list[int]]:
     peers = _Peers()
     confirmed: list[int] = []
-    pln = Pipeline(_header(), peers, on_confirmed=confirmed.append)  # type: ignore[arg-type]
+    pln = Pipeline(
+        _header(members),
+        peers,  # type: ignore[arg-type]
+        on_confirmed=confirmed.append,
+        may_confirm=lambda: may_confirm,
+    )
     await pln.open()
     return pln, peers, confirmed
 
@@ -132,3 +139,31 @@ async def test_no_confirmation_is_registered_on_a_closing_pipeline() -> None:
     # Nothing dangling for a later waiter to block on.
     assert not pln._confirmations or all(r.future.done() for r in pln._confirmations)
     pln.fail("test over")
+
+
+async def test_on_a_route_of_two_a_commit_confirms_itself() -> None:
+    pln, peers, confirmed = await _pipeline(members=2)
+    assert pln.pair
+    rnd = pln.propose_confirmed_commit(_commit(10))
+    assert pln.confirm_sent == 10  # Sent: should the pipeline fail now, it is in doubt.
+    await pln.wait(rnd)
+    await pln.confirm(10)
+    await _settle()
+    assert confirmed == [10]
+    # One request, carrying the Header, and no separate confirmation.
+    [call] = peers.calls
+    assert [r.HasField("header") and r.acknowledge for r in call.requests] == [True]
+    await pln.close()
+
+
+async def test_a_self_confirming_commit_needs_a_pair_and_a_live_lease() -> None:
+    pln, _peers, _confirmed = await _pipeline(members=3)
+    assert not pln.pair
+    with pytest.raises(ValueError):
+        pln.propose_confirmed_commit(_commit(10))
+    pln.fail("test over")
+
+    pln, _peers, confirmed = await _pipeline(members=2, may_confirm=False)
+    with pytest.raises(PipelineBroken):
+        pln.propose_confirmed_commit(_commit(10))
+    assert not pln.ok and confirmed == [] and pln.confirm_sent < 10

@@ -1,6 +1,7 @@
 """Pipelined replication on a real three-broker cluster: concurrent appends to one journal
 at replication 3 stream behind each other's commits, yet are acknowledged in order, at
-contiguous offsets; and a replica killed mid-pipeline fails the appends in flight (none is
+contiguous offsets; and a replica killed mid-pipeline (at replication 3, and 2, where commits
+confirm themselves) fails the appends in flight (none is
 acknowledged without every replica, and none that failed outright surfaces later: only one
 whose confirmation was under way may, and it is reported as in doubt) before the journal
 recovers."""
@@ -28,16 +29,16 @@ pytestmark = pytest.mark.slow
 JOURNAL = "pipelined/journal"
 
 
-async def _cluster(tmp_path: Path, etcd: EtcdProcess, root: str) -> Cluster:
+async def _cluster(tmp_path: Path, etcd: EtcdProcess, root: str, replication: int = 3) -> Cluster:
     cluster = Cluster(tmp_path, etcd, root)
     for i in range(3):
         cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
     await cluster.start()
-    spec = journal_spec(JOURNAL, replication=3, length=4 << 20)
+    spec = journal_spec(JOURNAL, replication=replication, length=4 << 20)
     # Members list the store often: what one persisted, the others read from it soon.
     spec.fragment.refresh_interval.seconds = 1
     assert (await apply_specs(cluster.stub(cluster.brokers[0]), spec)).status == pb.OK
-    await cluster.wait_ready([JOURNAL], 3)
+    await cluster.wait_ready([JOURNAL], replication)
     return cluster
 
 
@@ -93,10 +94,12 @@ async def test_concurrent_appends_are_acknowledged_in_order(
         await cluster.close()
 
 
+# At replication 2 the route is a pair, whose commits confirm themselves (`pipeline`).
+@pytest.mark.parametrize("replication", [3, 2])
 async def test_replica_killed_mid_pipeline(
-    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, replication: int
 ) -> None:
-    cluster = await _cluster(tmp_path, etcd, etcd_root)
+    cluster = await _cluster(tmp_path, etcd, etcd_root, replication)
     acked: dict[bytes, tuple[int, int]] = {}
     failed: set[bytes] = set()  # The broker said so (UNAVAILABLE: confirmed nowhere).
     in_doubt: set[bytes] = set()  # UNKNOWN: its confirmation was under way.
@@ -141,7 +144,7 @@ async def test_replica_killed_mid_pipeline(
         await until(lambda: bool(failed or in_doubt), 60)
         # The journal recovers: the allocator replaces the replica (or it comes back).
         await asyncio.to_thread(victim.start, 60.0)
-        await cluster.wait_ready([JOURNAL], 3)
+        await cluster.wait_ready([JOURNAL], replication)
         recovered = len(acked)
         await until(lambda: len(acked) >= recovered + 40, 90)
         stop.set()

@@ -3,7 +3,8 @@
 A proposal commits or rolls back (Gazette's rules, `test_replicated_spool`) but confirms
 nothing by itself: appends pipeline, so a proposal may follow one not yet acknowledged by
 every peer. Only the primary's explicit confirmation (a later proposal carrying the
-Header again) moves the confirmed frontier, and it leaves content in flight alone.
+Header again) moves the confirmed frontier, and it leaves content in flight alone. On a
+route of two, a commit carrying the Header confirms itself (the primary committed first).
 """
 
 from __future__ import annotations
@@ -62,4 +63,34 @@ async def test_only_confirmations_move_the_frontier(tmp_path: Path, persister: P
     resp = await _apply(r, _proposal(_frag(0, 6, b"abcdef"), regs, header=True), is_first=False)
     assert resp is not None and resp.status == pb.OK
     assert (rs.confirmed, r.readable_end) == (6, 6)
+    rs.close()
+
+
+async def test_a_commit_with_header_confirms_itself_on_a_route_of_two(
+    tmp_path: Path, persister: Persister
+) -> None:
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    regs = label_set({"k": "v"})
+
+    # On a route of two the primary committed first: committed here, every member holds it.
+    await _content(rs, b"abc")
+    resp = await _apply(r, _proposal(_frag(0, 3, b"abc"), regs, header=True), False, pair=True)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.end, rs.delta, rs.confirmed, r.readable_end) == (3, 0, 3, 3)
+
+    # A commit that doesn't match what was streamed is refused and confirms nothing.
+    await _content(rs, b"def")
+    resp = await _apply(r, _proposal(_frag(0, 6, b"abcxyz"), regs, header=True), False, pair=True)
+    assert resp is not None and resp.status == pb.PROPOSAL_MISMATCH
+    assert (rs.end, rs.confirmed) == (3, 3)
+
+    # On a wider route the same request is no commit: a confirmation of what isn't held.
+    resp = await _apply(r, _proposal(_frag(0, 6, b"abcdef"), regs, header=True), False)
+    assert resp is not None and resp.status == pb.PROPOSAL_MISMATCH
+    assert (rs.end, rs.delta, rs.confirmed) == (3, 3, 3)
+    resp = await _apply(r, _proposal(_frag(0, 6, b"abcdef"), regs, header=True), False, pair=True)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.end, rs.confirmed, r.readable_end) == (6, 6, 6)
     rs.close()
