@@ -189,3 +189,8 @@ def test_tls_and_auth_keys_from_secrets(rendered: dict[str, list[dict[str, Any]]
             assert c.spec["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
             scheme = env.get("BROKER_SCHEME", env.get("CONSUMER_SCHEME"))
             assert scheme is not None and scheme["value"] == "https"
+
+
+def test_test_overlay_runs_local_images(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    images = {c.spec["image"] for c in containers(rendered["test"])}
+    assert images == {"localhost/pygazette:dev", "localhost/pygazette-tools:dev"}
