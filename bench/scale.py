@@ -457,9 +457,7 @@ async def run_system(
             # (pipeline, spools, metrics), which tells the first append's own cost apart.
             cpu0 = cluster.cpu()
             again = await append_each(first, names)
-            again["broker_cpu_ms_per_append"] = round(
-                (cluster.cpu() - cpu0) * 1000 / max(1, n), 2
-            )
+            again["broker_cpu_ms_per_append"] = round((cluster.cpu() - cpu0) * 1000 / max(1, n), 2)
             out["second_append"] = again
             out["rss_mib_after_appends"] = round(cluster.rss() / 1024, 1)
             out["rss_kib_per_replica"] = round((cluster.rss() - rss_empty) / (n * r), 1)
