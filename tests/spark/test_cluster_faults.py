@@ -79,14 +79,16 @@ def test_executor_killed_mid_stream_writes_each_row_once(
         timeout=300,
         what="a task to hang after its append, mid-batch",
     )
-    assert not failure, failure
+    if failure:
+        raise failure[0]
     task_pid = int(hung.read_text())
     executor = executor_of(spark_cluster, task_pid)
     os.kill(executor, signal.SIGKILL)
     try:
         thread.join(600)
         assert not thread.is_alive(), "the query did not finish after its executor died"
-        assert not failure, failure
+        if failure:
+            raise failure[0]
     finally:
         try:
             os.kill(task_pid, signal.SIGKILL)  # Its daemon normally ends it with the JVM.

@@ -299,7 +299,7 @@ def running_cluster(root: Path | None = None, workers: int = 2) -> Iterator[Spar
             yield cluster
 
 
-def _executors_wanted(argv: list[str] | None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Start a standalone Spark cluster on loopback.")
     parser.add_argument("--workers", type=int, default=2, help="workers, one core each")
     parser.add_argument("--dir", type=Path, default=None, help="logs and work dirs (temp)")
@@ -307,7 +307,7 @@ def _executors_wanted(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _executors_wanted(argv)
+    args = _parse_args(argv)
     with running_cluster(args.dir, args.workers) as cluster:
         print(f"Spark master: {cluster.url}  (web UI {cluster.ui_url})", flush=True)
         print(f"{cluster.workers} workers, 1 core each; started in {cluster.started_in:.1f} s")
