@@ -18,8 +18,9 @@ loop; `--rounds`, `--topologies`, `--workloads`, `--py-spy DIR`.
 
 With `--stream-sum`, Gazette's own stream-sum example (Go summer and chunker,
 tests/support/gazette_stream_sum.py) runs on three brokers of each system at r=2: the
-chunker's time from start to exit (every stream verified), and Gazette's time over
-pygazette's (`speed_vs_gazette`; issue 20's target is at least 0.5). `--streams` per chunker
+chunker's time from start to exit (every stream verified), Gazette's time over
+pygazette's (`speed_vs_gazette`; issue 20's target is at least 0.5), and the brokers' CPU
+seconds meanwhile. `--streams` per chunker
 worker (4 workers), `--chunks` per stream, `--rounds` (systems alternate which goes first).
 
     python bench/vs_gazette.py --stream-sum [--streams 50] [--chunks 100] [--rounds 1]
@@ -230,6 +231,12 @@ def stream_sum_main(args: argparse.Namespace) -> dict[str, object]:
         },
         "seconds": {"pygazette": py, "gazette": go},
         "speed_vs_gazette": round(go / py, 3),
+        # All three brokers' CPU while the chunker ran (median run), and the load average
+        # after the last run: other processes on the machine slow both systems.
+        "broker_cpu_s": {
+            s: sorted(r["broker_cpu_s"] for r in runs)[len(runs) // 2] for s, runs in rounds.items()
+        },
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "target": {"speed_vs_gazette": ">= 0.5", "met": go / py >= 0.5},
         "validation_errors": {
             s: sum(r["logs"][p]["validation_errors"] for r in runs for p in r["logs"])

@@ -5,6 +5,7 @@ within seconds on both systems."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -80,6 +81,21 @@ class BrokerCluster:
     def start(self) -> None:
         for b in self.brokers:
             b.start(60.0)
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the running brokers have used so far, together."""
+        total = 0.0
+        for b in self.brokers:
+            proc = b.proc
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                stat = Path(f"/proc/{proc.pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def kill(self) -> None:
         for b in self.brokers:

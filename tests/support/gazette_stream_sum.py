@@ -351,7 +351,9 @@ def run_stream_sum(
     try:
         run.start()
         setup = time.monotonic() - started
+        cpu_before = run.cluster.cpu_seconds()
         seconds = run.run_chunker(timeout)
+        broker_cpu = run.cluster.cpu_seconds() - cpu_before
         verified = run.final_sums()
         logs = run.logs()
     except BaseException:
@@ -373,6 +375,7 @@ def run_stream_sum(
         "setup_s": round(setup, 3),
         "seconds": round(seconds, 3),
         "streams_per_s": round(workload.total_streams / seconds, 3),
+        "broker_cpu_s": round(broker_cpu, 2),  # All brokers' CPU while the chunker ran.
         "streams_with_final_sum": verified,
         "logs": logs,
     }
