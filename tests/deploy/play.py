@@ -18,9 +18,12 @@
    chunker runs: every journal must be routed again without it (a primary and full
    replication among the survivors, once its lease expires), and the chunker must still
    verify every sum. Plays the Deployment again (as its controller would) and waits for
-   it to be ready; a third, short chunker run checks the healed cluster. A word is
-   published and queried through the counter (read-your-writes).
-5. Tears everything down (pods, their volumes, secrets), also on failure; on failure prints
+   it to be ready.
+5. Stops the zone-b broker's pod gracefully (SIGTERM, as a rolling upgrade does) while a
+   third chunker runs: it must exit 0 having handed every journal over, and every sum
+   must verify. Plays it again; a last, short chunker run checks the healed cluster. A word
+   is published and queried through the counter (read-your-writes).
+6. Tears everything down (pods, their volumes, secrets), also on failure; on failure prints
    the tail of every container's log.
 
 Prints one JSON summary last; exits 1 on failure.
@@ -202,6 +205,11 @@ class Deployment:
         podman("pod", "kill", "--signal", "KILL", pod)
         self.down(key)
 
+    def stop(self, key: str, grace: float) -> None:
+        """SIGTERM the pod of `key`, and SIGKILL it after `grace` seconds (a pod deleted)."""
+        podman("pod", "stop", "--time", str(int(grace)), pod_of(self.objects[key]),
+               timeout=grace + 60)
+
     def exit_code(self, key: str) -> int | None:
         """The exit code of a played Job's container; None while it runs (or restarts)."""
         obj = self.objects[key]
@@ -224,10 +232,21 @@ class Deployment:
         return "\n".join(out)
 
     def teardown(self) -> None:
+        # SIGKILL first: brokers with nobody left to drain to would wait out podman's stop
+        # timeout one by one.
+        for key in reversed(list(self.played)):
+            podman("pod", "kill", "--signal", "KILL", pod_of(self.objects[key]), check=False)
         for key in reversed(list(self.played)):
             self.down(key)
         for name in self.secrets:
             podman("secret", "rm", name, check=False)
+
+
+def replay(d: Deployment, key: str, http_base: str) -> None:
+    """Play `key` again, as its controller would, and wait for it to be ready."""
+    d.down(key)
+    d.play(key)
+    wait_for(f"{key} ready again", lambda: http_ok(f"{http_base}/debug/ready"), 180)
 
 
 def run_python(*args: str, timeout: float) -> tuple[int, str, str]:
@@ -378,9 +397,26 @@ def exercise(d: Deployment, args: argparse.Namespace) -> dict[str, Any]:
     timings["kill_to_verified_s"] = round(time.monotonic() - killed_at, 1)
 
     step("broker-zone-c played again")
-    d.play(brokers[2])
-    ready = http(brokers[2], "BROKER_HTTP_PORT") + "/debug/ready"
-    wait_for("broker-zone-c ready again", lambda: http_ok(ready), 180)
+    replay(d, brokers[2], http(brokers[2], "BROKER_HTTP_PORT"))
+
+    # An upgrade's way out: SIGTERM. The broker hands its journals over before it exits.
+    drained = f"{brokers[1].split('/')[1]}-pod-0"
+    step(f"stream-sum ({args.kill_streams} streams) across a SIGTERM of {drained}")
+    proc = chunker(broker_url, summer_url, args.kill_streams, args.chunks)
+    time.sleep(args.kill_after)
+    if proc.poll() is not None:
+        raise DeployTestError("the chunker finished before the SIGTERM: raise --kill-streams")
+    stop_at = time.monotonic()
+    d.stop(brokers[1], grace=90)
+    timings["sigterm_to_exit_s"] = round(time.monotonic() - stop_at, 1)
+    code = d.exit_code(brokers[1])
+    if code != 0:
+        raise DeployTestError(f"{drained} exited {code} on SIGTERM")
+    # Handed over, not waiting for its lease (10 s) to expire.
+    wait_for(f"every journal routed without {drained}",
+             lambda: recovered_without(broker_url, drained, replication), 5)
+    drained_run = verified(proc, 900, args.kill_streams)
+    replay(d, brokers[1], http(brokers[1], "BROKER_HTTP_PORT"))
     healed = verified(chunker(broker_url, summer_url, max(1, args.streams // 4), args.chunks),
                       600, max(1, args.streams // 4))
 
@@ -411,6 +447,7 @@ def exercise(d: Deployment, args: argparse.Namespace) -> dict[str, Any]:
         "stream_sum": brief(first),
         "stream_sum_across_broker_kill": {**brief(across), "killed": victim,
                                           "journals_it_held": len(held)},
+        "stream_sum_across_broker_sigterm": {**brief(drained_run), "stopped": drained},
         "stream_sum_after_replay": brief(healed),
         "word_count": answer,
     }
