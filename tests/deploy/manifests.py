@@ -3,6 +3,7 @@ by deploy/build-kustomize), as lists of Kubernetes objects, and what a container
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 
+@functools.cache
 def kustomize_binary() -> Path:
     """interop/bin/kustomize, built (once, cached) if missing or out of date."""
     subprocess.run([str(DEPLOY / "build-kustomize")], check=True)
