@@ -148,6 +148,9 @@ class EtcdKeyspace(Keyspace):
                 "grpc.keepalive_permit_without_calls": 1,
                 "grpc.initial_reconnect_backoff_ms": 100,
                 "grpc.max_reconnect_backoff_ms": 1000,
+                # The initial load is one Range of everything under the root: over gRPC's
+                # default 4 MiB at ~10,000 journals (as etcd's Go client, no limit).
+                "grpc.max_receive_message_length": -1,
             },
         )
         self._prefix = (root + "/").encode()

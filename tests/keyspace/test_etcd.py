@@ -89,6 +89,22 @@ async def test_listeners_and_lease_expiry(etcd: EtcdProcess, etcd_root: str) -> 
         await ks.close()
 
 
+async def test_a_keyspace_over_4_mib_loads(etcd: EtcdProcess, etcd_root: str) -> None:
+    """The initial load is one Range: over gRPC's default 4 MiB receive limit at ~10,000
+    journals (a restarted broker failed to start: RESOURCE_EXHAUSTED)."""
+    writer = await _open(etcd, etcd_root)
+    try:
+        for i in range(5):
+            await writer.txn([], [Put(f"{etcd_root}/big/{i}", bytes([i]) * (1 << 20))])
+    finally:
+        await writer.close()
+    ks = await _open(etcd, etcd_root)
+    try:
+        assert [len(kv.value) for kv in ks.range(etcd_root + "/big/")] == [1 << 20] * 5
+    finally:
+        await ks.close()
+
+
 async def test_unreachable_etcd_is_a_clear_error() -> None:
     from tests.support.ports import free_port
 
