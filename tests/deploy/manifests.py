@@ -74,9 +74,9 @@ class Container:
 
     @property
     def script(self) -> str:
+        """Its shell script ("" when it runs a program directly, as etcd does)."""
         command = self.spec.get("command", [])
-        assert command[:2] == ["/bin/sh", "-ec"], f"{self.name}: not a shell script: {command}"
-        return str(command[2])
+        return str(command[2]) if command[:2] == ["/bin/sh", "-ec"] else ""
 
     def env(self) -> dict[str, dict[str, Any]]:
         """Its environment by name (each entry as written: value or valueFrom)."""

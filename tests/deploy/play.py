@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def exercise(d: Deployment, args: argparse.Namespace) -> dict[str, Any]:
     brokers = [f"Deployment/broker-zone-{z}" for z in "abc"]
     etcd = d.get("StatefulSet/etcd")
-    etcd_url = f"http://127.0.0.1:{env_of(etcd, 'ETCD_CLIENT_PORT')}"
+    etcd_url = env_of(etcd, "ETCD_ADVERTISE_CLIENT_URLS")
     s3_port = env_of(d.get("Deployment/s3"), "S3_PORT")
 
     def http(key: str, var: str) -> str:

@@ -145,13 +145,26 @@ def test_services_select_pods_and_their_ports(
 def test_etcd_members(rendered: dict[str, list[dict[str, Any]]]) -> None:
     for overlay, members in (("production", 3), ("test", 1)):
         (etcd,) = [c for c in containers(rendered[overlay]) if c.name == "etcd"]
+        assert etcd.spec["command"] == ["etcd"]  # etcd's images have no shell.
         assert etcd.workload["spec"]["replicas"] == members
-        assert etcd.env()["ETCD_REPLICAS"]["value"] == str(members)
+        env = {k: v.get("value") for k, v in etcd.env().items()}
+        cluster = dict(m.split("=", 1) for m in env["ETCD_INITIAL_CLUSTER"].split(","))
+        assert len(cluster) == members
+        if overlay == "production":
+            # Member i is pod etcd-i, reached through the headless Service.
+            assert cluster == {f"etcd-{i}": f"http://etcd-{i}.etcd:2380" for i in range(3)}
+            assert env["ETCD_NAME"] == "$(POD_NAME)"
+            assert env["ETCD_INITIAL_ADVERTISE_PEER_URLS"] == "http://$(POD_NAME).etcd:2380"
+        else:
+            assert cluster[env["ETCD_NAME"]] == env["ETCD_INITIAL_ADVERTISE_PEER_URLS"]
     (etcd,) = [c for c in containers(rendered["production"]) if c.name == "etcd"]
     assert [t["metadata"]["name"] for t in etcd.workload["spec"]["volumeClaimTemplates"]] == [
         "data"
     ]
     assert not etcd.pod["spec"].get("volumes")
+    services = [o for o in rendered["production"] if o["kind"] == "Service"
+                and o["metadata"]["name"] == etcd.workload["spec"]["serviceName"]]
+    assert services and services[0]["spec"]["clusterIP"] == "None"
 
 
 @pytest.mark.parametrize("overlay", ["examples", "tls-auth", "test"])
