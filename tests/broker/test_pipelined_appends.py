@@ -176,24 +176,33 @@ async def _read_direct(cluster: Cluster, broker: ClusterBroker, head: int) -> by
     """Read [0, head) from `broker` itself (do_not_proxy): its spools, and the fragments it
     persisted or lists (which it names by URL in the shared `file://` store)."""
     out = bytearray()
-    async with asyncio.timeout(60):
-        while len(out) < head:
-            progress = len(out)
-            async for resp in cluster.stub(broker).Read(
-                pb.ReadRequest(journal=JOURNAL, offset=len(out), block=False, do_not_proxy=True),
-                timeout=10,
-            ):
-                if resp.status != pb.OK:
-                    break  # Not yet confirmed or listed here: try again.
-                if resp.fragment_url:
-                    path = cluster.file_root / resp.fragment_url.removeprefix("file:///")
-                    frag = resp.fragment
-                    out += path.read_bytes()[len(out) - frag.begin :]
-                    assert len(out) == frag.end
-                    break
-                if resp.content:
-                    assert resp.offset == len(out)
-                    out += resp.content
-            if len(out) == progress:
-                await asyncio.sleep(0.2)
+    last: pb.ReadResponse | None = None  # What the broker answered last, should it stall.
+    try:
+        async with asyncio.timeout(60):
+            while len(out) < head:
+                progress = len(out)
+                async for resp in cluster.stub(broker).Read(
+                    pb.ReadRequest(
+                        journal=JOURNAL, offset=len(out), block=False, do_not_proxy=True
+                    ),
+                    timeout=10,
+                ):
+                    last = resp
+                    if resp.status != pb.OK:
+                        break  # Not yet confirmed or listed here: try again.
+                    if resp.fragment_url:
+                        path = cluster.file_root / resp.fragment_url.removeprefix("file:///")
+                        frag = resp.fragment
+                        out += path.read_bytes()[len(out) - frag.begin :]
+                        assert len(out) == frag.end
+                        break
+                    if resp.content:
+                        assert resp.offset == len(out)
+                        out += resp.content
+                if len(out) == progress:
+                    await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise AssertionError(
+            f"{broker.member_key} served [0, {len(out)}) of [0, {head}); last answer: {last}"
+        ) from None
     return bytes(out[:head])
