@@ -165,11 +165,46 @@ async def test_replica_killed_mid_pipeline(
         assert not (seen & failed), "an append that failed surfaced later"
         print(f"{len(acked)} acknowledged, {len(failed)} failed, {len(in_doubt)} in doubt")
         # Every member holds every acknowledged append.
-        for b in cluster.members_of(JOURNAL):
-            assert await _read_direct(cluster, b, head) == content, b.member_key
+        await _every_member_reads(cluster, replication, content)
     finally:
         stop.set()
         await cluster.close()
+
+
+class _NotAMember(Exception):
+    """The broker doesn't serve the journal (any more): its route is `header.route`."""
+
+    def __init__(self, header: pb.Header) -> None:
+        members = ", ".join(f"{m.zone}#{m.suffix}" for m in header.route.members)
+        super().__init__(f"the route is [{members}] at revision {header.etcd.revision}")
+        self.header = header
+
+
+async def _every_member_reads(cluster: Cluster, replication: int, content: bytes) -> None:
+    """Each member of the journal's route reads all of `content` directly (`_read_direct`).
+
+    The route may still change while they do: a replica killed and restarted rejoins the
+    cluster only once its old lease expired, and the allocator may then move the journal
+    back to it (zones), dropping the broker that replaced it after the last appends. A broker
+    that says it no longer serves the journal is passed over, and the members are looked up
+    again (at its revision at least): each broker checked was a member when it answered."""
+    ks = await cluster.observe()
+    checked: set[str] = set()
+    async with asyncio.timeout(120):
+        while True:
+            await cluster.wait_ready([JOURNAL], replication)
+            pending = [b for b in cluster.members_of(JOURNAL) if b.member_key not in checked]
+            if not pending:
+                return
+            for b in pending:
+                try:
+                    got = await _read_direct(cluster, b, len(content))
+                except _NotAMember as exc:
+                    print(f"{b.member_key} left the route meanwhile: {exc}")
+                    await ks.wait_for_revision(exc.header.etcd.revision)
+                    break
+                assert got == content, b.member_key
+                checked.add(b.member_key)
 
 
 async def _read_direct(cluster: Cluster, broker: ClusterBroker, head: int) -> bytes:
@@ -188,6 +223,8 @@ async def _read_direct(cluster: Cluster, broker: ClusterBroker, head: int) -> by
                     timeout=10,
                 ):
                     last = resp
+                    if resp.status == pb.NOT_JOURNAL_BROKER:
+                        raise _NotAMember(resp.header)
                     if resp.status != pb.OK:
                         break  # Not yet confirmed or listed here: try again.
                     if resp.fragment_url:
