@@ -141,8 +141,8 @@ demo: deps
 spark-cluster: deps
 	$(PY) -m tests.support.spark_cluster --workers $(or $(WORKERS),2)
 
-# The cluster tests of make test, then kill -9 of an executor mid-stream and of a driver
-# mid-batch on that cluster (the spark_cluster_faults marker): exactly once.
+# The cluster tests of make test (kill -9 of an executor mid-stream among them), then kill -9
+# of a driver mid-batch on that cluster (the spark_cluster_faults marker): exactly once.
 test-spark-cluster: deps
 	$(VENV)/bin/pytest -q tests/spark/test_on_cluster.py tests/spark/test_cluster_faults.py
 

@@ -190,11 +190,17 @@ def kill_driver_mid_batch_and_restart(
     )
     try:
         hung = job_faults / token_name("hung", outs[0])
-        wait_for(
-            lambda: hung.exists() or job.poll() is not None,
-            timeout=120,
-            what="the job to hang in the middle of a micro-batch",
-        )
+        try:
+            # A driver JVM, its session and (on a cluster) executors start first: minutes on
+            # a loaded two-core machine.
+            wait_for(
+                lambda: hung.exists() or job.poll() is not None,
+                timeout=300,
+                what="the job to hang in the middle of a micro-batch",
+            )
+        except TimeoutError as exc:
+            log_tail = (tmp_path / "job.log").read_text(errors="replace")[-3000:]
+            raise TimeoutError(f"{exc}; the job's log ends:\n{log_tail}") from None
         assert job.poll() is None, (tmp_path / "job.log").read_text(errors="replace")[-3000:]
     finally:
         os.killpg(job.pid, signal.SIGKILL)

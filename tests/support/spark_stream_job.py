@@ -24,6 +24,12 @@ from pyspark.sql import SparkSession
 def run_query(
     spark: SparkSession, broker: str, journal: str, selector: str, checkpoint: str
 ) -> None:
+    # Spark's JVM looks Python data sources up through the calling thread's active session;
+    # a query started on a thread other than the session's (as the fault tests do) finds no
+    # `gazette` sink without it (DATA_SOURCE_NOT_FOUND at start()).
+    jvm = spark._jvm
+    assert jvm is not None
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     source = (
         spark.readStream.format("gazette")
         .schema("journal STRING, offset LONG, n LONG, user STRING")
