@@ -641,6 +641,13 @@ async def prune_keeps(client: JournalClient, hints: rpb.FSMHints) -> tuple[int, 
     return len(kept), sum(f.end - f.begin for f in kept)
 
 
+def history_points(args: argparse.Namespace) -> list[int]:
+    """The transaction counts at which `--recovery` measures: `--history-points`, fractions
+    of `--history-txns` (a run cut short still reports every point it passed)."""
+    fractions = [float(f) for f in args.history_points.split(",")]
+    return sorted({max(1, int(args.history_txns * f)) for f in fractions})
+
+
 async def sqlite_history(
     client: JournalClient, broker: str, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
@@ -671,7 +678,7 @@ async def sqlite_history(
         store.db.executemany("INSERT INTO kv VALUES(?, ?)", batch)
         await store.start_commit(None, cpb.Checkpoint(), [])  # type: ignore[arg-type]
     rows_total = k
-    points = sorted({max(1, int(args.history_txns * f)) for f in (0.01, 0.1, 0.3, 1.0)})
+    points = history_points(args)
     out: list[dict[str, Any]] = []
     cp = cpb.Checkpoint()
     inflight: list[Any] = []
@@ -759,7 +766,7 @@ async def rocksdb_history(
         k += fill // row_bytes
         await store.start_commit(None, cpb.Checkpoint(), [])  # type: ignore[arg-type]
     rows_total = k
-    points = sorted({max(1, int(args.history_txns * f)) for f in (0.01, 0.1, 0.3, 1.0)})
+    points = history_points(args)
     out: list[dict[str, Any]] = []
     cp = cpb.Checkpoint()
     inflight: list[Any] = []
@@ -971,6 +978,11 @@ def main() -> None:
     )
     parser.add_argument("--history-txns", type=int, default=1_000_000)
     parser.add_argument("--history-db-mb", type=int, default=10)
+    parser.add_argument(
+        "--history-points",
+        default="0.01,0.1,0.3,1.0",
+        help="--recovery measures at these fractions of --history-txns (comma-separated)",
+    )
     parser.add_argument(
         "--recovery-stores", default="sqlite,rocksdb", help="--recovery's stores (comma-separated)"
     )

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 import yaml
 from google.protobuf import json_format, text_format
@@ -780,3 +781,86 @@ async def test_prune_then_recover(cluster: Cluster) -> None:
     recovered = cluster.tmp / "after-prune"
     await cluster.gazctl("recover", "--id", shard, "--dir", str(recovered))
     assert (recovered / "state.json").read_bytes() == local_state(third, shard)
+
+
+SQLITE_SHARD = "counter-sqlite"
+# One shard whose Counter store is a SQLiteStore compacting its log after 32 KiB of history
+# (tests/consumer/apps.py); no backup hints, so that `shards prune` goes by the primary's.
+SQLITE_SHARDSPACE = """\
+common:
+  recovery_log_prefix: shards/recovery
+  hint_prefix: {hints}
+  max_txn_duration: 100ms
+shards:
+- id: counter-sqlite
+  sources:
+  - journal: shards/in-a
+"""
+
+
+async def test_gazctl_recovers_a_compacted_sqlite_log(cluster: Cluster) -> None:
+    """Gazette's Player plays a pygazette SQLite store's log from hints recorded after a
+    compaction (the database recorded anew as a new file, renamed over the old), with every
+    fragment before that compaction pruned: the database it writes opens with the rows the
+    consumer holds, byte for byte what `pygazette shards recover` writes."""
+    log_name = f"{LOGS}/{SQLITE_SHARD}"
+    async with JournalClient(cluster.broker.url) as client:
+        spec = journal_spec(log_name, RECOVERY_LOG, cluster.log_store, 1024)
+        await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=0)])
+    cluster.add_consumer()
+    specs = cluster.tmp / "sqlite-shardspace.yaml"
+    specs.write_text(SQLITE_SHARDSPACE.format(hints=cluster.hints))
+    await cluster.gazctl("apply", "--specs", str(specs))
+    await cluster.wait_serving(SQLITE_SHARD)
+
+    # Commits (each its own transaction: the shard reads through each batch before the
+    # next) until the recorded history passes the store's 32 KiB compaction threshold.
+    sent = 0
+    for n in (40,) * 12:
+        await cluster.publish("shards/in-a", keyed(n, sent))
+        sent += n
+        await cluster.wait_read_through(SQLITE_SHARD, "shards/in-a")
+
+    def hints_after_compaction() -> rpb.FSMHints | None:
+        kv = cluster.ks.get(f"{cluster.hints}/{SQLITE_SHARD}.primary")
+        if kv is None:
+            return None
+        hints = json_format.ParseDict(json.loads(kv.value), rpb.FSMHints())
+        first = min((s.first_offset for n in hints.live_nodes for s in n.segments), default=0)
+        return hints if first > 0 else None
+
+    hints = await cluster.wait_for(hints_after_compaction, "hints after a compaction")
+    assert len(hints.live_nodes) == 1  # store.sqlite, as one file node
+    first = min(s.first_offset for n in hints.live_nodes for s in n.segments)
+
+    # Remove every fragment before the compaction (once persisted, as prune requires).
+    async def dead() -> list[pb.Fragment]:
+        return [f for f in await cluster.fragments(log_name) if f.end <= first]
+
+    deadline = time.monotonic() + WAIT
+    while not (old := await dead()) or not all(f.mod_time for f in old):
+        assert time.monotonic() < deadline, "fragments before the compaction not persisted"
+        await asyncio.sleep(0.2)
+    pruned = await cluster.pygazette(
+        "prune", "-l", f"id={SQLITE_SHARD}", "--file-root", str(cluster.broker.file_root)
+    )
+    removed = {
+        (int(r["BEGIN"]), int(r["END"]))
+        for r in parse_table(pruned.stdout)
+        if r.get("JOURNAL") == log_name
+    }
+    assert {(f.begin, f.end) for f in old} <= removed, pruned.stdout
+    for f in old:
+        assert not (cluster.broker.file_root / fragment_content_path(f)).exists()
+
+    gaz_dir = cluster.tmp / "gazctl-sqlite"
+    await cluster.gazctl("recover", "--id", SQLITE_SHARD, "--dir", str(gaz_dir))
+    assert sorted(p.name for p in gaz_dir.iterdir()) == ["store.sqlite"]
+    conn = apsw.Connection(str(gaz_dir / "store.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        assert dict(conn.execute("SELECT k, n FROM counts").fetchall()) == counts_of(sent)
+    finally:
+        conn.close()
+    our_dir = cluster.tmp / "pygazette-sqlite"
+    await cluster.pygazette("recover", "--id", SQLITE_SHARD, "--dir", str(our_dir))
+    assert (our_dir / "store.sqlite").read_bytes() == (gaz_dir / "store.sqlite").read_bytes()
