@@ -20,7 +20,7 @@ from pygazette.broker.replicated_spool import (
     fragments_equal,
     roll_proposal,
 )
-from pygazette.protocol.fragment_name import sha1sum_from_digest
+from pygazette.protocol.fragment_name import fragment_content_path, sha1sum_from_digest
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
@@ -266,6 +266,38 @@ async def test_replica_completion_persists_only_confirmed_content(
     stored = sorted((tmp_path / "store" / JOURNAL).iterdir())
     assert [p.name.split("-")[:2] for p in stored] == [["0000000000000000", "0000000000000004"]]
     assert stored[0].read_bytes() == b"kept"
+
+
+async def test_replica_completion_persists_nothing_the_store_covers(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A replica's completed spool is not uploaded where fragments in the store cover it
+    between them, as the fragment index drops it then: here the replica confirmed an append
+    in doubt ("dropped", killed before its primary heard of it), and the journal went on
+    without it from offset 4 ("other:..."), persisted by the primary in two fragments.
+    Uploading the spool would put a fragment with other content at [4, 11) beside them."""
+    journal_dir = tmp_path / "store" / JOURNAL
+    journal_dir.mkdir(parents=True)
+    for begin, content in ((0, b"kept"), (4, b"other:content")):
+        frag = _frag(begin, begin + len(content), content)
+        (tmp_path / "store" / fragment_content_path(frag)).write_bytes(content)
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"keptdropped")
+    await rs.apply_proposal(_frag(0, 11, b"keptdropped"), pb.LabelSet(), primary=False)
+    rs.set_confirmed(11)
+    # The primary's next pipeline rolls this replica forward, past its end.
+    assert (await rs.apply_proposal(_frag(17, 17), pb.LabelSet(), primary=False)).status == pb.OK
+    persister.expedite()
+    await persister.wait_idle()
+    names = sorted(p.name.split("-")[:2] for p in journal_dir.iterdir())
+    assert names == [
+        ["0000000000000000", "0000000000000004"],
+        ["0000000000000004", "0000000000000011"],
+    ]
+    assert not r.index.local_spools()
+    assert [(f.begin, f.end) for f in r.index.persisted()] == [(0, 4), (4, 17)]
 
 
 async def test_an_empty_roll_at_our_end_takes_the_primarys_registers(

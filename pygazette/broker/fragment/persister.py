@@ -22,8 +22,8 @@ to journals persisting there are refused (FRAGMENT_STORE_UNHEALTHY, see `refusal
 the backlog drains, so an unreachable store cannot fill the local disk.
 
 In a cluster, the primary persists its spools at once; replicas persist theirs a little
-later and only if the store doesn't already hold a fragment covering them (usually the
-primary's, which has the same name), so a fragment normally lands once, yet survives the
+later and only if the store doesn't already hold fragments covering them (usually the
+primary's one, which has the same name), so a fragment normally lands once, yet survives the
 primary's loss.
 """
 
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pygazette.broker.fragment.cover_set import CoverSet
 from pygazette.broker.fragment.path_postfix import TemplateError, evaluate_path_postfix
 from pygazette.broker.metrics import SPOOL_COMPLETED, SPOOL_PERSISTED, STORE_PUT_BYTES
 from pygazette.protocol.errors import ValidationError
@@ -307,10 +308,11 @@ class Persister:
         store = self.stores.get(job.store)
         if job.check_existing:
             covering = await self._covering(store, frag)
-            if covering is not None:
-                covering.backing_store = job.store
+            if covering:
                 index = job.target.index
-                index.add_persisted(covering)
+                for other in covering:
+                    other.backing_store = job.store
+                    index.add_persisted(other)
                 index.remove_local(spool)
                 spool.delete()
                 SPOOL_PERSISTED.inc()
@@ -343,17 +345,28 @@ class Persister:
         )
 
     @staticmethod
-    async def _covering(store: FragmentStore, frag: pb.Fragment) -> pb.Fragment | None:
-        """A fragment in `store` covering all of `frag`, if there is one."""
+    async def _covering(store: FragmentStore, frag: pb.Fragment) -> list[pb.Fragment]:
+        """Fragments in `store` that cover all of `frag` between them, one after another
+        (empty if none do): as the fragment index drops a closed spool that a listing
+        covers (`FragmentIndex.replace_persisted`), so a replica's spool is not uploaded
+        beside what the cluster persisted over the same offsets either. Usually the run is
+        the primary's one fragment of the same name; it is several where the primary's
+        spools were cut at other offsets, and content the replica alone holds there (an
+        append in doubt, confirmed here while the journal went on without this broker)
+        would otherwise be persisted beside the journal's own content."""
+        listed: list[pb.Fragment] = []
         for obj in await store.list_files(frag.journal + "/"):
             try:
                 other = parse_fragment_path(frag.journal, obj.path)
             except ValidationError:
                 continue
-            if other.begin <= frag.begin and frag.end <= other.end:
+            if other.end > frag.begin and other.begin < frag.end:
                 other.mod_time = obj.mod_time
-                return other
-        return None
+                listed.append(other)
+        cover: CoverSet[pb.Fragment] = CoverSet()
+        for other in sorted(listed, key=lambda f: (f.begin, -f.end)):
+            cover.add(other)
+        return cover.items() if cover.covers(frag.begin, frag.end) else []
 
     def _compress(self, spool: Spool) -> Path:
         """Worker thread: the spool's content compressed into a scratch file."""
