@@ -24,14 +24,13 @@ from tests.spark.test_batch_read import test_lines_and_raw
 from tests.spark.test_sink import (
     arm,
     jsons_of,
-    out_journals,
+    stream_journals,
     test_stream_write_is_exactly_once_when_a_task_fails_between_appends,
 )
 from tests.spark.test_stream_read import test_restart_from_checkpoint_without_gaps_or_duplicates
 from tests.support.broker_process import BrokerProcess
-from tests.support.journal_data import append_each, json_records, wait_for
+from tests.support.journal_data import wait_for
 from tests.support.spark_cluster import SparkCluster
-from tests.support.spark_session import create_journals, journal_spec
 from tests.support.spark_stream_job import run_query
 
 # The first test's setup starts the cluster's three JVMs, then the driver's session and two
@@ -77,11 +76,7 @@ def test_executor_killed_mid_stream_writes_each_row_once(
     faults_dir: Path,
     tmp_path: Path,
 ) -> None:
-    source = prefix + "in"
-    create_journals(gz, journal_spec(source))
-    append_each(gz, source, [b"".join(json_records(i, 50)) for i in range(0, 250, 50)])
-    topic = prefix.strip("/").replace("/", ".")
-    outs = out_journals(gz, prefix, 2, topic)
+    source, topic, outs = stream_journals(gz, prefix, 250, 50)
     arm(faults_dir, "hang-after-append", outs[0])
     failure: list[BaseException] = []
 

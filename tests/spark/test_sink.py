@@ -42,6 +42,19 @@ def out_journals(gz: SyncJournalClient, prefix: str, n: int, topic: str) -> list
     return names
 
 
+def stream_journals(
+    gz: SyncJournalClient, prefix: str, records: int, per_append: int
+) -> tuple[str, str, list[str]]:
+    """A stream job's journals: its source holding `records` JSON records (`per_append` to an
+    append), the topic its sink selects, and that topic's two output journals."""
+    source = prefix + "in"
+    create_journals(gz, journal_spec(source))
+    batches = range(0, records, per_append)
+    append_each(gz, source, [b"".join(json_records(i, per_append)) for i in batches])
+    topic = prefix.strip("/").replace("/", ".")
+    return source, topic, out_journals(gz, prefix, 2, topic)
+
+
 def arm(faults_dir: Path, kind: str, journal: str) -> Path:
     token = faults_dir / token_name(kind, journal)
     token.touch()
@@ -121,11 +134,7 @@ def test_stream_write_is_exactly_once_when_a_task_fails_between_appends(
     faults_dir: Path,
     tmp_path: Path,
 ) -> None:
-    source = prefix + "in"
-    create_journals(gz, journal_spec(source))
-    append_each(gz, source, [b"".join(json_records(i, 100)) for i in range(0, 300, 100)])
-    topic = prefix.strip("/").replace("/", ".")
-    outs = out_journals(gz, prefix, 2, topic)
+    source, topic, outs = stream_journals(gz, prefix, 300, 100)
     token = arm(faults_dir, "fail-after-append", outs[0])
     run_query(spark, spark_broker.url, source, f"topic={topic}", str(tmp_path / "checkpoint"))
     assert not token.exists()
@@ -154,11 +163,7 @@ def kill_driver_mid_batch_and_restart(
     """A job's driver (a process of its own, on `job_conf`'s master, else local) is killed
     -9 while a task hangs after one of its appends; the session `restart_session` gives
     restarts the query from the checkpoint, and every row is in the output journals once."""
-    source = prefix + "in"
-    create_journals(gz, journal_spec(source))
-    append_each(gz, source, [b"".join(json_records(i, 50)) for i in range(0, 250, 50)])
-    topic = prefix.strip("/").replace("/", ".")
-    outs = out_journals(gz, prefix, 2, topic)
+    source, topic, outs = stream_journals(gz, prefix, 250, 50)
     checkpoint = str(tmp_path / "checkpoint")
     job_faults = tmp_path / "job-faults"
     job_faults.mkdir()
