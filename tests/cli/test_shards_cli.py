@@ -826,10 +826,14 @@ def test_prune_after_sqlite_compactions_keeps_what_recovery_needs(
             s.first_offset for n in hints.primary_hints.hints.live_nodes for s in n.segments
         )
         frags = fragments_of(dep, log)
+        seen["hints"], seen["first"] = hints.primary_hints.hints, first
         # Hints recorded after a compaction, and every older fragment persisted.
         return first > 0 and all(f.mod_time for f in frags if f.end <= first)
 
+    seen: dict[str, Any] = {}
     wait_until(settled, "hints after a compaction and persisted fragments")
+    assert len(seen["hints"].live_nodes) == 1  # store.sqlite, recorded anew by a compaction
+    first = seen["first"]
     before = fragments_of(dep, log)
     out = ok(
         dep.cli("shards", "prune", "-l", f"id={shard}", "--file-root", str(dep.broker.file_root))
@@ -838,6 +842,11 @@ def test_prune_after_sqlite_compactions_keeps_what_recovery_needs(
     removed_bytes = sum(end - begin for begin, end in removed)
     total = sum(f.end - f.begin for f in before)
     assert removed_bytes > total / 2, out  # Most of the log held compacted-away history.
+    # Every fragment before the latest compaction is deleted, from the listing and the disk.
+    dead = [(f.begin, f.end) for f in before if f.end <= first]
+    assert dead and set(dead) <= set(removed), (dead, out)
+    for begin, end in dead:
+        assert not list(dep.broker.file_root.glob(f"{log}/{begin:016x}-{end:016x}-*")), (begin, end)
 
     recovered = tmp_path / "recovered"
     ok(dep.cli("shards", "recover", "--id", shard, "--dir", str(recovered)))
