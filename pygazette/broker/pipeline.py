@@ -33,10 +33,11 @@ Cost per request. Each peer stream has one writer task fed by a queue: sending a
 queues it for every peer (in the same order everywhere) and returns; the sender waits only
 while a peer has more than MAX_QUEUED_BYTES of content queued. So no task is created per
 request, and an append's next chunk or commit follows its content without waiting for gRPC
-to take it. One watchdog timer per pipeline, not a timeout per wait, fails a round that
-is unanswered for too long. And a confirmation goes out as soon as the commits it covers are
-acknowledged (from the reader that completes them), unless one already in flight covers
-them: they coalesce, as they would when each append's waiter asked for one.
+to take it. A small append's content waits in the queue for its commit (DEFER_CONTENT_BYTES),
+and both leave in one write. One watchdog timer per pipeline, not a timeout per wait, fails
+a round that is unanswered for too long. And a confirmation goes out as soon as the commits
+it covers are acknowledged (from the reader that completes them), unless one already in
+flight covers them: they coalesce, as they would when each append's waiter asked for one.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ ACK_TIMEOUT_SECONDS = 30.0
 MAX_AGE_SECONDS = DEFAULT_TOKEN_TTL / 4
 # Content queued for one peer beyond which a sender waits (until it is down to half).
 MAX_QUEUED_BYTES = 8 << 20
+# Content below this much, queued for a peer, is written only once a request asking for an
+# answer follows it (an append's commit, or its rollback) or the pipeline closes: the
+# content then goes out with it, gRPC buffering the content's write (`send`'s `buffered`)
+# so that both leave in one write, and the peer reads both at once. A small append's
+# content is of no use to a replica before its commit anyway.
+DEFER_CONTENT_BYTES = 128 << 10
 
 
 class PipelineBroken(Exception):
@@ -89,11 +96,11 @@ class PeerStream:
     queued: int = 0  # Content bytes queued.
     wakeup: asyncio.Future[None] | None = None  # The idle writer waits on it.
 
-    def put(self, req: pb.ReplicateRequest | None, size: int) -> None:
+    def put(self, req: pb.ReplicateRequest | None, size: int, wake: bool = True) -> None:
         self.queue.append((req, size))
         self.queued += size
         w = self.wakeup
-        if w is not None:
+        if w is not None and (wake or self.queued > DEFER_CONTENT_BYTES):
             self.wakeup = None
             if not w.done():
                 w.set_result(None)
@@ -227,8 +234,11 @@ class Pipeline:
             self._rounds.append(rnd)
             if self._watchdog is None:
                 self._arm_watchdog()
+        # Content with no answer due (a `send`, below DEFER_CONTENT_BYTES queued) waits for
+        # the next request that is: see DEFER_CONTENT_BYTES.
+        wake = rnd is not None or not size
         for s in self.streams:
-            s.put(self._request_for(req, s), size)
+            s.put(self._request_for(req, s), size, wake)
 
     def _backlogged(self) -> bool:
         return any(s.queued > MAX_QUEUED_BYTES for s in self.streams)
@@ -258,7 +268,8 @@ class Pipeline:
                 if req is None:
                     await call.done_writing()
                     return
-                await send(call, req)
+                # With a request behind it, gRPC may hold this one back to send both at once.
+                await send(call, req, buffered=bool(queue))
                 if size:
                     s.queued -= size
                     if self._drained is not None and s.queued <= MAX_QUEUED_BYTES // 2:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
 
+from pygazette.protocol import stream_write
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.stream_write import CallEnded, send
@@ -87,5 +89,40 @@ async def test_a_half_closed_call_is_ended_for_send() -> None:
             with pytest.raises(CallEnded):
                 await send(call, pb.AppendRequest(journal="a/b"))
             assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(None)
+
+
+class _Counting(pb_grpc.JournalServicer):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.arrived = asyncio.Event()
+
+    async def Replicate(self, request_iterator: Any, context: Any) -> Any:
+        async for req in request_iterator:
+            self.received.append(req.content)
+            self.arrived.set()
+            yield pb.ReplicateResponse()
+
+
+@pytest.mark.skipif(stream_write._BUFFER_HINT is None, reason="grpc.aio has no write flags")
+async def test_a_buffered_message_goes_out_with_the_next() -> None:
+    # `buffered`: gRPC holds the message back until the next one is written, then both go.
+    servicer = _Counting()
+    server = grpc.aio.server()
+    pb_grpc.add_JournalServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.JournalStub(channel).Replicate()  # type: ignore[no-untyped-call]
+            await send(call, pb.ReplicateRequest(content=b"first"), buffered=True)
+            with pytest.raises(TimeoutError):  # Held back (its write completed, though).
+                await asyncio.wait_for(servicer.arrived.wait(), 0.3)
+            await send(call, pb.ReplicateRequest(content=b"second"))
+            assert await call.read() is not None
+            assert await call.read() is not None
+            assert servicer.received == [b"first", b"second"]
+            await call.done_writing()
     finally:
         await server.stop(None)
