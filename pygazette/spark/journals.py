@@ -81,9 +81,23 @@ async def write_head(client: JournalClient, journal: str) -> int:
     return int(resp.write_head)
 
 
-async def write_heads(client: JournalClient, journals: list[str]) -> dict[str, int]:
-    heads = await _gather(write_head(client, j) for j in journals)
-    return dict(zip(journals, heads, strict=True))  # type: ignore[arg-type]
+async def write_heads(
+    client: JournalClient, journals: list[str], *, absent_ok: frozenset[str] = frozenset()
+) -> dict[str, int]:
+    """Each journal's write head. A journal of `absent_ok` that no broker serves (yet: one
+    just created is listed before its first assignment reaches the broker asked; or one
+    deleted since it was listed) is left out; any other such journal is an error."""
+
+    async def head(journal: str) -> int | None:
+        try:
+            return await write_head(client, journal)
+        except JournalNotFound:
+            if journal in absent_ok:
+                return None
+            raise
+
+    heads = await _gather(head(j) for j in journals)
+    return {j: h for j, h in zip(journals, heads, strict=True) if isinstance(h, int)}
 
 
 async def fragments(client: JournalClient, journal: str) -> list[FragmentInfo]:

@@ -120,8 +120,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             if target is not None:
                 listed = [j for j in listed if j in target]
             known = [j for j in listed if j in start]
-            new = [j for j in listed if j not in start]
-            heads = await jn.write_heads(client, listed)
+            # A journal listed but not served yet (just created) is discovered next time.
+            heads = await jn.write_heads(
+                client, listed, absent_ok=frozenset(j for j in listed if j not in start)
+            )
+            new = [j for j in listed if j not in start and j in heads]
             self._heads = dict(heads)
             end = dict(start)
             reading: dict[str, int] = {}

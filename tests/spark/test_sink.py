@@ -142,6 +142,7 @@ def test_stream_write_is_exactly_once_when_a_task_fails_between_appends(
     assert written == Counter(range(300))
 
 
+@pytest.mark.timeout(600)  # A job's driver JVM started, killed, and the query restarted.
 def test_query_killed_mid_batch_and_restarted_writes_each_row_once(
     spark: SparkSession,
     spark_broker: BrokerProcess,
