@@ -9,6 +9,7 @@ executor that is still alive; every record is written once)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -107,10 +108,8 @@ def test_executor_killed_mid_stream_writes_each_row_once(
         if failure:
             raise failure[0]
     finally:
-        try:
-            os.kill(task_pid, signal.SIGKILL)  # Its daemon normally ends it with the JVM.
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):  # Its daemon ends it with the JVM.
+            os.kill(task_pid, signal.SIGKILL)
     written = Counter(d["n"] for j in outs for d in jsons_of(gz, j))
     assert written == Counter(range(250))
     assert executor not in spark_cluster.executor_pids()
