@@ -76,6 +76,25 @@ def partial(seq: Sequencer, producer: bytes) -> tuple[int, int, int, int, int]:
     return p.begin, p.ring_start, p.ring_stop, p.min_clock, p.max_clock
 
 
+def test_ring_is_allocated_by_the_first_transactional_message() -> None:
+    # Thousands of shards each hold a Sequencer: one that sees only OUTSIDE_TXN messages
+    # (or none) keeps no ring.
+    seq, gen = Sequencer(buffer=5), Gen()
+    a, b = new_producer_id(), new_producer_id()
+    assert seq._ring == [] and seq._next == []
+    out = gen(a, 1, OUTSIDE_TXN)
+    assert queue(seq, out) == [Q.OUTSIDE_COMMIT]
+    expect_deque(seq, out)
+    assert seq._ring == []
+    e1 = gen(b, 100, CONTINUE_TXN)
+    assert queue(seq, e1) == [Q.CONTINUE_BEGIN_SPAN]
+    assert seq._ring == [e1, None, None, None, None]
+    assert seq._next == [-1] * 5
+    ack = gen(b, 101, ACK_TXN)
+    assert queue(seq, ack) == [Q.ACK_COMMIT_RING]
+    expect_deque(seq, e1, ack)
+
+
 def test_ring_add_and_evict() -> None:
     seq, gen = Sequencer(buffer=5), Gen()
     a, b = new_producer_id(), new_producer_id()
