@@ -74,6 +74,20 @@ class JournalClient(Connection):
             response_deserializer=pb.FragmentsResponse.FromString,
         )
 
+    # Routing (`routed_client.RoutedJournalClient` overrides these): this client sends every
+    # RPC to its one broker, which proxies to the journal's primary as needed.
+    def read_rpc(
+        self, journal: str
+    ) -> grpc.aio.UnaryStreamMultiCallable[pb.ReadRequest, pb.ReadResponse]:
+        """The Read callable to read `journal` with."""
+        return self.rpc_read
+
+    def note_route(self, journal: str, route: pb.Route) -> None:
+        """A broker said `journal` has `route` (in a response header or a listing)."""
+
+    def forget_route(self, journal: str) -> None:
+        """A read of `journal` failed: don't rely on what was noted of its route."""
+
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` is a gRPC transport failure (broker unreachable, connection lost)."""

@@ -154,6 +154,8 @@ class Reader:
             raise
         except BaseException as exc:
             self._error = exc
+            if isinstance(exc, grpc.aio.AioRpcError):
+                self.client.forget_route(self.journal)  # E.g. a broker gone: not there again.
             await self._teardown()
             raise
 
@@ -187,7 +189,8 @@ class Reader:
             if self._call is None:
                 request = pb.ReadRequest()
                 request.CopyFrom(self.request)
-                self._call = self.client.rpc_read(request)
+                # The journal's primary broker, where a routed client knows it.
+                self._call = self.client.read_rpc(self.journal)(request)
 
             resp = await self._call.read()
             if not isinstance(resp, pb.ReadResponse):  # grpc.aio.EOF
@@ -210,6 +213,7 @@ class Reader:
         check_read_response(self.journal, resp, content)
         if self.header is None and resp.HasField("header"):
             self.header = resp.header
+            self.client.note_route(self.journal, resp.header.route)
 
         if resp.status != pb.OK:
             # The broker closes the stream after a non-OK status; surface the status now.

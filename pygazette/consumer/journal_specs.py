@@ -40,7 +40,10 @@ def list_specs(client: JournalClient) -> Fetch:
         selector = pb.LabelSelector()
         for name in sorted(set(names)):  # A selector's labels are unique and sorted.
             selector.include.labels.add(name="name", value=name)
-        return {j.spec.name: j.spec for j in await list_journals(client, selector)}
+        journals = await list_journals(client, selector)
+        for j in journals:  # A routed client reads each from its primary from the start.
+            client.note_route(j.spec.name, j.route)
+        return {j.spec.name: j.spec for j in journals}
 
     return fetch
 

@@ -39,7 +39,7 @@ from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.auth.request_guard import RequestGuard
 from pygazette.auth.server_interceptor import AuthServerInterceptor
 from pygazette.auth.tls import ClientTLS, ServerTLS, server_credentials
-from pygazette.client.journal_client import JournalClient
+from pygazette.client.routed_client import RoutedJournalClient
 from pygazette.consumer.application import Application
 from pygazette.consumer.local_session import LocalSession
 from pygazette.consumer.replica import ConsumerContext, ShardReplica
@@ -155,7 +155,9 @@ class ConsumerProcess:
                 self.keyspace, self.member_key, self.spec.SerializeToString()
             )
         auth = KeyedAuth(cfg.auth_keys) if cfg.auth_keys else None
-        self.client = JournalClient(cfg.broker, tls=cfg.broker_tls, auth=auth)
+        # Reads (each primary shard's blocking read of each source) go straight to the
+        # journal's primary broker, as Gazette's consumers' do, rather than through a proxy.
+        self.client = RoutedJournalClient(cfg.broker, tls=cfg.broker_tls, auth=auth)
         self.decoder = ShardDecoder(self.layout)
         self.observed = ObservedState(self.keyspace, self.layout, self.decoder, self.member_key)
         self.context = ConsumerContext(

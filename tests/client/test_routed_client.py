@@ -1,0 +1,108 @@
+"""RoutedJournalClient: reads go to the journal's primary once its route is known (from a
+read's header or a listing), and back through the client's own broker when that fails."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from pygazette.client import JournalClient, Reader
+from pygazette.client.routed_client import ENDPOINT_BACKOFF_SECONDS, RoutedJournalClient
+from pygazette.protocol.pb import protocol_pb2 as pb
+from tests.client.fake_broker import FakeBroker, content, fake_broker, header, metadata
+from tests.support.ports import free_port
+
+J = "a/journal"
+
+
+@pytest.fixture
+def primary() -> Iterator[FakeBroker]:
+    yield from fake_broker()
+
+
+def route_to(*endpoints: str, primary: int = 0) -> pb.Route:
+    return pb.Route(
+        members=[
+            pb.ProcessSpec.ID(zone="local", suffix=f"broker-{i}") for i in range(len(endpoints))
+        ],
+        primary=primary,
+        endpoints=endpoints,
+    )
+
+
+def routed(resp: pb.ReadResponse, route: pb.Route) -> pb.ReadResponse:
+    """`resp` with a header naming the journal's `route` (as a broker's first response)."""
+    h = header()
+    h.process_id.CopyFrom(route.members[route.primary])
+    h.route.CopyFrom(route)
+    resp.header.CopyFrom(h)
+    return resp
+
+
+async def read_all(reader: Reader) -> bytes:
+    async with reader:
+        return b"".join([chunk async for chunk in reader])
+
+
+async def test_a_read_goes_to_the_primary_its_first_read_named(
+    fake: FakeBroker, primary: FakeBroker
+) -> None:
+    route = route_to(f"http://{primary.address}")
+    fake.journal.read_scripts.append(
+        [routed(metadata(0, begin=0, end=5), route), content(0, b"hello")]
+    )
+    primary.journal.read_scripts.append([metadata(5, begin=5, end=10), content(5, b"world")])
+    async with RoutedJournalClient(fake.address) as client:
+        assert client.read_rpc(J) is client.rpc_read  # Nothing known yet.
+        assert await read_all(Reader(client, J, end_offset=5)) == b"hello"
+        assert await read_all(Reader(client, J, offset=5, end_offset=10)) == b"world"
+        assert client.routed_reads == 1
+    assert [r.offset for r in fake.journal.read_requests] == [0]
+    assert [r.offset for r in primary.journal.read_requests] == [5]
+
+
+async def test_a_failed_routed_read_goes_back_through_the_own_broker(fake: FakeBroker) -> None:
+    now = [100.0]
+    gone = free_port()  # Nothing listens there.
+    fake.journal.read_scripts.append([metadata(0, begin=0, end=2), content(0, b"ok")])
+    async with RoutedJournalClient(fake.address, clock=lambda: now[0]) as client:
+        client.note_route(J, route_to(f"http://127.0.0.1:{gone}"))
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await read_all(Reader(client, J, end_offset=2))
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert client.read_rpc(J) is client.rpc_read  # Forgotten.
+        assert await read_all(Reader(client, J, end_offset=2)) == b"ok"
+        # Named again (a listing, another read's header): not routed to while backing off.
+        client.note_route(J, route_to(f"http://127.0.0.1:{gone}"))
+        assert client.read_rpc(J) is client.rpc_read
+        now[0] += ENDPOINT_BACKOFF_SECONDS
+        assert client.read_rpc(J) is not client.rpc_read
+
+
+async def test_routes_noted(fake: FakeBroker, primary: FakeBroker) -> None:
+    other = f"http://{primary.address}"
+    async with RoutedJournalClient(fake.address, max_routes=2) as client:
+        # Keyed by name: a metadata path segment doesn't matter.
+        client.note_route(J + ";some/meta", route_to(other))
+        routed_rpc = client.read_rpc(J)
+        assert routed_rpc is not client.rpc_read
+        assert client.read_rpc(J + ";other") is routed_rpc  # One channel per endpoint.
+        # No primary (being promoted): forgotten.
+        client.note_route(J, route_to(other, primary=-1))
+        assert client.read_rpc(J) is client.rpc_read
+        # The client's own broker: its own channel.
+        client.note_route(J, route_to(f"http://{fake.address}"))
+        assert client.read_rpc(J) is client.rpc_read
+        # At most max_routes are kept.
+        for name in ("x/1", "x/2", "x/3"):
+            client.note_route(name, route_to(other))
+        assert client.read_rpc("x/1") is client.rpc_read
+        assert client.read_rpc("x/3") is routed_rpc
+
+
+async def test_a_plain_client_does_not_route(fake_client: JournalClient) -> None:
+    fake_client.note_route(J, route_to("http://127.0.0.1:1"))
+    assert fake_client.read_rpc(J) is fake_client.rpc_read
+    fake_client.forget_route(J)
