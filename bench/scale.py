@@ -600,7 +600,9 @@ async def shards_bench(
             changes.append(cpb.ApplyRequest.Change(upsert=spec))
         pids = [c.pid for c in consumers]
         rss0 = sum(rss_kib(p) for p in pids)
-        cpu0 = sum(cpu_seconds(p) for p in pids)
+        cpu0 = [cpu_seconds(p) for p in pids]
+        etcd_pid = cluster.etcd.proc.pid if cluster.etcd.proc is not None else None
+        brokers0, etcd0, own0 = cluster.cpu(), cpu_seconds(etcd_pid), time.process_time()
         async with ShardClient(consumers[0].url) as shards:
             with (
                 sampled(pids, args.py_spy, "shards", "consumer"),
@@ -625,8 +627,17 @@ async def shards_bench(
                 ok = primaries == m
                 took = round(time.monotonic() - applied, 2)
                 out["converged_after_apply_s"] = took if ok else None
+                out["converged_after_apply_start_s"] = (
+                    round(time.monotonic() - started, 2) if ok else None
+                )
                 out["primaries"] = primaries
-        out["consumer_cpu_s"] = round(sum(cpu_seconds(p) for p in pids) - cpu0, 2)
+        # CPU from the apply's start until converged: where the machine's time went.
+        each = [round(cpu_seconds(p) - c0, 2) for p, c0 in zip(pids, cpu0, strict=True)]
+        out["consumer_cpu_s"] = round(sum(each), 2)
+        out["consumer_cpu_s_each"] = each
+        out["broker_cpu_s"] = round(cluster.cpu() - brokers0, 2)
+        out["etcd_cpu_s"] = round(cpu_seconds(etcd_pid) - etcd0, 2)
+        out["bench_client_cpu_s"] = round(time.process_time() - own0, 2)
         out["rss_kib_per_shard"] = round((sum(rss_kib(p) for p in pids) - rss0) / m, 1)
     finally:
         for c in consumers:
