@@ -174,6 +174,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
+    # Before any subcommand loads gRPC: its core reads these settings once, at load.
+    from pygazette.cli.grpc_core_tuning import tune_grpc_core
+
+    tune_grpc_core()
     sys.exit(run(argv))
 
 
