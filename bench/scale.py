@@ -456,7 +456,8 @@ async def run_system(
             # A second append to each journal: the same path once the journal is open
             # (pipeline, spools, metrics), which tells the first append's own cost apart.
             cpu0 = cluster.cpu()
-            again = await append_each(first, names)
+            with py_spy(cluster, args.py_spy, "second-append"):
+                again = await append_each(first, names)
             again["broker_cpu_ms_per_append"] = round((cluster.cpu() - cpu0) * 1000 / max(1, n), 2)
             out["second_append"] = again
             out["rss_mib_after_appends"] = round(cluster.rss() / 1024, 1)
@@ -466,7 +467,8 @@ async def run_system(
             # Idle.
             cpus0 = [cpu_seconds(p) for p in cluster.pids()]
             rev0, t0 = etcd_revision(cluster.etcd.url), time.monotonic()
-            await asyncio.sleep(args.idle)
+            with py_spy(cluster, args.py_spy, "idle"):
+                await asyncio.sleep(args.idle)
             spent = time.monotonic() - t0
             cpus = [cpu_seconds(p) - c for p, c in zip(cluster.pids(), cpus0, strict=True)]
             out["idle_seconds"] = args.idle
@@ -834,8 +836,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="DIR",
-        help="collapsed stacks of pygazette's brokers through apply and first appends, "
-        "and of its consumers through the shards phase",
+        help="collapsed stacks of pygazette's brokers through apply, the first and second "
+        "appends and the idle window, and of its consumers through the shards phase",
     )
     args = parser.parse_args(argv)
     if args.shards_only:
