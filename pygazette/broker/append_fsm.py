@@ -99,6 +99,9 @@ log = logging.getLogger(__name__)
 PULSE_TIMEOUT_SECONDS = 60.0
 # Rounds of roll-forward synchronisation before giving up on a pipeline.
 MAX_SYNC_ROUNDS = 8
+# A proxying broker reads this much of a client's append before dialing the primary
+# (`ClusterAppends._read_ahead`); the rest streams through.
+PROXY_READ_AHEAD = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +120,13 @@ async def _one_empty_chunk() -> AsyncIterator[pb.AppendRequest]:
 
 
 async def _prepended(
-    first: pb.AppendRequest, rest: AsyncIterator[pb.AppendRequest]
+    first: list[pb.AppendRequest], rest: AsyncIterator[pb.AppendRequest] | None
 ) -> AsyncIterator[pb.AppendRequest]:
-    yield first
-    async for req in rest:
+    for req in first:
         yield req
+    if rest is not None:
+        async for req in rest:
+            yield req
 
 
 class ClusterAppends:
@@ -688,6 +693,7 @@ class ClusterAppends:
         forwarded = pb.AppendRequest()
         forwarded.CopyFrom(first)
         forwarded.header.CopyFrom(res.header)
+        ahead, more = await self._read_ahead(it)
 
         # Re-signed by this broker for this journal only, as Gazette proxies.
         with journal_claims_scope(Capability.APPEND, first.journal):
@@ -695,7 +701,7 @@ class ClusterAppends:
         try:
             # Written with `send`: a primary that ends the stream early (refusing it) has its
             # status reach the client, not grpc-python's INTERNAL.
-            await send_all(call, _prepended(forwarded, it))
+            await send_all(call, _prepended([forwarded, *ahead], it if more else None))
             resp: pb.AppendResponse = await call
         except grpc.aio.AioRpcError as exc:
             call.cancel()  # Ours (the primary's status) or the client's stream failing.
@@ -704,6 +710,36 @@ class ClusterAppends:
             call.cancel()  # The client went away: the primary rolls the append back.
             raise
         return resp
+
+    async def _read_ahead(
+        self, it: AsyncIterator[pb.AppendRequest]
+    ) -> tuple[list[pb.AppendRequest], bool]:
+        """The client's next chunks, up to its commit (an empty chunk) or PROXY_READ_AHEAD
+        bytes, read before the primary is dialed; whether the stream goes on after them.
+
+        The primary polices the pace of the chunks it receives (`flow_control`) while it
+        holds the journal, and through a proxy that pace is this broker's too: a proxy whose
+        event loop stalled between a client's chunks (a broker busy with thousands of first
+        appends) failed prompt clients at the primary with DEADLINE_EXCEEDED. Read ahead, a
+        small append reaches the primary whole, in one burst; the client's own pace is
+        policed here, as the primary would."""
+        policer = MinRatePolicer(self.limits.min_rate)
+        ahead: list[pb.AppendRequest] = []
+        size = 0
+        try:
+            while size < PROXY_READ_AHEAD:
+                req = await next_policed(it, policer)
+                if req is None:
+                    return ahead, False
+                ahead.append(req)
+                n = len(req.content)
+                if not n:
+                    break  # The commit: only the end of the stream may follow.
+                size += n
+                policer.received(n)
+        except FlowControlUnderflow as exc:
+            raise AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+        return ahead, True
 
 
 @dataclass(slots=True)

@@ -1,0 +1,146 @@
+"""Appends through a broker that is not the journal's primary (it proxies them).
+
+A proxying broker reads a small append whole before dialing the primary, so the primary
+holds the journal only while the append's bytes are already on their way: a client that
+dawdles between its chunks behind a proxy (or a proxy whose event loop stalls between
+them) neither blocks other writers of the journal nor gets failed at the primary for the
+proxy's pace. The client's own pace is still policed, at the proxy.
+
+Two brokers run in this process on a real etcd; the journal has one replica, so one broker
+is its primary and the other proxies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.rpc_helpers import apply_specs, journal_spec
+from tests.support.cluster import append_once, read_range
+from tests.support.etcd_process import EtcdProcess
+
+pytestmark = pytest.mark.slow
+
+JOURNAL = "proxied/journal"
+
+
+class TwoBrokers:
+    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str) -> None:
+        self.tmp, self.etcd, self.root = tmp, etcd, root
+        self.brokers: list[Broker] = []
+        self.channels: list[grpc.aio.Channel] = []
+
+    async def start(self) -> None:
+        for i in range(2):
+            b = Broker(
+                BrokerConfig(
+                    data_dir=self.tmp / f"broker-{i}",
+                    port=0,
+                    file_root=self.tmp / "store",
+                    zone="zone-a",
+                    broker_id=f"broker-{i}",
+                    etcd_url=self.etcd.url,
+                    etcd_prefix=self.root,
+                    lease_ttl=3.0,
+                )
+            )
+            await b.start()
+            self.brokers.append(b)
+            self.channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{b.port}"))
+
+    def stub(self, i: int) -> pb_grpc.JournalStub:
+        return pb_grpc.JournalStub(self.channels[i])  # type: ignore[no-untyped-call]
+
+    async def primary(self) -> int:
+        """The broker that serves the journal (once an append through it succeeded)."""
+        while True:
+            for i, b in enumerate(self.brokers):
+                replica = b.resolver.replicas.get(JOURNAL)
+                if replica is not None and replica.primary:
+                    if (await append_once(self.stub(i), JOURNAL, b"")).status == pb.OK:
+                        return i
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        for ch in self.channels:
+            await ch.close(None)
+        for b in self.brokers:
+            await b.stop(grace=1.0)
+
+
+@pytest.fixture
+async def brokers(tmp_path: Path, etcd: EtcdProcess, etcd_root: str) -> AsyncIterator[TwoBrokers]:
+    c = TwoBrokers(tmp_path, etcd, etcd_root)
+    try:
+        await c.start()
+        assert (await apply_specs(c.stub(0), journal_spec(JOURNAL, replication=1))).status == (
+            pb.OK
+        )
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_a_client_pausing_behind_a_proxy_does_not_hold_the_journal(
+    brokers: TwoBrokers,
+) -> None:
+    """Client 1 appends through the proxy and pauses before its commit until client 2's
+    append, straight to the primary, is acknowledged. Before the read-ahead the primary
+    held the journal for client 1's stream: client 2 waited behind it until the primary's
+    flow control failed client 1 (DEADLINE_EXCEEDED)."""
+    primary = await brokers.primary()
+    proxy = 1 - primary
+    go_on, pausing = asyncio.Event(), asyncio.Event()
+
+    async def paused() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=JOURNAL)
+        yield pb.AppendRequest(content=b"first\n")
+        pausing.set()  # gRPC asks for the next chunk: the first two are sent.
+        await go_on.wait()
+        yield pb.AppendRequest()
+
+    first = asyncio.ensure_future(brokers.stub(proxy).Append(paused(), timeout=30))
+    await pausing.wait()
+    # Time for those chunks to cross loopback to the proxy (and, before the read-ahead, on
+    # to the primary): no broker state shows their arrival.
+    await asyncio.sleep(0.3)
+    second = await append_once(brokers.stub(primary), JOURNAL, b"second\n", within=10)
+    assert second.status == pb.OK
+    go_on.set()
+    resp = await first
+    assert resp.status == pb.OK, pb.Status.Name(resp.status)
+    content, _head = await read_range(brokers.stub(primary), JOURNAL)
+    assert content == b"second\nfirst\n"
+
+
+async def test_a_client_stalled_behind_a_proxy_is_failed_by_the_proxy(
+    brokers: TwoBrokers,
+) -> None:
+    """The client's pace is still policed: one that sends its header and then nothing gets
+    DEADLINE_EXCEEDED, and nothing of it is appended."""
+    primary = await brokers.primary()
+    proxy = 1 - primary
+    never = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=JOURNAL)
+        yield pb.AppendRequest(content=b"never committed\n")
+        await never.wait()
+        yield pb.AppendRequest()
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await brokers.stub(proxy).Append(stalled(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "minimum append data rate" in (err.value.details() or "")
+    ok = await append_once(brokers.stub(proxy), JOURNAL, b"after\n", within=10)
+    assert ok.status == pb.OK
+    content, _head = await read_range(brokers.stub(primary), JOURNAL)
+    assert content == b"after\n"
