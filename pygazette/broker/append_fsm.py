@@ -69,6 +69,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -136,6 +137,31 @@ async def _prepended(
     if rest is not None:
         async for req in rest:
             yield req
+
+
+async def _relay(call: Any, requests: AsyncIterator[pb.AppendRequest]) -> pb.AppendResponse:
+    """Send `requests` on the proxied `call` while waiting for its answer. A primary that
+    answers before the client's stream ends (it refused the append, or failed a client too
+    slow for its flow control) is answered to the client at once, not once the client sends
+    its next chunk; a client's stream that fails cancels the call."""
+    sender = asyncio.ensure_future(send_all(call, requests))
+
+    def sent(task: asyncio.Future[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            call.cancel()
+
+    sender.add_done_callback(sent)
+    try:
+        resp: pb.AppendResponse = await call
+    except asyncio.CancelledError:
+        failure = sender.exception() if sender.done() and not sender.cancelled() else None
+        if failure is not None:
+            raise failure from None
+        raise
+    finally:
+        if not sender.done():
+            sender.cancel()
+    return resp
 
 
 class ClusterAppends:
@@ -714,8 +740,12 @@ class ClusterAppends:
         try:
             # Written with `send`: a primary that ends the stream early (refusing it) has its
             # status reach the client, not grpc-python's INTERNAL.
-            await send_all(call, _prepended([forwarded, *ahead], it if more else None))
-            resp: pb.AppendResponse = await call
+            resp: pb.AppendResponse
+            if more:
+                resp = await _relay(call, _prepended([forwarded, *ahead], it))
+            else:
+                await send_all(call, _prepended([forwarded, *ahead], None))
+                resp = await call
         except grpc.aio.AioRpcError as exc:
             call.cancel()  # Ours (the primary's status) or the client's stream failing.
             raise AppendAborted(exc.code(), exc.details() or "proxied append failed") from exc

@@ -13,6 +13,7 @@ is its primary and the other proxies.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from pygazette.broker.append_fsm import PROXY_READ_AHEAD
 from pygazette.broker.server import Broker, BrokerConfig
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -140,6 +142,36 @@ async def test_a_client_stalled_behind_a_proxy_is_failed_by_the_proxy(
         await brokers.stub(proxy).Append(stalled(), timeout=30)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "minimum append data rate" in (err.value.details() or "")
+    ok = await append_once(brokers.stub(proxy), JOURNAL, b"after\n", within=10)
+    assert ok.status == pb.OK
+    content, _head = await read_range(brokers.stub(primary), JOURNAL)
+    assert content == b"after\n"
+
+
+async def test_a_large_append_stalled_behind_a_proxy_hears_the_primary_at_once(
+    brokers: TwoBrokers,
+) -> None:
+    """Past the read-ahead the proxy streams; when the client then stalls, the primary's
+    flow control fails it, and that answer reaches the client without waiting for the
+    client's next chunk (it used to hang until the client's own deadline)."""
+    primary = await brokers.primary()
+    proxy = 1 - primary
+    never = asyncio.Event()
+    chunk = b"x" * (64 << 10)
+
+    async def stalled() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=JOURNAL)
+        for _ in range(PROXY_READ_AHEAD // len(chunk) + 2):
+            yield pb.AppendRequest(content=chunk)
+        await never.wait()
+        yield pb.AppendRequest()
+
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await brokers.stub(proxy).Append(stalled(), timeout=60)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "minimum append data rate" in (err.value.details() or "")
+    assert time.monotonic() - started < 30  # The primary's answer, not the 60 s deadline.
     ok = await append_once(brokers.stub(proxy), JOURNAL, b"after\n", within=10)
     assert ok.status == pb.OK
     content, _head = await read_range(brokers.stub(primary), JOURNAL)
