@@ -6,6 +6,13 @@ hold, what the items want, the current assignments with per-member counts, which
 are assigned here, whether this member leads, and how much capacity exiting members shed.
 What an item or member value means is left to an `AllocatorDecoder` (journals and brokers,
 or shards and consumers), so the allocator itself stays generic.
+
+States are immutable, and each keyspace change builds the next from the last (`apply`). Maps
+as big as the keyspace (items, assignments by item, local items) are persistent hash tries
+(`immutables.Map`): a change copies the few nodes on its keys' paths and shares the rest,
+where copying a dict cost O(items) per change — at 20,000 journals, every broker copied two
+20,000-entry dicts for each journal's route write after an apply, and each state some task
+still held kept its own copies (6 brokers peaked at 7.7 GB).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import immutables
 
 from pygazette.keyspace.keyspace import KeyChanges, Keyspace, KeyValue
 from pygazette.keyspace.layout import AssignmentKey, KeyDecodeError, KeyLayout
@@ -101,11 +110,11 @@ class AllocatorState:
     revision: int = 0
     members: list[Member] = field(default_factory=list)  # Key order.
     member_index: dict[tuple[str, str], int] = field(default_factory=dict)
-    item_map: dict[str, Item] = field(default_factory=dict)
+    item_map: immutables.Map[str, Item] = field(default_factory=immutables.Map)
     # Assignments of each item (in key order), including those of items that are gone.
-    by_item: dict[str, list[Assignment]] = field(default_factory=dict)
+    by_item: immutables.Map[str, list[Assignment]] = field(default_factory=immutables.Map)
     local_member: int = -1
-    local: dict[str, tuple[LocalItem, ...]] = field(default_factory=dict)
+    local: immutables.Map[str, tuple[LocalItem, ...]] = field(default_factory=immutables.Map)
     zones: list[str] = field(default_factory=list)  # Zones of members with slots.
     item_slots: int = 0
     member_slots: int = 0
@@ -135,6 +144,9 @@ class AllocatorState:
     ) -> AllocatorState:
         """Decode the whole keyspace (on load, and as the oracle of incremental updates)."""
         s = cls(layout, decoder, local_key, revision=ks.revision)
+        item_map: dict[str, Item] = {}
+        by_item: dict[str, list[Assignment]] = {}
+        local: dict[str, tuple[LocalItem, ...]] = {}
         for kv in ks.range(layout.members_prefix):
             m = _decode_member(layout, decoder, kv)
             if m is not None:
@@ -143,7 +155,7 @@ class AllocatorState:
         for kv in ks.range(layout.items_prefix):
             item = _decode_item(layout, decoder, kv)
             if item is not None:
-                s.item_map[item.id] = item
+                item_map[item.id] = item
                 s.base_hash += _item_hash(item)
                 s.item_slots += item.replication
                 s.replication_counts[item.replication] = (
@@ -152,18 +164,23 @@ class AllocatorState:
         for kv in ks.range(layout.assign_prefix):
             a = _decode_assignment(layout, kv)
             if a is not None:
-                s.by_item.setdefault(a.item, []).append(a)
+                by_item.setdefault(a.item, []).append(a)
         tally: dict[tuple[str, str], list[int]] = {}
-        for item_id, group in s.by_item.items():
+        for item_id, group in by_item.items():
             group.sort(key=_by_key)
-            if item_id not in s.item_map:
+            item = item_map.get(item_id)
+            if item is None:
                 continue
-            _add_local(s, item_id, group)
+            if found := _local_of(layout, local_key, item, group):
+                local[item_id] = found
             for a in group:
                 t = tally.setdefault(a.member, [0, 0])
                 t[0] += 1
                 t[1] += a.slot == 0
         s.tally = {m: (t[0], t[1]) for m, t in tally.items()}
+        s.item_map = immutables.Map(item_map)
+        s.by_item = immutables.Map(by_item)
+        s.local = immutables.Map(local)
         s.base_hash &= _MASK
         s._index_members()
         s._derive()
@@ -244,6 +261,9 @@ class AllocatorState:
 
         ms, ips, aps = layout.members_prefix, layout.items_prefix, layout.assign_prefix
         parsed = n.parsed = self.parsed
+        # Edited in place, then frozen into the new state's maps (sharing the rest).
+        item_map = self.item_map.mutate()
+        by_item = self.by_item.mutate()
         changed: list[tuple[str, KeyValue | None]] = [(kv.key, kv) for kv in changes.puts]
         changed += [(key, None) for key in changes.deletes]
         for key, kv in changed:
@@ -262,19 +282,18 @@ class AllocatorState:
                         parsed[key] = ak
                 elif kv is None:
                     del parsed[key]
-                own("by_item")
-                old_group = n.by_item.get(ak.item, [])
+                old_group = by_item.get(ak.item, [])
                 group = [a for a in old_group if a.kv.key != key]
                 if kv is not None:
                     group.append(Assignment(ak.item, ak.zone, ak.suffix, ak.slot, kv))
                     group.sort(key=_by_key)
-                if ak.item in n.item_map:
+                if ak.item in item_map:
                     tally_add(ak.item, old_group, -1)
                     tally_add(ak.item, group, 1)
                 if group:
-                    n.by_item[ak.item] = group
-                else:
-                    n.by_item.pop(ak.item, None)
+                    by_item[ak.item] = group
+                elif ak.item in by_item:
+                    del by_item[ak.item]
                 touched.add(ak.item)
             elif key.startswith(ips):
                 try:
@@ -283,12 +302,11 @@ class AllocatorState:
                     if kv is not None:
                         log.error("undecodable item", extra={"key": key, "error": str(exc)})
                     continue
-                old = n.item_map.get(item_id)
+                old = item_map.get(item_id)
                 new = _decode_item(layout, self.decoder, kv) if kv is not None else None
-                own("item_map")
                 own("replication_counts")
                 if old is not None:
-                    del n.item_map[item_id]
+                    del item_map[item_id]
                     n.base_hash -= _item_hash(old)
                     n.item_slots -= old.replication
                     left = n.replication_counts[old.replication] - 1
@@ -297,14 +315,14 @@ class AllocatorState:
                     else:
                         del n.replication_counts[old.replication]
                 if new is not None:
-                    n.item_map[item_id] = new
+                    item_map[item_id] = new
                     n.base_hash += _item_hash(new)
                     n.item_slots += new.replication
                     n.replication_counts[new.replication] = (
                         n.replication_counts.get(new.replication, 0) + 1
                     )
                 if (old is None) != (new is None):
-                    group = n.by_item.get(item_id, [])
+                    group = by_item.get(item_id, [])
                     tally_add(item_id, group, 1 if new is not None else -1)
                 touched.add(item_id)
             elif key.startswith(ms):
@@ -324,12 +342,23 @@ class AllocatorState:
             n.members = [by_key[k] for k in sorted(by_key)]
             n._index_members()
         n.base_hash &= _MASK
+        n.item_map = item_map.finish()
+        n.by_item = by_item.finish()
         if touched:
-            own("local")
+            local = self.local.mutate()
+            local_key = self.local_key
             for item_id in touched:
-                n.local.pop(item_id, None)
-                if item_id in n.item_map:
-                    _add_local(n, item_id, n.by_item.get(item_id, []))
+                item = n.item_map.get(item_id)
+                found = (
+                    _local_of(layout, local_key, item, n.by_item.get(item_id, []))
+                    if item is not None
+                    else ()
+                )
+                if found:
+                    local[item_id] = found
+                elif item_id in local:
+                    del local[item_id]
+            n.local = local.finish()
         n._derive()
         n.touched_items = frozenset(touched)
         n.members_changed = members_changed
@@ -449,15 +478,16 @@ def _decode_assignment(layout: KeyLayout, kv: KeyValue) -> Assignment | None:
     return Assignment(key.item, key.zone, key.suffix, key.slot, kv)
 
 
-def _add_local(s: AllocatorState, item_id: str, group: list[Assignment]) -> None:
-    local = _local_member(s.layout, s.local_key)
-    found = tuple(
-        LocalItem(s.item_map[item_id], group, i)
+def _local_of(
+    layout: KeyLayout, local_key: str, item: Item, group: list[Assignment]
+) -> tuple[LocalItem, ...]:
+    """The local member's assignments of `item` (among all of its, `group`)."""
+    zone, suffix = _local_member(layout, local_key)
+    return tuple(
+        LocalItem(item, group, i)
         for i, a in enumerate(group)
-        if a.suffix == local[1] and a.zone == local[0]
+        if a.suffix == suffix and a.zone == zone
     )
-    if found:
-        s.local[item_id] = found
 
 
 @functools.cache

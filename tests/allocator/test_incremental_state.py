@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,5 +106,40 @@ def test_a_missed_change_re_extracts() -> None:
         scratch = AllocatorState.extract(ks, LAYOUT, TextDecoder(), LOCAL)
         assert view(observed.current) == view(scratch)
         assert observed.current.item_slots == 3
+
+    asyncio.run(run())
+
+
+def test_a_change_costs_what_it_touched_not_the_keyspace() -> None:
+    """A change to one item's assignments builds the next state from the last one, sharing
+    every other item's entries (persistent maps), and leaves the last state as it was. Kept
+    states then cost memory for what changed: with a dict copied per change, each state
+    held its own copy of the whole keyspace's maps (~35 bytes an item each)."""
+
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        items = [f"shared-{i:05d}" for i in range(5000)]
+        await ks.txn([], [Put(LOCAL, b"50000")])
+        for start in range(0, len(items), 500):
+            batch = items[start : start + 500]
+            await ks.txn([], [Put(LAYOUT.item_key(i), b"1") for i in batch])
+            await ks.txn([], [Put(LAYOUT.assign_prefix + f"{i}#a#m0#0", b"") for i in batch])
+        observed = ObservedState(ks, LAYOUT, TextDecoder(), LOCAL)
+        first = observed.current
+        kept = []
+        tracemalloc.start()
+        try:
+            for i in items[:50]:
+                await ks.txn([], [Put(LAYOUT.assign_prefix + f"{i}#a#m0#0", b"route")])
+                kept.append(observed.current)
+            allocated, _peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # Each of the 50 states may hold what its change touched, not 5,000 items' entries.
+        assert allocated / len(kept) < 40_000, allocated / len(kept)
+        assert [a.kv.value for a in first.by_item[items[0]]] == [b""]
+        assert [a.kv.value for a in kept[-1].by_item[items[0]]] == [b"route"]
+        assert kept[-1].by_item[items[-1]] is first.by_item[items[-1]]
+        assert view(kept[-1]) == view(AllocatorState.extract(ks, LAYOUT, TextDecoder(), LOCAL))
 
     asyncio.run(run())
