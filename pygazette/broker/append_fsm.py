@@ -12,8 +12,9 @@ An Append (or a pulse: an empty append the primary runs on its own) goes through
    agreement everywhere, so that no member (whichever remain after the next route change)
    cuts back below it;
 4. advertise — if the assignments don't all advertise this route yet, write it into them
-   (one transaction) and resolve again: the allocator only drops replicas of consistent
-   journals;
+   (one transaction, shared with other journals' writes: `advertiser`) and resolve again:
+   the allocator only drops replicas of consistent journals (a pulse doesn't wait for the
+   write: it changes the assignments, which pulses the journal again);
 5. preconditions — registers (`check_registers`), offsets (`offset`, or a greater offset
    in the fragment index, which means consistency was lost), suspension;
 6. stream — roll the fragment first if due (length, flush interval, codec; everything
@@ -78,6 +79,7 @@ from pygazette.allocator.request_fence import ResolveError
 from pygazette.allocator.session import MemberSession
 from pygazette.auth.capability import Capability
 from pygazette.auth.client_interceptor import journal_claims_scope
+from pygazette.broker.advertiser import RouteAdvertiser
 from pygazette.broker.allocation import assignments_advertise, route_value
 from pygazette.broker.append_service import AppendAborted, AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
@@ -93,7 +95,7 @@ from pygazette.broker.metrics import record_append
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.pipeline import Pipeline, PipelineBroken, Round
 from pygazette.broker.replicated_spool import fragments_equal, roll_proposal
-from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put
+from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put, TxnResult
 from pygazette.keyspace.layout import decode_route, desired_replication, routes_equivalent
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import sha1sum_from_digest
@@ -181,6 +183,10 @@ class ClusterAppends:
         self._tasks: set[asyncio.Task[None]] = set()
         # Routes found advertised by assignments (see `_advertises`).
         self._advertised: set[tuple[object, ...]] = set()
+        # Advertisements of many journals share a transaction (see `advertiser`).
+        self.advertiser = RouteAdvertiser(self.keyspace)
+        # Told of each journal whose pulse's advertisement failed (pulse it again later).
+        self.on_advertise_failed: Callable[[JournalRuntime], None] = lambda _journal: None
         # Told of each replication pipeline opened (the pulser watches the journal then).
         self.on_pipeline_open: Callable[[JournalRuntime], None] = lambda _journal: None
 
@@ -315,6 +321,9 @@ class ClusterAppends:
             assert pln is not None
 
         if not self._advertises(res):
+            if pulse and self._advertise_later(res, journal):
+                # Its write changes the assignments, which pulses the journal again.
+                return pb.AppendResponse(status=pb.OK, header=res.header)
             return ReadThrough(await self._advertise(res))
         members, wanted = len(res.route.members), desired_replication(res.spec)
         if members > wanted:
@@ -676,27 +685,41 @@ class ClusterAppends:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+        await self.advertiser.stop()
 
     # Keyspace updates.
     async def _advertise(self, res: Resolution) -> int:
-        """Write the route into every assignment that doesn't advertise it yet."""
-        value = route_value(res.route)
-        compares = [Compare(a.kv.key, a.kv.mod_revision) for a in res.assignments]
-        ops: list[Put] = []
-        for a in res.assignments:
-            try:
-                current = decode_route(a.kv)
-            except ValueError:
-                current = pb.Route(primary=-1)
-            if not routes_equivalent(current, res.route) or not a.kv.value:
-                ops.append(Put(a.kv.key, value, ignore_lease=True))
+        """Write the route into every assignment that doesn't advertise it yet (in a
+        transaction shared with other journals' advertisements: `advertiser`)."""
+        compares, ops = _advertisement(res)
         if not ops:
             return 0
         try:
-            result = await self.keyspace.txn(compares, ops)
+            result = await self.advertiser.advertise(compares, ops)
         except KeyspaceUnavailable as exc:
             raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
         return result.revision
+
+    def _advertise_later(self, res: Resolution, journal: JournalRuntime) -> bool:
+        """A pulse's `_advertise`, not awaited: the pulse is done once its pipeline is
+        synchronised (the write changes the assignments, which pulses the journal again,
+        and that pulse runs the empty append). So a pulse doesn't hold one of the pulser's
+        few workers through the transaction, and many pulses' writes share one. Should the
+        write fail, `on_advertise_failed` is told (to pulse again). Whether it was sent."""
+        compares, ops = _advertisement(res)
+        if not ops:
+            return False
+
+        def written(done: asyncio.Future[TxnResult]) -> None:
+            failed = done.cancelled() or done.exception() is not None
+            if failed or not done.result().succeeded:
+                # An assignment changed (that pulses the journal anyway), or the write
+                # failed: pulse again (it finds the route advertised, or writes it).
+                if not journal.stopping:
+                    self.on_advertise_failed(journal)
+
+        self.advertiser.submit(compares, ops).add_done_callback(written)
+        return True
 
     async def _update_suspend(self, res: Resolution, level: int, offset: int | None) -> int:
         assert res.spec is not None and res.item is not None
@@ -872,6 +895,22 @@ async def _first_listing_or_invalidated(
     if listing.done() and not listing.cancelled():
         return listing.result()
     return None
+
+
+def _advertisement(res: Resolution) -> tuple[list[Compare], list[Put]]:
+    """The transaction writing `res.route` into the assignments that don't advertise it,
+    guarded by every assignment's mod revision."""
+    value = route_value(res.route)
+    compares = [Compare(a.kv.key, a.kv.mod_revision) for a in res.assignments]
+    ops: list[Put] = []
+    for a in res.assignments:
+        try:
+            current = decode_route(a.kv)
+        except ValueError:
+            current = pb.Route(primary=-1)
+        if not routes_equivalent(current, res.route) or not a.kv.value:
+            ops.append(Put(a.kv.key, value, ignore_lease=True))
+    return compares, ops
 
 
 def _copy(ls: pb.LabelSet) -> pb.LabelSet:

@@ -125,6 +125,7 @@ class ClusterMember:
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
         self.pulser = Pulser(self.appends.pulse)
         self.resolver.on_primary = self.pulser.request
+        self.appends.on_advertise_failed = self._advertise_failed
         self.resolver.on_stopped = self._replica_stopped
         self.appends.on_pipeline_open = self._pipeline_opened
         self.resolver.lease_alive = self.session.lease_alive
@@ -143,6 +144,11 @@ class ClusterMember:
         replica = self.resolver.replicas.get(journal.name)
         if replica is journal:
             self.pulser.opened(replica)
+
+    def _advertise_failed(self, journal: JournalRuntime) -> None:
+        replica = self.resolver.replicas.get(journal.name)
+        if replica is journal:
+            self.pulser.retry(replica)
 
     async def join(self) -> None:
         """Announce this broker and start serving assignments and allocating."""

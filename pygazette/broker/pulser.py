@@ -9,7 +9,9 @@ that periodic pulse of every journal is most of what an idle cluster does. Here 
 pulsed:
 
 - when its assignments change while this broker is its primary (`request`);
-- again, RETRY_SECONDS later, when a pulse failed (e.g. a peer hasn't started its replica);
+- again, RETRY_SECONDS later, when a pulse failed (e.g. a peer hasn't started its replica),
+  or its write of the route into the assignments did (that write is not awaited: see
+  `append_fsm.ClusterAppends._advertise_later`);
 - when its open spool holds content from an earlier flush interval (found by the sweep), so
   an idle journal's last appends still persist on time.
 
@@ -87,6 +89,12 @@ class Pulser:
         self._retry.pop(journal.name, None)
         self._pending[journal.name] = journal
         self._ready.set()
+
+    def retry(self, journal: Pulsed) -> None:
+        """Pulse `journal` again RETRY_SECONDS from now (unless it is due sooner)."""
+        if journal.name in self._pending or not journal.primary or journal.stopping:
+            return
+        self._retry.setdefault(journal.name, (time.monotonic() + RETRY_SECONDS, journal))
 
     def opened(self, journal: Pulsed) -> None:
         """`journal` opened a replication pipeline: sweeps watch it until it is idle again

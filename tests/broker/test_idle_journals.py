@@ -97,6 +97,11 @@ async def test_idle_journals_hold_no_tasks_or_streams(
         "every journal's route to be advertised (pulsed)",
         180,
     )
+    # Their routes were written many journals a transaction (`advertiser`), not one each
+    # (a transaction each would be at least JOURNALS; typically ~60 here).
+    advertisers = [b.member.appends.advertiser for b in brokers if b.member is not None]
+    txns = sum(a.transactions for a in advertisers)
+    assert txns <= JOURNALS // 2, [(a.advertisements, a.transactions) for a in advertisers]
     # What each journal costs in tasks: nothing. (Pipelines the pulses opened are still
     # open: count them apart, then let them go idle.)
     per_journal = [n for n in tasks_of_journals() if not n.startswith("replicate-")]
