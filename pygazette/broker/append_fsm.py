@@ -111,9 +111,12 @@ log = logging.getLogger(__name__)
 PULSE_TIMEOUT_SECONDS = 60.0
 # Rounds of roll-forward synchronisation before giving up on a pipeline.
 MAX_SYNC_ROUNDS = 8
-# A proxying broker reads this much of a client's append before dialing the primary
-# (`ClusterAppends._read_ahead`); the rest streams through.
+# A broker reads this much of a client's append before it dials the primary (proxying) or
+# takes the journal (as primary): `ClusterAppends._read_ahead`. The rest streams through.
 PROXY_READ_AHEAD = 256 << 10
+# While it reads ahead nothing is held, so the client may fall this far behind the minimum
+# rate (the policing that protects a held journal allows 1 s).
+READ_AHEAD_SLACK_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +252,7 @@ class ClusterAppends:
     ) -> pb.AppendResponse:
         started = time.monotonic()
         read_through = 0
+        read_ahead = False
         proxy_header = first.header if first.HasField("header") else None
         while True:
             try:
@@ -281,6 +285,12 @@ class ClusterAppends:
 
             journal = res.replica
             assert journal is not None
+            if not pulse and not read_ahead:
+                # Before taking the journal: a small append then never holds it waiting
+                # for the client's next chunk (`_read_ahead`).
+                ahead, more = await self._read_ahead(it)
+                it = _prepended(ahead, it if more else None)
+                read_ahead = True
             if not await acquire_or_invalidated(journal.pipeline, res.invalidated):
                 continue
             try:
@@ -781,15 +791,19 @@ class ClusterAppends:
         self, it: AsyncIterator[pb.AppendRequest]
     ) -> tuple[list[pb.AppendRequest], bool]:
         """The client's next chunks, up to its commit (an empty chunk) or PROXY_READ_AHEAD
-        bytes, read before the primary is dialed; whether the stream goes on after them.
+        bytes, read before the primary is dialed (proxying) or the journal taken (as
+        primary); whether the stream goes on after them.
 
         The primary polices the pace of the chunks it receives (`flow_control`) while it
-        holds the journal, and through a proxy that pace is this broker's too: a proxy whose
-        event loop stalled between a client's chunks (a broker busy with thousands of first
-        appends) failed prompt clients at the primary with DEADLINE_EXCEEDED. Read ahead, a
-        small append reaches the primary whole, in one burst; the client's own pace is
-        policed here, as the primary would."""
-        policer = MinRatePolicer(self.limits.min_rate)
+        holds the journal: with a 1 s allowance, as Gazette's. Through a proxy that pace was
+        the proxy's too (a proxy whose event loop stalled between a client's chunks failed
+        prompt clients with DEADLINE_EXCEEDED), and a client that dawdled held the journal
+        from every other writer. Read ahead, a small append reaches the primary whole, in
+        one burst, and is streamed into the journal only once it is all here. Nothing is
+        held meanwhile, so the client's pace is policed with READ_AHEAD_SLACK_SECONDS of
+        allowance (a machine so loaded that a client's process stalls for a second fails
+        no append)."""
+        policer = MinRatePolicer(self.limits.min_rate, READ_AHEAD_SLACK_SECONDS)
         ahead: list[pb.AppendRequest] = []
         size = 0
         try:

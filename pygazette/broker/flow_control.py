@@ -77,8 +77,9 @@ class MinRatePolicer:
     SLACK_SECONDS = 1.0
     CREDIT_SECONDS = 1.0
 
-    def __init__(self, min_rate: int) -> None:
+    def __init__(self, min_rate: int, slack_seconds: float = SLACK_SECONDS) -> None:
         self.min_rate = min_rate
+        self.slack_seconds = slack_seconds  # How far behind the client may fall.
         self._debt = 0.0  # Bytes owed; negative is banked credit.
         self._stamp = time.monotonic()
 
@@ -90,7 +91,7 @@ class MinRatePolicer:
     def received(self, n: int) -> None:
         self._accrue()
         self._debt = max(self._debt - n, -self.CREDIT_SECONDS * self.min_rate)
-        if self._debt > self.SLACK_SECONDS * self.min_rate:
+        if self._debt > self.slack_seconds * self.min_rate:
             raise FlowControlUnderflow(self.min_rate)
 
     def excuse(self, seconds: float) -> None:
@@ -102,7 +103,7 @@ class MinRatePolicer:
         if self.min_rate <= 0:
             return None
         self._accrue()
-        return max(0.0, (self.SLACK_SECONDS * self.min_rate - self._debt) / self.min_rate)
+        return max(0.0, (self.slack_seconds * self.min_rate - self._debt) / self.min_rate)
 
 
 async def next_policed(it: AsyncIterator[T], policer: MinRatePolicer) -> T | None:
