@@ -4,8 +4,9 @@ A primary writes a journal's route into its assignments once its replicas synchr
 that route (`append_fsm`, step 4): that is what tells the allocator the journal is
 consistent. After an apply of thousands of journals, a transaction per journal means a
 keyspace revision per journal, each of which every broker's watch then processes. Here the
-writes are batched instead ("group commit"): an advertisement waits up to LINGER_SECONDS
-for others to join it, and while one transaction is in flight, those asked for meanwhile
+writes are batched instead ("group commit"): a pulse's advertisement (which nothing waits
+for) waits up to LINGER_SECONDS for others to join it, one an append waits for doesn't (it
+sends the batch at once), and while one transaction is in flight, those asked for meanwhile
 queue up; the next transaction carries them all, up to MAX_TXN_OPS compares and puts (etcd
 refuses a transaction of more than --max-txn-ops, 128 by default, of either). A primary's
 pulses come a few at a time (each synchronises a pipeline first), so without the wait most
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 # Compares (and, separately, puts) a batched transaction carries at most.
 MAX_TXN_OPS = 100
 # How long a batch that isn't full waits for more advertisements before it is sent.
-LINGER_SECONDS = 0.025
+LINGER_SECONDS = 0.1
 
 _Key = tuple[tuple[Compare, ...], tuple[Put, ...]]
 
@@ -43,6 +44,7 @@ class _Request:
     compares: tuple[Compare, ...]
     puts: tuple[Put, ...]
     done: asyncio.Future[TxnResult]
+    urgent: bool
 
     def keys(self) -> set[str]:
         return {c.key for c in self.compares} | {p.key for p in self.puts}
@@ -58,6 +60,8 @@ class RouteAdvertiser:
         self._queued: dict[_Key, _Request] = {}  # In request order.
         self._inflight: dict[_Key, _Request] = {}  # In the transaction being sent.
         self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # Ends the linger: an urgent advertisement, or a full batch.
+        self._queued_puts = 0
         self._stopped = False
         # For tests and metrics.
         self.advertisements = 0  # Asked for (not counting those that shared a queued one).
@@ -65,26 +69,35 @@ class RouteAdvertiser:
         self.batches = 0  # Transactions of more than one advertisement.
         self.fallbacks = 0  # Batches whose transaction failed a compare.
 
-    def submit(self, compares: Sequence[Compare], puts: Sequence[Put]) -> asyncio.Future[TxnResult]:
+    def submit(
+        self, compares: Sequence[Compare], puts: Sequence[Put], *, urgent: bool = False
+    ) -> asyncio.Future[TxnResult]:
         """Apply `puts` iff every compare holds, in a transaction shared with other
         advertisements: the future has its result (or fails with its error). The same
-        advertisement asked for again while it is queued shares its future."""
+        advertisement asked for again while it is queued shares its future. An `urgent` one
+        (someone waits for it) is sent without waiting for others to join it."""
         key: _Key = (tuple(compares), tuple(puts))
         req = self._queued.get(key) or self._inflight.get(key)
         if req is None:
-            req = _Request(key[0], key[1], asyncio.get_running_loop().create_future())
+            loop = asyncio.get_running_loop()
+            req = _Request(key[0], key[1], loop.create_future(), urgent)
             if self._stopped:
                 req.done.cancel()
                 return req.done
             self._queued[key] = req
+            self._queued_puts += len(req.puts)
             self.advertisements += 1
+        if urgent or self._queued_puts >= self.max_ops:
+            req.urgent = req.urgent or urgent
+            self._wake.set()
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush(), name="route-advertiser")
         return req.done
 
     async def advertise(self, compares: Sequence[Compare], puts: Sequence[Put]) -> TxnResult:
-        """`submit`, awaited (the caller's cancellation leaves the advertisement be)."""
-        return await asyncio.shield(self.submit(compares, puts))
+        """`submit`, urgent and awaited (the caller's cancellation leaves the advertisement
+        be)."""
+        return await asyncio.shield(self.submit(compares, puts, urgent=True))
 
     async def stop(self) -> None:
         self._stopped = True
@@ -97,6 +110,7 @@ class RouteAdvertiser:
             req.done.cancel()
         self._queued.clear()
         self._inflight.clear()
+        self._queued_puts = 0
 
     def _take(self) -> list[_Request]:
         """The next batch: queued advertisements in order, up to `max_ops` compares and
@@ -114,6 +128,7 @@ class RouteAdvertiser:
                     break
                 continue
             del self._queued[key]
+            self._queued_puts -= len(req.puts)
             self._inflight[key] = req
             batch.append(req)
             keys |= req.keys()
@@ -124,9 +139,14 @@ class RouteAdvertiser:
     async def _flush(self) -> None:
         try:
             while self._queued:
-                # Let more advertisements join the batch, unless it is full already.
-                if sum(len(r.puts) for r in self._queued.values()) < self.max_ops:
-                    await asyncio.sleep(self.linger)
+                # Let more advertisements join the batch, unless it is full already, or
+                # someone waits for it.
+                if self._queued_puts < self.max_ops and not any(
+                    r.urgent for r in self._queued.values()
+                ):
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.linger)
                 batch = self._take()
                 try:
                     if len(batch) == 1:

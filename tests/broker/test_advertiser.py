@@ -186,3 +186,28 @@ async def test_stop_cancels_what_is_queued() -> None:
     await adv.stop()
     assert first.cancelled() and second.cancelled()
     assert adv.submit(*_advertisement(ks, keys[1], b"r")).cancelled()
+
+
+async def test_a_pulse_advertisement_lingers_for_others_and_an_awaited_one_sends_them() -> None:
+    ks = CountingKeyspace()
+    keys = list((await _assignments(ks, 4)).values())
+    adv = RouteAdvertiser(ks, linger=60.0)
+    pulses = [adv.submit(*_advertisement(ks, k, b"r")) for k in keys[:3]]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert ks.txns == []  # Waiting for others to join.
+    async with asyncio.timeout(10):
+        awaited = await adv.advertise(*_advertisement(ks, keys[3], b"r"))
+        assert awaited.succeeded
+        assert all(r.succeeded for r in await asyncio.gather(*pulses))
+    assert ks.txns == [(8, 8)]
+
+
+async def test_a_full_batch_is_sent_without_lingering() -> None:
+    ks = CountingKeyspace()
+    keys = list((await _assignments(ks, 50)).values())
+    adv = RouteAdvertiser(ks, linger=60.0)
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(*(adv.submit(*_advertisement(ks, k, b"r")) for k in keys))
+    assert all(r.succeeded for r in results)
+    assert ks.txns == [(100, 100)]
