@@ -16,7 +16,12 @@ processes in two zones, sharing one `file://` store root. Then:
 - **RSS per journal replica**: the brokers' summed RSS growth over the empty cluster,
   after convergence and after the first appends, divided by N x R;
 - **idle**: each broker's CPU (% of one core) and etcd's revision delta (its writes)
-  over `--idle` seconds once the first appends are done;
+  over `--idle` seconds right after the second appends. That window is not a steady idle:
+  it holds the work the second appends left (the primaries' and, 5 s later, the replicas'
+  persisting of the spools they rolled; replication pipelines closing 60 s after their last
+  append). `--steady-idle S` measures a second window of S seconds that starts
+  `--steady-after` seconds (default 80: past the pipelines' closing) after the second
+  appends ended, once that work is done (`idle_steady_*`);
 - **restart**: one broker is killed (SIGKILL) and started again at once with the same ID;
   the time until it serves (answers List) and until appends through it to the journals it
   is a member of all succeed (a sample of up to 200);
@@ -475,6 +480,19 @@ async def run_system(
             out["idle_cpu_pct_per_broker"] = [round(c * 100 / spent, 2) for c in cpus]
             out["idle_etcd_writes"] = etcd_revision(cluster.etcd.url) - rev0
             out["rss_kib_per_replica_after_idle"] = round((cluster.rss() - rss_empty) / (n * r), 1)
+            if args.steady_idle > 0:
+                # Past the work the second appends left (see the module docstring).
+                await asyncio.sleep(max(0.0, args.steady_after - (time.monotonic() - t0)))
+                cpus0 = [cpu_seconds(p) for p in cluster.pids()]
+                rev0, t1 = etcd_revision(cluster.etcd.url), time.monotonic()
+                with py_spy(cluster, args.py_spy, "idle-steady"):
+                    await asyncio.sleep(args.steady_idle)
+                spent = time.monotonic() - t1
+                cpus = [cpu_seconds(p) - c for p, c in zip(cluster.pids(), cpus0, strict=True)]
+                out["idle_steady_after_s"] = round(t1 - t0, 1)
+                out["idle_steady_seconds"] = args.steady_idle
+                out["idle_steady_cpu_pct_per_broker"] = [round(c * 100 / spent, 2) for c in cpus]
+                out["idle_steady_etcd_writes"] = etcd_revision(cluster.etcd.url) - rev0
 
             if args.restart:
                 out["restart"] = await restart_one(cluster, client, name_set, r, args.timeout)
@@ -727,12 +745,15 @@ def sampled(pids: list[int], into: Path | None, phase: str, kind: str) -> Iterat
         return
     binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     into.mkdir(parents=True, exist_ok=True)
+    native = os.environ.get("PYGAZETTE_PY_SPY_NATIVE") == "1"
     recorders = [
         subprocess.Popen(
             [
                 binary,
                 "record",
-                "--nonblocking",
+                # PYGAZETTE_PY_SPY_NATIVE=1: C frames too (the garbage collector's among
+                # them); py-spy then pauses the process for each sample.
+                *(["--native"] if native else ["--nonblocking"]),
                 "-r",
                 "50",
                 "-p",
@@ -818,6 +839,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="pygazette only: apply the journals, then straight to the shards phase",
     )
     parser.add_argument("--idle", type=float, default=30.0, help="idle window, seconds")
+    parser.add_argument(
+        "--steady-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="a second idle window of S seconds, once the second appends' work is done",
+    )
+    parser.add_argument(
+        "--steady-after",
+        type=float,
+        default=80.0,
+        metavar="S",
+        help="the steady idle window starts S seconds after the second appends ended",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per wait, seconds")
     parser.add_argument(
         "--systems", nargs="+", default=["pygazette", "gazette"], choices=["pygazette", "gazette"]
