@@ -178,14 +178,21 @@ class KafkaSystem(System):
                         ]
                     )
                 )
-                fmt = subprocess.run(
-                    [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "-t",
-                     cluster_id, "-c", str(props)],
-                    capture_output=True,
-                    check=False,
-                )  # fmt: skip
-                if fmt.returncode != 0:
-                    raise RuntimeError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]!r}")
+                for _attempt in range(3):  # A JVM tool on a loaded machine: again.
+                    fmt = subprocess.run(
+                        [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "-t",
+                         cluster_id, "-c", str(props)],
+                        capture_output=True,
+                        check=False,
+                    )  # fmt: skip
+                    if fmt.returncode == 0:
+                        break
+                    shutil.rmtree(tmp / f"kafka-{i}", ignore_errors=True)
+                else:
+                    raise RuntimeError(
+                        f"kafka-storage format failed (exit {fmt.returncode}):\n"
+                        f"{fmt.stdout[-2000:]!r}\n{fmt.stderr[-2000:]!r}"
+                    )
                 proc = ServerProcess(
                     f"{self.name}-{i}",
                     [java, *JVM_OPTS, "-cp", classpath, "kafka.Kafka", str(props)],
