@@ -470,29 +470,22 @@ async def run_system(
             out["rss_mib_empty_cluster"] = round(rss_empty / 1024, 1)
 
             # Idle.
-            cpus0 = [cpu_seconds(p) for p in cluster.pids()]
-            rev0, t0 = etcd_revision(cluster.etcd.url), time.monotonic()
-            with py_spy(cluster, args.py_spy, "idle"):
-                await asyncio.sleep(args.idle)
-            spent = time.monotonic() - t0
-            cpus = [cpu_seconds(p) - c for p, c in zip(cluster.pids(), cpus0, strict=True)]
+            t0 = time.monotonic()
+            cpu_pct, writes = await idle_window(cluster, args.idle, args.py_spy, "idle")
             out["idle_seconds"] = args.idle
-            out["idle_cpu_pct_per_broker"] = [round(c * 100 / spent, 2) for c in cpus]
-            out["idle_etcd_writes"] = etcd_revision(cluster.etcd.url) - rev0
+            out["idle_cpu_pct_per_broker"] = cpu_pct
+            out["idle_etcd_writes"] = writes
             out["rss_kib_per_replica_after_idle"] = round((cluster.rss() - rss_empty) / (n * r), 1)
             if args.steady_idle > 0:
                 # Past the work the second appends left (see the module docstring).
                 await asyncio.sleep(max(0.0, args.steady_after - (time.monotonic() - t0)))
-                cpus0 = [cpu_seconds(p) for p in cluster.pids()]
-                rev0, t1 = etcd_revision(cluster.etcd.url), time.monotonic()
-                with py_spy(cluster, args.py_spy, "idle-steady"):
-                    await asyncio.sleep(args.steady_idle)
-                spent = time.monotonic() - t1
-                cpus = [cpu_seconds(p) - c for p, c in zip(cluster.pids(), cpus0, strict=True)]
-                out["idle_steady_after_s"] = round(t1 - t0, 1)
+                out["idle_steady_after_s"] = round(time.monotonic() - t0, 1)
+                cpu_pct, writes = await idle_window(
+                    cluster, args.steady_idle, args.py_spy, "idle-steady"
+                )
                 out["idle_steady_seconds"] = args.steady_idle
-                out["idle_steady_cpu_pct_per_broker"] = [round(c * 100 / spent, 2) for c in cpus]
-                out["idle_steady_etcd_writes"] = etcd_revision(cluster.etcd.url) - rev0
+                out["idle_steady_cpu_pct_per_broker"] = cpu_pct
+                out["idle_steady_etcd_writes"] = writes
 
             if args.restart:
                 out["restart"] = await restart_one(cluster, client, name_set, r, args.timeout)
@@ -503,6 +496,19 @@ async def run_system(
     finally:
         cluster.stop()
     return out
+
+
+async def idle_window(
+    cluster: Cluster, seconds: float, py_spy_dir: Path | None, phase: str
+) -> tuple[list[float], int]:
+    """Each broker's CPU (% of one core) and etcd's writes over `seconds` of doing nothing."""
+    cpus0 = [cpu_seconds(p) for p in cluster.pids()]
+    rev0, t0 = etcd_revision(cluster.etcd.url), time.monotonic()
+    with py_spy(cluster, py_spy_dir, phase):
+        await asyncio.sleep(seconds)
+    spent = time.monotonic() - t0
+    cpus = [cpu_seconds(p) - c for p, c in zip(cluster.pids(), cpus0, strict=True)]
+    return [round(c * 100 / spent, 2) for c in cpus], etcd_revision(cluster.etcd.url) - rev0
 
 
 async def restart_one(
