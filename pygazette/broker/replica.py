@@ -242,9 +242,7 @@ class Replica:
 
     async def close_replication(self, *, graceful: bool = True) -> None:
         """Close the primary's pipeline, giving the spool back (the caller holds
-        `pipeline`). Gracefully, what every peer acknowledged is confirmed first. A
-        confirmation it sent that not every peer acknowledged leaves content in doubt
-        (`ReplicatedSpool.in_doubt`): no later pipeline cuts below it."""
+        `pipeline`). Gracefully, what every peer acknowledged is confirmed first."""
         pln = self.replication
         if pln is None:
             return
@@ -261,7 +259,6 @@ class Replica:
             pln.abort()
         if rs is not None:
             rs.rollback()
-            rs.note_in_doubt(pln.confirm_sent, pln.confirmed)
         if self.spool_lock.locked():
             self.spool_lock.release()
 
