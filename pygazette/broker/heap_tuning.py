@@ -12,12 +12,22 @@ faster once large buffers are reused from a heap that is neither trimmed nor mma
 once by `pygazette serve`, before the server starts; it does nothing where the C library is
 not glibc. The cost is memory: the process keeps up to `trim_threshold` bytes of freed heap
 instead of returning it to the kernel.
+
+`tune_gc` makes the cyclic garbage collector's passes fewer and cheaper. An append in flight
+is a few dozen short-lived objects (request and response messages, futures, coroutine
+frames); with CPython's default of a pass every 700 allocations, most of them are still alive
+when the youngest generation is collected, so they are traced, promoted and traced again
+(~6 % of a broker's CPU while 5,000 journals take their first appends, `bench/scale.py`
+under `perf`). Collecting the youngest generation every 20,000 allocations lets them die by
+reference count first, and what was alive at start-up (modules, the server) is frozen out
+of every pass.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger(__name__)
@@ -26,6 +36,9 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
+
+# The youngest generation is collected after this many allocations (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 20_000
 
 # Allocations below this come from the heap (glibc's maximum is 32 MiB on 64-bit).
 MMAP_THRESHOLD = 32 << 20
@@ -58,3 +71,12 @@ def tune_heap_for_large_messages() -> bool:
     if not ok:
         log.warning("mallopt refused the heap settings; using the C library's defaults")
     return ok
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections: freeze what is alive now, collect the youngest
+    generation every GC_YOUNG_THRESHOLD allocations (the older ones keep their ratios)."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)

@@ -24,7 +24,7 @@ from pygazette.broker.cluster_member import MemberFailed
 from pygazette.broker.fd_limit import raise_open_file_limit
 from pygazette.broker.fragment.persister import DEFAULT_BACKLOG_LIMIT
 from pygazette.broker.fragment.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
-from pygazette.broker.heap_tuning import tune_heap_for_large_messages
+from pygazette.broker.heap_tuning import tune_gc, tune_heap_for_large_messages
 from pygazette.broker.server import (
     DEFAULT_MIN_APPEND_RATE,
     BrokerConfig,
@@ -305,6 +305,7 @@ def serve(
     # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     tune_heap_for_large_messages()
+    tune_gc()
     raise_open_file_limit()
     try:
         side = broker_http(http_port, http_address, config.tls, config.peer_tls)
