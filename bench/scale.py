@@ -11,6 +11,10 @@ processes in two zones, sharing one `file://` store root. Then:
   primaries have pulsed every journal and written its route into its assignments;
 - **broker CPU** (user + system, from /proc) and etcd revisions from the start of the
   apply until etcd is still;
+- **list**: once etcd is still, a List of every journal through broker 1, three times:
+  the median seconds as pygazette's client takes it (every response checked with
+  Gazette's rules) and of the bare RPC, and broker 1's CPU per List. The converge figure
+  above is polled with such Lists, so it is never finer than one of them;
 - **first append** to each journal: one small append to every journal, 64 at a time,
   through broker 1; rate, errors (by status or gRPC code), broker CPU per append;
 - **RSS per journal replica**: the brokers' summed RSS growth over the empty cluster,
@@ -319,6 +323,28 @@ async def wait_converged(
     return None, done
 
 
+async def time_lists(client: JournalClient, cluster: Cluster, times: int = 3) -> dict[str, Any]:
+    """Median seconds of a full List as the client takes it (checked) and of the bare RPC,
+    and broker 1's CPU per checked List."""
+    checked, bare, cpu = [], [], []
+    pid = pid_of(cluster.brokers[0])
+    for _ in range(times):
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        await list_all(client)
+        checked.append(time.monotonic() - t0)
+        cpu.append(cpu_seconds(pid) - cpu0)
+        t0 = time.monotonic()
+        call = client.rpc_list(pb.ListRequest())
+        while isinstance(await call.read(), pb.ListResponse):
+            pass
+        bare.append(time.monotonic() - t0)
+    return {
+        "checked_s": round(sorted(checked)[times // 2], 3),
+        "bare_rpc_s": round(sorted(bare)[times // 2], 3),
+        "broker_cpu_s": round(sorted(cpu)[times // 2], 3),
+    }
+
+
 async def wait_etcd_quiet(url: str, still: float, within: float) -> float | None:
     """Seconds until etcd's revision stays the same for `still` seconds (None: never)."""
     started = time.monotonic()
@@ -444,6 +470,7 @@ async def run_system(
             )
             out["broker_cpu_s_apply_to_quiet"] = round(cluster.cpu() - cpu0, 2)
             out["etcd_revisions_apply_to_quiet"] = etcd_revision(cluster.etcd.url) - rev0
+            out["list"] = await time_lists(client, cluster)
             out["rss_mib_converged"] = round(cluster.rss() / 1024, 1)
             out["rss_kib_per_replica_converged"] = round((cluster.rss() - rss_empty) / (n * r), 1)
             if args.shards_only:
@@ -694,6 +721,12 @@ def compare(py: dict[str, Any], go: dict[str, Any]) -> dict[str, Any]:
         ),
         "broker_cpu_s_apply_to_quiet": both(
             py.get("broker_cpu_s_apply_to_quiet"), go.get("broker_cpu_s_apply_to_quiet")
+        ),
+        "list_bare_rpc_s": both(
+            py.get("list", {}).get("bare_rpc_s"), go.get("list", {}).get("bare_rpc_s")
+        ),
+        "list_broker_cpu_s": both(
+            py.get("list", {}).get("broker_cpu_s"), go.get("list", {}).get("broker_cpu_s")
         ),
         "first_append_per_s": both(py["first_append"]["per_s"], go["first_append"]["per_s"]),
         "first_append_errors": both(py["first_append"]["errors"], go["first_append"]["errors"]),

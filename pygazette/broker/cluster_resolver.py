@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.request_fence import ResolveError, pass_request_fence, same_process
-from pygazette.allocator.state import AllocatorState, Assignment, LocalItem
+from pygazette.allocator.state import AllocatorState, Assignment, LocalItem, Member
 from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.allocation import JournalDecoder, route_of
 from pygazette.broker.fragment.persister import Persister
@@ -112,6 +112,8 @@ class ClusterResolver(Resolver):
         self.serving = True
         self._endpoints: dict[tuple[str, int], str] = {}
         self._member_keys: dict[tuple[str, str], str] = {}  # (zone, suffix) -> member key.
+        # journal -> (its assignments, the members, its route): see journal_route.
+        self._routes: dict[str, tuple[list[Assignment], list[Member], pb.Route]] = {}
         # Called with each replica whose assignments changed while this broker is its
         # primary (asks for a pulse: see `pulser`; nothing runs per replica).
         self.on_primary: Callable[[Replica], None] | None = None
@@ -251,8 +253,22 @@ class ClusterResolver(Resolver):
         return cached
 
     def journal_route(self, state: AllocatorState, journal: str) -> pb.Route:
-        route = route_of(state.assignments_of(journal))
+        """The journal's route in `state`, with its members' endpoints.
+
+        Shared, not copied: copy it before changing it. A route is remembered per journal
+        until the journal's assignments or the members change (a state shares both with the
+        one before while they don't), so a List of every journal builds only what changed.
+        """
+        assignments = state.assignments_of(journal)
+        hit = self._routes.get(journal)
+        if hit is not None and hit[0] is assignments and hit[1] is state.members:
+            return hit[2]
+        route = route_of(assignments)
         route.endpoints.extend(self.endpoint_of(m.zone, m.suffix) for m in route.members)
+        if assignments:
+            if len(self._routes) > 2 * len(state.item_map) + 1024:
+                self._routes.clear()  # Drop deleted journals' routes now and then.
+            self._routes[journal] = (assignments, state.members, route)
         return route
 
     # Resolution.

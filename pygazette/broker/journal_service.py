@@ -35,6 +35,7 @@ from pygazette.broker.replicate_service import ReplicateAborted, serve_replicate
 from pygazette.broker.resolver import JOURNALS_PREFIX, Resolver
 from pygazette.broker.store_health_service import serve_fragment_store_health
 from pygazette.keyspace.keyspace import Compare, Delete, KeyspaceUnavailable, Put
+from pygazette.keyspace.layout import KeyDecodeError
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.gazette_encoding import canonical_journal_spec
@@ -103,26 +104,37 @@ class JournalService(pb_grpc.JournalServicer):
             header = self.resolver.header(routed=False)
             matched: list[tuple[pb.JournalSpec, int, int]] = []
             selected = journal_matcher(request.selector)  # Prepared once per snapshot.
+            # Specs as the allocator decoded them (one parse per spec revision, shared).
+            decoded = self.cluster.resolver.decoder.journal_spec if self.cluster else None
             for kv in ks.range(self._journals_prefix()):
-                spec = pb.JournalSpec()
-                try:
-                    spec.ParseFromString(kv.value)
-                except Exception:  # A foreign or corrupt value: skip it.
-                    continue
+                spec: pb.JournalSpec | None = None
+                if decoded is not None:
+                    try:
+                        spec = decoded(kv)
+                    except KeyDecodeError:
+                        spec = None  # Listed as it is, if it parses at all (as before).
+                if spec is None:
+                    spec = pb.JournalSpec()
+                    try:
+                        spec.ParseFromString(kv.value)
+                    except Exception:  # A foreign or corrupt value: skip it.
+                        continue
                 if selected(spec) and journal_permitted(
                     spec, rewrite_prefix=True
                 ):
                     matched.append((spec, kv.mod_revision, kv.create_revision))
             routes = self._routes([spec.name for spec, _, _ in matched])
-            # Unchanged specs (count and max mod revision) and routes: an unchanged snapshot.
-            current = (
-                len(matched),
-                max((rev for _, rev, _ in matched), default=-1),
-                tuple(r.SerializeToString(deterministic=True) for r in routes),
-            )
-            if current == last:
-                continue
-            last = current
+            if request.watch:
+                # Unchanged specs (count and max mod revision) and routes: an unchanged
+                # snapshot, not sent again.
+                current = (
+                    len(matched),
+                    max((rev for _, rev, _ in matched), default=-1),
+                    tuple(r.SerializeToString(deterministic=True) for r in routes),
+                )
+                if current == last:
+                    continue
+                last = current
             resp = pb.ListResponse(status=pb.OK, header=header)
             for (spec, rev, created), route in zip(matched, routes, strict=True):
                 if len(resp.journals) == LIST_CHUNK:

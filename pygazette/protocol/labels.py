@@ -71,10 +71,17 @@ def _name_bounds(labels: Sequence[pb.Label], name: str) -> tuple[int, int]:
     return begin, end
 
 
+# Label sets up to this size are scanned rather than bisected (no list of names to build).
+_SCAN_LABELS = 16
+
+
 def label_values(ls: pb.LabelSet, name: str) -> list[str]:
     """All values of label `name`, in order (empty when absent)."""
-    begin, end = _name_bounds(ls.labels, name)
-    return [ls.labels[i].value for i in range(begin, end)]
+    labels = ls.labels
+    if len(labels) <= _SCAN_LABELS:
+        return [label.value for label in labels if label.name == name]
+    begin, end = _name_bounds(labels, name)
+    return [labels[i].value for i in range(begin, end)]
 
 
 def label_value(ls: pb.LabelSet, name: str, default: str = "") -> str:

@@ -256,12 +256,18 @@ def _group_matches(group: _Group, by_name: dict[str, list[str]]) -> bool:
     return empty or any(v in exact or (prefixes and v.startswith(prefixes)) for v in present)
 
 
+def _every_journal(spec: pb.JournalSpec) -> bool:
+    return True
+
+
 def journal_matcher(sel: pb.LabelSelector) -> Callable[[pb.JournalSpec], bool]:
     """`journal_selected` for many journals: the selector rewritten and indexed once (a List
     selecting `name in (...)` of hundreds of journals costs one set look-up per journal, not
     a pass over every value)."""
     rewritten = rewrite_prefix_meta_label(sel)
     include, exclude = _groups(rewritten.include.labels), _groups(rewritten.exclude.labels)
+    if not include and not exclude:
+        return _every_journal  # The empty selector (a List of everything).
 
     def matches(spec: pb.JournalSpec) -> bool:
         by_name: dict[str, list[str]] = {META_LABEL_NAME: [spec.name]}

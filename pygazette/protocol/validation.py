@@ -300,7 +300,11 @@ class _GoURL:
         self.path = path
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse_url(text: str) -> _GoURL:
+    """Parse `text` as Go's net/url does (enough for validation). Memoized: the same few
+    URLs (broker endpoints, fragment stores) recur in every route and spec of a listing, and
+    a failure (ValidationError) is not cached. The result is shared: don't change it."""
     if _CONTROL.search(text):
         raise ValidationError(f'parse "{text}": net/url: invalid control character in URL')
     rest = text.split("#", 1)[0]
@@ -455,8 +459,10 @@ def _consume_token(text: str) -> tuple[str, str]:
     return text[:i], text[i:]
 
 
+@functools.lru_cache(maxsize=1024)
 def _parse_media_type(value: str) -> None:
-    """Raise ValueError where Go's mime.ParseMediaType would fail."""
+    """Raise ValueError where Go's mime.ParseMediaType would fail. Memoized (see _parse_url):
+    every journal of a listing tends to carry one of a few content types."""
     base, semicolon, params = value.partition(";")
     base = base.strip(" \t\r\n").lower()
     first, rest = _consume_token(base)
@@ -678,10 +684,14 @@ def journal_spec_flags_allow_write(spec: pb.JournalSpec) -> bool:
 
 
 def validate_process_id(pid: pb.ProcessSpec.ID) -> None:
-    validate_token(pid.zone, "Zone", TOKEN_SYMBOLS, MIN_ZONE_LEN, MAX_ZONE_LEN)
-    validate_token(
-        pid.suffix, "Suffix", TOKEN_SYMBOLS, MIN_BROKER_SUFFIX_LEN, MAX_BROKER_SUFFIX_LEN
-    )
+    _validate_zone_and_suffix(pid.zone, pid.suffix)
+
+
+@functools.lru_cache(maxsize=4096)
+def _validate_zone_and_suffix(zone: str, suffix: str) -> None:
+    """Memoized (a failure is not): a cluster's few process IDs recur in every route."""
+    validate_token(zone, "Zone", TOKEN_SYMBOLS, MIN_ZONE_LEN, MAX_ZONE_LEN)
+    validate_token(suffix, "Suffix", TOKEN_SYMBOLS, MIN_BROKER_SUFFIX_LEN, MAX_BROKER_SUFFIX_LEN)
 
 
 def _pid_text(pid: pb.ProcessSpec.ID) -> str:

@@ -153,3 +153,45 @@ async def test_advertised_routes_and_suspension(resolver: ClusterResolver) -> No
     await r.keyspace.txn([], [Put(LAYOUT.item_key("local/one"), spec.SerializeToString())])
     res = await r.resolve_journal("local/one", require_primary=True, may_proxy=True)
     assert res.status == pb.SUSPENDED
+
+
+async def test_journal_route_is_remembered_until_assignments_or_members_change(
+    resolver: ClusterResolver,
+) -> None:
+    r = resolver
+    await _journal(r, "a/one", [("zone-a", "local-broker", 0), ("zone-b", "peer-broker", 1)])
+    await _journal(r, "a/two", [("zone-b", "peer-broker", 0)])
+    first = r.journal_route(r.observed.current, "a/one")
+    assert list(first.endpoints) == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert first.primary == 0
+
+    # Another journal's change: the same route object, not rebuilt.
+    await _journal(r, "a/two", [("zone-b", "peer-broker", 0), ("zone-a", "near-broker", 1)])
+    assert r.journal_route(r.observed.current, "a/one") is first
+
+    # Its own assignments change: a new route.
+    await r.keyspace.txn(
+        [],
+        [
+            Put(
+                LAYOUT.assignment_key(AssignmentKey("a/one", "zone-a", "near-broker", 2)),
+                b"",
+            )
+        ],
+    )
+    grown = r.journal_route(r.observed.current, "a/one")
+    assert grown is not first
+    assert [m.suffix for m in grown.members] == ["local-broker", "near-broker", "peer-broker"]
+
+    # A member moves to another endpoint: the route names the new one.
+    await r.keyspace.txn(
+        [], [Put(LAYOUT.member_key("zone-b", "peer-broker"), _broker("zone-b", "peer-broker", 9))]
+    )
+    moved = r.journal_route(r.observed.current, "a/one")
+    assert list(moved.endpoints) == [
+        "http://127.0.0.1:1",
+        "http://127.0.0.1:3",
+        "http://127.0.0.1:9",
+    ]
+    # An unassigned journal has the empty route.
+    assert r.journal_route(r.observed.current, "no/such").primary == -1
