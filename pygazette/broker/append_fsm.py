@@ -50,7 +50,16 @@ Departures from Gazette, all for safety under failures:
   one exception: an append whose confirmation went out but was not acknowledged by every
   peer before the failure is in doubt (a peer that took the confirmation keeps it, and the
   journal may continue from that peer); it fails with UNKNOWN, as an append whose
-  acknowledgement was lost on its way to the client.
+  acknowledgement was lost on its way to the client. And so a new pipeline never cuts below
+  a confirmation this broker sent: the primary notes the greatest such offset when its
+  pipeline closes (`ReplicatedSpool.in_doubt`), keeps its content when the next pipeline
+  starts (still hidden from readers), and that pipeline's synchronisation confirms it
+  everywhere (as a replica, it answers a shorter proposal with its fragment, and the new
+  primary rolls forward past it). Otherwise the journal would go on from the lower offset
+  with other bytes while the peer that took the confirmation (e.g. killed before its
+  acknowledgement reached us) holds the old ones as confirmed, and serves them when it is
+  assigned the journal again. This is kept in memory: a primary that crashes too (a double
+  failure) cuts to its confirmed frontier after its restart.
 """
 
 from __future__ import annotations
@@ -420,9 +429,10 @@ class ClusterAppends:
             return ReadThrough(0)
         rs = journal.rspool
         # Content we hold but never saw confirmed everywhere was never acknowledged (see the
-        # module docstring): a new pipeline starts without it.
+        # module docstring): a new pipeline starts without it, but never cuts below a
+        # confirmation this broker sent that some peer may have taken (`in_doubt`).
         if rs.unconfirmed:
-            rs.cut_unconfirmed()
+            rs.cut_unconfirmed(keep_in_doubt=True)
         pln = self._new_pipeline(journal, res)
         try:
             # Roll on a route change: every member starts the next fragment at the same offset.
@@ -490,12 +500,15 @@ class ClusterAppends:
         except (PipelineBroken, ReplicationFailed, PeerUnavailable, grpc.aio.AioRpcError) as exc:
             pln.abort()
             rs.rollback()
+            # Its synchronising confirmation may have reached some peers.
+            rs.note_in_doubt(pln.confirm_sent, pln.confirmed)
             journal.spool_lock.release()
             raise AppendAborted(
                 grpc.StatusCode.UNAVAILABLE, f"replication of {journal.name} failed: {exc}"
             ) from exc
         except BaseException:
             pln.abort()
+            rs.note_in_doubt(pln.confirm_sent, pln.confirmed)
             journal.spool_lock.release()
             raise
         journal.replication = pln

@@ -20,7 +20,12 @@ primary commits to its own spool first, then sends the commit with the Header; t
 once it commits it, holds what every member holds, takes it as confirmed, and its
 acknowledgement is the confirmation's: a round trip and two messages fewer per append. A
 confirmation goes out only while `may_confirm()` (the primary's etcd lease is surely
-alive): a frozen primary that comes back can make nothing durable.
+alive): a frozen primary that comes back can make nothing durable. `confirm_sent` is the
+greatest offset a confirmation (or self-confirming commit) went out for: when a pipeline
+ends with it above `confirmed`, some peer may hold the content up to it as confirmed, so
+the primary keeps that content in doubt (`ReplicatedSpool.in_doubt`, noted by
+`Replica.close_replication`): a new pipeline never cuts below a confirmation this broker
+sent.
 
 Any send or receive error, a response breaking Gazette's rules (counted in
 `pygazette_broker_invalid_responses_total`), a refused commit round, or a round unanswered for

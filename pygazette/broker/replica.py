@@ -96,6 +96,9 @@ class Replica:
         self.rspool: ReplicatedSpool | None = None
         self.replication: Pipeline | None = None  # The primary's pipeline, if open.
         self.readable_end: int | None = None
+        # Closed spools whose end lies beyond `readable_end` (content in doubt a roll kept:
+        # `ReplicatedSpool`), held back at it until it reaches them or they are persisted.
+        self._held_closed: list[Spool] = []
         self.stopping = False
 
     # Lifecycle.
@@ -242,7 +245,9 @@ class Replica:
 
     async def close_replication(self, *, graceful: bool = True) -> None:
         """Close the primary's pipeline, giving the spool back (the caller holds
-        `pipeline`). Gracefully, what every peer acknowledged is confirmed first."""
+        `pipeline`). Gracefully, what every peer acknowledged is confirmed first. A
+        confirmation it sent that not every peer acknowledged leaves content in doubt
+        (`ReplicatedSpool.in_doubt`): no later pipeline cuts below it."""
         pln = self.replication
         if pln is None:
             return
@@ -259,6 +264,7 @@ class Replica:
             pln.abort()
         if rs is not None:
             rs.rollback()
+            rs.note_in_doubt(pln.confirm_sent, pln.confirmed)
         if self.spool_lock.locked():
             self.spool_lock.release()
 
@@ -273,13 +279,35 @@ class Replica:
         """Hand a closed spool to the persister."""
         self.persister.enqueue(spool, self, check_existing=check_existing)
 
+    def hold_closed(self, spool: Spool) -> None:
+        """Keep a closed spool held back at `readable_end` (it ends past it), showing
+        readers more of it only as `set_readable` moves on."""
+        if self.readable_end is not None:
+            spool.set_readable(self.readable_end)
+        self._held_closed.append(spool)
+
     def set_readable(self, offset: int) -> None:
         """Let readers see content up to `offset` (cluster mode; it never moves back)."""
         if self.readable_end is None or offset > self.readable_end:
             self.readable_end = offset
             if self.spool is not None:
                 self.spool.set_readable(offset)
+            if self._held_closed:
+                self._show_held_closed(offset)
             self.index.spool_committed()
+
+    def _show_held_closed(self, offset: int) -> None:
+        held = []
+        for spool in self._held_closed:
+            if spool.deleted:
+                continue  # Persisted (its fragment moved the head), or dropped.
+            try:
+                spool.set_readable(offset)
+            except OSError:
+                continue  # Persisted and removed meanwhile (its content file is gone).
+            if spool.readable_end < spool.end:
+                held.append(spool)
+        self._held_closed = held
 
     # Offsets.
     @property

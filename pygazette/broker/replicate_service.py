@@ -127,11 +127,13 @@ async def _apply(
     if is_first:
         # A new pipeline. Content we hold beyond our confirmed frontier may be what an
         # earlier primary never got acknowledged: keep it only if the new primary proposes
-        # exactly our fragment.
+        # exactly our fragment, or if it is in doubt (we were its primary, and sent a
+        # confirmation of it that some peer may have taken): then a shorter proposal gets
+        # PROPOSAL_MISMATCH with our fragment, and the new primary rolls forward past it.
         if rs.unconfirmed and not (
             fragments_equal(rs.fragment(), req.proposal) and req.registers == rs.registers
         ):
-            rs.cut_unconfirmed()
+            rs.cut_unconfirmed(keep_in_doubt=True)
     elif req.HasField("header"):
         if pair and rs.delta and req.proposal.end == rs.end + rs.delta:
             # A commit that confirms itself, on a route of two (`pipeline`): the primary

@@ -33,6 +33,28 @@ acknowledges an append only once every peer acknowledged a confirmation covering
   commit whose confirming round failed lies beyond its frontier too), so a spool that
   completes — a roll, or the journal leaving this broker — never persists content that the
   next pipeline cuts everywhere else and writes over.
+
+One exception to cutting at the frontier: content *in doubt* (`in_doubt`). A primary whose
+pipeline failed after it sent a confirmation (or, on a route of two, a commit that confirms
+itself) that not every peer acknowledged can't tell whether some peer took it: that peer
+then holds the content up to it as confirmed (and keeps it, across restarts). Its own
+frontier never moved, so cutting to it would let the journal continue below that offset
+with other bytes, beside the peer's. So `Replica.close_replication` notes the greatest such
+offset (`note_in_doubt`), and a new pipeline never cuts below a confirmation this broker
+sent: its first proposal, as primary or as replica, cuts only above `max(confirmed,
+in_doubt)` (`cut_unconfirmed(keep_in_doubt=True)`). Kept, that content is still held back
+from readers (they see up to the confirmed frontier); as primary, the new pipeline's
+synchronisation then confirms it everywhere; as replica, we answer a shorter proposal with
+PROPOSAL_MISMATCH and our fragment, and the new primary rolls forward past it. A roll (the
+route moved on, to or past our end) persists it with the spool: whoever else holds it
+holds the same bytes. Closed, that spool is still held back at the frontier (the write head
+readers see stays there: no Read or ListFragments response describes content past it)
+until the frontier reaches its end (the new pipeline's synchronisation confirms it:
+`Replica.set_readable`) or it is persisted (the persisted fragment moves the head). The
+journal leaving this broker (`complete`) still cuts to the confirmed frontier: the route it
+leaves may go on without us. `in_doubt` is kept in memory only: a primary that crashes as
+well as losing an acknowledgement (a double failure) forgets it, and cuts to its frontier
+after a restart.
 """
 
 from __future__ import annotations
@@ -70,6 +92,8 @@ class SpoolHost(Protocol):
     index: FragmentIndex
 
     def persist_spool(self, spool: Spool, *, check_existing: bool = False) -> None: ...
+
+    def hold_closed(self, spool: Spool) -> None: ...
 
 
 class ReplicationProtocolError(Exception):
@@ -127,6 +151,10 @@ class ReplicatedSpool:
         self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
         self._confirmed_path = replica.spool_dir / CONFIRMED_FILE
         self.confirmed = self._load_confirmed()
+        # The greatest offset this broker, as primary, sent a confirmation for that not
+        # every peer acknowledged (-1: none above the frontier): some peer may hold the
+        # content up to it as confirmed (see the module docstring). In memory only.
+        self.in_doubt = -1
         spool = replica.spool
         if spool is not None and self.confirmed is not None and spool.end < self.confirmed:
             # The cluster moved past this spool before we stopped: it is complete (and, being
@@ -167,6 +195,8 @@ class ReplicatedSpool:
         if offset <= self.confirmed:
             return
         self.confirmed = offset
+        if self.in_doubt <= offset:
+            self.in_doubt = -1  # Confirmed everywhere now: in doubt no longer.
         # Opened for each write, not held: a journal without traffic holds no file open (a
         # broker serves thousands), and an open, write and close cost microseconds.
         try:
@@ -187,6 +217,15 @@ class ReplicatedSpool:
     def unconfirmed(self) -> bool:
         assert self.confirmed is not None
         return self.confirmed < self.end
+
+    def note_in_doubt(self, confirm_sent: int, confirmed: int) -> None:
+        """A pipeline of ours (as primary) ended having sent confirmations up to
+        `confirm_sent`, of which every peer acknowledged those up to `confirmed`: anything
+        between may be confirmed on some peer, so no new pipeline cuts below it."""
+        assert self.confirmed is not None
+        if confirm_sent <= max(confirmed, self.confirmed):
+            return
+        self.in_doubt = max(self.in_doubt, min(confirm_sent, self.end))
 
     # Fragments.
     @property
@@ -265,7 +304,10 @@ class ReplicatedSpool:
         if p.end > self.end + self.delta or (p.end == self.end and p.begin == p.end):
             self.rollback()
             if self.replica.spool is not None:
-                self._complete_spool(primary=primary)
+                # The route moves on to (or past) our end: content in doubt that we still
+                # hold is persisted with the spool (see the module docstring). It stays in
+                # doubt until confirmed: a next pipeline still won't go back below it.
+                self._complete_spool(primary=primary, keep_in_doubt=True)
             # Take the proposal's registers, also on an empty roll at our own end (Gazette
             # keeps its own there): registers can differ at an equal end only when this
             # replica cut content its primary never confirmed, and kept the registers that
@@ -319,12 +361,13 @@ class ReplicatedSpool:
         # Readers are not woken: they see the commit once it is confirmed (`set_readable`).
 
     # Completion and cuts.
-    def _complete_spool(self, *, primary: bool) -> None:
-        """Cut the open spool to the confirmed frontier, close it and hand it to the
-        persister (a primary's is persisted without checking the store first)."""
+    def _complete_spool(self, *, primary: bool, keep_in_doubt: bool = False) -> None:
+        """Cut the open spool to the confirmed frontier (with `keep_in_doubt`, to content in
+        doubt, if beyond it), close it and hand it to the persister (a primary's is
+        persisted without checking the store first)."""
         if self.replica.spool is None:
             return
-        self.cut_unconfirmed()
+        self.cut_unconfirmed(keep_in_doubt=keep_in_doubt)
         spool = self.replica.spool
         if spool is None:
             return
@@ -333,28 +376,50 @@ class ReplicatedSpool:
             self.replica.index.remove_local(spool)
             spool.delete()
             return
-        spool.set_readable(spool.end)  # Cut to the frontier: all of it is confirmed.
+        assert self.confirmed is not None
         spool.close()
+        if spool.end <= self.confirmed:
+            spool.set_readable(spool.end)  # Cut to the frontier: all of it is confirmed.
+        else:
+            # It ends in content in doubt, and the route moved on: readers still see only
+            # the confirmed frontier of it (the journal's write head stays there) until the
+            # frontier reaches its end (`Replica.set_readable`), or it is persisted (the
+            # persisted fragment moves the head).
+            self.replica.hold_closed(spool)
         self.replica.persist_spool(spool, check_existing=not primary)
 
-    def cut_unconfirmed(self) -> None:
-        """Cut committed content above the confirmed frontier (see the module docstring)."""
+    def cut_unconfirmed(self, *, keep_in_doubt: bool = False) -> None:
+        """Cut committed content above the confirmed frontier (see the module docstring);
+        with `keep_in_doubt`, only above content in doubt (`in_doubt`), which stays held
+        back from readers until it is confirmed."""
         assert self.confirmed is not None
         confirmed = self.confirmed
-        if confirmed >= self.end:
+        keep = max(confirmed, self.in_doubt) if keep_in_doubt else confirmed
+        if keep >= self.end:
+            if not keep_in_doubt:
+                self.in_doubt = -1
             return
         self.rollback()
         spool = self.replica.spool
         log.warning(
             "cutting unconfirmed replica content",
-            extra={"journal": self.journal, "confirmed": confirmed, "end": self.end},
+            extra={
+                "journal": self.journal,
+                "confirmed": confirmed,
+                "in_doubt": self.in_doubt,
+                "kept": keep,
+                "end": self.end,
+            },
         )
-        if spool is None or confirmed <= spool.begin:
+        # Content in doubt that was kept stays in doubt; otherwise none is left.
+        if keep <= confirmed:
+            self.in_doubt = -1
+        if spool is None or keep <= spool.begin:
             if spool is not None:
                 self.replica.index.remove_local(spool)
                 spool.delete()
                 self.replica.spool = None
-            self.begin = self.end = max(confirmed, 0)
+            self.begin = self.end = max(keep, 0)
             self._sha = hashlib.sha1()
             self.replica.index.spool_committed()
             return
@@ -362,16 +427,16 @@ class ReplicatedSpool:
         self.replica.index.remove_local(spool)
         spool.detach()
         try:
-            cut, _report = Spool.recover(log_path, sync=self.replica.sync, end_limit=confirmed)
+            cut, _report = Spool.recover(log_path, sync=self.replica.sync, end_limit=keep)
         except (SpoolCorrupt, OSError, ValueError) as exc:
             log.error(
                 "cannot cut spool; dropping it", extra={"journal": self.journal, "error": str(exc)}
             )
             self.replica.spool = None
-            self.begin = self.end = confirmed
+            self.begin = self.end = keep
             self._sha = hashlib.sha1()
             return
-        cut.hold_back(confirmed)  # All of it (it was cut to the frontier).
+        cut.hold_back(confirmed)  # All of it, unless content in doubt was kept.
         self.replica.spool = cut
         self.replica.index.add_local(cut)
         self.replica.registers = _copy_labels(cut.registers)
@@ -382,6 +447,7 @@ class ReplicatedSpool:
         """Finish the open fragment for good (the replica stops serving the journal)."""
         self.rollback()
         self._complete_spool(primary=primary)
+        self.in_doubt = -1
         self.begin = self.end
         self.close()
 

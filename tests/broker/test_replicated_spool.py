@@ -14,6 +14,7 @@ import pytest
 
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
+from pygazette.broker.replicate_service import _apply
 from pygazette.broker.replicated_spool import (
     ReplicatedSpool,
     ReplicationProtocolError,
@@ -320,3 +321,184 @@ async def test_an_empty_roll_at_our_end_takes_the_primarys_registers(
     assert r.registers == primary_regs
     # The next proposal of the same fragment and registers is agreed, not a mismatch.
     assert (await rs.apply_proposal(roll, primary_regs, primary=False)).status == pb.OK
+
+
+class _FailedPipeline:
+    """A primary's pipeline that broke after sending a confirmation up to `confirm_sent`,
+    of which every peer acknowledged those up to `confirmed` (`Replica.close_replication`)."""
+
+    def __init__(self, confirm_sent: int, confirmed: int) -> None:
+        self.confirm_sent, self.confirmed = confirm_sent, confirmed
+        self.ok = False
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def _primary_with_content_in_doubt(tmp_path: Path, persister: Persister) -> Replica:
+    """A primary that confirmed "confirmed;" [0, 10) everywhere, then committed "doubtful"
+    [10, 18) and sent the confirmation of it (a route of two: a self-confirming commit) but
+    heard no acknowledgement, then committed "tentative" [18, 27), never confirmed."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"confirmed;")
+    await rs.apply_proposal(_frag(0, 10, b"confirmed;"), pb.LabelSet(), primary=True)
+    r.confirm_through(10)
+    await _content(rs, b"doubtful")
+    await rs.apply_proposal(_frag(0, 18, b"confirmed;doubtful"), pb.LabelSet(), primary=True)
+    await _content(rs, b"tentative")
+    await rs.apply_proposal(
+        _frag(0, 27, b"confirmed;doubtfultentative"), pb.LabelSet(), primary=True
+    )
+    pln = _FailedPipeline(confirm_sent=18, confirmed=10)
+    r.replication = pln  # type: ignore[assignment]
+    await r.close_replication(graceful=False)
+    assert pln.aborted and r.replication is None
+    assert (rs.confirmed, rs.in_doubt, rs.end) == (10, 18, 27)
+    return r
+
+
+async def test_content_in_doubt_survives_a_new_pipeline_hidden_until_confirmed(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """The primary's next pipeline keeps the content a confirmation it sent covers (a peer
+    may hold it confirmed): it cuts only what lies beyond it. Readers still see only the
+    confirmed frontier, until the new pipeline confirms the rest."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    assert (rs.begin, rs.end, rs.confirmed, rs.in_doubt) == (0, 18, 10, 18)
+    assert fragments_equal(rs.fragment(), _frag(0, 18, b"confirmed;doubtful"))
+    assert r.spool is not None and r.spool.read(0, 100) == b"confirmed;doubtful"
+    assert r.head == 10
+    frag, _, _ = r.index.query(0)
+    assert frag is not None and fragments_equal(frag, _frag(0, 10, b"confirmed;"))
+    assert r.index.query(10) == (None, None, 10)  # Neither served nor described.
+    # Cut again (a pipeline that failed before confirming it): still kept.
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    assert (rs.end, rs.in_doubt) == (18, 18)
+
+    r.confirm_through(18)  # The new pipeline's synchronisation confirmed it everywhere.
+    assert (rs.confirmed, rs.in_doubt, r.head) == (18, -1, 18)
+    frag, _, _ = r.index.query(10)
+    assert frag is not None and fragments_equal(frag, _frag(0, 18, b"confirmed;doubtful"))
+
+
+async def test_a_plain_cut_and_completion_drop_content_in_doubt(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """The journal leaving this broker (`complete`) still cuts to the confirmed frontier:
+    the route it leaves may go on without this broker."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    rs.complete(primary=True)
+    assert rs.in_doubt == -1
+    persister.expedite()
+    await persister.wait_idle()
+    stored = sorted((tmp_path / "store" / JOURNAL).iterdir())
+    assert [p.name.split("-")[:2] for p in stored] == [["0000000000000000", "000000000000000a"]]
+    assert stored[0].read_bytes() == b"confirmed;"
+
+    r2 = await _primary_with_content_in_doubt(tmp_path / "other", persister)
+    rs2 = r2.rspool
+    assert rs2 is not None
+    rs2.cut_unconfirmed()
+    assert (rs2.end, rs2.in_doubt) == (10, -1)
+
+
+async def test_a_roll_persists_content_in_doubt_and_keeps_its_end(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """The new pipeline rolls the spool at our end (a route change): the route moves on past
+    the content in doubt, which is persisted with the spool; should that pipeline fail before
+    it confirms the roll, the next one still never goes back below it."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    ok = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)
+    assert ok.status == pb.OK and (rs.begin, rs.end) == (18, 18)
+    persister.expedite()
+    await persister.wait_idle()
+    stored = sorted((tmp_path / "store" / JOURNAL).iterdir())
+    assert [p.name.split("-")[:2] for p in stored] == [["0000000000000000", "0000000000000012"]]
+    assert stored[0].read_bytes() == b"confirmed;doubtful"
+    rs.cut_unconfirmed(keep_in_doubt=True)  # The next pipeline, the roll unconfirmed.
+    assert (rs.begin, rs.end) == (18, 18)
+
+
+async def test_a_foreign_proposal_keeps_content_in_doubt(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """The former primary, now a replica of a new primary's pipeline: its first proposal is
+    shorter than the content in doubt, which is kept (not cut to the frontier) and answered
+    with PROPOSAL_MISMATCH and the larger fragment, so the new primary rolls forward past
+    it. Content beyond it, never confirmed anywhere, is cut."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    first = pb.ReplicateRequest(
+        proposal=_frag(0, 10, b"confirmed;"), registers=pb.LabelSet(), acknowledge=True
+    )
+    first.header.CopyFrom(pb.Header(process_id=pb.ProcessSpec.ID(zone="z", suffix="s")))
+    resp = await _apply(r, first, is_first=True)
+    assert resp is not None and resp.status == pb.PROPOSAL_MISMATCH
+    assert fragments_equal(resp.fragment, _frag(0, 18, b"confirmed;doubtful"))
+    assert (rs.end, rs.confirmed) == (18, 10)
+    # The new primary rolls forward to its end; the new pipeline then confirms it.
+    roll = pb.ReplicateRequest(proposal=_frag(18, 18), registers=pb.LabelSet(), acknowledge=True)
+    resp = await _apply(r, roll, is_first=False)
+    assert resp is not None and resp.status == pb.OK and (rs.begin, rs.end) == (18, 18)
+
+
+def _shown_within_head(r: Replica) -> None:
+    """Every fragment readers may be shown (a Read's or ListFragments') ends at or below the
+    write head readers are shown (Gazette's ReadResponse rule)."""
+    for spool in r.index.local_spools():
+        assert spool.readable_fragment().end <= max(r.head, spool.begin), (spool.begin, r.head)
+    for frag in r.index.persisted():
+        assert frag.end <= r.head
+
+
+@pytest.mark.parametrize("primary", [True, False])
+async def test_a_rolled_spool_in_doubt_is_hidden_until_confirmed_or_persisted(
+    tmp_path: Path, persister: Persister, primary: bool
+) -> None:
+    """A roll that persists content in doubt (the route moved on past it) closes the spool
+    still held back at the confirmed frontier: no response describes it past the write
+    head, which stays there until the frontier reaches the spool's end (the new pipeline's
+    synchronisation), or until the spool is persisted (its fragment moves the head)."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    roll = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=primary)
+    assert roll.status == pb.OK and (rs.begin, rs.end, rs.confirmed) == (18, 18, 10)
+    assert r.spool is None and r.head == 10
+    _shown_within_head(r)
+    assert r.index.query(10) == (None, None, 10)
+    assert r.holds_unconfirmed(10)
+    frag, _, _ = r.index.query(0)
+    assert frag is not None and fragments_equal(frag, _frag(0, 10, b"confirmed;"))
+    if not primary:
+        # A replica's spool waits before it is persisted: the confirmation comes first.
+        r.confirm_through(18)
+        assert r.head == 18
+        _shown_within_head(r)
+        frag, spool, _ = r.index.query(10)
+        assert spool is not None and spool.closed
+        assert frag is not None and fragments_equal(frag, _frag(0, 18, b"confirmed;doubtful"))
+        persister.expedite()
+    await persister.wait_idle()
+    # Persisted: its fragment moved the head (the store shows it to every broker).
+    assert r.index.local_spools() == [] and r.head == 18
+    _shown_within_head(r)
+    frag, spool, _ = r.index.query(10)
+    assert spool is None and frag is not None and (frag.begin, frag.end) == (0, 18)
+    r.confirm_through(18)  # Nothing held is left to show.
+    assert r.head == 18 and rs.in_doubt == -1
