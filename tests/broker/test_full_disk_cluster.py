@@ -4,8 +4,10 @@ on a small tmpfs that fills up.
 Whether the full broker is a journal's primary or its replica, appends are refused (the
 primary answers RESOURCE_EXHAUSTED, or UNAVAILABLE when a replica refused the replication,
 or UNKNOWN when it failed after the append's self-confirming commit went out; either way the
-details say "insufficient storage"), nothing of a refused append surfaces,
-and once space is freed appends commit again at the head, which both brokers read back.
+details say "insufficient storage"). Nothing of a refused append surfaces, except that an
+append in doubt (UNKNOWN) may, whole and once: the primary's next pipeline never cuts below a
+confirmation it sent (`replicated_spool`). Once space is freed appends commit again at the
+head, which both brokers read back.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ async def test_full_broker_refuses_appends_as_primary_and_replica(
 
     fs.fill(leave=0)
     roles = {}
+    in_doubt: dict[str, bytes] = {}
     for j in JOURNALS:
         roles[j] = "primary" if cluster.primary_of(j) is small else "replica"
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -76,7 +79,9 @@ async def test_full_broker_refuses_appends_as_primary_and_replica(
                 acked[j].append(data)
         code = refused.value.code()
         # UNKNOWN: in doubt, when the replica failed after the commit went out (at
-        # replication 2 a commit carries its own confirmation); nothing of it surfaces below.
+        # replication 2 a commit carries its own confirmation): it may surface below.
+        if code == grpc.StatusCode.UNKNOWN:
+            in_doubt[j] = data
         assert code in (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.UNAVAILABLE,
@@ -97,6 +102,9 @@ async def test_full_broker_refuses_appends_as_primary_and_replica(
                 await asyncio.sleep(0.2)
                 continue
             assert resp.status == pb.OK
+            below = sum(map(len, acked[j]))
+            if j in in_doubt and resp.commit.begin == below + len(in_doubt[j]):
+                acked[j].append(in_doubt[j])  # It surfaced, whole: the reads below show it.
             assert resp.commit.begin == sum(map(len, acked[j])), roles[j]
             acked[j].append(data)
             break
