@@ -547,7 +547,10 @@ class ClusterAppends:
             # A spool completes cut to its confirmed frontier: confirm everything first.
             await pln.confirm(rs.end)
             await rs.apply_proposal(proposal, registers, primary=True)
-            await _round(pln, rs.fragment(), registers)
+            # Streamed ahead of the content without waiting for an answer, as Gazette's
+            # roll: the pipeline is synchronised, and a peer refusing it ends its stream,
+            # which fails this append's commit round (and breaks the pipeline).
+            await pln.send(pb.ReplicateRequest(proposal=rs.fragment(), registers=_copy(registers)))
             await pln.confirm_fragment(rs.fragment(), registers)
 
         begin = rs.end
