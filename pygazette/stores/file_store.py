@@ -39,12 +39,19 @@ class FileStore(FragmentStore):
         self.base = (self.root / url.prefix).resolve()
         if self.base != self.root and self.root not in self.base.parents:
             raise StoreError(f"store {url.url} escapes the file root {self.root}")
+        self._base_text = str(self.base)
+        self._base_prefix = os.path.join(self._base_text, "")  # With its trailing separator.
 
     def _resolve(self, path: str) -> Path:
-        full = (self.base / self.parsed.rewrite(path)).resolve()
-        if full != self.base and self.base not in full.parents:
+        """The file of `path` under the store's base, refused if `..` takes it outside.
+
+        Lexical, as Gazette's file store joins its paths: no system call (a broker resolves
+        a path for every fragment it lists, persists or reads). The base itself was resolved
+        once; a symbolic link the operator placed inside the store is followed by the OS."""
+        full = os.path.normpath(os.path.join(self._base_text, self.parsed.rewrite(path)))
+        if full != self._base_text and not full.startswith(self._base_prefix):
             raise StoreError(f"path {path!r} escapes store {self.url}")
-        return full
+        return Path(full)
 
     def local_path(self, path: str) -> Path | None:
         return self._resolve(path)

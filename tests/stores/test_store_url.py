@@ -105,3 +105,13 @@ def test_registry_retries_stores_that_failed_to_open(
     monkeypatch.setenv("AZURE_ACCOUNT_KEY", base64.b64encode(b"k" * 64).decode())
     store = registry.get("azure://container/")
     assert registry.get("azure://container/") is store
+
+
+def test_file_store_paths_are_resolved_lexically(tmp_path: Path) -> None:
+    store = open_store("file:///a/", file_root=tmp_path)
+    base = (tmp_path / "a").resolve()
+    assert store.local_path("j/x/../0-1-x.raw") == base / "j" / "0-1-x.raw"
+    assert store.local_path("j//0-1-x.raw") == base / "j" / "0-1-x.raw"
+    for bad in ("..", "../a-sibling/x", "j/../../x"):
+        with pytest.raises(StoreError, match="escapes"):
+            store.local_path(bad)
