@@ -49,9 +49,22 @@ def new_session(
 ) -> SparkSession:
     """A session on `local[2,4]`, or on what `conf` says (`spark.master`, e.g. a standalone
     cluster's settings from tests/support/spark_cluster.py's `cluster_conf`)."""
+    os.environ.update(spark_env(faults_dir))
+    try:
+        return _new_session(scratch, conf)
+    except Exception as exc:
+        # The JVM gateway exited before it told its port. Seen once in `make test` (a test
+        # process with gRPC's threads running forks the JVM's launcher); launching it again
+        # works. Anything else, or a second failure, fails the test.
+        if getattr(exc, "getCondition", lambda: "")() != "JAVA_GATEWAY_EXITED":
+            raise
+        print(f"Spark's JVM gateway exited at launch ({exc}); launching it once more")
+        return _new_session(scratch, conf)
+
+
+def _new_session(scratch: Path, conf: Mapping[str, str] | None) -> SparkSession:
     from pyspark.sql import SparkSession
 
-    os.environ.update(spark_env(faults_dir))
     builder = SparkSession.builder.master("local[2,4]").appName("pygazette-tests")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
