@@ -15,7 +15,7 @@ import re
 import unicodedata
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf import duration_pb2
 
@@ -291,20 +291,20 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class _GoURL:
-    """The parts of a URL as Go's net/url sees them (enough for validation)."""
+class _GoURL(NamedTuple):
+    """The parts of a URL as Go's net/url sees them (enough for validation). Immutable:
+    `_parse_url` shares one per URL text."""
 
-    def __init__(self, scheme: str, host: str, path: str) -> None:
-        self.scheme = scheme
-        self.host = host
-        self.path = path
+    scheme: str
+    host: str
+    path: str
 
 
 @functools.lru_cache(maxsize=4096)
 def _parse_url(text: str) -> _GoURL:
     """Parse `text` as Go's net/url does (enough for validation). Memoized: the same few
     URLs (broker endpoints, fragment stores) recur in every route and spec of a listing, and
-    a failure (ValidationError) is not cached. The result is shared: don't change it."""
+    a failure (ValidationError) is not cached."""
     if _CONTROL.search(text):
         raise ValidationError(f'parse "{text}": net/url: invalid control character in URL')
     rest = text.split("#", 1)[0]
