@@ -325,23 +325,24 @@ async def wait_converged(
 
 async def time_lists(client: JournalClient, cluster: Cluster, times: int = 3) -> dict[str, Any]:
     """Median seconds of a full List as the client takes it (checked) and of the bare RPC,
-    and broker 1's CPU per checked List."""
+    broker 1's CPU per checked List, and how many journals each listed."""
     checked, bare, cpu = [], [], []
+    listed: set[int] = set()
     pid = pid_of(cluster.brokers[0])
     for _ in range(times):
         cpu0, t0 = cpu_seconds(pid), time.monotonic()
-        await list_all(client)
+        listed.add(len((await list_all(client)).journals))
         checked.append(time.monotonic() - t0)
         cpu.append(cpu_seconds(pid) - cpu0)
         t0 = time.monotonic()
         call = client.rpc_list(pb.ListRequest())
-        while isinstance(await call.read(), pb.ListResponse):
-            pass
+        listed.add(sum([len(resp.journals) async for resp in call]))
         bare.append(time.monotonic() - t0)
     return {
         "checked_s": round(sorted(checked)[times // 2], 3),
         "bare_rpc_s": round(sorted(bare)[times // 2], 3),
         "broker_cpu_s": round(sorted(cpu)[times // 2], 3),
+        "journals_listed": sorted(listed),  # One count, unless the listings disagreed.
     }
 
 
@@ -752,6 +753,9 @@ def failures(result: dict[str, Any]) -> list[str]:
     bad = []
     if result.get("converged_after_apply_s") is None:
         bad.append(f"{result['converged_journals']}/{result['journals']} journals converged")
+    listed = result.get("list", {}).get("journals_listed")
+    if listed is not None and listed != [result["journals"]]:
+        bad.append(f"full Lists showed {listed} journals of {result['journals']}")
     if "first_append" in result and result["first_append"]["errors"]:
         bad.append(f"first appends failed: {result['first_append']['error_kinds']}")
     if "second_append" in result and result["second_append"]["errors"]:
