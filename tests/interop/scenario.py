@@ -28,6 +28,7 @@ from pygazette.client import JournalClient
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
+from pygazette.protocol.stream_write import send_all
 from pygazette.protocol.validation import (
     validate_append_response,
     validate_apply_response,
@@ -220,8 +221,14 @@ class Scenario:
             if commit:
                 yield pb.AppendRequest()
 
+        # Written as pygazette's clients write (`send_all`): a broker refusing the append
+        # ends the stream while we write, and grpc.aio's own request-iterator writer then
+        # reports INTERNAL "Internal error from Core" in place of the broker's status
+        # (seen once against Gazette's broker in `make test`).
+        call = self.client.rpc_append()
         try:
-            resp = await self.client.rpc_append(requests())
+            await send_all(call, requests())
+            resp = await call
         except grpc.aio.AioRpcError as exc:
             self.record(name, self.rpc_error(exc))
             return None
