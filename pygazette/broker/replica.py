@@ -37,7 +37,7 @@ from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.refresher import Refresher
 from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
-from pygazette.broker.replicated_spool import ReplicatedSpool
+from pygazette.broker.replicated_spool import ReplicatedSpool, load_confirmed
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -97,8 +97,9 @@ class Replica:
         self.replication: Pipeline | None = None  # The primary's pipeline, if open.
         self.readable_end: int | None = None
         # Closed spools whose end lies beyond `readable_end` (content in doubt a roll kept:
-        # `ReplicatedSpool`), held back at it until it reaches them or they are persisted.
-        self._held_closed: list[Spool] = []
+        # `ReplicatedSpool`), with whether the persister checks the store first: held back
+        # at the frontier, and not persisted, until it reaches their end (`hold_closed`).
+        self._held_closed: list[tuple[Spool, bool]] = []
         self.stopping = False
 
     # Lifecycle.
@@ -154,6 +155,7 @@ class Replica:
             try:
                 if self.rspool is not None:
                     self.rspool.complete(primary=self.primary)
+                self._release_held_closed()
             finally:
                 if holds_spool:
                     self.spool_lock.release()
@@ -176,8 +178,13 @@ class Replica:
         """Why appends must be refused now (FRAGMENT_STORE_UNHEALTHY), or ""."""
         return self.persister.refusal(self.spec)
 
-    def recover_spools(self) -> None:
-        """Reopen spools left by an earlier run: all but the newest are closed and persisted."""
+    def recover_spools(self, confirmed: int | None = None) -> None:
+        """Reopen spools left by an earlier run: all but the newest are closed and persisted.
+
+        In cluster mode, `confirmed` is the journal's confirmed frontier as this broker left
+        it (`ReplicatedSpool`): a closed spool is persisted only up to it. Content beyond it
+        was in doubt when this broker stopped (`hold_closed`), and a restart forgets what is
+        in doubt, as it does for the open spool."""
         if not self.spool_dir.is_dir():
             return
         recovered: list[Spool] = []
@@ -206,6 +213,11 @@ class Replica:
         if recovered:
             self.registers = recovered[-1].registers
         for spool in recovered[:-1]:
+            if confirmed is not None and spool.end > confirmed:
+                cut = self._cut_closed(spool, confirmed)
+                if cut is None:
+                    continue
+                spool = cut
             spool.close()
             self.persister.enqueue(spool, self)
         if recovered:
@@ -215,7 +227,7 @@ class Replica:
     def start_clustered(self) -> None:
         """Start in cluster mode: recover spools, then put the open one under replication."""
         self.clustered = True
-        self.recover_spools()
+        self.recover_spools(confirmed=load_confirmed(self.spool_dir))
         self.rspool = ReplicatedSpool(self)
         self.readable_end = self.rspool.confirmed
         self._start_listing()
@@ -279,12 +291,19 @@ class Replica:
         """Hand a closed spool to the persister."""
         self.persister.enqueue(spool, self, check_existing=check_existing)
 
-    def hold_closed(self, spool: Spool) -> None:
-        """Keep a closed spool held back at `readable_end` (it ends past it), showing
-        readers more of it only as `set_readable` moves on."""
+    def hold_closed(self, spool: Spool, *, check_existing: bool) -> None:
+        """Keep a closed spool that ends in content in doubt held back at `readable_end`,
+        showing readers more of it only as `set_readable` moves on, and persist it only once
+        all of it is confirmed. Persisted earlier, its fragment would show the store (and so
+        every broker) content the route may never confirm, and may continue with other bytes
+        at the same offsets; if the journal leaves this broker first, only its confirmed part
+        is persisted (`_release_held_closed`)."""
         if self.readable_end is not None:
             spool.set_readable(self.readable_end)
-        self._held_closed.append(spool)
+        if spool.readable_end >= spool.end:
+            self.persist_spool(spool, check_existing=check_existing)
+            return
+        self._held_closed.append((spool, check_existing))
 
     def set_readable(self, offset: int) -> None:
         """Let readers see content up to `offset` (cluster mode; it never moves back)."""
@@ -298,16 +317,54 @@ class Replica:
 
     def _show_held_closed(self, offset: int) -> None:
         held = []
-        for spool in self._held_closed:
+        for spool, check_existing in self._held_closed:
             if spool.deleted:
-                continue  # Persisted (its fragment moved the head), or dropped.
+                continue  # Dropped: the store holds a fragment covering it (`refresh`).
             try:
                 spool.set_readable(offset)
             except OSError:
-                continue  # Persisted and removed meanwhile (its content file is gone).
+                continue  # Removed meanwhile (its content file is gone).
             if spool.readable_end < spool.end:
-                held.append(spool)
+                held.append((spool, check_existing))
+            else:
+                self.persist_spool(spool, check_existing=check_existing)  # Confirmed now.
         self._held_closed = held
+
+    def _release_held_closed(self) -> None:
+        """The journal leaves this broker with closed spools still in doubt: the route may
+        go on without it, so each is cut to what was confirmed of it (what readers saw) and
+        only that is persisted. Whoever took the rest as confirmed holds it and persists it."""
+        held, self._held_closed = self._held_closed, []
+        for spool, check_existing in held:
+            if spool.deleted:
+                continue
+            cut = self._cut_closed(spool, spool.readable_end)
+            if cut is not None:
+                cut.close()
+                self.persist_spool(cut, check_existing=check_existing)
+
+    def _cut_closed(self, spool: Spool, keep: int) -> Spool | None:
+        """A spool (in the index) cut to end at `keep`, replacing it there; None if nothing
+        is left of it (or it can't be cut: then it is dropped, as `cut_unconfirmed` does)."""
+        log.warning(
+            "cutting a closed spool's content in doubt",
+            extra={"journal": self.name, "begin": spool.begin, "kept": keep, "end": spool.end},
+        )
+        log_path = spool.log_path
+        self.index.remove_local(spool)
+        spool.detach()
+        try:
+            cut, _report = Spool.recover(log_path, sync=self.sync, end_limit=keep)
+        except (SpoolCorrupt, OSError, ValueError) as exc:
+            log.error(
+                "cannot cut spool; dropping it", extra={"journal": self.name, "error": str(exc)}
+            )
+            return None
+        if cut.end == cut.begin:
+            cut.delete()
+            return None
+        self.index.add_local(cut)
+        return cut
 
     # Offsets.
     @property

@@ -45,16 +45,18 @@ sent: its first proposal, as primary or as replica, cuts only above `max(confirm
 in_doubt)` (`cut_unconfirmed(keep_in_doubt=True)`). Kept, that content is still held back
 from readers (they see up to the confirmed frontier); as primary, the new pipeline's
 synchronisation then confirms it everywhere; as replica, we answer a shorter proposal with
-PROPOSAL_MISMATCH and our fragment, and the new primary rolls forward past it. A roll (the
-route moved on, to or past our end) persists it with the spool: whoever else holds it
-holds the same bytes. Closed, that spool is still held back at the frontier (the write head
-readers see stays there: no Read or ListFragments response describes content past it)
-until the frontier reaches its end (the new pipeline's synchronisation confirms it:
-`Replica.set_readable`) or it is persisted (the persisted fragment moves the head). The
-journal leaving this broker (`complete`) still cuts to the confirmed frontier: the route it
-leaves may go on without us. `in_doubt` is kept in memory only: a primary that crashes as
-well as losing an acknowledgement (a double failure) forgets it, and cuts to its frontier
-after a restart.
+PROPOSAL_MISMATCH and our fragment, and the new primary rolls forward past it. A roll at our
+end (the route goes on from it) closes the spool with it; a roll past our end cuts it (some
+member holds content beyond ours: the content in doubt, if it took our confirmation, or
+else what the route went on with at those offsets). Closed, that spool is still
+held back at the frontier (the write head readers see stays there: no Read or ListFragments
+response describes content past it), and it is persisted only once the frontier reaches its
+end (the new pipeline's synchronisation confirms it: `Replica.set_readable`): a fragment in
+the store is confirmed content, which every broker shows. The journal leaving this broker
+(`complete`) still cuts to the confirmed frontier, the open spool and such closed ones alike
+(`Replica.hold_closed`): the route it leaves may go on without us, with other bytes.
+`in_doubt` is kept in memory only: a primary that crashes as well as losing an
+acknowledgement (a double failure) forgets it, and cuts to its frontier after a restart.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class SpoolHost(Protocol):
 
     def persist_spool(self, spool: Spool, *, check_existing: bool = False) -> None: ...
 
-    def hold_closed(self, spool: Spool) -> None: ...
+    def hold_closed(self, spool: Spool, *, check_existing: bool) -> None: ...
 
 
 class ReplicationProtocolError(Exception):
@@ -177,16 +179,7 @@ class ReplicatedSpool:
 
     # The confirmed frontier.
     def _load_confirmed(self) -> int | None:
-        try:
-            data = self._confirmed_path.read_bytes()
-        except FileNotFoundError:
-            return None
-        if len(data) != _U64.size:
-            log.warning(
-                "ignoring a malformed confirmed-offset file", extra={"journal": self.journal}
-            )
-            return None
-        return int(_U64.unpack(data)[0])
+        return load_confirmed(self.replica.spool_dir)
 
     def set_confirmed(self, offset: int) -> None:
         """Everything below `offset` is held by every replica of the route (the frontier
@@ -304,10 +297,13 @@ class ReplicatedSpool:
         if p.end > self.end + self.delta or (p.end == self.end and p.begin == p.end):
             self.rollback()
             if self.replica.spool is not None:
-                # The route moves on to (or past) our end: content in doubt that we still
-                # hold is persisted with the spool (see the module docstring). It stays in
-                # doubt until confirmed: a next pipeline still won't go back below it.
-                self._complete_spool(primary=primary, keep_in_doubt=True)
+                # The route moves on from our end: content in doubt that we still hold is
+                # kept in the closed spool, persisted once confirmed (see the module
+                # docstring); until then a next pipeline still won't go back below it. Past
+                # our end, some member holds content beyond ours: the content in doubt, if it
+                # took our confirmation, or else what the route went on with at those
+                # offsets. Either way, ours is cut to the confirmed frontier.
+                self._complete_spool(primary=primary, keep_in_doubt=p.end == self.end)
             # Take the proposal's registers, also on an empty roll at our own end (Gazette
             # keeps its own there): registers can differ at an equal end only when this
             # replica cut content its primary never confirmed, and kept the registers that
@@ -380,13 +376,12 @@ class ReplicatedSpool:
         spool.close()
         if spool.end <= self.confirmed:
             spool.set_readable(spool.end)  # Cut to the frontier: all of it is confirmed.
+            self.replica.persist_spool(spool, check_existing=not primary)
         else:
             # It ends in content in doubt, and the route moved on: readers still see only
-            # the confirmed frontier of it (the journal's write head stays there) until the
-            # frontier reaches its end (`Replica.set_readable`), or it is persisted (the
-            # persisted fragment moves the head).
-            self.replica.hold_closed(spool)
-        self.replica.persist_spool(spool, check_existing=not primary)
+            # the confirmed frontier of it (the journal's write head stays there), and it is
+            # persisted only once the frontier reaches its end (`Replica.hold_closed`).
+            self.replica.hold_closed(spool, check_existing=not primary)
 
     def cut_unconfirmed(self, *, keep_in_doubt: bool = False) -> None:
         """Cut committed content above the confirmed frontier (see the module docstring);
@@ -450,6 +445,19 @@ class ReplicatedSpool:
         self.in_doubt = -1
         self.begin = self.end
         self.close()
+
+
+def load_confirmed(spool_dir: Path) -> int | None:
+    """The confirmed frontier kept in a journal's spool directory (None: no record)."""
+    path = spool_dir / CONFIRMED_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) != _U64.size:
+        log.warning("ignoring a malformed confirmed-offset file", extra={"path": str(path)})
+        return None
+    return int(_U64.unpack(data)[0])
 
 
 def _write_and_hash(pending: PendingAppend, running: hashlib._Hash, content: bytes) -> None:

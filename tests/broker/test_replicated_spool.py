@@ -19,6 +19,7 @@ from pygazette.broker.replicated_spool import (
     ReplicatedSpool,
     ReplicationProtocolError,
     fragments_equal,
+    load_confirmed,
     roll_proposal,
 )
 from pygazette.protocol.fragment_name import fragment_content_path, sha1sum_from_digest
@@ -55,7 +56,7 @@ def _replica(tmp_path: Path, persister: Persister) -> Replica:
         sync=False,
     )
     r.clustered = True
-    r.recover_spools()
+    r.recover_spools(confirmed=load_confirmed(r.spool_dir))  # As `Replica.start_clustered`.
     r.rspool = ReplicatedSpool(r)
     r.readable_end = r.rspool.confirmed
     r.index.first_refresh_done.set()
@@ -411,12 +412,21 @@ async def test_a_plain_cut_and_completion_drop_content_in_doubt(
     assert (rs2.end, rs2.in_doubt) == (10, -1)
 
 
-async def test_a_roll_persists_content_in_doubt_and_keeps_its_end(
+def _stored(tmp_path: Path) -> list[tuple[str, bytes]]:
+    """The journal's fragments in the store: (begin-end offsets in hex, content)."""
+    root = tmp_path / "store" / JOURNAL
+    if not root.is_dir():
+        return []
+    return [("-".join(p.name.split("-")[:2]), p.read_bytes()) for p in sorted(root.iterdir())]
+
+
+async def test_a_roll_keeps_content_in_doubt_and_persists_it_once_confirmed(
     tmp_path: Path, persister: Persister
 ) -> None:
-    """The new pipeline rolls the spool at our end (a route change): the route moves on past
-    the content in doubt, which is persisted with the spool; should that pipeline fail before
-    it confirms the roll, the next one still never goes back below it."""
+    """The new pipeline rolls the spool at our end (a route change): the route goes on from
+    the content in doubt, which stays in the closed spool. Should that pipeline fail before
+    it confirms the roll, the next one still never goes back below it; and the spool is not
+    persisted before it is confirmed (a fragment in the store is shown by every broker)."""
     r = await _primary_with_content_in_doubt(tmp_path, persister)
     rs = r.rspool
     assert rs is not None
@@ -425,11 +435,86 @@ async def test_a_roll_persists_content_in_doubt_and_keeps_its_end(
     assert ok.status == pb.OK and (rs.begin, rs.end) == (18, 18)
     persister.expedite()
     await persister.wait_idle()
-    stored = sorted((tmp_path / "store" / JOURNAL).iterdir())
-    assert [p.name.split("-")[:2] for p in stored] == [["0000000000000000", "0000000000000012"]]
-    assert stored[0].read_bytes() == b"confirmed;doubtful"
+    assert _stored(tmp_path) == []
     rs.cut_unconfirmed(keep_in_doubt=True)  # The next pipeline, the roll unconfirmed.
     assert (rs.begin, rs.end) == (18, 18)
+
+    r.confirm_through(18)  # The synchronisation of a pipeline confirmed the roll.
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == [("0000000000000000-0000000000000012", b"confirmed;doubtful")]
+
+
+async def test_a_journal_leaving_persists_only_the_confirmed_part_of_a_spool_in_doubt(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """The primary rolled at the end of content in doubt, and the journal left this broker
+    before any pipeline confirmed the roll: the route may go on without it, with other bytes
+    at those offsets, so only the confirmed part of the closed spool is persisted."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    ok = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)
+    assert ok.status == pb.OK and r.head == 10
+    await r.stop(persist=True)
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
+    assert not list((tmp_path / "spools").rglob("*.log"))  # No spool is left behind.
+
+
+async def test_a_restart_persists_only_the_confirmed_part_of_a_spool_in_doubt(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """The primary rolled at the end of content in doubt, committed more in the next spool,
+    and stopped (killed) before anything confirmed the roll. A restart forgets what was in
+    doubt: the closed spool is persisted only up to the confirmed frontier."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    assert (await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)).status == pb.OK
+    await _content(rs, b"next")
+    commit = await rs.apply_proposal(_frag(18, 22, b"next"), pb.LabelSet(), primary=True)
+    assert commit.status == pb.OK and rs.confirmed == 10
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == []
+
+    r2 = _replica(tmp_path, persister)  # Killed: its spools are recovered from disk.
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
+    assert r2.spool is not None and (r2.spool.begin, r2.spool.end) == (18, 22)
+    assert r2.head == 10  # The open spool is held back at the frontier, as ever.
+
+
+async def test_a_roll_past_our_end_cuts_content_in_doubt(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A new primary's pipeline proposes a fragment ending past ours: some member holds
+    content beyond ours — the content in doubt, if it took our confirmation, or else what the
+    route went on with at those offsets. Ours is cut to the confirmed frontier."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    first = pb.ReplicateRequest(
+        proposal=_frag(0, 25, b"confirmed;other bytes here"[:25]),
+        registers=pb.LabelSet(),
+        acknowledge=True,
+    )
+    first.header.CopyFrom(pb.Header(process_id=pb.ProcessSpec.ID(zone="z", suffix="s")))
+    resp = await _apply(r, first, is_first=True)
+    # Rolled to an empty fragment at its end (and so not its fragment: Gazette's rule).
+    assert resp is not None and resp.status == pb.PROPOSAL_MISMATCH
+    assert (resp.fragment.begin, resp.fragment.end) == (25, 25)
+    assert (rs.begin, rs.end, rs.in_doubt) == (25, 25, -1)
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
+    r.confirm_through(25)  # The route's frontier moves past: nothing of ours is shown.
+    assert r.index.query(10)[1] is None
 
 
 async def test_a_foreign_proposal_keeps_content_in_doubt(
@@ -466,13 +551,13 @@ def _shown_within_head(r: Replica) -> None:
 
 
 @pytest.mark.parametrize("primary", [True, False])
-async def test_a_rolled_spool_in_doubt_is_hidden_until_confirmed_or_persisted(
+async def test_a_rolled_spool_in_doubt_is_hidden_and_unpersisted_until_confirmed(
     tmp_path: Path, persister: Persister, primary: bool
 ) -> None:
-    """A roll that persists content in doubt (the route moved on past it) closes the spool
+    """A roll that keeps content in doubt (the route goes on from our end) closes the spool
     still held back at the confirmed frontier: no response describes it past the write
-    head, which stays there until the frontier reaches the spool's end (the new pipeline's
-    synchronisation), or until the spool is persisted (its fragment moves the head)."""
+    head, which stays there, and it is not persisted, until the frontier reaches the
+    spool's end (the new pipeline's synchronisation)."""
     r = await _primary_with_content_in_doubt(tmp_path, persister)
     rs = r.rspool
     assert rs is not None
@@ -485,20 +570,19 @@ async def test_a_rolled_spool_in_doubt_is_hidden_until_confirmed_or_persisted(
     assert r.holds_unconfirmed(10)
     frag, _, _ = r.index.query(0)
     assert frag is not None and fragments_equal(frag, _frag(0, 10, b"confirmed;"))
-    if not primary:
-        # A replica's spool waits before it is persisted: the confirmation comes first.
-        r.confirm_through(18)
-        assert r.head == 18
-        _shown_within_head(r)
-        frag, spool, _ = r.index.query(10)
-        assert spool is not None and spool.closed
-        assert frag is not None and fragments_equal(frag, _frag(0, 18, b"confirmed;doubtful"))
-        persister.expedite()
+    persister.expedite()
     await persister.wait_idle()
-    # Persisted: its fragment moved the head (the store shows it to every broker).
+    assert _stored(tmp_path) == [] and r.head == 10  # Not persisted while in doubt.
+
+    r.confirm_through(18)
+    assert r.head == 18 and rs.in_doubt == -1
+    _shown_within_head(r)
+    frag, spool, _ = r.index.query(10)
+    assert frag is not None and fragments_equal(frag, _frag(0, 18, b"confirmed;doubtful"))
+    persister.expedite()
+    await persister.wait_idle()
+    # Persisted once confirmed.
     assert r.index.local_spools() == [] and r.head == 18
     _shown_within_head(r)
     frag, spool, _ = r.index.query(10)
     assert spool is None and frag is not None and (frag.begin, frag.end) == (0, 18)
-    r.confirm_through(18)  # Nothing held is left to show.
-    assert r.head == 18 and rs.in_doubt == -1
