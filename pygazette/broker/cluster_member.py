@@ -40,7 +40,7 @@ from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
 from pygazette.broker.replica import Replica, spool_directory
-from pygazette.broker.replicated_spool import ReplicatedSpool
+from pygazette.broker.replicated_spool import ReplicatedSpool, load_confirmed
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
@@ -311,6 +311,8 @@ class ClusterMember:
             )
             orphan.spool_dir = aside
             orphan.clustered = True
-            orphan.recover_spools()
+            # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
+            # `Replica.recover_spools`), as on a restart: the route went on without us.
+            orphan.recover_spools(confirmed=load_confirmed(aside))
             orphan.rspool = ReplicatedSpool(orphan)
             orphan.rspool.complete(primary=False)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from pygazette.allocator.state import Assignment
+from pygazette.broker import cluster_member
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicate_service import _apply
@@ -22,6 +25,7 @@ from pygazette.broker.replicated_spool import (
     load_confirmed,
     roll_proposal,
 )
+from pygazette.keyspace.keyspace import KeyValue
 from pygazette.protocol.fragment_name import fragment_content_path, sha1sum_from_digest
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -488,6 +492,56 @@ async def test_a_restart_persists_only_the_confirmed_part_of_a_spool_in_doubt(
     assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
     assert r2.spool is not None and (r2.spool.begin, r2.spool.end) == (18, 22)
     assert r2.head == 10  # The open spool is held back at the frontier, as ever.
+
+
+async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_doubt(
+    tmp_path: Path, persister: Persister, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a restart, but the journal moved on without this broker while it was down (the
+    route may have written other bytes past the frontier): the orphan sweep persists the
+    closed spool only up to the confirmed frontier too."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    assert (await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)).status == pb.OK
+    await _content(rs, b"next")
+    commit = await rs.apply_proposal(_frag(18, 22, b"next"), pb.LabelSet(), primary=True)
+    assert commit.status == pb.OK and rs.confirmed == 10
+
+    # Killed, and restarted without the journal: its spools are an orphan's, and the
+    # journal is settled on other brokers.
+    monkeypatch.setattr(cluster_member, "assignments_advertise", lambda _route, _group: True)
+    item = SimpleNamespace(mod_revision=1)
+    member = SimpleNamespace(
+        spool_root=tmp_path / "spools",
+        _orphan_candidates=None,
+        resolver=SimpleNamespace(stopping_journals=set(), replicas={}),
+        observed=SimpleNamespace(
+            current=SimpleNamespace(assignments_of=lambda _name: [_settled_assignment()])
+        ),
+        keyspace=SimpleNamespace(get=lambda _key: item),
+        layout=SimpleNamespace(item_key=lambda name: name),
+        decoder=SimpleNamespace(journal_spec=lambda _item: journal_spec(JOURNAL)),
+        stores=persister.stores,
+        persister=persister,
+        sync=False,
+    )
+    cluster_member.ClusterMember.sweep_orphans_once(member)  # type: ignore[arg-type]
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
+    assert not list((tmp_path / "spools").rglob("*.log"))  # Nothing is left behind.
+
+
+def _settled_assignment() -> Assignment:
+    return Assignment(
+        item=JOURNAL,
+        zone="z",
+        suffix="s",
+        slot=0,
+        kv=KeyValue(key="", value=b"", create_revision=1, mod_revision=1),
+    )
 
 
 async def test_a_roll_past_our_end_cuts_content_in_doubt(
