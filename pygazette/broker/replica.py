@@ -53,6 +53,30 @@ MAX_LISTING_RETRY_SECONDS = 10.0
 STOP_WAIT_SECONDS = 10.0
 
 
+# Beside a spool's log, a closed spool held in doubt (`Replica.hold_closed`) has a file of
+# this suffix holding the frontier it was held at (8 bytes, little-endian).
+HELD_SUFFIX = ".held"
+
+
+def _held_mark_path(log_path: Path) -> Path:
+    return log_path.with_suffix(HELD_SUFFIX)
+
+
+def _write_held_mark(log_path: Path, frontier: int) -> None:
+    _held_mark_path(log_path).write_bytes(frontier.to_bytes(8, "little"))
+
+
+def _read_held_mark(log_path: Path) -> int | None:
+    try:
+        data = _held_mark_path(log_path).read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) != 8:
+        log.warning("ignoring a malformed held-spool mark", extra={"path": str(log_path)})
+        return None
+    return int.from_bytes(data, "little")
+
+
 def spool_directory(root: Path, journal: str) -> Path:
     return root / quote(journal, safe="")
 
@@ -181,10 +205,12 @@ class Replica:
     def recover_spools(self, confirmed: int | None = None) -> None:
         """Reopen spools left by an earlier run: all but the newest are closed and persisted.
 
-        In cluster mode, `confirmed` is the journal's confirmed frontier as this broker left
-        it (`ReplicatedSpool`): a closed spool is persisted only up to it. Content beyond it
-        was in doubt when this broker stopped (`hold_closed`), and a restart forgets what is
-        in doubt, as it does for the open spool."""
+        A closed spool this broker held in doubt when it stopped (`hold_closed` marked it) is
+        persisted only up to what was confirmed of it: the frontier it was held at, or
+        `confirmed`, the journal's frontier as this broker left it (cluster mode), if that
+        reached further. A restart forgets what is in doubt, as it does for the open spool.
+        An unmarked spool is persisted whole, whatever `confirmed` says: the frontier's file
+        is not synced, and a stale one must not cut acknowledged content."""
         if not self.spool_dir.is_dir():
             return
         recovered: list[Spool] = []
@@ -213,16 +239,24 @@ class Replica:
         if recovered:
             self.registers = recovered[-1].registers
         for spool in recovered[:-1]:
-            if confirmed is not None and spool.end > confirmed:
-                cut = self._cut_closed(spool, confirmed)
-                if cut is None:
-                    continue
-                spool = cut
+            mark = _read_held_mark(spool.log_path)
+            if mark is not None:
+                keep = max(mark, -1 if confirmed is None else confirmed)
+                if spool.end > keep:
+                    cut = self._cut_closed(spool, keep)
+                    _held_mark_path(spool.log_path).unlink(missing_ok=True)
+                    if cut is None:
+                        continue
+                    spool = cut
             spool.close()
             self.persister.enqueue(spool, self)
         if recovered:
+            # Held in doubt and never reopened: now the open spool, whose content beyond the
+            # frontier a new pipeline cuts (`ReplicatedSpool`).
             self.spool = recovered[-1]
             self._flush_wakeup.set()
+        for mark_path in self.spool_dir.glob(f"*{HELD_SUFFIX}"):
+            mark_path.unlink(missing_ok=True)  # Used, or left by a spool removed since.
 
     def start_clustered(self) -> None:
         """Start in cluster mode: recover spools, then put the open one under replication."""
@@ -304,6 +338,8 @@ class Replica:
             self.persist_spool(spool, check_existing=check_existing)
             return
         self._held_closed.append((spool, check_existing))
+        # Marked on disk, so that a restart persists only its confirmed part too.
+        _write_held_mark(spool.log_path, spool.readable_end)
 
     def set_readable(self, offset: int) -> None:
         """Let readers see content up to `offset` (cluster mode; it never moves back)."""
@@ -327,6 +363,7 @@ class Replica:
             if spool.readable_end < spool.end:
                 held.append((spool, check_existing))
             else:
+                _held_mark_path(spool.log_path).unlink(missing_ok=True)
                 self.persist_spool(spool, check_existing=check_existing)  # Confirmed now.
         self._held_closed = held
 
@@ -339,6 +376,7 @@ class Replica:
             if spool.deleted:
                 continue
             cut = self._cut_closed(spool, spool.readable_end)
+            _held_mark_path(spool.log_path).unlink(missing_ok=True)
             if cut is not None:
                 cut.close()
                 self.persist_spool(cut, check_existing=check_existing)

@@ -7,6 +7,7 @@ must cut when a new primary proposes something else.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicate_service import _apply
 from pygazette.broker.replicated_spool import (
+    CONFIRMED_FILE,
     ReplicatedSpool,
     ReplicationProtocolError,
     fragments_equal,
@@ -492,6 +494,32 @@ async def test_a_restart_persists_only_the_confirmed_part_of_a_spool_in_doubt(
     assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
     assert r2.spool is not None and (r2.spool.begin, r2.spool.end) == (18, 22)
     assert r2.head == 10  # The open spool is held back at the frontier, as ever.
+
+
+async def test_a_restart_persists_closed_spools_whole_past_a_stale_frontier(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """Only a spool held in doubt is cut on a restart. The frontier's file is not synced: a
+    machine that lost power may come back with an older one, below content that was
+    confirmed and acknowledged. A closed spool not marked in doubt is persisted whole."""
+    idle = Persister(persister.stores, tmp_path / "idle-scratch")  # Never started.
+    r = _replica(tmp_path, idle)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"confirmed;")
+    await rs.apply_proposal(_frag(0, 10, b"confirmed;"), pb.LabelSet(), primary=True)
+    r.confirm_through(10)
+    assert (await rs.apply_proposal(_frag(10, 10), pb.LabelSet(), primary=True)).status == 0
+    await _content(rs, b"next")
+    await rs.apply_proposal(_frag(10, 14, b"next"), pb.LabelSet(), primary=True)
+    r.confirm_through(14)
+    (r.spool_dir / CONFIRMED_FILE).write_bytes(struct.pack("<Q", 4))  # Power was lost.
+
+    r2 = _replica(tmp_path, persister)
+    persister.expedite()
+    await persister.wait_idle()
+    assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
+    assert r2.spool is not None and (r2.spool.begin, r2.spool.end) == (10, 14)
 
 
 async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_doubt(
