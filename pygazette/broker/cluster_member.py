@@ -34,13 +34,14 @@ from pygazette.broker.allocation import JournalDecoder, assignments_advertise, r
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver
+from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
 from pygazette.broker.replica import Replica, spool_directory
-from pygazette.broker.replicated_spool import ReplicatedSpool, load_confirmed
+from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
@@ -83,6 +84,8 @@ class ClusterMember:
         self.config = config
         self.identity = identity
         self.spool_root = spool_root
+        # The confirmed frontiers of its journals (`Replica.frontiers`: the same log).
+        self.frontiers = FrontierLog.at(spool_root)
         self.stores = stores
         self.persister = persister
         self.limits = limits
@@ -281,6 +284,9 @@ class ClusterMember:
                 # when it stops).
             directory = spool_directory(self.spool_root, name)
             if not directory.is_dir() or not any(directory.iterdir()):
+                # No spools (and none will come: not served here): its frontier is of no
+                # more use, and a journal of that name served here later starts afresh.
+                self.frontiers.forget(name)
                 continue
             item = self.keyspace.get(self.layout.item_key(name)) if "#" not in name else None
             spec: pb.JournalSpec | None = None
@@ -299,6 +305,7 @@ class ClusterMember:
             if spec is None:
                 log.info("dropping spools of a deleted journal", extra={"journal": name})
                 shutil.rmtree(aside, ignore_errors=True)
+                self.frontiers.forget(name)
                 continue
             log.info("persisting orphaned spools", extra={"journal": name})
             orphan = Replica(
@@ -308,11 +315,13 @@ class ClusterMember:
                 stores=self.stores,
                 persister=self.persister,
                 sync=self.sync,
+                frontiers=self.frontiers,
             )
             orphan.spool_dir = aside
             orphan.clustered = True
             # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
             # `Replica.recover_spools`), as on a restart: the route went on without us.
-            orphan.recover_spools(confirmed=load_confirmed(aside))
+            orphan.recover_spools(confirmed=load_frontier(orphan))
             orphan.rspool = ReplicatedSpool(orphan)
             orphan.rspool.complete(primary=False)
+            self.frontiers.forget(name)

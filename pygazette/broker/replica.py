@@ -33,11 +33,12 @@ from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.fragment.fragment_index import FragmentIndex
+from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.refresher import Refresher
 from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
-from pygazette.broker.replicated_spool import ReplicatedSpool, load_confirmed
+from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -91,11 +92,14 @@ class Replica:
         stores: StoreRegistry,
         persister: Persister,
         sync: bool,
+        frontiers: FrontierLog | None = None,
     ) -> None:
         self.name = spec.name
         self.spec = spec
         self.mod_revision = mod_revision
         self.spool_dir = spool_directory(spool_root, spec.name)
+        # Confirmed frontiers (cluster mode) of this spool root's journals.
+        self.frontiers = frontiers if frontiers is not None else FrontierLog.at(spool_root)
         self.stores = stores
         self.persister = persister
         self.sync = sync
@@ -261,7 +265,7 @@ class Replica:
     def start_clustered(self) -> None:
         """Start in cluster mode: recover spools, then put the open one under replication."""
         self.clustered = True
-        self.recover_spools(confirmed=load_confirmed(self.spool_dir))
+        self.recover_spools(confirmed=load_frontier(self))
         self.rspool = ReplicatedSpool(self)
         self.readable_end = self.rspool.confirmed
         self._start_listing()

@@ -24,7 +24,7 @@ acknowledges an append only once every peer acknowledged a confirmation covering
 - is what a replica lets readers see (it never shows content that could be taken back):
   the open spool is held back to it (`Spool.hold_back`), so the fragment a Read or
   ListFragments response describes ends there too, with the SHA-1 of exactly that content;
-- is kept in the journal's spool directory (`confirmed`), surviving restarts;
+- is kept in the broker's frontier log (`fragment.frontier_log`), surviving restarts;
 - bounds what a replica keeps when a *new* pipeline (new primary, or the same after a
   failure) opens with a proposal other than exactly our fragment: unconfirmed content is
   cut first, so content no peer acknowledged never resurfaces beside what the cluster wrote
@@ -64,12 +64,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import struct
 from pathlib import Path
 from typing import Protocol
 
 from pygazette.broker.fragment.fragment_index import FragmentIndex
+from pygazette.broker.fragment.frontier_log import LEGACY_FILE, FrontierLog, legacy_frontier
 from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
 from pygazette.broker.metrics import record_rollback
 from pygazette.protocol.fragment_name import sha1sum_from_digest
@@ -77,9 +77,7 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CONFIRMED_FILE = "confirmed"
 _THREAD_CHUNK = 128 * 1024
-_U64 = struct.Struct("<Q")
 _SHA1_PARTS = struct.Struct(">QQI")  # A SHA1Sum's parts (`fragment_name`).
 
 
@@ -88,6 +86,7 @@ class SpoolHost(Protocol):
 
     name: str
     spool_dir: Path
+    frontiers: FrontierLog  # The broker's record of confirmed frontiers.
     sync: bool
     spool: Spool | None  # The open spool.
     registers: pb.LabelSet
@@ -151,8 +150,7 @@ class ReplicatedSpool:
         self.pending: PendingAppend | None = None
         self.delta = 0
         self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
-        self._confirmed_path = replica.spool_dir / CONFIRMED_FILE
-        self.confirmed = self._load_confirmed()
+        self.confirmed = load_frontier(replica)
         # The greatest offset this broker, as primary, sent a confirmation for that not
         # every peer acknowledged (-1: none above the frontier): some peer may hold the
         # content up to it as confirmed (see the module docstring). In memory only.
@@ -178,9 +176,6 @@ class ReplicatedSpool:
             spool.hold_back(self.confirmed)  # Readers see only what is confirmed.
 
     # The confirmed frontier.
-    def _load_confirmed(self) -> int | None:
-        return load_confirmed(self.replica.spool_dir)
-
     def set_confirmed(self, offset: int) -> None:
         """Everything below `offset` is held by every replica of the route (the frontier
         never moves back)."""
@@ -190,18 +185,7 @@ class ReplicatedSpool:
         self.confirmed = offset
         if self.in_doubt <= offset:
             self.in_doubt = -1  # Confirmed everywhere now: in doubt no longer.
-        # Opened for each write, not held: a journal without traffic holds no file open (a
-        # broker serves thousands), and an open, write and close cost microseconds.
-        try:
-            fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            self.replica.spool_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._confirmed_path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            # One aligned 8-byte write: it lands whole (the page cache survives a kill).
-            os.pwrite(fd, _U64.pack(offset), 0)
-        finally:
-            os.close(fd)
+        self.replica.frontiers.set(self.journal, offset)  # One write (`frontier_log`).
 
     def close(self) -> None:
         """Nothing to release: the confirmed-offset file is not held open."""
@@ -447,17 +431,20 @@ class ReplicatedSpool:
         self.close()
 
 
-def load_confirmed(spool_dir: Path) -> int | None:
-    """The confirmed frontier kept in a journal's spool directory (None: no record)."""
-    path = spool_dir / CONFIRMED_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    if len(data) != _U64.size:
-        log.warning("ignoring a malformed confirmed-offset file", extra={"path": str(path)})
-        return None
-    return int(_U64.unpack(data)[0])
+def load_frontier(host: SpoolHost) -> int | None:
+    """The journal's confirmed frontier as this broker last recorded it (None: no record).
+
+    A frontier in the journal's own `confirmed` file (written by earlier versions) is moved
+    into the broker's frontier log."""
+    recorded = host.frontiers.get(host.name)
+    legacy = legacy_frontier(host.spool_dir)
+    if legacy is None:
+        return recorded
+    if recorded is None or legacy > recorded:
+        recorded = legacy
+        host.frontiers.set(host.name, legacy)
+    (host.spool_dir / LEGACY_FILE).unlink(missing_ok=True)
+    return recorded
 
 
 def _write_and_hash(pending: PendingAppend, running: hashlib._Hash, content: bytes) -> None:

@@ -18,16 +18,15 @@ Real broker processes on a real etcd; each broker advertises a `TcpProxy` in fro
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import quote
 
 import grpc
 import grpc.aio
 import pytest
 
+from pygazette.broker.fragment import frontier_log
 from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.broker.rpc_helpers import apply_specs, journal_spec
@@ -45,13 +44,13 @@ def _record(name: str) -> bytes:
 
 
 def _confirmed(broker: ClusterBroker) -> int:
-    """The broker's confirmed frontier of the journal, as its spool directory records it."""
-    path = broker.data_dir / "spools" / quote(JOURNAL, safe="") / "confirmed"
+    """The broker's confirmed frontier of the journal, as its frontier log records it."""
+    path = broker.data_dir / "spools" / frontier_log.FILE_NAME
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return -1
-    return int(struct.unpack("<Q", data)[0]) if len(data) == 8 else -1
+    return frontier_log.parse_records(data)[0].get(JOURNAL, -1)
 
 
 class ProxiedCluster:

@@ -16,15 +16,15 @@ import pytest
 
 from pygazette.allocator.state import Assignment
 from pygazette.broker import cluster_member
+from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
-from pygazette.broker.replica import Replica
+from pygazette.broker.replica import Replica, spool_directory
 from pygazette.broker.replicate_service import _apply
 from pygazette.broker.replicated_spool import (
-    CONFIRMED_FILE,
     ReplicatedSpool,
     ReplicationProtocolError,
     fragments_equal,
-    load_confirmed,
+    load_frontier,
     roll_proposal,
 )
 from pygazette.keyspace.keyspace import KeyValue
@@ -62,7 +62,7 @@ def _replica(tmp_path: Path, persister: Persister) -> Replica:
         sync=False,
     )
     r.clustered = True
-    r.recover_spools(confirmed=load_confirmed(r.spool_dir))  # As `Replica.start_clustered`.
+    r.recover_spools(confirmed=load_frontier(r))  # As `Replica.start_clustered`.
     r.rspool = ReplicatedSpool(r)
     r.readable_end = r.rspool.confirmed
     r.index.first_refresh_done.set()
@@ -496,6 +496,19 @@ async def test_a_restart_persists_only_the_confirmed_part_of_a_spool_in_doubt(
     assert r2.head == 10  # The open spool is held back at the frontier, as ever.
 
 
+async def test_a_frontier_an_earlier_version_kept_per_journal_is_moved_into_the_log(
+    tmp_path: Path, persister: Persister
+) -> None:
+    spool_dir = spool_directory(tmp_path / "spools", JOURNAL)
+    spool_dir.mkdir(parents=True)
+    (spool_dir / "confirmed").write_bytes(struct.pack("<Q", 7))
+    r = _replica(tmp_path, persister)
+    assert r.rspool is not None and r.rspool.confirmed == 7
+    assert r.frontiers.get(JOURNAL) == 7 and not (spool_dir / "confirmed").exists()
+    r.confirm_through(9)
+    assert FrontierLog(r.frontiers.path).get(JOURNAL) == 9
+
+
 async def test_a_restart_persists_closed_spools_whole_past_a_stale_frontier(
     tmp_path: Path, persister: Persister
 ) -> None:
@@ -513,7 +526,8 @@ async def test_a_restart_persists_closed_spools_whole_past_a_stale_frontier(
     await _content(rs, b"next")
     await rs.apply_proposal(_frag(10, 14, b"next"), pb.LabelSet(), primary=True)
     r.confirm_through(14)
-    (r.spool_dir / CONFIRMED_FILE).write_bytes(struct.pack("<Q", 4))  # Power was lost.
+    r.frontiers.forget(JOURNAL)  # Power was lost: the log comes back with an older frontier.
+    r.frontiers.set(JOURNAL, 4)
 
     r2 = _replica(tmp_path, persister)
     persister.expedite()
@@ -543,6 +557,7 @@ async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_do
     item = SimpleNamespace(mod_revision=1)
     member = SimpleNamespace(
         spool_root=tmp_path / "spools",
+        frontiers=r.frontiers,
         _orphan_candidates=None,
         resolver=SimpleNamespace(stopping_journals=set(), replicas={}),
         observed=SimpleNamespace(
@@ -560,6 +575,8 @@ async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_do
     await persister.wait_idle()
     assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
     assert not list((tmp_path / "spools").rglob("*.log"))  # Nothing is left behind.
+    assert r.frontiers.get(JOURNAL) is None  # Nor its frontier: a journal of its name starts
+    # afresh here.
 
 
 def _settled_assignment() -> Assignment:

@@ -1,0 +1,121 @@
+"""The broker's frontier log: frontiers survive a reload, a torn tail loses only the newest
+records (a frontier comes back older, never newer), tombstones forget, compaction bounds the
+file."""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pygazette.broker.fragment import frontier_log as fl
+from pygazette.broker.fragment.frontier_log import FrontierLog, parse_records
+
+
+def test_frontiers_survive_a_reload(tmp_path: Path) -> None:
+    log = FrontierLog(tmp_path / fl.FILE_NAME)
+    log.set("a/one", 10)
+    log.set("b/two", 7)
+    log.set("a/one", 25)
+    log.close()
+    again = FrontierLog(tmp_path / fl.FILE_NAME)
+    assert (again.get("a/one"), again.get("b/two"), again.get("c/none")) == (25, 7, None)
+
+
+def test_a_torn_tail_loses_only_the_newest_records(tmp_path: Path) -> None:
+    path = tmp_path / fl.FILE_NAME
+    log = FrontierLog(path)
+    log.set("a/one", 10)
+    log.set("a/one", 20)
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-3])  # The last record torn (a power loss mid-write).
+    again = FrontierLog(path)
+    assert again.get("a/one") == 10
+    # Compacted at load: the torn bytes are gone, and later records parse.
+    again.set("b/two", 5)
+    again.close()
+    frontiers, count, valid = parse_records(path.read_bytes())
+    assert frontiers == {"a/one": 10, "b/two": 5} and count == 2
+    assert valid == len(path.read_bytes())
+
+
+def test_forgetting_and_starting_again_lower(tmp_path: Path) -> None:
+    log = FrontierLog(tmp_path / fl.FILE_NAME)
+    log.set("a/one", 1000)
+    log.forget("a/one")
+    assert log.get("a/one") is None
+    log.set("a/one", 3)  # A journal of the same name, served here again.
+    log.close()
+    assert FrontierLog(tmp_path / fl.FILE_NAME).get("a/one") == 3
+
+
+def test_compaction_bounds_the_file(tmp_path: Path) -> None:
+    path = tmp_path / fl.FILE_NAME
+    log = FrontierLog(path)
+    for i in range(3 * fl.COMPACT_MIN_RECORDS):
+        log.set(f"journal/{i % 10}", i)
+    log.close()
+    _, count, _ = parse_records(path.read_bytes())
+    assert count < fl.COMPACT_MIN_RECORDS
+    again = FrontierLog(path)
+    n = 3 * fl.COMPACT_MIN_RECORDS
+    assert [again.get(f"journal/{k}") for k in range(10)] == [
+        max(i for i in range(n) if i % 10 == k) for k in range(10)
+    ]
+
+
+def test_one_log_per_spool_root_while_it_is_used(tmp_path: Path) -> None:
+    first = FrontierLog.at(tmp_path / "spools")
+    assert FrontierLog.at(tmp_path / "spools" / ".." / "spools") is first
+    first.set("a/one", 4)
+    del first
+    gc.collect()
+    reopened = FrontierLog.at(tmp_path / "spools")  # Closed once unused: loaded again.
+    assert reopened.get("a/one") == 4
+
+
+NAMES = ("a/one", "b/two", "c/three")
+_names = st.sampled_from(NAMES)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), _names, st.integers(0, 1 << 40)),
+        st.tuples(st.just("forget"), _names, st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_ops, cut=st.integers(0, 4000))
+def test_a_reload_gives_a_state_the_log_went_through(
+    ops: list[tuple[str, str, int]], cut: int
+) -> None:
+    """Whatever prefix of the file survives, a reload gives the frontiers as they were after
+    some prefix of the operations: never a frontier that was not recorded."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / fl.FILE_NAME
+        log = FrontierLog(path)
+        model: dict[str, int] = {}
+        states = [dict(model)]
+        for op, name, offset in ops:
+            if op == "set":
+                offset = max(offset, model.get(name, 0))  # Callers move it only forward.
+                log.set(name, offset)
+                model[name] = offset
+            else:
+                log.forget(name)
+                model.pop(name, None)
+            states.append(dict(model))
+        log.close()
+        data = path.read_bytes() if path.exists() else b""  # Before a reload compacts it.
+        whole = FrontierLog(path)
+        assert {n: v for n in NAMES if (v := whole.get(n)) is not None} == model
+        whole.close()
+        path.write_bytes(data[: min(cut, len(data))])
+        got = FrontierLog(path)
+        assert {n: v for n in NAMES if (v := got.get(n)) is not None} in states
+        got.close()
