@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from pygazette.broker.fragment import spool_files
 from pygazette.broker.metrics import record_commit
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -295,6 +296,9 @@ class Spool:
             + regs
         )
         try:
+            # Files of a deleted spool if there are some (`spool_files`), truncated here.
+            spool_files.take(directory, spool.content_path)
+            spool_files.take(directory, spool.log_path)
             spool._content_fd = _open_content(spool.content_path, os.O_TRUNC)
             spool._log_fd = os.open(
                 spool.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
@@ -759,18 +763,25 @@ class Spool:
                 os.ftruncate(self._content_fd, self.end - self.begin)
 
     def delete(self) -> None:
-        """Remove the spool's files (after it persisted, or when it will never persist)."""
+        """Remove the spool's files (after it persisted, or when it will never persist): the
+        log first, so that no recovery finds it. Small ones are kept for a next spool
+        (`spool_files`)."""
         if self.deleted:
             return
         self.deleted = True
+        unknown = spool_files.MAX_BYTES + 1
+        sizes = [unknown, unknown]
         # Not while the hasher or the prefaulter uses the content file.
         with self._prefault_lock, self._sha_lock:
-            for fd in (self._content_fd, self._log_fd):
+            for i, fd in enumerate((self._log_fd, self._content_fd)):
                 if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        st = os.fstat(fd)
+                        sizes[i] = max(st.st_size, st.st_blocks * 512)
                     os.close(fd)
             self._content_fd = self._log_fd = -1
-        self.log_path.unlink(missing_ok=True)
-        self.content_path.unlink(missing_ok=True)
+        spool_files.give(self.directory, self.log_path, sizes[0])
+        spool_files.give(self.directory, self.content_path, sizes[1])
 
 
 class _SpoolWorker:
