@@ -322,13 +322,16 @@ class Persister:
         else:
             encoding = "gzip" if frag.compression_codec == pb.GZIP_OFFLOAD_DECOMPRESSION else ""
             if frag.compression_codec == pb.NONE:
-                source, disposable = spool.content_path, False
+                # Read by its path: not reused if the spool is deleted meanwhile (`Spool`).
+                with spool.open_content_path() as source:
+                    await store.put_file(path, source, content_encoding=encoding)
+                    size = source.stat().st_size
             else:
                 if job.compressed is None:
                     job.compressed = await self._in_pool(self._compress, spool)
-                source, disposable = job.compressed, True
-            await store.put_file(path, source, content_encoding=encoding, disposable=disposable)
-            size = source.stat().st_size
+                source = job.compressed
+                await store.put_file(path, source, content_encoding=encoding, disposable=True)
+                size = source.stat().st_size
             self.uploaded_bytes += size
             STORE_PUT_BYTES.labels(job.store, encoding or "identity").inc(size)
         frag.mod_time = int(time.time())
@@ -371,18 +374,20 @@ class Persister:
     def _compress(self, spool: Spool) -> Path:
         """Worker thread: the spool's content compressed into a scratch file."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
-        # Our own descriptor: the spool's may be closed if it is dropped meanwhile.
-        src = os.open(spool.content_path, os.O_RDONLY)
-        fd, tmp = tempfile.mkstemp(dir=self.scratch_dir, prefix=_SCRATCH_PREFIX)
-        try:
-            os.fchmod(fd, 0o644)  # A file store may link it in place: readable like a copy.
-            with os.fdopen(fd, "wb") as out:
-                codecs.compress_file(spool.codec, src, spool.end - spool.begin, out)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(src)
+        # Our own descriptor: the spool's may be closed if it is dropped meanwhile (and its
+        # file is then not reused, `Spool.open_content_path`, until this one is closed).
+        with spool.open_content_path() as content:
+            src = os.open(content, os.O_RDONLY)
+            fd, tmp = tempfile.mkstemp(dir=self.scratch_dir, prefix=_SCRATCH_PREFIX)
+            try:
+                os.fchmod(fd, 0o644)  # A file store may link it in place: readable like a copy.
+                with os.fdopen(fd, "wb") as out:
+                    codecs.compress_file(spool.codec, src, spool.end - spool.begin, out)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            finally:
+                os.close(src)
         return Path(tmp)
 
     @staticmethod

@@ -73,7 +73,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -260,6 +260,11 @@ class Spool:
         self._recycling = True
         self._flushed = 0
         self._dropped = 0
+        # Readers of the content file by its path (the persister, `open_content_path`), under
+        # _path_lock: while there are some, a deletion removes the file rather than keeping
+        # it for a next spool, whose content would reach them through their descriptors.
+        self._path_readers = 0
+        self._path_lock = threading.Lock()
         self._prefaulting = True
         self._prefault_lock = threading.Lock()
 
@@ -267,6 +272,19 @@ class Spool:
     @property
     def content_path(self) -> Path:
         return self.directory / f"{self.begin:016x}.spool"
+
+    @contextlib.contextmanager
+    def open_content_path(self) -> Iterator[Path]:
+        """`content_path`, for a reader that opens it by its path (the persister compressing
+        or uploading the spool): a file opened inside the block keeps the spool's content,
+        even if the spool is deleted meanwhile (its file is then removed, not reused)."""
+        with self._path_lock:
+            self._path_readers += 1
+        try:
+            yield self.content_path
+        finally:
+            with self._path_lock:
+                self._path_readers -= 1
 
     @property
     def log_path(self) -> Path:
@@ -781,7 +799,9 @@ class Spool:
                     os.close(fd)
             self._content_fd = self._log_fd = -1
         spool_files.give(self.directory, self.log_path, sizes[0])
-        spool_files.give(self.directory, self.content_path, sizes[1])
+        with self._path_lock:  # Not reused while a reader may have it open (or opens it).
+            reusable = self._path_readers == 0
+            spool_files.give(self.directory, self.content_path, sizes[1] if reusable else unknown)
 
 
 class _SpoolWorker:

@@ -53,6 +53,11 @@ def take(directory: Path, target: Path) -> bool:
                 return False
             source = files.pop()
         try:
+            # Emptied before it is renamed into a journal's directory: a crash before the
+            # new spool writes its header must not leave a deleted spool's log and content
+            # there under a spool's name, to be recovered as the journal's (the first
+            # spool of every journal begins at 0).
+            os.truncate(source, 0)
             os.rename(source, target)
             return True
         except FileNotFoundError:

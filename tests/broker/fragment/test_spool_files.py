@@ -4,12 +4,19 @@ looks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from pygazette.broker.fragment import spool_files
-from pygazette.broker.fragment.spool import Spool
+from pygazette.broker.fragment.persister import Persister, _Job
+from pygazette.broker.fragment.spool import Spool, SpoolCorrupt
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+from tests.broker.rpc_helpers import journal_spec
 
 
 def _append(spool: Spool, data: bytes) -> None:
@@ -62,3 +69,77 @@ def test_a_pool_whose_directory_went_away_removes_files(tmp_path: Path) -> None:
     (tmp_path / "spools" / spool_files.POOL_DIR).rmdir()  # Still empty: nothing deleted yet.
     spool.delete()
     assert not list(journal_dir.iterdir())
+
+
+class _InterruptedStore:
+    """A store whose put reads its file in two parts, calling `midway` between them (an
+    upload in progress)."""
+
+    def __init__(self) -> None:
+        self.midway = lambda: None
+        self.stored = b""
+
+    async def exists(self, path: str) -> bool:
+        return False
+
+    async def put_file(
+        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+    ) -> None:
+        with open(local, "rb") as f:
+            head = f.read(4)
+            self.midway()
+            self.stored = head + f.read()
+
+
+async def test_a_file_being_persisted_is_not_reused_when_its_spool_is_deleted(
+    tmp_path: Path,
+) -> None:
+    # A replica's persister uploads a closed spool while a store listing shows it persisted
+    # (by the primary): `Replica.refresh` deletes it. The upload must still read the
+    # spool's bytes, not those of the next spool (any journal's) that reuses its file.
+    root = tmp_path / "spools"
+    spool = Spool.create(root / "a%2Fjournal", "a/journal", 0, pb.NONE, pb.LabelSet(), sync=False)
+    _append(spool, b"the spool's own content")
+    spool.close()
+    store = _InterruptedStore()
+    others: list[Spool] = []
+
+    def delete_and_roll_another() -> None:
+        spool.delete()
+        other = Spool.create(
+            root / "b%2Fjournal", "b/journal", 0, pb.NONE, pb.LabelSet(), sync=False
+        )
+        _append(other, b"another journal's bytes, longer")
+        others.append(other)
+
+    store.midway = delete_and_roll_another
+    persister = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
+    persister.stores = SimpleNamespace(get=lambda url: store)  # type: ignore[assignment]
+    index = SimpleNamespace(add_persisted=lambda frag: None, remove_local=lambda s: None)
+    job = _Job(spool, SimpleNamespace(index=index), "file:///", 0)  # type: ignore[arg-type]
+    with contextlib.suppress(FileNotFoundError):  # Its file is gone once the put returns.
+        await persister.persist(job, journal_spec("a/journal"))
+    assert store.stored == b"the spool's own content"
+    assert others[0].read(0, 100) == b"another journal's bytes, longer"
+
+
+def test_a_crash_while_a_spool_takes_pooled_files_leaves_no_other_spool_to_recover(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "spools"
+    first = Spool.create(root / "a%2Fjournal", "a/journal", 0, pb.NONE, pb.LabelSet(), sync=False)
+    _append(first, b"journal a's content")
+    first.close()
+    first.delete()  # Persisted: its files are pooled.
+
+    # Journal b's first spool (at 0, as journal a's was) takes them, as `Spool.create`
+    # does, and the broker is killed before the spool writes its own header.
+    b_dir = root / "b%2Fjournal"
+    b_dir.mkdir()
+    b = Spool(b_dir, "b/journal", 0, pb.NONE, sync=False)
+    assert spool_files.take(b_dir, b.content_path) and spool_files.take(b_dir, b.log_path)
+
+    # Recovering journal b's directory (`Replica.recover_spools`) finds no spool of a.
+    with pytest.raises(SpoolCorrupt):
+        Spool.recover(b.log_path, sync=False)
+    assert b.content_path.stat().st_size == 0
