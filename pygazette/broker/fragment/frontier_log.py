@@ -26,6 +26,7 @@ A frontier a per-journal `confirmed` file left (written by earlier versions) is 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -150,7 +151,13 @@ class FrontierLog:
     def _append(self, rec: bytes) -> None:
         if self._fd < 0:
             self._open_for_append()
-        os.write(self._fd, rec)
+        written = os.write(self._fd, rec)
+        if written != len(rec):
+            # A full disk took part of it. Left there, it would end the valid prefix at the
+            # next load and drop every later record with it: a journal whose records all
+            # follow would come back with no frontier, its spool end trusted as confirmed.
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+            raise OSError(errno.ENOSPC, f"short write to the frontier log {self.path}")
         self._records += 1
         if self._records >= max(COMPACT_MIN_RECORDS, COMPACT_RATIO * len(self._frontiers)):
             self._compact()

@@ -5,9 +5,11 @@ file."""
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +43,25 @@ def test_a_torn_tail_loses_only_the_newest_records(tmp_path: Path) -> None:
     frontiers, count, valid = parse_records(path.read_bytes())
     assert frontiers == {"a/one": 10, "b/two": 5} and count == 2
     assert valid == len(path.read_bytes())
+
+
+def test_a_record_a_full_disk_cut_short_loses_no_later_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / fl.FILE_NAME
+    log = FrontierLog(path)
+    log.set("a/one", 10)
+    real_write = os.write
+    monkeypatch.setattr(fl.os, "write", lambda fd, data: real_write(fd, bytes(data)[:5]))
+    with pytest.raises(OSError):
+        log.set("b/two", 7)  # The disk filled up mid-record.
+    monkeypatch.setattr(fl.os, "write", real_write)
+    log.set("c/three", 4)  # Space again.
+    log.close()
+    again = FrontierLog(path)  # c/three's record must not be lost behind a torn one: its
+    # spool's end would then be trusted as confirmed.
+    assert (again.get("a/one"), again.get("c/three")) == (10, 4)
+    assert again.get("b/two") in (None, 7)
 
 
 def test_forgetting_and_starting_again_lower(tmp_path: Path) -> None:
