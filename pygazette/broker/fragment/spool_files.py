@@ -6,7 +6,7 @@ next spool's costs two unlinks and two inode allocations each time. On the bench
 system (ext4 without a journal) an allocation scans the inodes deleted in the last minutes,
 and took 0.3-1 ms of CPU once a broker had rolled a few thousand spools, more than the rest
 of a small append's work. So a deleted spool's files are moved (renamed) into a pool
-directory beside the journals' spool directories, `<spool root>/.free`, and a new spool's
+directory beside the journals' spool directories, `<spool root>/.#free`, and a new spool's
 files are renamed out of it (`Spool.create` truncates them): no inode is freed or allocated.
 
 Only small files are kept (a large one's blocks would be freed when it is truncated, on the
@@ -25,7 +25,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-POOL_DIR = ".free"
+# No journal's spool directory: "#" is in no journal name, and `replica.spool_directory` would
+# quote it (".free" is a valid journal name, whose live spools must not be taken).
+POOL_DIR = ".#free"
 MAX_FILES = 1024
 MAX_BYTES = 1 << 20
 

@@ -15,6 +15,9 @@ from hypothesis import strategies as st
 
 from pygazette.broker.fragment import frontier_log as fl
 from pygazette.broker.fragment.frontier_log import FrontierLog, parse_records
+from pygazette.broker.fragment.spool import Spool
+from pygazette.broker.replica import spool_directory
+from pygazette.protocol.pb import protocol_pb2 as pb
 
 
 def test_frontiers_survive_a_reload(tmp_path: Path) -> None:
@@ -140,3 +143,26 @@ def test_a_reload_gives_a_state_the_log_went_through(
         got = FrontierLog(path)
         assert {n: v for n in NAMES if (v := got.get(n)) is not None} in states
         got.close()
+
+
+def test_the_log_is_no_journals_spool_directory(tmp_path: Path) -> None:
+    # ".frontiers" is a valid journal name: its spool directory is not the log's file.
+    root = tmp_path / "spools"
+    log = FrontierLog.at(root)
+    log.set("a/one", 1)
+    for name in (".frontiers", ".frontiers.tmp"):
+        spool = Spool.create(
+            spool_directory(root, name), name, 0, pb.NONE, pb.LabelSet(), sync=False
+        )
+        spool.delete()
+    log.set("a/one", 2)
+    log.close()
+    assert FrontierLog(log.path).get("a/one") == 2
+
+
+def test_a_log_under_its_earlier_name_is_taken_over(tmp_path: Path) -> None:
+    root = tmp_path / "spools"
+    earlier = FrontierLog(root / fl.EARLIER_FILE_NAME)
+    earlier.set("a/one", 5)
+    earlier.close()
+    assert FrontierLog.at(root).get("a/one") == 5

@@ -14,6 +14,7 @@ import pytest
 from pygazette.broker.fragment import spool_files
 from pygazette.broker.fragment.persister import Persister, _Job
 from pygazette.broker.fragment.spool import Spool, SpoolCorrupt
+from pygazette.broker.replica import spool_directory
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 from tests.broker.rpc_helpers import journal_spec
@@ -143,3 +144,24 @@ def test_a_crash_while_a_spool_takes_pooled_files_leaves_no_other_spool_to_recov
     with pytest.raises(SpoolCorrupt):
         Spool.recover(b.log_path, sync=False)
     assert b.content_path.stat().st_size == 0
+
+
+def test_the_pool_is_no_journals_spool_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ".free" is a valid journal name: its spools must never be taken as pooled files.
+    root = tmp_path / "spools"
+    dotted = Spool.create(
+        spool_directory(root, ".free"), ".free", 0, pb.NONE, pb.LabelSet(), sync=False
+    )
+    _append(dotted, b"acknowledged")
+    dotted.detach()
+    monkeypatch.setattr(spool_files, "_pools", {})  # A restart: pools are listed afresh.
+    other = Spool.create(
+        spool_directory(root, "b/journal"), "b/journal", 0, pb.NONE, pb.LabelSet(), sync=False
+    )
+    got, report = Spool.recover(dotted.log_path, sync=False)  # As the journal's replica.
+    assert (got.journal, got.end, report.appends) == (".free", 12, 1)
+    assert got.read(0, 100) == b"acknowledged"
+    other.delete()
+    got.delete()
