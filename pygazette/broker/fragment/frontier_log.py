@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 # Beside the journals' spool directories, under a name none of them has: "#" is in no journal
 # name, and `replica.spool_directory` would quote it (".frontiers" is a valid journal name).
 FILE_NAME = ".#frontiers"
-EARLIER_FILE_NAME = ".frontiers"  # The log's name in a version of a few commits ago.
 LEGACY_FILE = "confirmed"  # A journal's own frontier file, in its spool directory.
 COMPACT_RATIO = 4
 COMPACT_MIN_RECORDS = 4096
@@ -110,9 +109,6 @@ class FrontierLog:
         with cls._open_lock:
             got = cls._open.get(key)
             if got is None:
-                earlier = key / EARLIER_FILE_NAME
-                if earlier.is_file() and not (key / FILE_NAME).exists():
-                    os.rename(earlier, key / FILE_NAME)
                 got = cls._open[key] = FrontierLog(key / FILE_NAME)
             return got
 

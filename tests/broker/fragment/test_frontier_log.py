@@ -158,11 +158,3 @@ def test_the_log_is_no_journals_spool_directory(tmp_path: Path) -> None:
     log.set("a/one", 2)
     log.close()
     assert FrontierLog(log.path).get("a/one") == 2
-
-
-def test_a_log_under_its_earlier_name_is_taken_over(tmp_path: Path) -> None:
-    root = tmp_path / "spools"
-    earlier = FrontierLog(root / fl.EARLIER_FILE_NAME)
-    earlier.set("a/one", 5)
-    earlier.close()
-    assert FrontierLog.at(root).get("a/one") == 5
