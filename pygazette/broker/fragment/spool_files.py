@@ -7,9 +7,10 @@ system (ext4 without a journal) an allocation scans the inodes deleted in the la
 and took 0.3-1 ms of CPU once a broker had rolled a few thousand spools, more than the rest
 of a small append's work. So a deleted spool's files are moved (renamed) into a pool
 directory beside the journals' spool directories, `<spool root>/.#free`, and a new spool's
-files are renamed out of it (`Spool.create` truncates them): no inode is freed or allocated.
+files are renamed out of it: no inode is freed or allocated. A file is emptied as it enters
+the pool (a pool holds inodes, not data) and again before it leaves it (`take`).
 
-Only small files are kept (a large one's blocks would be freed when it is truncated, on the
+Only small files are kept (a large one's blocks would be freed when it is emptied, on the
 event loop), and at most MAX_FILES a pool; others are removed as before. A pool's files are
 nobody's: recovery never looks in it, and files a stopped broker left there are taken again
 by the next run (listed once, on first use).
@@ -17,6 +18,7 @@ by the next run (listed once, on first use).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -87,6 +89,9 @@ def give(directory: Path, path: Path, size: int) -> None:
         except OSError:
             pass  # Removed below (the pool's directory may be gone, or the file).
         else:
+            # Emptied now: a pool holds no data, only inodes (up to MAX_FILES of them).
+            with contextlib.suppress(OSError):
+                os.truncate(target, 0)
             with _lock:
                 _pool(directory).append(target)
             return

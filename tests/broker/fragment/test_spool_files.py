@@ -38,6 +38,9 @@ def test_a_deleted_spools_files_are_the_next_spools(tmp_path: Path) -> None:
     used = _inodes(first)
     first.delete()
     assert not list(journal_dir.iterdir())  # Nothing for recovery to find.
+    pooled = list((tmp_path / "spools" / spool_files.POOL_DIR).iterdir())
+    assert {p.stat().st_ino for p in pooled} == used
+    assert all(p.stat().st_size == 0 and p.stat().st_blocks == 0 for p in pooled)  # No data.
 
     other_dir = tmp_path / "spools" / "b%2Fjournal"  # Any journal of the same root.
     second = Spool.create(other_dir, "b/journal", 40, pb.NONE, pb.LabelSet(), sync=True)
