@@ -41,7 +41,6 @@ from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
 from pygazette.broker.replica import Replica, spool_directory
-from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
@@ -318,10 +317,9 @@ class ClusterMember:
                 frontiers=self.frontiers,
             )
             orphan.spool_dir = aside
-            orphan.clustered = True
             # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
             # `Replica.recover_spools`), as on a restart: the route went on without us.
-            orphan.recover_spools(confirmed=load_frontier(orphan))
-            orphan.rspool = ReplicatedSpool(orphan)
+            orphan.recover_replicated()
+            assert orphan.rspool is not None
             orphan.rspool.complete(primary=False)
             self.frontiers.forget(name)

@@ -67,13 +67,13 @@ def _write_held_mark(log_path: Path, frontier: int) -> None:
     _held_mark_path(log_path).write_bytes(frontier.to_bytes(8, "little"))
 
 
-def _read_held_mark(log_path: Path) -> int | None:
+def _read_held_mark(mark_path: Path) -> int | None:
     try:
-        data = _held_mark_path(log_path).read_bytes()
+        data = mark_path.read_bytes()
     except FileNotFoundError:
         return None
     if len(data) != 8:
-        log.warning("ignoring a malformed held-spool mark", extra={"path": str(log_path)})
+        log.warning("ignoring a malformed held-spool mark", extra={"path": str(mark_path)})
         return None
     return int.from_bytes(data, "little")
 
@@ -215,10 +215,13 @@ class Replica:
         reached further. A restart forgets what is in doubt, as it does for the open spool.
         An unmarked spool is persisted whole, whatever `confirmed` says: the frontier's file
         is not synced, and a stale one must not cut acknowledged content."""
-        if not self.spool_dir.is_dir():
+        try:
+            entries = list(self.spool_dir.iterdir())  # One listing: logs and marks.
+        except FileNotFoundError:
             return
+        marks = {p.stem: p for p in entries if p.suffix == HELD_SUFFIX}
         recovered: list[Spool] = []
-        for log_path in sorted(self.spool_dir.glob("*.log")):
+        for log_path in sorted(p for p in entries if p.suffix == ".log"):
             try:
                 spool, report = Spool.recover(log_path, sync=self.sync)
             except (SpoolCorrupt, OSError, ValueError) as exc:
@@ -243,30 +246,37 @@ class Replica:
         if recovered:
             self.registers = recovered[-1].registers
         for spool in recovered[:-1]:
-            mark = _read_held_mark(spool.log_path)
+            mark_path = marks.get(spool.log_path.stem)
+            mark = None if mark_path is None else _read_held_mark(mark_path)
             if mark is not None:
                 keep = max(mark, -1 if confirmed is None else confirmed)
                 if spool.end > keep:
                     cut = self._cut_closed(spool, keep)
-                    _held_mark_path(spool.log_path).unlink(missing_ok=True)
                     if cut is None:
                         continue
                     spool = cut
             spool.close()
             self.persister.enqueue(spool, self)
         if recovered:
-            # Held in doubt and never reopened: now the open spool, whose content beyond the
-            # frontier a new pipeline cuts (`ReplicatedSpool`).
+            # The newest is the open spool again (held in doubt or not: its content beyond
+            # the frontier is held back, and a new pipeline cuts it, `ReplicatedSpool`).
             self.spool = recovered[-1]
             self._flush_wakeup.set()
-        for mark_path in self.spool_dir.glob(f"*{HELD_SUFFIX}"):
+        for mark_path in marks.values():
             mark_path.unlink(missing_ok=True)  # Used, or left by a spool removed since.
+
+    def recover_replicated(self) -> None:
+        """Cluster mode: recover the spools and put them under a `ReplicatedSpool`, both
+        with the journal's confirmed frontier as this broker last recorded it."""
+        self.clustered = True
+        confirmed = load_frontier(self)
+        self.recover_spools(confirmed=confirmed)
+        self.rspool = ReplicatedSpool(self, confirmed)
 
     def start_clustered(self) -> None:
         """Start in cluster mode: recover spools, then put the open one under replication."""
-        self.clustered = True
-        self.recover_spools(confirmed=load_frontier(self))
-        self.rspool = ReplicatedSpool(self)
+        self.recover_replicated()
+        assert self.rspool is not None
         self.readable_end = self.rspool.confirmed
         self._start_listing()
 

@@ -144,13 +144,15 @@ def roll_proposal(
 class ReplicatedSpool:
     """The open fragment of one journal on this broker (owned by one pipeline or stream)."""
 
-    def __init__(self, replica: SpoolHost) -> None:
+    def __init__(self, replica: SpoolHost, confirmed: int | None) -> None:
+        """Over `replica`'s recovered spools; `confirmed` is the frontier as this broker last
+        recorded it (`load_frontier`; None: no record)."""
         self.replica = replica
         self.journal = replica.name
         self.pending: PendingAppend | None = None
         self.delta = 0
         self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
-        self.confirmed = load_frontier(replica)
+        self.confirmed = confirmed
         # The greatest offset this broker, as primary, sent a confirmation for that not
         # every peer acknowledged (-1: none above the frontier): some peer may hold the
         # content up to it as confirmed (see the module docstring). In memory only.

@@ -19,7 +19,6 @@ from pygazette.broker import read_service
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.read_service import serve_local_read
 from pygazette.broker.replica import Replica
-from pygazette.broker.replicated_spool import ReplicatedSpool
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import validate_read_response
@@ -46,8 +45,7 @@ def _replica(tmp_path: Path, persister: Persister) -> Replica:
         persister=persister,
         sync=False,
     )
-    r.clustered = True
-    r.rspool = ReplicatedSpool(r)
+    r.recover_replicated()
     r.readable_end = r.rspool.confirmed
     r.index.first_refresh_done.set()
     return r

@@ -24,7 +24,6 @@ from pygazette.broker.replicated_spool import (
     ReplicatedSpool,
     ReplicationProtocolError,
     fragments_equal,
-    load_frontier,
     roll_proposal,
 )
 from pygazette.keyspace.keyspace import KeyValue
@@ -61,9 +60,7 @@ def _replica(tmp_path: Path, persister: Persister) -> Replica:
         persister=persister,
         sync=False,
     )
-    r.clustered = True
-    r.recover_spools(confirmed=load_frontier(r))  # As `Replica.start_clustered`.
-    r.rspool = ReplicatedSpool(r)
+    r.recover_replicated()  # As `Replica.start_clustered`.
     r.readable_end = r.rspool.confirmed
     r.index.first_refresh_done.set()
     return r
