@@ -8,7 +8,8 @@ and took 0.3-1 ms of CPU once a broker had rolled a few thousand spools, more th
 of a small append's work. So a deleted spool's files are moved (renamed) into a pool
 directory beside the journals' spool directories, `<spool root>/.#free`, and a new spool's
 files are renamed out of it: no inode is freed or allocated. A file is emptied as it enters
-the pool (a pool holds inodes, not data) and again before it leaves it (`take`).
+the pool (a pool holds inodes, not data); one a killed broker left unemptied is emptied when
+the next run lists the pool.
 
 Only small files are kept (a large one's blocks would be freed when it is emptied, on the
 event loop), and at most MAX_FILES a pool; others are removed as before. A pool's files are
@@ -45,6 +46,11 @@ def _pool(directory: Path) -> list[Path]:
     if files is None:
         root.mkdir(exist_ok=True)
         files = _pools[root] = [p for p in root.iterdir() if p.is_file()][:MAX_FILES]
+        for p in files:
+            # Left by an earlier run, maybe killed before `give` emptied it: emptied before a
+            # spool takes it, so that no deleted spool's log and content are renamed into a
+            # journal's directory, to be recovered as its spool if a crash follows.
+            os.truncate(p, 0)
     return files
 
 
@@ -57,12 +63,7 @@ def take(directory: Path, target: Path) -> bool:
                 return False
             source = files.pop()
         try:
-            # Emptied before it is renamed into a journal's directory: a crash before the
-            # new spool writes its header must not leave a deleted spool's log and content
-            # there under a spool's name, to be recovered as the journal's (the first
-            # spool of every journal begins at 0).
-            os.truncate(source, 0)
-            os.rename(source, target)
+            os.rename(source, target)  # Empty (`give`, `_pool`).
             return True
         except FileNotFoundError:
             continue  # Removed behind our back: take another.
@@ -87,12 +88,12 @@ def give(directory: Path, path: Path, size: int) -> None:
         try:
             os.rename(path, target)
         except OSError:
-            pass  # Removed below (the pool's directory may be gone, or the file).
-        else:
-            # Emptied now: a pool holds no data, only inodes (up to MAX_FILES of them).
-            with contextlib.suppress(OSError):
-                os.truncate(target, 0)
-            with _lock:
-                _pool(directory).append(target)
-            return
-    path.unlink(missing_ok=True)
+            target = None  # The pool's directory may be gone (or the file): removed.
+    if target is None:
+        path.unlink(missing_ok=True)
+        return
+    # Emptied before the pool offers it: a pool holds no data, only inodes.
+    with contextlib.suppress(OSError):
+        os.truncate(target, 0)
+    with _lock:
+        _pool(directory).append(target)

@@ -149,6 +149,30 @@ def test_a_crash_while_a_spool_takes_pooled_files_leaves_no_other_spool_to_recov
     assert b.content_path.stat().st_size == 0
 
 
+def test_files_a_killed_broker_left_in_the_pool_are_emptied_before_they_are_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Killed between `give`'s rename into the pool and its truncation: a next run must not
+    # rename that file, a's log, into journal b's directory as it is.
+    root = tmp_path / "spools"
+    first = Spool.create(root / "a%2Fjournal", "a/journal", 0, pb.NONE, pb.LabelSet(), sync=False)
+    _append(first, b"journal a's content")
+    first.close()
+    first.detach()
+    pool = root / spool_files.POOL_DIR
+    for n, path in enumerate((first.log_path, first.content_path)):
+        path.rename(pool / f"left-{n}")
+    monkeypatch.setattr(spool_files, "_pools", {})  # The next run: pools are listed afresh.
+
+    b_dir = root / "b%2Fjournal"
+    b_dir.mkdir()
+    b = Spool(b_dir, "b/journal", 0, pb.NONE, sync=False)
+    assert spool_files.take(b_dir, b.content_path) and spool_files.take(b_dir, b.log_path)
+    with pytest.raises(SpoolCorrupt):
+        Spool.recover(b.log_path, sync=False)
+    assert b.content_path.stat().st_size == 0
+
+
 def test_the_pool_is_no_journals_spool_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
