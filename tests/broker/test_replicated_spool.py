@@ -364,6 +364,20 @@ async def _primary_with_content_in_doubt(tmp_path: Path, persister: Persister) -
     return r
 
 
+async def _rolled_at_content_in_doubt(
+    tmp_path: Path, persister: Persister, *, primary: bool = True
+) -> tuple[Replica, ReplicatedSpool]:
+    """`_primary_with_content_in_doubt`, whose next pipeline kept the content in doubt and
+    rolled at its end (a route change): the closed spool [0, 18) is held at the frontier."""
+    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    roll = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=primary)
+    assert roll.status == pb.OK and (rs.begin, rs.end) == (18, 18)
+    return r, rs
+
+
 async def test_content_in_doubt_survives_a_new_pipeline_hidden_until_confirmed(
     tmp_path: Path, persister: Persister
 ) -> None:
@@ -430,12 +444,8 @@ async def test_a_roll_keeps_content_in_doubt_and_persists_it_once_confirmed(
     the content in doubt, which stays in the closed spool. Should that pipeline fail before
     it confirms the roll, the next one still never goes back below it; and the spool is not
     persisted before it is confirmed (a fragment in the store is shown by every broker)."""
-    r = await _primary_with_content_in_doubt(tmp_path, persister)
-    rs = r.rspool
-    assert rs is not None
-    rs.cut_unconfirmed(keep_in_doubt=True)
-    ok = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)
-    assert ok.status == pb.OK and (rs.begin, rs.end) == (18, 18)
+    r, rs = await _rolled_at_content_in_doubt(tmp_path, persister)
+    assert (rs.begin, rs.end) == (18, 18)
     persister.expedite()
     await persister.wait_idle()
     assert _stored(tmp_path) == []
@@ -454,12 +464,8 @@ async def test_a_journal_leaving_persists_only_the_confirmed_part_of_a_spool_in_
     """The primary rolled at the end of content in doubt, and the journal left this broker
     before any pipeline confirmed the roll: the route may go on without it, with other bytes
     at those offsets, so only the confirmed part of the closed spool is persisted."""
-    r = await _primary_with_content_in_doubt(tmp_path, persister)
-    rs = r.rspool
-    assert rs is not None
-    rs.cut_unconfirmed(keep_in_doubt=True)
-    ok = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)
-    assert ok.status == pb.OK and r.head == 10
+    r, _rs = await _rolled_at_content_in_doubt(tmp_path, persister)
+    assert r.head == 10
     await r.stop(persist=True)
     persister.expedite()
     await persister.wait_idle()
@@ -473,11 +479,7 @@ async def test_a_restart_persists_only_the_confirmed_part_of_a_spool_in_doubt(
     """The primary rolled at the end of content in doubt, committed more in the next spool,
     and stopped (killed) before anything confirmed the roll. A restart forgets what was in
     doubt: the closed spool is persisted only up to the confirmed frontier."""
-    r = await _primary_with_content_in_doubt(tmp_path, persister)
-    rs = r.rspool
-    assert rs is not None
-    rs.cut_unconfirmed(keep_in_doubt=True)
-    assert (await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)).status == pb.OK
+    _r, rs = await _rolled_at_content_in_doubt(tmp_path, persister)
     await _content(rs, b"next")
     commit = await rs.apply_proposal(_frag(18, 22, b"next"), pb.LabelSet(), primary=True)
     assert commit.status == pb.OK and rs.confirmed == 10
@@ -539,11 +541,7 @@ async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_do
     """As a restart, but the journal moved on without this broker while it was down (the
     route may have written other bytes past the frontier): the orphan sweep persists the
     closed spool only up to the confirmed frontier too."""
-    r = await _primary_with_content_in_doubt(tmp_path, persister)
-    rs = r.rspool
-    assert rs is not None
-    rs.cut_unconfirmed(keep_in_doubt=True)
-    assert (await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=True)).status == pb.OK
+    r, rs = await _rolled_at_content_in_doubt(tmp_path, persister)
     await _content(rs, b"next")
     commit = await rs.apply_proposal(_frag(18, 22, b"next"), pb.LabelSet(), primary=True)
     assert commit.status == pb.OK and rs.confirmed == 10
@@ -654,12 +652,8 @@ async def test_a_rolled_spool_in_doubt_is_hidden_and_unpersisted_until_confirmed
     still held back at the confirmed frontier: no response describes it past the write
     head, which stays there, and it is not persisted, until the frontier reaches the
     spool's end (the new pipeline's synchronisation)."""
-    r = await _primary_with_content_in_doubt(tmp_path, persister)
-    rs = r.rspool
-    assert rs is not None
-    rs.cut_unconfirmed(keep_in_doubt=True)
-    roll = await rs.apply_proposal(_frag(18, 18), pb.LabelSet(), primary=primary)
-    assert roll.status == pb.OK and (rs.begin, rs.end, rs.confirmed) == (18, 18, 10)
+    r, rs = await _rolled_at_content_in_doubt(tmp_path, persister, primary=primary)
+    assert (rs.begin, rs.end, rs.confirmed) == (18, 18, 10)
     assert r.spool is None and r.head == 10
     _shown_within_head(r)
     assert r.index.query(10) == (None, None, 10)
