@@ -34,15 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pygazette.cli.grpc_core_tuning import tune_grpc_core  # noqa: E402
+from tests.support.process_cpu import cpu_seconds  # noqa: E402
 
 MSG = b"x" * 256
 WARM_UP = 200
 SHAPES = ("message", "new_stream", "append_call")
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _serve(port_file: Path) -> None:
@@ -54,7 +50,7 @@ async def _serve(port_file: Path) -> None:
 
     async def take(requests, _context):  # type: ignore[no-untyped-def]
         async for _m in requests:
-            pass
+            continue  # Received and dropped: the shape of an Append, not its work.
         return MSG
 
     server = grpc.aio.server()
@@ -121,7 +117,7 @@ def _run(shape: str, count: int, env: dict[str, str], work: Path) -> dict[str, f
                 raise RuntimeError("the benchmark's server did not start")
             time.sleep(0.05)
         port = int(port_file.read_text())
-        before = _cpu_seconds(server.pid)
+        before = cpu_seconds(server.pid)
         out = subprocess.run(
             [sys.executable, __file__, "--client", str(port), shape, str(count)],
             env=env,
@@ -130,7 +126,7 @@ def _run(shape: str, count: int, env: dict[str, str], work: Path) -> dict[str, f
             timeout=300,
             check=True,
         ).stdout
-        after = _cpu_seconds(server.pid)  # Warm-up included, and counted below.
+        after = cpu_seconds(server.pid)  # Warm-up included, and counted below.
         got = json.loads(out)
         return {
             "client_cpu_us": round(1e6 * got["client_cpu_s"] / count, 1),

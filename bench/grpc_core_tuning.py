@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pygazette.cli.grpc_core_tuning import DEFAULTS_ENV, EXPERIMENTS_ENV, tune_grpc_core  # noqa: E402
+from tests.support.process_cpu import cpu_seconds  # noqa: E402
 
 MSG = b"x" * 4096
 
@@ -37,11 +38,6 @@ def _free_port() -> int:
     from tests.support.ports import free_port
 
     return free_port()
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _mode_env(mode: str) -> dict[str, str]:
@@ -122,10 +118,10 @@ def _run(mode: str, workload: str, seconds: float) -> dict[str, float]:
     try:
         client_cmd = [sys.executable, __file__, "--client", workload, str(port), str(seconds)]
         # The server's CPU across the client's whole run (warm-up included, and counted).
-        before = _cpu_seconds(server.pid)
+        before = cpu_seconds(server.pid)
         client = subprocess.Popen(client_cmd, env=env, stdout=subprocess.PIPE, text=True)
         out, _ = client.communicate(timeout=120)
-        after = _cpu_seconds(server.pid)
+        after = cpu_seconds(server.pid)
         got = json.loads(out)
         total = got["n"] + 200
         return {

@@ -5,12 +5,12 @@ within seconds on both systems."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
 from tests.support.broker_process import BrokerProcess
 from tests.support.gazette_process import EtcdServer, GazetteBinaries, GazetteBroker
+from tests.support.process_cpu import cpu_seconds
 
 SYSTEMS = ("pygazette", "gazette")
 LEASE_TTL = "3s"
@@ -90,11 +90,9 @@ class BrokerCluster:
             if proc is None or proc.poll() is not None:
                 continue
             try:
-                stat = Path(f"/proc/{proc.pid}/stat").read_text()
+                total += cpu_seconds(proc.pid)
             except OSError:
                 continue
-            fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return total
 
     def kill(self) -> None:
