@@ -514,7 +514,9 @@ async def test_a_restart_persists_closed_spools_whole_past_a_stale_frontier(
     """Only a spool held in doubt is cut on a restart. The frontier's file is not synced: a
     machine that lost power may come back with an older one, below content that was
     confirmed and acknowledged. A closed spool not marked in doubt is persisted whole."""
-    idle = Persister(persister.stores, tmp_path / "idle-scratch")  # Never started.
+    # The first run persists nothing: its jobs wait in a queue no worker takes from (a
+    # persister runs workers as soon as a job is queued, started or not).
+    idle = Persister(persister.stores, tmp_path / "idle-scratch", workers_per_store=0)
     r = _replica(tmp_path, idle)
     rs = r.rspool
     assert rs is not None
@@ -533,6 +535,7 @@ async def test_a_restart_persists_closed_spools_whole_past_a_stale_frontier(
     await persister.wait_idle()
     assert _stored(tmp_path) == [("0000000000000000-000000000000000a", b"confirmed;")]
     assert r2.spool is not None and (r2.spool.begin, r2.spool.end) == (10, 14)
+    await idle.stop()
 
 
 async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_doubt(
