@@ -8,7 +8,7 @@ PORT ?= 8080
 # (not 8081: that is `consumer serve`'s default gRPC port).
 HTTP_PORT ?= 8090
 DATA ?= ./data
-PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto
+PROTOS := pygazette/protocol/pb/protocol.proto pygazette/protocol/pb/retention.proto pygazette/protocol/pb/consumer.proto pygazette/protocol/pb/recoverylog.proto pygazette/protocol/pb/peer.proto
 
 .PHONY: spark-cluster test-spark-cluster bench-spark-cluster demo-pipeline
 .PHONY: all venv deps serve test bench-smoke chaos-smoke test-faults unit lint proto bench bench-fragments bench-spark bench-spark-kafka bench-cluster bench-allocator bench-scale bench-peers demo demo-consumer clean interop interop-bin stream-sum-bin interop-go bench-gazette bench-gazette-go s3server-bin chaos image kustomize-bin deploy-test

@@ -10,7 +10,9 @@ setting, `pygazette/cli/grpc_core_tuning.py`), the client's and the server's CPU
 - `new_stream`: a new bidirectional stream carrying one round trip, then half-closed and
   ended (a `Replicate` stream's life, in its shortest form);
 - `append_call`: the Journal service's Append shape, on a new call each time: three
-  requests, the half-close, one response.
+  requests, the half-close, one response;
+- `unary_call`: one request and one response on a new call (a unary RPC: what a call costs
+  when it carries everything in one message).
 
 Each figure is the median of `--rounds` interleaved runs, as microseconds of CPU per
 operation and as a ratio to `message`. Run: python bench/grpc_call_cost.py [--rounds 3]
@@ -38,7 +40,7 @@ from tests.support.process_cpu import cpu_seconds  # noqa: E402
 
 MSG = b"x" * 256
 WARM_UP = 200
-SHAPES = ("message", "new_stream", "append_call")
+SHAPES = ("message", "new_stream", "append_call", "unary_call")
 
 
 async def _serve(port_file: Path) -> None:
@@ -53,6 +55,9 @@ async def _serve(port_file: Path) -> None:
             continue  # Received and dropped: the shape of an Append, not its work.
         return MSG
 
+    async def once(request, _context):  # type: ignore[no-untyped-def]
+        return MSG
+
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (
@@ -61,6 +66,7 @@ async def _serve(port_file: Path) -> None:
                 {
                     "Echo": grpc.stream_stream_rpc_method_handler(echo),
                     "Take": grpc.stream_unary_rpc_method_handler(take),
+                    "Once": grpc.unary_unary_rpc_method_handler(once),
                 },
             ),
         )
@@ -78,6 +84,7 @@ async def _client(port: int, shape: str, count: int) -> dict[str, float]:
     await asyncio.wait_for(channel.channel_ready(), 30)
     echo = channel.stream_stream("/bench.Calls/Echo")
     take = channel.stream_unary("/bench.Calls/Take")
+    unary = channel.unary_unary("/bench.Calls/Once")
     stream = echo()
 
     async def message() -> None:
@@ -98,7 +105,15 @@ async def _client(port: int, shape: str, count: int) -> dict[str, float]:
         await call.done_writing()
         await call
 
-    once = {"message": message, "new_stream": new_stream, "append_call": append_call}[shape]
+    async def unary_call() -> None:
+        await unary(MSG)
+
+    once = {
+        "message": message,
+        "new_stream": new_stream,
+        "append_call": append_call,
+        "unary_call": unary_call,
+    }[shape]
     for _ in range(WARM_UP):
         await once()
     cpu, started = time.process_time(), time.perf_counter()

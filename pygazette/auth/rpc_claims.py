@@ -3,7 +3,9 @@ by default (client side), as Gazette's `AuthJournalClient`/`AuthShardClient` and
 `VerifiedJournalServer`/`VerifiedShardServer` have them.
 
 Our own `pygazette.Retention/Prune` removes fragments, so it is an APPLY (signed with the
-journal's name selector). Methods not listed here require every capability (ALL).
+journal's name selector); `pygazette.PeerJournal/AppendWhole` is an Append in one message, so
+an APPEND (signed with its journal's name selector). Methods not listed here require every
+capability (ALL).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = ["REQUIRED_CAPABILITY", "TOKEN_TTL", "default_claims", "journal_name_s
 J = "/protocol.Journal/"
 S = "/consumer.Shard/"
 PRUNE = "/pygazette.Retention/Prune"
+APPEND_WHOLE = "/pygazette.PeerJournal/AppendWhole"
 
 REQUIRED_CAPABILITY: dict[str, Capability] = {
     J + "List": Capability.LIST,
@@ -30,6 +33,7 @@ REQUIRED_CAPABILITY: dict[str, Capability] = {
     J + "ListFragments": Capability.READ,
     J + "FragmentStoreHealth": Capability.READ,
     PRUNE: Capability.APPLY,
+    APPEND_WHOLE: Capability.APPEND,
     S + "Stat": Capability.READ,
     S + "List": Capability.LIST,
     S + "Apply": Capability.APPLY,
@@ -49,6 +53,11 @@ def journal_name_selector(journal: str) -> pb.LabelSelector:
 
 def _name(cap: Capability) -> Callable[[Any], Claims]:
     return lambda req: Claims(cap, journal_name_selector(req.journal))
+
+
+def _whole_append(req: Any) -> Claims:
+    first = req.requests[0] if req.requests else pb.AppendRequest()
+    return Claims(Capability.APPEND, journal_name_selector(first.journal))
 
 
 def _shard(cap: Capability) -> Callable[[Any], Claims]:
@@ -73,6 +82,7 @@ _DEFAULTS: dict[str, Callable[[Any], Claims]] = {
     J + "Read": _name(Capability.READ),
     J + "ListFragments": _name(Capability.READ),
     PRUNE: _name(Capability.APPLY),
+    APPEND_WHOLE: _whole_append,
     S + "Stat": _shard(Capability.READ),
     S + "List": _selector(Capability.LIST),
     S + "GetHints": _shard(Capability.READ),

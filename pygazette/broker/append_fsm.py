@@ -100,6 +100,7 @@ from pygazette.keyspace.layout import decode_route, desired_replication, routes_
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.labels import update_registers
+from pygazette.protocol.pb import peer_pb2 as ppb
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import selector_matches
 from pygazette.protocol.stream_write import send_all
@@ -190,6 +191,8 @@ class ClusterAppends:
         self.advertiser = RouteAdvertiser(self.keyspace)
         # Told of each journal whose pulse's advertisement failed (pulse it again later).
         self.on_advertise_failed: Callable[[JournalRuntime], None] = lambda _journal: None
+        # Peers found not to serve `PeerJournal.AppendWhole` (Gazette's brokers).
+        self._streaming_only: set[str] = set()
         # Told of each replication pipeline opened (the pulser watches the journal then).
         self.on_pipeline_open: Callable[[JournalRuntime], None] = lambda _journal: None
 
@@ -770,6 +773,10 @@ class ClusterAppends:
         forwarded.header.CopyFrom(res.header)
         ahead, more = await self._read_ahead(it)
 
+        if not more and endpoint not in self._streaming_only:
+            whole = await self._proxy_whole(endpoint, first.journal, [forwarded, *ahead])
+            if whole is not None:
+                return whole
         # Re-signed by this broker for this journal only, as Gazette proxies.
         with journal_claims_scope(Capability.APPEND, first.journal):
             call = stub.Append()
@@ -790,12 +797,33 @@ class ClusterAppends:
             raise
         return resp
 
+    async def _proxy_whole(
+        self, endpoint: str, journal: str, requests: list[pb.AppendRequest]
+    ) -> pb.AppendResponse | None:
+        """Proxy an append the client has sent whole (and closed its stream) in one message
+        (`peer_append_service`); None if the primary does not serve that (a Gazette broker:
+        stream it then, as to that primary from now on)."""
+        with journal_claims_scope(Capability.APPEND, journal):
+            call = self.peers.peer_stub(endpoint).AppendWhole(ppb.WholeAppend(requests=requests))
+        try:
+            resp: pb.AppendResponse = await call
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._streaming_only.add(endpoint)
+                log.info("peer proxies appends as streams only", extra={"endpoint": endpoint})
+                return None
+            raise AppendAborted(exc.code(), exc.details() or "proxied append failed") from exc
+        except BaseException:
+            call.cancel()  # The client went away: the primary rolls the append back.
+            raise
+        return resp
+
     async def _read_ahead(
         self, it: AsyncIterator[pb.AppendRequest]
     ) -> tuple[list[pb.AppendRequest], bool]:
-        """The client's next chunks, up to its commit (an empty chunk) or PROXY_READ_AHEAD
-        bytes, read before the primary is dialed (proxying) or the journal taken (as
-        primary); whether the stream goes on after them.
+        """The client's next chunks, up to its commit (an empty chunk) and the end of its
+        stream, or PROXY_READ_AHEAD bytes, read before the primary is dialed (proxying) or
+        the journal taken (as primary); whether the stream goes on after them.
 
         The primary polices the pace of the chunks it receives (`flow_control`) while it
         holds the journal: with a 1 s allowance, as Gazette's. Through a proxy that pace was
@@ -817,7 +845,13 @@ class ClusterAppends:
                 ahead.append(req)
                 n = len(req.content)
                 if not n:
-                    break  # The commit: only the end of the stream may follow.
+                    # The commit: only the end of the stream may follow, and a client sends
+                    # it at once. Anything else is left for the primary to refuse.
+                    last = await next_policed(it, policer)
+                    if last is None:
+                        return ahead, False
+                    ahead.append(last)
+                    break
                 size += n
                 policer.received(n)
         except FlowControlUnderflow as exc:

@@ -13,9 +13,10 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -26,7 +27,7 @@ from pygazette.broker.flow_control import (
     next_policed,
     throttle,
 )
-from pygazette.broker.fragment.spool import PendingAppend
+from pygazette.broker.fragment.spool import InsufficientStorage, PendingAppend
 from pygazette.broker.journal_runtime import LocalJournal
 from pygazette.broker.metrics import record_append, record_rollback
 from pygazette.broker.resolver import Resolver
@@ -103,6 +104,22 @@ class AppendAborted(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+async def answer_append(
+    serving: Awaitable[pb.AppendResponse], context: grpc.aio.ServicerContext[Any, Any]
+) -> pb.AppendResponse:
+    """The response of an append being served, or the RPC failed with its status: the
+    status an `AppendAborted` carries, or RESOURCE_EXHAUSTED for a full spool disk (the
+    append was rolled back whole, see fragment/spool.py)."""
+    try:
+        return await serving
+    except AppendAborted as exc:
+        await context.abort(exc.code, str(exc))
+        raise  # Not reached: abort raises.
+    except InsufficientStorage as exc:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        raise  # Not reached: abort raises.
 
 
 async def serve_append(

@@ -24,7 +24,11 @@ import grpc
 from pygazette.allocator.request_fence import ResolveError
 from pygazette.auth.verified_claims import journal_name_permitted, journal_permitted
 from pygazette.broker.append_fsm import ClusterAppends
-from pygazette.broker.append_service import AppendAborted, AppendLimits, serve_append
+from pygazette.broker.append_service import (
+    AppendLimits,
+    answer_append,
+    serve_append,
+)
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.fragment.path_postfix import check_apply_request
 from pygazette.broker.fragment.spool import InsufficientStorage
@@ -119,9 +123,7 @@ class JournalService(pb_grpc.JournalServicer):
                         spec.ParseFromString(kv.value)
                     except Exception:  # A foreign or corrupt value: skip it.
                         continue
-                if selected(spec) and journal_permitted(
-                    spec, rewrite_prefix=True
-                ):
+                if selected(spec) and journal_permitted(spec, rewrite_prefix=True):
                     matched.append((spec, kv.mod_revision, kv.create_revision))
             routes = self._routes([spec.name for spec, _, _ in matched])
             if request.watch:
@@ -369,17 +371,11 @@ class JournalService(pb_grpc.JournalServicer):
     async def Append(
         self, request_iterator: AsyncIterator[pb.AppendRequest], context: Context
     ) -> pb.AppendResponse:  # type: ignore[override]
-        try:
-            if self.cluster is not None:
-                return await self.cluster.appends.serve(request_iterator)
-            return await serve_append(request_iterator, self.resolver, self.limits)
-        except AppendAborted as exc:
-            await context.abort(exc.code, str(exc))
-            raise  # Not reached: abort raises.
-        except InsufficientStorage as exc:
-            # The spool's disk is full: the append was rolled back whole (see fragment/spool.py).
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            raise  # Not reached: abort raises.
+        if self.cluster is not None:
+            return await answer_append(self.cluster.appends.serve(request_iterator), context)
+        return await answer_append(
+            serve_append(request_iterator, self.resolver, self.limits), context
+        )
 
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Context

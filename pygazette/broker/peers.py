@@ -1,7 +1,8 @@
 """Connections to peer brokers: one gRPC channel per advertised endpoint, shared by all RPCs.
 
 Brokers talk to each other to replicate (Replicate) and to proxy clients' Append, Read and
-ListFragments to the broker that serves them. Endpoints are the URLs brokers advertise in
+ListFragments to the broker that serves them (a small Append whole, on pygazette's own
+`PeerJournal` service: `peer_append_service`). Endpoints are the URLs brokers advertise in
 their BrokerSpecs (`http://host:port`, or `https://host:port` for a TLS peer: as Gazette's
 dispatcher does, the scheme decides, and `https://` peers are reached with the broker's peer
 TLS material).
@@ -18,6 +19,7 @@ import grpc.aio
 from pygazette.auth.authorizer import Authorizer
 from pygazette.auth.client_interceptor import auth_interceptors
 from pygazette.auth.tls import ClientTLS, channel_credentials
+from pygazette.protocol.pb import peer_pb2_grpc as ppb_grpc
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -47,10 +49,26 @@ class Peers:
         self._credentials = channel_credentials(tls) if tls is not None else None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.JournalStub] = {}
+        self._peer_stubs: dict[str, ppb_grpc.PeerJournalStub] = {}
 
     def stub(self, endpoint: str) -> pb_grpc.JournalStub:
+        """The peer's `protocol.Journal` service."""
         stub = self._stubs.get(endpoint)
         if stub is None:
+            stub = self._stubs[endpoint] = pb_grpc.JournalStub(self._channel(endpoint))  # type: ignore[no-untyped-call]
+        return stub
+
+    def peer_stub(self, endpoint: str) -> ppb_grpc.PeerJournalStub:
+        """The peer's `pygazette.PeerJournal` service (pygazette brokers only)."""
+        stub = self._peer_stubs.get(endpoint)
+        if stub is None:
+            stub = ppb_grpc.PeerJournalStub(self._channel(endpoint))  # type: ignore[no-untyped-call]
+            self._peer_stubs[endpoint] = stub
+        return stub
+
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is None:
             target = endpoint_target(endpoint)
             channel = self._open(
                 endpoint,
@@ -68,12 +86,9 @@ class Peers:
                 ],
             )
             self._channels[endpoint] = channel
-            stub = self._stubs[endpoint] = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
-        return stub
+        return channel
 
-    def _open(
-        self, endpoint: str, target: str, options: list[tuple[str, int]]
-    ) -> grpc.aio.Channel:
+    def _open(self, endpoint: str, target: str, options: list[tuple[str, int]]) -> grpc.aio.Channel:
         if not endpoint.startswith("https://"):
             return grpc.aio.insecure_channel(
                 target, options=options, interceptors=self._interceptors
@@ -88,6 +103,7 @@ class Peers:
         channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()
+        self._peer_stubs.clear()
         for channel in channels:
             with contextlib.suppress(Exception):
                 await channel.close(None)

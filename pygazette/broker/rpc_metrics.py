@@ -6,7 +6,9 @@ Counter so named as `…_totals_total`, so they are kept here and rendered by `e
 the text format exactly as Gazette's Go client renders them (`# TYPE … counter`, samples
 under the family's own name). The status label is Gazette's: "ok", the response's
 `protocol.Status` name when it is not OK (a Read's first response, an Append's response…),
-or "<error>" when the RPC failed with a gRPC error.
+or "<error>" when the RPC failed with a gRPC error. An append a peer proxies whole
+(`pygazette.PeerJournal/AppendWhole`) counts as an Append, as the proxied stream it replaces
+counts at Gazette's primary.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ else:
     _Interceptor = grpc.aio.ServerInterceptor
 
 SERVICE_PREFIX = "/protocol.Journal/"
+# Methods of other services counted as the Journal operation they stand for.
+OTHER_OPERATIONS = {"/pygazette.PeerJournal/AppendWhole": "Append"}
 STARTED = "gazette_journal_server_started_totals"
 COMPLETED = "gazette_journal_server_completed_totals"
 _STARTED_HELP = "Total number of started JournalServer RPC invocations, by operation."
@@ -76,7 +80,8 @@ def _status_of(resp: object) -> str:
 
 
 class RpcMetricsInterceptor(_Interceptor):
-    """Counts every `protocol.Journal` RPC into `counters`; other services pass untouched."""
+    """Counts every `protocol.Journal` RPC (and `OTHER_OPERATIONS`) into `counters`; other
+    services pass untouched."""
 
     def __init__(self, counters: RpcCounters) -> None:
         self.counters = counters
@@ -90,12 +95,18 @@ class RpcMetricsInterceptor(_Interceptor):
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
         method: str = handler_call_details.method
-        if handler is None or not method.startswith(SERVICE_PREFIX):
+        if handler is None:
+            return handler
+        if method.startswith(SERVICE_PREFIX):
+            op = method[len(SERVICE_PREFIX) :]
+        elif method in OTHER_OPERATIONS:
+            op = OTHER_OPERATIONS[method]
+        else:
             return handler
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, method[len(SERVICE_PREFIX) :])
+        wrapped = self._wrap(handler, op)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 

@@ -39,6 +39,7 @@ from pygazette.broker.fragment.persister import DEFAULT_BACKLOG_LIMIT, Persister
 from pygazette.broker.fragment.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.journal_service import JournalService
 from pygazette.broker.metrics import BrokerCollector
+from pygazette.broker.peer_append_service import PeerJournalService
 from pygazette.broker.resolver import BrokerIdentity, Resolver
 from pygazette.broker.retention_service import RetentionService
 from pygazette.broker.rpc_metrics import RpcCounters, RpcMetricsInterceptor
@@ -46,6 +47,7 @@ from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, Keyspace
 from pygazette.keyspace.metrics import KeyspaceCollector
 from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.pb import peer_pb2_grpc as ppb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.pb import retention_pb2_grpc as rpb_grpc
@@ -252,6 +254,9 @@ class Broker:
         self.resolver = self.member.resolver
         pb_grpc.add_JournalServicer_to_server(  # type: ignore[no-untyped-call]
             JournalService(self.resolver, self.stores, limits, self.member.services), self._server
+        )
+        ppb_grpc.add_PeerJournalServicer_to_server(  # type: ignore[no-untyped-call]
+            PeerJournalService(self.member.services.appends), self._server
         )
         self._add_retention()
         self.persister.start()

@@ -160,6 +160,7 @@ S = "/consumer.Shard/"
 CHECKS: dict[str, tuple[type[StreamCheck], str]] = {
     J + "Read": (ReadCheck, "ReadResponse"),
     J + "Append": (_single(validate_append_response), "AppendResponse"),
+    "/pygazette.PeerJournal/AppendWhole": (_single(validate_append_response), "AppendResponse"),
     J + "Replicate": (_single(validate_replicate_response), "ReplicateResponse"),
     J + "List": (ListCheck, "ListResponse"),
     J + "Apply": (_single(validate_apply_response), "ApplyResponse"),

@@ -8,6 +8,9 @@ writers of the journal nor gets failed for the proxy's pace. The client's own pa
 policed, with a longer allowance while nothing is held; past the read-ahead, a held
 journal's 1 s allowance applies, as Gazette's.
 
+A small append the client sent whole travels to the primary in one `AppendWhole` message
+(`peer_append_service`), and as a stream to a primary that does not serve that.
+
 Two brokers run in this process on a real etcd; the journal has one replica, so one broker
 is its primary and the other proxies.
 """
@@ -24,7 +27,9 @@ import grpc.aio
 import pytest
 
 from pygazette.broker.append_fsm import PROXY_READ_AHEAD
+from pygazette.broker.peers import Peers
 from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.protocol.pb import peer_pb2_grpc as ppb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import apply_specs, journal_spec
@@ -181,3 +186,80 @@ async def test_a_large_append_stalled_behind_a_proxy_hears_the_primary_at_once(
     assert ok.status == pb.OK
     content, _head = await read_range(brokers.stub(primary), JOURNAL)
     assert content == b"after\n"
+
+
+class _PeerStubs:
+    """Records the proxy's `PeerJournal` calls; with `unserved`, points them at a gRPC server
+    that serves no `PeerJournal` (as a Gazette broker), which answers UNIMPLEMENTED."""
+
+    def __init__(self, peers: Peers, unserved: str | None = None) -> None:
+        self.endpoints: list[str] = []
+        self._real = peers.peer_stub
+        self._unserved = unserved
+        self._channel: grpc.aio.Channel | None = None
+
+    def __call__(self, endpoint: str) -> ppb_grpc.PeerJournalStub:
+        self.endpoints.append(endpoint)
+        if self._unserved is None:
+            return self._real(endpoint)
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self._unserved)
+        return ppb_grpc.PeerJournalStub(self._channel)  # type: ignore[no-untyped-call]
+
+
+async def test_a_small_append_reaches_the_primary_whole(
+    brokers: TwoBrokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append the client sent whole is proxied in one `AppendWhole` message; its answer,
+    an OK or a refusal, is the primary's, and the primary counts it as an Append."""
+    primary = await brokers.primary()
+    proxy = 1 - primary
+    appends = brokers.brokers[proxy].member.appends
+    calls = _PeerStubs(appends.peers)
+    monkeypatch.setattr(appends.peers, "peer_stub", calls)
+    counted = dict(brokers.brokers[primary].rpc_counters.started)
+
+    ok = await append_once(brokers.stub(proxy), JOURNAL, b"whole\n")
+    assert ok.status == pb.OK
+    assert ok.header.process_id.suffix == f"broker-{primary}"  # The primary's answer.
+    assert calls.endpoints == [brokers.brokers[primary].endpoint]
+    started = brokers.brokers[primary].rpc_counters.started
+    assert started.get("Append", 0) == counted.get("Append", 0) + 1
+
+    refused = await brokers.stub(proxy).Append(
+        _requests(pb.AppendRequest(journal=JOURNAL, offset=1), b"at a wrong offset\n"),
+        timeout=10,
+    )
+    assert refused.status == pb.WRONG_APPEND_OFFSET
+    assert len(calls.endpoints) == 2
+    content, _head = await read_range(brokers.stub(primary), JOURNAL)
+    assert content == b"whole\n"
+
+
+async def test_a_primary_without_append_whole_is_streamed_to(
+    brokers: TwoBrokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A primary that answers `AppendWhole` UNIMPLEMENTED (a Gazette broker) gets the append
+    as a stream, now and from then on: nothing is lost or appended twice."""
+    primary = await brokers.primary()
+    proxy = 1 - primary
+    bare = grpc.aio.server()  # Serves nothing: every method is UNIMPLEMENTED.
+    port = bare.add_insecure_port("127.0.0.1:0")
+    await bare.start()
+    try:
+        appends = brokers.brokers[proxy].member.appends
+        calls = _PeerStubs(appends.peers, unserved=f"127.0.0.1:{port}")
+        monkeypatch.setattr(appends.peers, "peer_stub", calls)
+        for data in (b"one\n", b"two\n"):
+            assert (await append_once(brokers.stub(proxy), JOURNAL, data)).status == pb.OK
+        assert len(calls.endpoints) == 1  # Asked once; streamed since.
+        content, _head = await read_range(brokers.stub(primary), JOURNAL)
+        assert content == b"one\ntwo\n"
+    finally:
+        await bare.stop(None)
+
+
+async def _requests(first: pb.AppendRequest, data: bytes) -> AsyncIterator[pb.AppendRequest]:
+    yield first
+    yield pb.AppendRequest(content=data)
+    yield pb.AppendRequest()
