@@ -118,6 +118,9 @@ PROXY_READ_AHEAD = 256 << 10
 # While it reads ahead nothing is held, so the client may fall this far behind the minimum
 # rate (the policing that protects a held journal allows 1 s).
 READ_AHEAD_SLACK_SECONDS = 10.0
+# How long appends to a peer that does not serve `PeerJournal.AppendWhole` are streamed before
+# it is asked again.
+STREAMING_ONLY_SECONDS = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +194,10 @@ class ClusterAppends:
         self.advertiser = RouteAdvertiser(self.keyspace)
         # Told of each journal whose pulse's advertisement failed (pulse it again later).
         self.on_advertise_failed: Callable[[JournalRuntime], None] = lambda _journal: None
-        # Peers found not to serve `PeerJournal.AppendWhole` (Gazette's brokers).
-        self._streaming_only: set[str] = set()
+        # Peers found not to serve `PeerJournal.AppendWhole` (Gazette's brokers, or pygazette's
+        # from before it), with when to ask again (monotonic time: an upgraded broker may
+        # take the same endpoint).
+        self._streaming_only: dict[str, float] = {}
         # Told of each replication pipeline opened (the pulser watches the journal then).
         self.on_pipeline_open: Callable[[JournalRuntime], None] = lambda _journal: None
 
@@ -773,7 +778,7 @@ class ClusterAppends:
         forwarded.header.CopyFrom(res.header)
         ahead, more = await self._read_ahead(it)
 
-        if not more and endpoint not in self._streaming_only:
+        if not more and self._streaming_only.get(endpoint, 0.0) <= time.monotonic():
             whole = await self._proxy_whole(endpoint, first.journal, [forwarded, *ahead])
             if whole is not None:
                 return whole
@@ -809,8 +814,8 @@ class ClusterAppends:
             resp: pb.AppendResponse = await call
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self._streaming_only.add(endpoint)
-                log.info("peer proxies appends as streams only", extra={"endpoint": endpoint})
+                self._streaming_only[endpoint] = time.monotonic() + STREAMING_ONLY_SECONDS
+                log.info("peer takes appends as streams only", extra={"endpoint": endpoint})
                 return None
             raise AppendAborted(exc.code(), exc.details() or "proxied append failed") from exc
         except BaseException:

@@ -29,6 +29,7 @@ import pytest
 from pygazette.broker.append_fsm import PROXY_READ_AHEAD
 from pygazette.broker.peers import Peers
 from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.protocol.pb import peer_pb2 as ppb
 from pygazette.protocol.pb import peer_pb2_grpc as ppb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -252,11 +253,28 @@ async def test_a_primary_without_append_whole_is_streamed_to(
         monkeypatch.setattr(appends.peers, "peer_stub", calls)
         for data in (b"one\n", b"two\n"):
             assert (await append_once(brokers.stub(proxy), JOURNAL, data)).status == pb.OK
-        assert len(calls.endpoints) == 1  # Asked once; streamed since.
+        assert len(calls.endpoints) == 1  # Asked once; streamed since...
+        appends._streaming_only = dict.fromkeys(appends._streaming_only, 0.0)  # Time passed.
+        assert (await append_once(brokers.stub(proxy), JOURNAL, b"three\n")).status == pb.OK
+        assert len(calls.endpoints) == 2  # ...until it is asked again.
         content, _head = await read_range(brokers.stub(primary), JOURNAL)
-        assert content == b"one\ntwo\n"
+        assert content == b"one\ntwo\nthree\n"
     finally:
         await bare.stop(None)
+
+
+async def test_an_empty_whole_append_is_refused(brokers: TwoBrokers) -> None:
+    """`AppendWhole` validates as Append does: no first request, INVALID_ARGUMENT."""
+    stub = ppb_grpc.PeerJournalStub(brokers.channels[0])  # type: ignore[no-untyped-call]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.AppendWhole(ppb.WholeAppend(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "expected an initial AppendRequest" in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.AppendWhole(
+            ppb.WholeAppend(requests=[pb.AppendRequest(journal="bad journal name")]), timeout=10
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def _requests(first: pb.AppendRequest, data: bytes) -> AsyncIterator[pb.AppendRequest]:
