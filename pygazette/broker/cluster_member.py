@@ -50,6 +50,11 @@ from pygazette.stores.store import StoreRegistry
 log = logging.getLogger(__name__)
 
 ORPHAN_SWEEP_SECONDS = 10.0
+# Where orphaned spools are moved to be persisted, `<spool root>/<ASIDE_DIR>/<journal
+# directory>-<ns>`: no journal's spool directory ("#" is in no journal name). Earlier versions
+# used LEGACY_ASIDE_DIR, a valid journal name.
+ASIDE_DIR = ".#orphaned"
+LEGACY_ASIDE_DIR = ".orphaned"
 
 
 @dataclass(slots=True)
@@ -98,6 +103,8 @@ class ClusterMember:
         # Journals whose spool directory may hold orphaned spools (see `_sweep_orphans`):
         # None until the first sweep lists the spool root once.
         self._orphan_candidates: set[str] | None = None
+        # Directories under ASIDE_DIR whose spools this run is persisting.
+        self._aside_in_progress: set[Path] = set()
 
     async def open(self) -> None:
         """Connect to etcd and build this member's services (nothing is announced yet)."""
@@ -261,18 +268,30 @@ class ClusterMember:
     def sweep_orphans_once(self) -> None:
         if not self.spool_root.is_dir():
             return
-        aside_root = self.spool_root / ".orphaned"
+        aside_root = self.spool_root / ASIDE_DIR
+        first = self._orphan_candidates is None
+        if first:
+            _adopt_legacy_aside(self.spool_root, aside_root)
+        left: list[Path] = []
         if aside_root.is_dir():
-            for done in aside_root.iterdir():
-                if done.is_dir() and not any(done.glob("*.log")):
-                    shutil.rmtree(done, ignore_errors=True)
-        if self._orphan_candidates is None:
+            for aside in sorted(aside_root.iterdir()):
+                if not aside.is_dir():
+                    continue
+                if not any(aside.glob("*.log")):
+                    shutil.rmtree(aside, ignore_errors=True)  # Persisted.
+                    self._aside_in_progress.discard(aside)
+                elif aside not in self._aside_in_progress:
+                    left.append(aside)  # An earlier run's, stopped before it persisted them.
+        if first:
             self._orphan_candidates = {
                 unquote(d.name)
                 for d in self.spool_root.iterdir()
-                if not d.name.startswith(".") and d.is_dir()
+                if "#" not in d.name and d.is_dir()  # Journals' directories, dotted ones too.
             }
+        for aside in left:
+            _persist_left_aside(self, aside)
         candidates = self._orphan_candidates
+        assert candidates is not None
         state = self.observed.current
         for name in sorted(candidates):
             if name in self.resolver.stopping_journals:
@@ -298,7 +317,7 @@ class ClusterMember:
                 if not group or not assignments_advertise(route_of(group), group):
                     candidates.add(name)  # Not settled yet: this broker may be needed for
                     continue  # recovery. Looked at again next sweep.
-            aside = self.spool_root / ".orphaned" / f"{directory.name}-{time.time_ns()}"
+            aside = aside_root / f"{directory.name}-{time.time_ns()}"
             aside.parent.mkdir(parents=True, exist_ok=True)
             directory.rename(aside)
             if spec is None:
@@ -307,19 +326,73 @@ class ClusterMember:
                 self.frontiers.forget(name)
                 continue
             log.info("persisting orphaned spools", extra={"journal": name})
-            orphan = Replica(
-                spec,
-                item.mod_revision if item else 0,
-                spool_root=aside.parent,
-                stores=self.stores,
-                persister=self.persister,
-                sync=self.sync,
-                frontiers=self.frontiers,
-            )
-            orphan.spool_dir = aside
-            # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
-            # `Replica.recover_spools`), as on a restart: the route went on without us.
-            orphan.recover_replicated()
-            assert orphan.rspool is not None
-            orphan.rspool.complete(primary=False)
-            self.frontiers.forget(name)
+            assert item is not None
+            _persist_aside(self, spec, item.mod_revision, aside)
+
+
+def _persist_aside(
+    member: ClusterMember, spec: pb.JournalSpec, mod_revision: int, aside: Path
+) -> None:
+    """Persist the spools moved to `aside` (a journal's, that this broker does not serve)."""
+    member._aside_in_progress.add(aside)
+    orphan = Replica(
+        spec,
+        mod_revision,
+        spool_root=aside.parent,
+        stores=member.stores,
+        persister=member.persister,
+        sync=member.sync,
+        frontiers=member.frontiers,
+    )
+    orphan.spool_dir = aside
+    # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
+    # `Replica.recover_spools`), as on a restart: the route went on without us.
+    orphan.recover_replicated()
+    assert orphan.rspool is not None
+    orphan.rspool.complete(primary=False)
+    if spec.name not in member.resolver.replicas:
+        member.frontiers.forget(spec.name)  # A journal of its name served here starts afresh.
+
+
+def _persist_left_aside(member: ClusterMember, aside: Path) -> None:
+    """Persist what an earlier run moved to `aside` and stopped before it persisted: the
+    spools were cut to their confirmed frontier before any was handed to the persister, so
+    what is left is persisted whole (the frontier, if still recorded, says so too)."""
+    quoted, _, stamp = aside.name.rpartition("-")
+    name = unquote(quoted)
+    if not quoted or not stamp.isdigit():
+        log.warning("not a directory of orphaned spools", extra={"path": str(aside)})
+        member._aside_in_progress.add(aside)  # Left alone, and not looked at again.
+        return
+    item = member.keyspace.get(member.layout.item_key(name))
+    spec: pb.JournalSpec | None = None
+    if item is not None:
+        try:
+            spec = member.decoder.journal_spec(item)
+        except KeyDecodeError:
+            spec = None
+    if item is None or spec is None:
+        log.info("dropping spools of a deleted journal", extra={"journal": name})
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    log.info("persisting orphaned spools an earlier run left", extra={"journal": name})
+    _persist_aside(member, spec, item.mod_revision, aside)
+
+
+def _adopt_legacy_aside(spool_root: Path, aside_root: Path) -> None:
+    """Move what an earlier version left in LEGACY_ASIDE_DIR (directories of orphaned spools)
+    under `aside_root`. Files there are the spools of a journal of that name: they stay."""
+    legacy = spool_root / LEGACY_ASIDE_DIR
+    try:
+        entries = list(legacy.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    moved = [e for e in entries if e.is_dir()]
+    if not moved:
+        return
+    aside_root.mkdir(exist_ok=True)
+    for entry in moved:
+        entry.rename(aside_root / entry.name)
+    if len(moved) == len(entries):
+        with contextlib.suppress(OSError):
+            legacy.rmdir()

@@ -557,6 +557,7 @@ async def test_an_orphan_sweep_persists_only_the_confirmed_part_of_a_spool_in_do
         spool_root=tmp_path / "spools",
         frontiers=r.frontiers,
         _orphan_candidates=None,
+        _aside_in_progress=set(),
         resolver=SimpleNamespace(stopping_journals=set(), replicas={}),
         observed=SimpleNamespace(
             current=SimpleNamespace(assignments_of=lambda _name: [_settled_assignment()])

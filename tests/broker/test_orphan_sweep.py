@@ -1,0 +1,135 @@
+"""The orphan sweep (`ClusterMember.sweep_orphans_once`): spools of journals this broker no
+longer serves are moved aside and persisted, including what an earlier run moved aside and
+did not finish, what an earlier version moved to `.orphaned`, and journals whose names begin
+with a dot (`.orphaned` among them).
+
+Real spools, persister and file store; the member's view of the cluster (keyspace, resolver,
+assignments) is a stand-in that says every journal is settled on other brokers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pygazette.allocator.state import Assignment
+from pygazette.broker import cluster_member
+from pygazette.broker.fragment.frontier_log import FrontierLog
+from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.spool import Spool
+from pygazette.broker.replica import spool_directory
+from pygazette.keyspace.keyspace import KeyValue
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+from tests.broker.rpc_helpers import journal_spec
+
+
+@pytest.fixture
+async def persister(tmp_path: Path) -> AsyncIterator[Persister]:
+    p = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
+    p.start()
+    yield p
+    await p.stop()
+
+
+def _member(tmp_path: Path, persister: Persister, journals: set[str]) -> Any:
+    """A member that serves nothing, where `journals` exist and are settled elsewhere."""
+
+    def assignments_of(name: str) -> list[Assignment]:
+        kv = KeyValue(key="", value=b"", create_revision=1, mod_revision=1)
+        return [Assignment(item=name, zone="z", suffix="s", slot=0, kv=kv)]
+
+    return SimpleNamespace(
+        spool_root=tmp_path / "spools",
+        frontiers=FrontierLog.at(tmp_path / "spools"),
+        _orphan_candidates=None,
+        _aside_in_progress=set(),
+        resolver=SimpleNamespace(stopping_journals=set(), replicas={}),
+        observed=SimpleNamespace(current=SimpleNamespace(assignments_of=assignments_of)),
+        keyspace=SimpleNamespace(
+            get=lambda key: SimpleNamespace(mod_revision=1, name=key) if key in journals else None
+        ),
+        layout=SimpleNamespace(item_key=lambda name: name),
+        decoder=SimpleNamespace(journal_spec=lambda item: journal_spec(item.name)),
+        stores=persister.stores,
+        persister=persister,
+        sync=False,
+    )
+
+
+def _spool(directory: Path, journal: str, content: bytes) -> None:
+    spool = Spool.create(directory, journal, 0, pb.NONE, pb.LabelSet(), sync=False)
+    pending = spool.start_append()
+    pending.write(content)
+    spool.commit(pending, None)
+    spool.close()
+
+
+def _stored(tmp_path: Path, journal: str) -> list[bytes]:
+    root = tmp_path / "store" / journal
+    return [p.read_bytes() for p in sorted(root.iterdir())] if root.is_dir() else []
+
+
+async def _sweep(member: Any, persister: Persister) -> None:
+    cluster_member.ClusterMember.sweep_orphans_once(member)
+    persister.expedite()
+    await persister.wait_idle()
+
+
+@pytest.fixture(autouse=True)
+def _settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster_member, "assignments_advertise", lambda _route, _group: True)
+
+
+async def test_spools_an_earlier_run_moved_aside_are_persisted(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A broker stopped after it moved a journal's spools aside and before they persisted:
+    the next run persists them, then removes the directory."""
+    aside = tmp_path / "spools" / cluster_member.ASIDE_DIR / "a%2Fjournal-1700000000000000000"
+    _spool(aside, "a/journal", b"left aside\n")
+    member = _member(tmp_path, persister, {"a/journal"})
+    await _sweep(member, persister)
+    assert _stored(tmp_path, "a/journal") == [b"left aside\n"]
+    await _sweep(member, persister)
+    assert not aside.exists()
+
+
+async def test_spools_of_a_deleted_journal_left_aside_are_dropped(
+    tmp_path: Path, persister: Persister
+) -> None:
+    aside = tmp_path / "spools" / cluster_member.ASIDE_DIR / "gone%2Fjournal-1700000000000000000"
+    _spool(aside, "gone/journal", b"deleted\n")
+    await _sweep(_member(tmp_path, persister, set()), persister)
+    assert not aside.exists() and _stored(tmp_path, "gone/journal") == []
+
+
+async def test_what_an_earlier_version_left_in_dot_orphaned_is_persisted(
+    tmp_path: Path, persister: Persister
+) -> None:
+    legacy = tmp_path / "spools" / cluster_member.LEGACY_ASIDE_DIR
+    _spool(legacy / "a%2Fjournal-1700000000000000000", "a/journal", b"old layout\n")
+    member = _member(tmp_path, persister, {"a/journal"})
+    await _sweep(member, persister)
+    assert _stored(tmp_path, "a/journal") == [b"old layout\n"]
+    assert not legacy.exists()
+
+
+async def test_journals_named_with_a_leading_dot_are_swept(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """`.orphaned` and `.dotted/journal` are journal names like any: their orphaned spools
+    are persisted too (the sweep used to skip every dotted directory, and used `.orphaned`
+    for its own)."""
+    root = tmp_path / "spools"
+    for name in (".orphaned", ".dotted/journal"):
+        _spool(spool_directory(root, name), name, f"{name}\n".encode())
+    member = _member(tmp_path, persister, {".orphaned", ".dotted/journal"})
+    await _sweep(member, persister)
+    assert _stored(tmp_path, ".orphaned") == [b".orphaned\n"]
+    assert _stored(tmp_path, ".dotted/journal") == [b".dotted/journal\n"]
+    assert not list(root.rglob("*.log"))
