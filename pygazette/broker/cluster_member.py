@@ -350,8 +350,11 @@ def _persist_aside(
     orphan.recover_replicated()
     assert orphan.rspool is not None
     orphan.rspool.complete(primary=False)
-    if spec.name not in member.resolver.replicas:
-        member.frontiers.forget(spec.name)  # A journal of its name served here starts afresh.
+    own = spool_directory(member.spool_root, spec.name)
+    if spec.name not in member.resolver.replicas and not (own.is_dir() and any(own.iterdir())):
+        # A journal of its name served here starts afresh. Not while the journal's own spools
+        # (a leftover's journal served here since, or stopping) may hold content beyond it.
+        member.frontiers.forget(spec.name)
 
 
 def _persist_left_aside(member: ClusterMember, aside: Path) -> None:

@@ -133,3 +133,31 @@ async def test_journals_named_with_a_leading_dot_are_swept(
     assert _stored(tmp_path, ".orphaned") == [b".orphaned\n"]
     assert _stored(tmp_path, ".dotted/journal") == [b".dotted/journal\n"]
     assert not list(root.rglob("*.log"))
+
+
+def _spool_at(directory: Path, journal: str, begin: int, *contents: bytes) -> None:
+    """A spool at `begin` left open (as by a killed broker), one commit per content."""
+    spool = Spool.create(directory, journal, begin, pb.NONE, pb.LabelSet(), sync=False)
+    for content in contents:
+        pending = spool.start_append()
+        pending.write(content)
+        spool.commit(pending, None)
+
+
+async def test_a_leftover_does_not_forget_the_frontier_of_the_journals_own_spools(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A killed broker left both spools it had moved aside (their journal was orphaned, then
+    served here again) and the journal's own spools, which end in content in doubt beyond its
+    confirmed frontier. Persisting the leftover must not forget that frontier: the journal's
+    own spools are swept next, and only their confirmed part may reach the store."""
+    root = tmp_path / "spools"
+    journal = "a/journal"
+    aside = root / cluster_member.ASIDE_DIR / "a%2Fjournal-1700000000000000000"
+    _spool_at(aside, journal, 0, b"early\n")
+    _spool_at(spool_directory(root, journal), journal, 6, b"confirmed\n", b"in doubt")
+    member = _member(tmp_path, persister, {journal})
+    member.frontiers.set(journal, 16)
+    await _sweep(member, persister)
+    assert _stored(tmp_path, journal) == [b"early\n", b"confirmed\n"]
+    assert member.frontiers.get(journal) is None  # Forgotten once no spool of it is left.
