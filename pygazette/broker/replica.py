@@ -100,6 +100,8 @@ class Replica:
         self.spool_dir = spool_directory(spool_root, spec.name)
         # Confirmed frontiers (cluster mode) of this spool root's journals.
         self.frontiers = frontiers if frontiers is not None else FrontierLog.at(spool_root)
+        if sync:
+            self.frontiers.sync = True  # Confirmations as durable as the appends they cover.
         self.stores = stores
         self.persister = persister
         self.sync = sync

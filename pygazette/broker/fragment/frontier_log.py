@@ -18,7 +18,13 @@ dies leaves no half record; a torn record, after a power loss, fails its CRC and
 everything after it are dropped, so a frontier may come back older, never newer). The file
 is rewritten with one record a journal (compacted) when it is loaded and once it holds
 COMPACT_RATIO times more records than journals: written to a temporary file, synced, and
-renamed over it. Durability is the per-journal file's: not synced on each write.
+renamed over it. Records are not synced as they are written, except with `sync` (a broker
+run with `--sync`; its replicas set it): then each record is synced (fdatasync) before `set`
+or `forget` returns, and the file's creation and each compaction sync its directory, so a
+frontier survives a power loss as the spools' acknowledged appends do. A primary records a
+confirmation before it acknowledges the appends it covers: without the sync, a power loss of
+every member could bring all of them back with older frontiers, and each would then cut
+acknowledged content as unconfirmed.
 
 A frontier a per-journal `confirmed` file left (written by earlier versions) is read by
 `legacy_frontier` and folded in by its caller.
@@ -35,6 +41,8 @@ import weakref
 import zlib
 from pathlib import Path
 from typing import ClassVar
+
+from pygazette.broker.fragment.spool import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +126,7 @@ class FrontierLog:
         self._fd = -1
         self._records = 0
         self._frontiers: dict[str, int] = {}
+        self.sync = False  # See the module docstring.
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -160,6 +169,8 @@ class FrontierLog:
             # follow would come back with no frontier, its spool end trusted as confirmed.
             os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
             raise OSError(errno.ENOSPC, f"short write to the frontier log {self.path}")
+        if self.sync:
+            os.fdatasync(self._fd)
         self._records += 1
         if self._records >= max(COMPACT_MIN_RECORDS, COMPACT_RATIO * len(self._frontiers)):
             self._compact()
@@ -177,6 +188,8 @@ class FrontierLog:
     def _open_for_append(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if self.sync:
+            fsync_dir(self.path.parent)  # It may have just been created.
 
     def _compact(self) -> None:
         """Rewrite the file with one record a journal (holding `_lock`, or before use)."""
@@ -192,6 +205,8 @@ class FrontierLog:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+        if self.sync:
+            fsync_dir(self.path.parent)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -325,7 +325,7 @@ class Spool:
             spool._log_size = len(_frame(payload))
             if sync:
                 os.fsync(spool._log_fd)
-                _fsync_dir(directory)
+                fsync_dir(directory)
         except OSError as exc:
             spool.delete()  # No spool without a readable header is left behind.
             if is_disk_full(exc):
@@ -983,7 +983,8 @@ def _parse_records(data: bytes) -> tuple[list[bytes], int]:
     return records, pos
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make `directory`'s entries (files created, renamed or removed in it) durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

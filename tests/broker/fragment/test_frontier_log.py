@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 
 from pygazette.broker.fragment import frontier_log as fl
 from pygazette.broker.fragment.frontier_log import FrontierLog, parse_records
+from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
-from pygazette.broker.replica import spool_directory
+from pygazette.broker.replica import Replica, spool_directory
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores.store import StoreRegistry
+from tests.broker.rpc_helpers import journal_spec
 
 
 def test_frontiers_survive_a_reload(tmp_path: Path) -> None:
@@ -158,3 +161,52 @@ def test_the_log_is_no_journals_spool_directory(tmp_path: Path) -> None:
     log.set("a/one", 2)
     log.close()
     assert FrontierLog(log.path).get("a/one") == 2
+
+
+def test_with_sync_each_record_is_synced_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker run with --sync: a frontier is as durable as the appends it covers (a power
+    loss can't bring back an older one). Without, records are not synced."""
+    synced: list[tuple[str, int]] = []
+    real_fdatasync, real_fsync = os.fdatasync, os.fsync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(("file", os.fstat(fd).st_size))
+        real_fdatasync(fd)
+
+    def fsync(fd: int) -> None:
+        synced.append(("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file", -1))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    plain = FrontierLog(tmp_path / "plain" / fl.FILE_NAME)
+    plain.set("a/one", 10)
+    assert synced == []
+
+    log = FrontierLog(tmp_path / "synced" / fl.FILE_NAME)
+    log.sync = True
+    log.set("a/one", 10)
+    size = (tmp_path / "synced" / fl.FILE_NAME).stat().st_size
+    assert synced == [("dir", -1), ("file", size)]  # Its creation, then the record.
+    log.forget("a/one")
+    assert synced[-1] == ("file", 2 * size)
+
+
+async def test_a_replica_run_with_sync_syncs_its_frontiers(tmp_path: Path) -> None:
+    stores = StoreRegistry(tmp_path / "store")
+    persister = Persister(stores, tmp_path / "scratch")
+    replicas = [
+        Replica(
+            journal_spec(f"a/journal-{sync}"),
+            1,
+            spool_root=tmp_path / f"spools-{sync}",
+            stores=stores,
+            persister=persister,
+            sync=sync,
+        )
+        for sync in (False, True)
+    ]
+    assert [r.frontiers.sync for r in replicas] == [False, True]
+    await persister.stop()
