@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from pygazette.broker.allocation import JournalDecoder, assignments_advertise, r
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver
-from pygazette.broker.fragment.frontier_log import FrontierLog
+from pygazette.broker.fragment.frontier_log import LEGACY_FILE, FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
@@ -44,7 +46,9 @@ from pygazette.broker.replica import Replica, spool_directory
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
+from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import validate_journal_name
 from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
@@ -284,9 +288,9 @@ class ClusterMember:
                     left.append(aside)  # An earlier run's, stopped before it persisted them.
         if first:
             self._orphan_candidates = {
-                unquote(d.name)
+                name
                 for d in self.spool_root.iterdir()
-                if "#" not in d.name and d.is_dir()  # Journals' directories, dotted ones too.
+                if d.is_dir() and (name := _journal_of_directory(self.spool_root, d.name))
             }
         for aside in left:
             _persist_left_aside(self, aside)
@@ -305,6 +309,15 @@ class ClusterMember:
                 # No spools (and none will come: not served here): its frontier is of no
                 # more use, and a journal of that name served here later starts afresh.
                 self.frontiers.forget(name)
+                continue
+            foreign = _foreign_files(directory)
+            if foreign:
+                # Not only spools (a directory someone else keeps in the spool root): left
+                # alone, never moved aside and removed as a deleted journal's.
+                log.warning(
+                    "not sweeping a spool directory holding other files",
+                    extra={"path": str(directory), "files": foreign[:5]},
+                )
                 continue
             item = self.keyspace.get(self.layout.item_key(name)) if "#" not in name else None
             spec: pb.JournalSpec | None = None
@@ -395,7 +408,37 @@ def _adopt_legacy_aside(spool_root: Path, aside_root: Path) -> None:
         return
     aside_root.mkdir(exist_ok=True)
     for entry in moved:
-        entry.rename(aside_root / entry.name)
-    if len(moved) == len(entries):
-        with contextlib.suppress(OSError):
-            legacy.rmdir()
+        try:
+            os.rename(entry, aside_root / entry.name)  # Fails over one holding files.
+        except OSError as exc:
+            log.warning(
+                "cannot adopt orphaned spools", extra={"path": str(entry), "error": str(exc)}
+            )
+    with contextlib.suppress(OSError):
+        legacy.rmdir()  # Unless it still holds something (a journal's spools, a failed move).
+
+
+_SPOOL_FILE = re.compile(r"[0-9a-f]{16}\.(spool|log|held)")
+
+
+def _journal_of_directory(spool_root: Path, dirname: str) -> str | None:
+    """The journal whose spool directory `dirname` is (`replica.spool_directory`), or None
+    for any other entry of the spool root (ours, such as ASIDE_DIR, or someone else's)."""
+    name = unquote(dirname)
+    if spool_directory(spool_root, name).name != dirname:
+        return None
+    try:
+        validate_journal_name(name, allow_meta=False)
+    except ValidationError:
+        return None
+    return name
+
+
+def _foreign_files(directory: Path) -> list[str]:
+    """Names in a journal's spool directory that are no spool's (nor an earlier version's
+    frontier file)."""
+    return sorted(
+        p.name
+        for p in directory.iterdir()
+        if not (_SPOOL_FILE.fullmatch(p.name) or p.name == LEGACY_FILE) or not p.is_file()
+    )

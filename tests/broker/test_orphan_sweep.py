@@ -161,3 +161,33 @@ async def test_a_leftover_does_not_forget_the_frontier_of_the_journals_own_spool
     await _sweep(member, persister)
     assert _stored(tmp_path, journal) == [b"early\n", b"confirmed\n"]
     assert member.frontiers.get(journal) is None  # Forgotten once no spool of it is left.
+
+
+async def test_directories_that_are_not_spools_are_left_alone(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """What else sits in the spool root (a file system's `lost+found`, a snapshot directory,
+    whose name may even be a valid journal name) is never moved aside and removed as a
+    deleted journal's spools."""
+    root = tmp_path / "spools"
+    for name in ("lost+found", ".snapshot", "some%2Fjournal"):
+        (root / name).mkdir(parents=True)
+        (root / name / "keep.me").write_bytes(b"not a spool\n")
+    await _sweep(_member(tmp_path, persister, set()), persister)
+    for name in ("lost+found", ".snapshot", "some%2Fjournal"):
+        assert (root / name / "keep.me").read_bytes() == b"not a spool\n"
+
+
+async def test_an_adoption_that_collides_does_not_stop_the_sweep(
+    tmp_path: Path, persister: Persister
+) -> None:
+    root = tmp_path / "spools"
+    name = "a%2Fjournal-1700000000000000000"
+    _spool(root / cluster_member.LEGACY_ASIDE_DIR / name, "a/journal", b"old layout\n")
+    _spool(root / cluster_member.ASIDE_DIR / name, "a/journal", b"new layout\n")
+    _spool(spool_directory(root, "b/journal"), "b/journal", b"orphan\n")
+    member = _member(tmp_path, persister, {"a/journal", "b/journal"})
+    await _sweep(member, persister)
+    assert _stored(tmp_path, "a/journal") == [b"new layout\n"]
+    assert _stored(tmp_path, "b/journal") == [b"orphan\n"]
+    assert (root / cluster_member.LEGACY_ASIDE_DIR / name).is_dir()  # Kept, not lost.
