@@ -36,8 +36,10 @@ from pygazette.broker.allocation import JournalDecoder, assignments_advertise, r
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver
+from pygazette.broker.fragment.frontier_log import FILE_NAME as FRONTIER_FILE
 from pygazette.broker.fragment.frontier_log import LEGACY_FILE, FrontierLog
 from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.spool import fsync_dir
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
@@ -333,6 +335,11 @@ class ClusterMember:
             aside = aside_root / f"{directory.name}-{time.time_ns()}"
             aside.parent.mkdir(parents=True, exist_ok=True)
             directory.rename(aside)
+            if self.sync:
+                # Moved for good before the journal's frontier may be forgotten (a power
+                # loss must not bring the spools back in place without it).
+                fsync_dir(self.spool_root)
+                fsync_dir(aside_root)
             if spec is None:
                 log.info("dropping spools of a deleted journal", extra={"journal": name})
                 shutil.rmtree(aside, ignore_errors=True)
@@ -346,8 +353,20 @@ class ClusterMember:
 def _persist_aside(
     member: ClusterMember, spec: pb.JournalSpec, mod_revision: int, aside: Path
 ) -> None:
-    """Persist the spools moved to `aside` (a journal's, that this broker does not serve)."""
+    """Persist the spools moved to `aside` (a journal's, that this broker does not serve).
+
+    They are cut to the journal's confirmed frontier as it was when they were moved: a copy
+    is kept beside them, in a frontier log of their own, taken from the broker's before it
+    may be forgotten. The broker's may move on meanwhile: the journal may be served here
+    again (an earlier run's leftover), and its live spools' frontier is no measure of these.
+    """
     member._aside_in_progress.add(aside)
+    frontiers = FrontierLog(aside / FRONTIER_FILE)
+    frontiers.sync = member.sync
+    if frontiers.get(spec.name) is None:
+        moved_at = member.frontiers.get(spec.name)  # A leftover without its copy: the
+        if moved_at is not None:  # broker's, which is then all there is to go by.
+            frontiers.set(spec.name, moved_at)
     orphan = Replica(
         spec,
         mod_revision,
@@ -355,7 +374,7 @@ def _persist_aside(
         stores=member.stores,
         persister=member.persister,
         sync=member.sync,
-        frontiers=member.frontiers,
+        frontiers=frontiers,
     )
     orphan.spool_dir = aside
     # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
@@ -363,6 +382,7 @@ def _persist_aside(
     orphan.recover_replicated()
     assert orphan.rspool is not None
     orphan.rspool.complete(primary=False)
+    frontiers.close()
     own = spool_directory(member.spool_root, spec.name)
     if spec.name not in member.resolver.replicas and not (own.is_dir() and any(own.iterdir())):
         # A journal of its name served here starts afresh. Not while the journal's own spools

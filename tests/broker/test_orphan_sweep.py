@@ -9,6 +9,7 @@ assignments) is a stand-in that says every journal is settled on other brokers.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ import pytest
 
 from pygazette.allocator.state import Assignment
 from pygazette.broker import cluster_member
-from pygazette.broker.fragment.frontier_log import FrontierLog
+from pygazette.broker.fragment.frontier_log import FILE_NAME, LEGACY_FILE, FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
 from pygazette.broker.replica import spool_directory
@@ -191,3 +192,50 @@ async def test_an_adoption_that_collides_does_not_stop_the_sweep(
     assert _stored(tmp_path, "a/journal") == [b"new layout\n"]
     assert _stored(tmp_path, "b/journal") == [b"orphan\n"]
     assert (root / cluster_member.LEGACY_ASIDE_DIR / name).is_dir()  # Kept, not lost.
+
+
+async def test_spools_moved_aside_keep_the_frontier_they_were_moved_at(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A broker stopped after it moved a journal's spools aside (and copied its frontier
+    beside them) and before it cut them. Restarted, it serves the journal again, whose
+    frontier moved on. The leftover is cut at the frontier it was moved at, not at the live
+    journal's: its content in doubt never reaches the store."""
+    root = tmp_path / "spools"
+    journal = "a/journal"
+    aside = root / cluster_member.ASIDE_DIR / "a%2Fjournal-1700000000000000000"
+    _spool_at(aside, journal, 0, b"confirmed\n", b"in doubt")
+    copy = FrontierLog(aside / FILE_NAME)
+    copy.set(journal, 10)
+    copy.close()
+    member = _member(tmp_path, persister, {journal})
+    member.resolver.replicas[journal] = object()  # Served here again...
+    member.frontiers.set(journal, 500)  # ...and appended to since.
+    await _sweep(member, persister)
+    assert _stored(tmp_path, journal) == [b"confirmed\n"]
+    assert member.frontiers.get(journal) == 500  # The live journal's, untouched.
+
+
+async def test_the_first_sweep_copies_the_frontier_beside_the_spools_it_moves(
+    tmp_path: Path, persister: Persister, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Moved aside, a journal's spools are cut at its frontier as it was then, from the copy
+    beside them; an earlier version's `confirmed` file among them (a leftover it moved aside)
+    is read into that copy, never into the broker's own frontier log."""
+    root = tmp_path / "spools"
+    journal = "a/journal"
+    _spool_at(spool_directory(root, journal), journal, 0, b"confirmed\n", b"in doubt")
+    member = _member(tmp_path, persister, {journal})
+    member.frontiers.set(journal, 10)
+    await _sweep(member, persister)
+    assert _stored(tmp_path, journal) == [b"confirmed\n"]
+
+    old = root / cluster_member.LEGACY_ASIDE_DIR / "b%2Fjournal-1700000000000000000"
+    _spool_at(old, "b/journal", 0, b"older\n", b"in doubt")
+    (old / LEGACY_FILE).write_bytes(struct.pack("<Q", 6))
+    member = _member(tmp_path, persister, {"b/journal"})
+    member.resolver.replicas["b/journal"] = object()
+    member.frontiers.set("b/journal", 2)  # A journal of that name, created again since.
+    await _sweep(member, persister)
+    assert _stored(tmp_path, "b/journal") == [b"older\n"]
+    assert member.frontiers.get("b/journal") == 2
