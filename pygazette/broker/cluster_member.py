@@ -39,12 +39,12 @@ from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.fragment.frontier_log import FILE_NAME as FRONTIER_FILE
 from pygazette.broker.fragment.frontier_log import LEGACY_FILE, FrontierLog
 from pygazette.broker.fragment.persister import Persister
-from pygazette.broker.fragment.spool import fsync_dir
+from pygazette.broker.fragment.spool import fsync_dir, spool_log_journal
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
-from pygazette.broker.replica import Replica, spool_directory
+from pygazette.broker.replica import Replica, spool_directory, spool_directory_name
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
@@ -292,7 +292,7 @@ class ClusterMember:
             self._orphan_candidates = {
                 name
                 for d in self.spool_root.iterdir()
-                if d.is_dir() and (name := _journal_of_directory(self.spool_root, d.name))
+                if d.is_dir() and (name := _journal_of_directory(d, d.name))
             }
         for aside in left:
             _persist_left_aside(self, aside)
@@ -394,9 +394,9 @@ def _persist_left_aside(member: ClusterMember, aside: Path) -> None:
     """Persist what an earlier run moved to `aside` and stopped before it persisted: the
     spools were cut to their confirmed frontier before any was handed to the persister, so
     what is left is persisted whole (the frontier, if still recorded, says so too)."""
-    quoted, _, stamp = aside.name.rpartition("-")
-    name = unquote(quoted)
-    if not quoted or not stamp.isdigit():
+    dirname, _, stamp = aside.name.rpartition("-")
+    name = _journal_of_directory(aside, dirname)
+    if name is None or not stamp.isdigit():
         log.warning("not a directory of orphaned spools", extra={"path": str(aside)})
         member._aside_in_progress.add(aside)  # Left alone, and not looked at again.
         return
@@ -441,11 +441,18 @@ def _adopt_legacy_aside(spool_root: Path, aside_root: Path) -> None:
 _SPOOL_FILE = re.compile(r"[0-9a-f]{16}\.(spool|log|held)")
 
 
-def _journal_of_directory(spool_root: Path, dirname: str) -> str | None:
-    """The journal whose spool directory `dirname` is (`replica.spool_directory`), or None
-    for any other entry of the spool root (ours, such as ASIDE_DIR, or someone else's)."""
-    name = unquote(dirname)
-    if spool_directory(spool_root, name).name != dirname:
+def _journal_of_directory(directory: Path, dirname: str) -> str | None:
+    """The journal whose spool directory's name is `dirname` (`replica.spool_directory`):
+    `directory`, or the directory its spools were moved to. None for any other entry of the
+    spool root (ours, such as ASIDE_DIR, or someone else's)."""
+    if "~" in dirname:
+        # A long name's directory: its spools' logs name the journal.
+        names = {spool_log_journal(p) for p in directory.glob("*.log")}
+        named = [n for n in names if n is not None and spool_directory_name(n) == dirname]
+        name = named[0] if len(named) == 1 else ""
+    else:
+        name = unquote(dirname)
+    if not name or spool_directory_name(name) != dirname:
         return None
     try:
         validate_journal_name(name, allow_meta=False)

@@ -78,8 +78,25 @@ def _read_held_mark(mark_path: Path) -> int | None:
     return int.from_bytes(data, "little")
 
 
+# The longest spool directory name that is a journal's whole quoted name. A valid journal
+# name may be 512 bytes, more once quoted, and file systems take names of up to 255: a longer
+# one is cut, and told apart from others by a digest after a "~" (in no journal name, and
+# kept by `quote`). The journal's spools' logs name it.
+MAX_QUOTED_NAME = 200
+_KEPT_OF_LONG_NAME = 120
+
+
+def spool_directory_name(journal: str) -> str:
+    """The name of `journal`'s spool directory in a spool root."""
+    quoted = quote(journal, safe="")
+    if len(quoted) <= MAX_QUOTED_NAME:
+        return quoted
+    digest = hashlib.sha256(journal.encode()).hexdigest()[:40]
+    return f"{quoted[:_KEPT_OF_LONG_NAME]}~{digest}"
+
+
 def spool_directory(root: Path, journal: str) -> Path:
-    return root / quote(journal, safe="")
+    return root / spool_directory_name(journal)
 
 
 class Replica:

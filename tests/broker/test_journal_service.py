@@ -313,6 +313,28 @@ async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
         broker.kill()
 
 
+async def test_a_journal_of_the_longest_names_is_written_and_recovered(tmp_path: Path) -> None:
+    """A valid journal name may be 512 bytes, and more once quoted into its spool directory's
+    name, which a file system caps at 255 (`replica.spool_directory_name`): appends to it
+    are acknowledged, and survive a crash."""
+    name = "long/" + "a/" * 150 + "b"
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            assert (await apply_specs(stub, journal_spec(name))).status == pb.OK
+            for i in range(3):
+                assert (await append(stub, name, f"line {i}\n".encode())).status == pb.OK
+        broker.kill()  # A crash: the open spool is recovered.
+        broker.start()
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            got, _meta = await read_all(pb_grpc.JournalStub(channel), name)
+        assert got == b"line 0\nline 1\nline 2\n"
+    finally:
+        broker.kill()
+
+
 # Rules checked against Gazette's broker by tests/interop; here against pygazette alone.
 
 

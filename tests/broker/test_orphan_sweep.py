@@ -22,7 +22,7 @@ from pygazette.broker import cluster_member
 from pygazette.broker.fragment.frontier_log import FILE_NAME, LEGACY_FILE, FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
-from pygazette.broker.replica import spool_directory
+from pygazette.broker.replica import spool_directory, spool_directory_name
 from pygazette.keyspace.keyspace import KeyValue
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
@@ -239,3 +239,31 @@ async def test_the_first_sweep_copies_the_frontier_beside_the_spools_it_moves(
     await _sweep(member, persister)
     assert _stored(tmp_path, "b/journal") == [b"older\n"]
     assert member.frontiers.get("b/journal") == 2
+
+
+LONG = "long/" + "a/" * 150 + "b"  # Valid (at most 512 bytes), 600 once quoted.
+
+
+def test_a_long_journal_name_gets_a_spool_directory_a_file_system_takes() -> None:
+    assert spool_directory_name("a/journal") == "a%2Fjournal"
+    name = spool_directory_name(LONG)
+    assert len(name.encode()) <= 255 - len("-1700000000000000000")  # Moved aside too.
+    assert "~" in name and name != spool_directory_name(LONG + "c")
+    assert spool_directory_name("x" * 512) != spool_directory_name("x" * 511)
+
+
+async def test_orphaned_spools_of_a_long_named_journal_are_persisted(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """Its directory's name does not say the journal (`spool_directory_name`): its spools'
+    logs do, in place and moved aside."""
+    root = tmp_path / "spools"
+    _spool(spool_directory(root, LONG), LONG, b"in place\n")
+    member = _member(tmp_path, persister, {LONG})
+    await _sweep(member, persister)
+    assert _stored(tmp_path, LONG) == [b"in place\n"]
+
+    left = root / cluster_member.ASIDE_DIR / f"{spool_directory_name(LONG)}-1700000000000000000"
+    _spool_at(left, LONG, 9, b"left aside\n")
+    await _sweep(_member(tmp_path, persister, {LONG}), persister)
+    assert _stored(tmp_path, LONG) == [b"in place\n", b"left aside\n"]

@@ -966,6 +966,28 @@ def _data_end(fd: int, start: int, size: int) -> int:
     return start
 
 
+def spool_log_journal(log_path: Path) -> str | None:
+    """The journal a spool log's header names; None if it has no readable header."""
+    try:
+        with open(log_path, "rb") as f:
+            head = f.read(_REC_HEAD.size)
+            if len(head) < _REC_HEAD.size:
+                return None
+            length, crc = _REC_HEAD.unpack(head)
+            payload = f.read(length)  # The header record: journal name and registers.
+    except OSError:
+        return None
+    if len(payload) != length or length < _HEADER.size or zlib.crc32(payload) != crc:
+        return None
+    kind, _begin, _codec, _created, name_len = _HEADER.unpack_from(payload, 0)
+    if kind != _KIND_HEADER:
+        return None
+    try:
+        return payload[_HEADER.size : _HEADER.size + name_len].decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def _parse_records(data: bytes) -> tuple[list[bytes], int]:
     """Framed records from the front of `data`, stopping at the first torn or corrupt one."""
     records = []
