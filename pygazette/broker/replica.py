@@ -29,7 +29,6 @@ import logging
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.fragment.fragment_index import FragmentIndex
@@ -41,6 +40,7 @@ from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import parse_fragment_path
+from pygazette.protocol.path_name import path_name
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 
@@ -78,21 +78,10 @@ def _read_held_mark(mark_path: Path) -> int | None:
     return int.from_bytes(data, "little")
 
 
-# The longest spool directory name that is a journal's whole quoted name. A valid journal
-# name may be 512 bytes, more once quoted, and file systems take names of up to 255: a longer
-# one is cut, and told apart from others by a digest after a "~" (in no journal name, and
-# kept by `quote`). The journal's spools' logs name it.
-MAX_QUOTED_NAME = 200
-_KEPT_OF_LONG_NAME = 120
-
-
 def spool_directory_name(journal: str) -> str:
-    """The name of `journal`'s spool directory in a spool root."""
-    quoted = quote(journal, safe="")
-    if len(quoted) <= MAX_QUOTED_NAME:
-        return quoted
-    digest = hashlib.sha256(journal.encode()).hexdigest()[:40]
-    return f"{quoted[:_KEPT_OF_LONG_NAME]}~{digest}"
+    """The name of `journal`'s spool directory in a spool root (`protocol.path_name`: for a
+    long name, cut and told apart by a digest after a "~"; its spools' logs name it)."""
+    return path_name(journal)
 
 
 def spool_directory(root: Path, journal: str) -> Path:

@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from pygazette.client.append_service import AppendService
 from pygazette.client.journal_client import JournalClient
@@ -61,6 +60,7 @@ from pygazette.keyspace.keyspace import Keyspace, KeyValue
 from pygazette.message.framing import Framing, framing_for
 from pygazette.message.publisher import Publisher
 from pygazette.protocol.labels import label_value
+from pygazette.protocol.path_name import path_name
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import recoverylog_pb2 as rpb
 from pygazette.protocol.shard_validation import recovery_log
@@ -123,7 +123,7 @@ class ShardReplica:
         self._task: asyncio.Task[None] | None = None
         self._recovered_hints: rpb.FSMHints | None = None
         self._local_dir = (
-            ctx.data_dir / "shards" / (quote(spec.id, safe="") + f"-{assignment.create_revision}")
+            ctx.data_dir / "shards" / f"{path_name(spec.id)}-{assignment.create_revision}"
         ).absolute()
         self.progress_state = Progress()
         self.store: Store | None = None
