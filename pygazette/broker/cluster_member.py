@@ -326,8 +326,14 @@ class ClusterMember:
             if item is not None:
                 try:
                     spec = self.decoder.journal_spec(item)
-                except KeyDecodeError:
-                    spec = None
+                except KeyDecodeError as exc:
+                    # Not a deleted journal: its spools stay until its spec reads again.
+                    log.warning(
+                        "not sweeping spools of a journal whose spec does not decode",
+                        extra={"journal": name, "error": str(exc)},
+                    )
+                    candidates.add(name)
+                    continue
                 group = state.assignments_of(name)
                 if not group or not assignments_advertise(route_of(group), group):
                     candidates.add(name)  # Not settled yet: this broker may be needed for
@@ -405,8 +411,14 @@ def _persist_left_aside(member: ClusterMember, aside: Path) -> None:
     if item is not None:
         try:
             spec = member.decoder.journal_spec(item)
-        except KeyDecodeError:
-            spec = None
+        except KeyDecodeError as exc:
+            # Not a deleted journal: looked at again by the next run (or its first sweep).
+            log.warning(
+                "not persisting spools of a journal whose spec does not decode",
+                extra={"journal": name, "error": str(exc)},
+            )
+            member._aside_in_progress.add(aside)
+            return
     if item is None or spec is None:
         log.info("dropping spools of a deleted journal", extra={"journal": name})
         shutil.rmtree(aside, ignore_errors=True)

@@ -24,6 +24,7 @@ from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
 from pygazette.broker.replica import spool_directory, spool_directory_name
 from pygazette.keyspace.keyspace import KeyValue
+from pygazette.keyspace.layout import KeyDecodeError
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 from tests.broker.rpc_helpers import journal_spec
@@ -267,3 +268,26 @@ async def test_orphaned_spools_of_a_long_named_journal_are_persisted(
     _spool_at(left, LONG, 9, b"left aside\n")
     await _sweep(_member(tmp_path, persister, {LONG}), persister)
     assert _stored(tmp_path, LONG) == [b"in place\n", b"left aside\n"]
+
+
+async def test_spools_of_a_journal_whose_spec_does_not_decode_stay(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A spec that does not decode is no deleted journal: its spools, in place or left aside,
+    are neither dropped nor persisted under a spec we can't read."""
+    root = tmp_path / "spools"
+    _spool(spool_directory(root, "a/journal"), "a/journal", b"in place\n")
+    left = root / cluster_member.ASIDE_DIR / "b%2Fjournal-1700000000000000000"
+    _spool(left, "b/journal", b"left aside\n")
+    member = _member(tmp_path, persister, {"a/journal", "b/journal"})
+
+    def undecodable(item: Any) -> pb.JournalSpec:
+        raise KeyDecodeError(f"{item.name}: garbage")
+
+    member.decoder = SimpleNamespace(journal_spec=undecodable)
+    await _sweep(member, persister)
+    await _sweep(member, persister)
+    assert _stored(tmp_path, "a/journal") == _stored(tmp_path, "b/journal") == []
+    assert list(spool_directory(root, "a/journal").glob("*.log"))
+    assert list(left.glob("*.log"))
+    assert member._orphan_candidates == {"a/journal"}  # Looked at again next sweep.
