@@ -44,11 +44,17 @@ from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.journal_service import ClusterServices
 from pygazette.broker.peers import Peers
 from pygazette.broker.pulser import Pulser
-from pygazette.broker.replica import Replica, spool_directory, spool_directory_name
+from pygazette.broker.replica import (
+    Replica,
+    adopt_quoted_directory,
+    spool_directory,
+    spool_directory_name,
+)
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyDecodeError, KeyLayout
 from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.path_name import MAX_QUOTED
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import validate_journal_name
 from pygazette.stores.store import StoreRegistry
@@ -289,6 +295,7 @@ class ClusterMember:
                 elif aside not in self._aside_in_progress:
                     left.append(aside)  # An earlier run's, stopped before it persisted them.
         if first:
+            _adopt_quoted_directories(self)
             self._orphan_candidates = {
                 name
                 for d in self.spool_root.iterdir()
@@ -354,6 +361,26 @@ class ClusterMember:
             log.info("persisting orphaned spools", extra={"journal": name})
             assert item is not None
             _persist_aside(self, spec, item.mod_revision, aside)
+
+
+def _adopt_quoted_directories(member: ClusterMember) -> None:
+    """Move spools an earlier version kept under a long journal name's whole quoted name
+    to the journal's spool directory (`replica.adopt_quoted_directory`; a served journal's
+    replica moved its own): swept from there, not left unread."""
+    moved = False
+    for d in member.spool_root.iterdir():
+        if len(d.name) <= MAX_QUOTED or "~" in d.name or not d.is_dir():
+            continue
+        name = unquote(d.name)
+        if name in member.resolver.replicas or spool_directory_name(name) == d.name:
+            continue
+        try:
+            validate_journal_name(name, allow_meta=False)
+        except ValidationError:
+            continue
+        moved = adopt_quoted_directory(member.spool_root, name) or moved
+    if moved and member.sync:
+        fsync_dir(member.spool_root)
 
 
 def _persist_aside(

@@ -26,16 +26,18 @@ import concurrent.futures
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.fragment.fragment_index import FragmentIndex
 from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.refresher import Refresher
-from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt
+from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt, fsync_dir
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier
 from pygazette.protocol.errors import ValidationError
@@ -88,6 +90,24 @@ def spool_directory(root: Path, journal: str) -> Path:
     return root / spool_directory_name(journal)
 
 
+_MAX_COMPONENT = 255  # Bytes in a path component (the file systems a spool root is on).
+
+
+def adopt_quoted_directory(root: Path, journal: str) -> bool:
+    """Move spools an earlier version kept under `journal`'s whole quoted name (it did not
+    cut long names; one of up to 255 bytes was a directory) to its spool directory. True if
+    moved. Costs nothing for a name `spool_directory_name` does not cut."""
+    quoted = quote(journal, safe="")
+    new = spool_directory(root, journal)
+    if quoted == new.name or len(quoted.encode()) > _MAX_COMPONENT:
+        return False
+    old = root / quoted
+    if not old.is_dir() or new.exists():
+        return False
+    os.rename(old, new)
+    return True
+
+
 class Replica:
     def __init__(
         self,
@@ -104,6 +124,8 @@ class Replica:
         self.spec = spec
         self.mod_revision = mod_revision
         self.spool_dir = spool_directory(spool_root, spec.name)
+        if adopt_quoted_directory(spool_root, spec.name) and sync:
+            fsync_dir(spool_root)
         # Confirmed frontiers (cluster mode) of this spool root's journals.
         self.frontiers = frontiers if frontiers is not None else FrontierLog.at(spool_root)
         if sync:

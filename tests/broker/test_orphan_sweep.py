@@ -291,3 +291,37 @@ async def test_spools_of_a_journal_whose_spec_does_not_decode_stay(
     assert list(spool_directory(root, "a/journal").glob("*.log"))
     assert list(left.glob("*.log"))
     assert member._orphan_candidates == {"a/journal"}  # Looked at again next sweep.
+
+
+MID = "mid/" + "a" * 205  # Valid; quoted, longer than MAX_QUOTED, yet a directory name.
+
+
+async def test_spools_an_earlier_version_kept_under_a_long_quoted_name_are_found(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """Before `path_name` cut long names, a journal whose quoted name is 201 to 255 bytes had
+    its spools under that whole name. Served again, it recovers them (its directory is moved
+    to the new name); not served here, they are swept and persisted, not left unread."""
+    from urllib.parse import quote
+
+    from pygazette.broker.replica import Replica
+
+    root = tmp_path / "spools"
+    assert spool_directory_name(MID) != quote(MID, safe="")
+    _spool(root / quote(MID, safe=""), MID, b"kept\n")
+    replica = Replica(
+        journal_spec(MID),
+        1,
+        spool_root=root,
+        stores=persister.stores,
+        persister=persister,
+        sync=False,
+    )
+    replica.recover_spools()
+    assert replica.spool is not None and replica.spool.end == 5
+    replica.spool.close()
+
+    other = "mid/" + "b" * 205
+    _spool(root / quote(other, safe=""), other, b"orphan\n")
+    await _sweep(_member(tmp_path, persister, {other}), persister)
+    assert _stored(tmp_path, other) == [b"orphan\n"]
