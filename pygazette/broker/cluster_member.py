@@ -26,6 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
@@ -328,19 +329,12 @@ class ClusterMember:
                     extra={"path": str(directory), "files": foreign[:5]},
                 )
                 continue
-            item = self.keyspace.get(self.layout.item_key(name)) if "#" not in name else None
-            spec: pb.JournalSpec | None = None
+            current = _current_spec(self, name)
+            if current is None:
+                candidates.add(name)  # Its spools stay until its spec reads again.
+                continue
+            item, spec = current
             if item is not None:
-                try:
-                    spec = self.decoder.journal_spec(item)
-                except KeyDecodeError as exc:
-                    # Not a deleted journal: its spools stay until its spec reads again.
-                    log.warning(
-                        "not sweeping spools of a journal whose spec does not decode",
-                        extra={"journal": name, "error": str(exc)},
-                    )
-                    candidates.add(name)
-                    continue
                 group = state.assignments_of(name)
                 if not group or not assignments_advertise(route_of(group), group):
                     candidates.add(name)  # Not settled yet: this broker may be needed for
@@ -381,6 +375,22 @@ def _adopt_quoted_directories(member: ClusterMember) -> None:
         moved = adopt_quoted_directory(member.spool_root, name) or moved
     if moved and member.sync:
         fsync_dir(member.spool_root)
+
+
+def _current_spec(member: ClusterMember, name: str) -> tuple[Any, pb.JournalSpec | None] | None:
+    """The journal's keyspace item and spec, both None if it was deleted; None if its spec
+    does not decode (no deleted journal: its spools are neither dropped nor persisted)."""
+    item = member.keyspace.get(member.layout.item_key(name)) if "#" not in name else None
+    if item is None:
+        return None, None
+    try:
+        return item, member.decoder.journal_spec(item)
+    except KeyDecodeError as exc:
+        log.warning(
+            "spools of a journal whose spec does not decode stay",
+            extra={"journal": name, "error": str(exc)},
+        )
+        return None
 
 
 def _persist_aside(
@@ -433,19 +443,11 @@ def _persist_left_aside(member: ClusterMember, aside: Path) -> None:
         log.warning("not a directory of orphaned spools", extra={"path": str(aside)})
         member._aside_in_progress.add(aside)  # Left alone, and not looked at again.
         return
-    item = member.keyspace.get(member.layout.item_key(name))
-    spec: pb.JournalSpec | None = None
-    if item is not None:
-        try:
-            spec = member.decoder.journal_spec(item)
-        except KeyDecodeError as exc:
-            # Not a deleted journal: looked at again by the next run (or its first sweep).
-            log.warning(
-                "not persisting spools of a journal whose spec does not decode",
-                extra={"journal": name, "error": str(exc)},
-            )
-            member._aside_in_progress.add(aside)
-            return
+    current = _current_spec(member, name)
+    if current is None:
+        member._aside_in_progress.add(aside)  # Looked at again by the next run.
+        return
+    item, spec = current
     if item is None or spec is None:
         log.info("dropping spools of a deleted journal", extra={"journal": name})
         shutil.rmtree(aside, ignore_errors=True)
