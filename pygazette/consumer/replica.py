@@ -70,9 +70,13 @@ if TYPE_CHECKING:
     from pygazette.allocator.state import Assignment
     from pygazette.consumer.recoverylog.recorder import Recorder
 
+# Under a consumer's data directory: each shard replica's local store, in a directory of its
+# own made afresh as the replica starts (its state is recovered from the shard's log).
+SHARDS_DIR = "shards"
+
 log = logging.getLogger(__name__)
 
-__all__ = ["RECOVERY_LOG_CONTENT_TYPE", "ConsumerContext", "ShardReplica"]
+__all__ = ["RECOVERY_LOG_CONTENT_TYPE", "SHARDS_DIR", "ConsumerContext", "ShardReplica"]
 
 RECOVERY_LOG_CONTENT_TYPE = "application/x-gazette-recoverylog"
 # A replica interrupted by a transient failure recovers again after this backoff (doubling).
@@ -123,7 +127,7 @@ class ShardReplica:
         self._task: asyncio.Task[None] | None = None
         self._recovered_hints: rpb.FSMHints | None = None
         self._local_dir = (
-            ctx.data_dir / "shards" / f"{path_name(spec.id)}-{assignment.create_revision}"
+            ctx.data_dir / SHARDS_DIR / f"{path_name(spec.id)}-{assignment.create_revision}"
         ).absolute()
         self.progress_state = Progress()
         self.store: Store | None = None

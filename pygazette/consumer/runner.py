@@ -22,6 +22,7 @@ import fcntl
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import time
@@ -42,7 +43,7 @@ from pygazette.auth.tls import ClientTLS, ServerTLS, server_credentials
 from pygazette.client.routed_client import RoutedJournalClient
 from pygazette.consumer.application import Application
 from pygazette.consumer.local_session import LocalSession
-from pygazette.consumer.replica import ConsumerContext, ShardReplica
+from pygazette.consumer.replica import SHARDS_DIR, ConsumerContext, ShardReplica
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.keyspace import Keyspace, KeyValue
@@ -140,6 +141,12 @@ class ConsumerProcess:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
+        # Shards' local stores an earlier process left (killed, or stopped mid-recovery) are
+        # of no use: a replica recovers its shard from the recovery log into a directory
+        # made afresh, under a name that changes with each assignment.
+        stale = cfg.data_dir / SHARDS_DIR
+        if stale.is_dir():
+            await asyncio.to_thread(shutil.rmtree, stale, True)
         self.layout = KeyLayout(cfg.etcd_prefix)
         self.member_key = self.layout.member_key(cfg.zone, cfg.id)
         if cfg.etcd_url:
