@@ -296,12 +296,7 @@ class ClusterMember:
                 elif aside not in self._aside_in_progress:
                     left.append(aside)  # An earlier run's, stopped before it persisted them.
         if first:
-            _adopt_quoted_directories(self)
-            self._orphan_candidates = {
-                name
-                for d in self.spool_root.iterdir()
-                if d.is_dir() and (name := _journal_of_directory(d, d.name))
-            }
+            self._orphan_candidates = _journal_directories(self)
         for aside in left:
             _persist_left_aside(self, aside)
         candidates = self._orphan_candidates
@@ -357,24 +352,30 @@ class ClusterMember:
             _persist_aside(self, spec, item.mod_revision, aside)
 
 
-def _adopt_quoted_directories(member: ClusterMember) -> None:
-    """Move spools an earlier version kept under a long journal name's whole quoted name
-    to the journal's spool directory (`replica.adopt_quoted_directory`; a served journal's
-    replica moved its own): swept from there, not left unread."""
+def _journal_directories(member: ClusterMember) -> set[str]:
+    """The journals the spool root holds directories of, in one listing. A directory an
+    earlier version kept under a long name's whole quoted name is moved to the journal's
+    spool directory first (`replica.adopt_quoted_directory`; a served journal's replica moved
+    its own), to be swept from there, not left unread."""
+    names: set[str] = set()
     moved = False
     for d in member.spool_root.iterdir():
-        if len(d.name) <= MAX_QUOTED or "~" in d.name or not d.is_dir():
+        if not d.is_dir():
             continue
-        name = unquote(d.name)
-        if name in member.resolver.replicas or spool_directory_name(name) == d.name:
-            continue
-        try:
-            validate_journal_name(name, allow_meta=False)
-        except ValidationError:
-            continue
-        moved = adopt_quoted_directory(member.spool_root, name) or moved
+        name = _journal_of_directory(d, d.name)
+        if name is None and len(d.name) > MAX_QUOTED and "~" not in d.name:
+            quoted_name = unquote(d.name)
+            if (
+                quoted_name not in member.resolver.replicas
+                and _is_journal_name(quoted_name)
+                and adopt_quoted_directory(member.spool_root, quoted_name)
+            ):
+                moved, name = True, quoted_name
+        if name is not None:
+            names.add(name)
     if moved and member.sync:
         fsync_dir(member.spool_root)
+    return names
 
 
 def _current_spec(member: ClusterMember, name: str) -> tuple[Any, pb.JournalSpec | None] | None:
@@ -493,13 +494,17 @@ def _journal_of_directory(directory: Path, dirname: str) -> str | None:
         name = named[0] if len(named) == 1 else ""
     else:
         name = unquote(dirname)
-    if not name or spool_directory_name(name) != dirname:
+    if not name or spool_directory_name(name) != dirname or not _is_journal_name(name):
         return None
+    return name
+
+
+def _is_journal_name(name: str) -> bool:
     try:
         validate_journal_name(name, allow_meta=False)
     except ValidationError:
-        return None
-    return name
+        return False
+    return True
 
 
 def _foreign_files(directory: Path) -> list[str]:
