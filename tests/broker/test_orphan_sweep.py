@@ -10,7 +10,6 @@ assignments) is a stand-in that says every journal is settled on other brokers.
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,16 +25,7 @@ from pygazette.broker.replica import spool_directory, spool_directory_name
 from pygazette.keyspace.keyspace import KeyValue
 from pygazette.keyspace.layout import KeyDecodeError
 from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.stores.store import StoreRegistry
 from tests.broker.rpc_helpers import journal_spec
-
-
-@pytest.fixture
-async def persister(tmp_path: Path) -> AsyncIterator[Persister]:
-    p = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
-    p.start()
-    yield p
-    await p.stop()
 
 
 def _member(tmp_path: Path, persister: Persister, journals: set[str]) -> Any:

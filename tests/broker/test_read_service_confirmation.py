@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,9 @@ from pygazette.broker.replica import Replica
 from pygazette.protocol.fragment_name import sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import validate_read_response
-from pygazette.stores.store import StoreRegistry
 from tests.broker.rpc_helpers import journal_spec
 
 JOURNAL = "held/journal"
-
-
-@pytest.fixture
-async def persister(tmp_path: Path) -> AsyncIterator[Persister]:
-    p = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
-    p.start()
-    yield p
-    await p.stop()
 
 
 def _replica(tmp_path: Path, persister: Persister) -> Replica:

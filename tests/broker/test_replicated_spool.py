@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +29,6 @@ from pygazette.keyspace.keyspace import KeyValue
 from pygazette.protocol.fragment_name import fragment_content_path, sha1sum_from_digest
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.stores.store import StoreRegistry
 from tests.broker.rpc_helpers import journal_spec
 
 JOURNAL = "a/journal"
@@ -41,14 +39,6 @@ def _frag(begin: int, end: int, content: bytes = b"", codec: int = pb.NONE) -> p
     if end > begin:
         f.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
     return f
-
-
-@pytest.fixture
-async def persister(tmp_path: Path) -> AsyncIterator[Persister]:
-    p = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
-    p.start()
-    yield p
-    await p.stop()
 
 
 def _replica(tmp_path: Path, persister: Persister) -> Replica:
