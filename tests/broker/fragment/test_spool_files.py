@@ -138,15 +138,7 @@ def test_a_crash_while_a_spool_takes_pooled_files_leaves_no_other_spool_to_recov
 
     # Journal b's first spool (at 0, as journal a's was) takes them, as `Spool.create`
     # does, and the broker is killed before the spool writes its own header.
-    b_dir = root / "b%2Fjournal"
-    b_dir.mkdir()
-    b = Spool(b_dir, "b/journal", 0, pb.NONE, sync=False)
-    assert spool_files.take(b_dir, b.content_path) and spool_files.take(b_dir, b.log_path)
-
-    # Recovering journal b's directory (`Replica.recover_spools`) finds no spool of a.
-    with pytest.raises(SpoolCorrupt):
-        Spool.recover(b.log_path, sync=False)
-    assert b.content_path.stat().st_size == 0
+    _b_takes_the_pool_and_recovers_no_spool_of_a(root)
 
 
 def test_files_a_killed_broker_left_in_the_pool_are_emptied_before_they_are_taken(
@@ -164,13 +156,7 @@ def test_files_a_killed_broker_left_in_the_pool_are_emptied_before_they_are_take
         path.rename(pool / f"left-{n}")
     monkeypatch.setattr(spool_files, "_pools", {})  # The next run: pools are listed afresh.
 
-    b_dir = root / "b%2Fjournal"
-    b_dir.mkdir()
-    b = Spool(b_dir, "b/journal", 0, pb.NONE, sync=False)
-    assert spool_files.take(b_dir, b.content_path) and spool_files.take(b_dir, b.log_path)
-    with pytest.raises(SpoolCorrupt):
-        Spool.recover(b.log_path, sync=False)
-    assert b.content_path.stat().st_size == 0
+    _b_takes_the_pool_and_recovers_no_spool_of_a(root)
 
 
 def test_the_pool_is_no_journals_spool_directory(
@@ -192,3 +178,16 @@ def test_the_pool_is_no_journals_spool_directory(
     assert got.read(0, 100) == b"acknowledged"
     other.delete()
     got.delete()
+
+
+def _b_takes_the_pool_and_recovers_no_spool_of_a(root: Path) -> None:
+    """Journal b's first spool takes two pooled files (journal a's), as `Spool.create` does,
+    and the broker is killed before it writes its header: recovering b's directory
+    (`Replica.recover_spools`) finds no spool of a, and b's content file is empty."""
+    b_dir = root / "b%2Fjournal"
+    b_dir.mkdir()
+    b = Spool(b_dir, "b/journal", 0, pb.NONE, sync=False)
+    assert spool_files.take(b_dir, b.content_path) and spool_files.take(b_dir, b.log_path)
+    with pytest.raises(SpoolCorrupt):
+        Spool.recover(b.log_path, sync=False)
+    assert b.content_path.stat().st_size == 0
