@@ -22,7 +22,6 @@ from pygazette.broker.replica import Replica
 from pygazette.keyspace.keyspace import KeyValue
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.broker.test_replicated_spool import _replica as clustered_replica
-from tests.broker.test_replicated_spool import persister as persister  # The fixture.
 
 JOURNAL = "a/journal"
 

@@ -15,9 +15,7 @@ from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replicate_service import _apply
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.broker.test_replicated_spool import _content, _frag, _replica, persister
-
-__all__ = ["persister"]  # The fixture, shared with the spool tests.
+from tests.broker.test_replicated_spool import _content, _frag, _replica
 
 
 def _proposal(
