@@ -147,7 +147,7 @@ class KafkaSystem(System):
         again if one fails: a retry starts the cluster afresh on other ports)."""
         classpath = str(jar_dir() / "*")
         voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports, start=1))
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         rf = self.brokers
         try:
             for i, (port, controller) in enumerate(ports, start=1):
@@ -372,3 +372,13 @@ class KafkaSystem(System):
     async def flush(self, log: str) -> None:
         await asyncio.to_thread(self.latency_producer.flush)
         self._check()
+
+
+def _cluster_id() -> str:
+    """A random cluster ID as Kafka makes them (`Uuid.randomUuid`): URL-safe base64 of 16
+    bytes, never starting with "-", which `kafka-storage format --cluster-id` would take for
+    an option (one ID in 64 did, failing the format)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
