@@ -23,6 +23,7 @@ import math
 import threading
 import time
 
+from pygazette.allocator.allocator import MemberKeyMissing
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put
 
@@ -148,3 +149,21 @@ class MemberSession:
             await asyncio.to_thread(thread.join)
         if revoke and self.lease and not self.lost.is_set():
             await self.ks.revoke_lease(self.lease)
+
+
+async def membership_ended(lost: asyncio.Event, allocator: asyncio.Task[None]) -> str | None:
+    """Wait until a member's allocator finishes (the member drained: None) or its membership
+    is lost (`lost`, its session's): then why — the lease expired, or the member's key
+    vanished (`MemberKeyMissing`). Any other failure of the allocator is raised."""
+    lost_wait = asyncio.ensure_future(lost.wait())
+    try:
+        await asyncio.wait([allocator, lost_wait], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost_wait.cancel()
+    if lost.is_set():
+        return "the etcd lease was lost"
+    try:
+        allocator.result()
+    except MemberKeyMissing as exc:
+        return str(exc)
+    return None

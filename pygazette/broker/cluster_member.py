@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
-from pygazette.allocator.session import MemberSession
+from pygazette.allocator.allocator import Allocator, ObservedState
+from pygazette.allocator.session import MemberSession, membership_ended
 from pygazette.auth.authorizer import Authorizer
 from pygazette.auth.tls import ClientTLS
 from pygazette.broker.allocation import JournalDecoder, assignments_advertise, route_of
@@ -192,17 +192,9 @@ class ClusterMember:
     async def ended(self) -> str:
         """Return why the member stopped on its own ("drained"), or raise MemberFailed."""
         assert self._allocator_task is not None
-        lost = asyncio.ensure_future(self.session.lost.wait())
-        try:
-            await asyncio.wait([self._allocator_task, lost], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-        if self.session.lost.is_set():
-            raise MemberFailed("the etcd lease was lost")
-        try:
-            self._allocator_task.result()
-        except MemberKeyMissing as exc:
-            raise MemberFailed(str(exc)) from exc
+        failure = await membership_ended(self.session.lost, self._allocator_task)
+        if failure is not None:
+            raise MemberFailed(failure)
         return "drained"
 
     async def drain(self) -> None:

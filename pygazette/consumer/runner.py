@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 import grpc.aio
 
-from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
-from pygazette.allocator.session import MemberSession
+from pygazette.allocator.allocator import Allocator, ObservedState
+from pygazette.allocator.session import MemberSession, membership_ended
 from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.auth.request_guard import RequestGuard
 from pygazette.auth.server_interceptor import AuthServerInterceptor
@@ -235,17 +235,9 @@ class ConsumerProcess:
         """Return once the allocator finished (drained); raise ConsumerFailed if membership
         was lost."""
         assert self._allocator_task is not None
-        lost = asyncio.ensure_future(self.session.lost.wait())
-        try:
-            await asyncio.wait([self._allocator_task, lost], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-        if self.session.lost.is_set():
-            raise ConsumerFailed("the etcd lease was lost")
-        try:
-            self._allocator_task.result()
-        except MemberKeyMissing as exc:
-            raise ConsumerFailed(str(exc)) from exc
+        failure = await membership_ended(self.session.lost, self._allocator_task)
+        if failure is not None:
+            raise ConsumerFailed(failure)
 
     async def drain(self) -> None:
         """Mark this member exiting and wait (bounded) for its shards to move elsewhere."""

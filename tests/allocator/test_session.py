@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import pytest
+
+from pygazette.allocator.allocator import MemberKeyMissing
 from pygazette.allocator.metrics import LeaseCollector
-from pygazette.allocator.session import MemberSession
+from pygazette.allocator.session import MemberSession, membership_ended
 from pygazette.keyspace.etcd import EtcdKeyspace
 from pygazette.keyspace.layout import KeyLayout
 from tests.support.etcd_process import EtcdProcess
@@ -54,3 +58,34 @@ async def ks_key_gone(etcd: EtcdProcess, root: str, key: str) -> bool:
         return await ks.get_remote(key) is None
     finally:
         await ks.close()
+
+
+async def test_membership_ends_drained_lost_or_with_its_key_missing() -> None:
+    async def allocator(outcome: BaseException | None, after: asyncio.Event) -> None:
+        await after.wait()
+        if outcome is not None:
+            raise outcome
+
+    # The allocator finished on its own: the member drained.
+    lost, go = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(allocator(None, go))
+    go.set()
+    assert await membership_ended(lost, task) is None
+
+    # The lease was lost while the allocator still ran.
+    lost, never = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(allocator(None, never))
+    asyncio.get_running_loop().call_soon(lost.set)
+    assert await membership_ended(lost, task) == "the etcd lease was lost"
+    task.cancel()
+
+    # The member's key vanished: the allocator's error says why.
+    lost, go = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(allocator(MemberKeyMissing("member key is gone"), go))
+    go.set()
+    assert await membership_ended(lost, task) == "member key is gone"
+
+    # Any other failure is the allocator's own, and raised.
+    task = asyncio.create_task(allocator(RuntimeError("bug"), go))
+    with pytest.raises(RuntimeError, match="bug"):
+        await membership_ended(asyncio.Event(), task)
