@@ -141,15 +141,17 @@ class RetryReader:
             except (OffsetJump, ReaderCancelled):
                 raise
             except OffsetNotYetAvailable:
+                # The Reader is spent either way: a later read asks a broker again (as
+                # Gazette's RetryReader restarts its Reader before surfacing the error).
+                await self._restart()
                 if not reader.request.block:
                     raise
                 # `block` was switched on after a non-blocking read started: restart blocking.
-                await self._restart()
             except Suspended:
                 # A suspended journal has nothing to read until an append resumes it.
+                await self._restart()
                 if not reader.request.block:
                     raise
-                await self._restart()
             except InvalidResponse as exc:
                 # A response that breaks Gazette's rules (counted where it was caught): as
                 # Gazette's RetryReader, log it and read again after a backoff.

@@ -114,6 +114,20 @@ async def test_non_blocking_read_at_the_head_raises(client: JournalClient) -> No
         await RetryReader(client, J, offset=3).read()
 
 
+async def test_retry_reader_polls_again_after_reaching_the_head(client: JournalClient) -> None:
+    # OFFSET_NOT_YET_AVAILABLE ends one Read RPC, not the RetryReader: as Gazette's, a later
+    # read asks again and returns what was appended meanwhile.
+    await append(client, J, b"abc")
+    rr = RetryReader(client, J, offset=3)
+    for _ in range(2):
+        with pytest.raises(OffsetNotYetAvailable):
+            await rr.read()
+    assert rr.offset == 3
+    await append(client, J, b"def")
+    assert await rr.read() == b"def"
+    await rr.aclose()
+
+
 async def test_blocking_reads_see_later_appends(client: JournalClient) -> None:
     await append(client, J, b"old\n")
     reader = RetryReader(client, J, offset=4, block=True)
