@@ -128,6 +128,29 @@ async def test_retry_reader_polls_again_after_reaching_the_head(client: JournalC
     await rr.aclose()
 
 
+async def test_non_blocking_read_at_the_head_keeps_the_head_it_was_told(
+    client: JournalClient,
+) -> None:
+    # A non-blocking read from -1 that finds nothing yet stays at the write head the broker
+    # resolved (as Gazette's Reader adopts the response's offset): content appended after it
+    # is the next thing read, not skipped by resolving -1 again to a later head.
+    empty = RetryReader(client, J, offset=-1)
+    with pytest.raises(OffsetNotYetAvailable):
+        await empty.read()
+    assert empty.offset == 0
+    await append(client, J, b"abc")
+    assert await empty.read() == b"abc"
+
+    rr = RetryReader(client, J, offset=-1)
+    with pytest.raises(OffsetNotYetAvailable):
+        await rr.read()
+    assert rr.offset == 3
+    await append(client, J, b"def")
+    assert await rr.read() == b"def"
+    await empty.aclose()
+    await rr.aclose()
+
+
 async def test_blocking_reads_see_later_appends(client: JournalClient) -> None:
     await append(client, J, b"old\n")
     reader = RetryReader(client, J, offset=4, block=True)
