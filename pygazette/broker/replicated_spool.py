@@ -153,6 +153,8 @@ class ReplicatedSpool:
         self.delta = 0
         self._running: hashlib._Hash | None = None  # SHA-1 of [begin, end + delta).
         self.confirmed = confirmed
+        # Whether the broker's frontier log holds a record of this journal's frontier.
+        self._recorded = confirmed is not None
         # The greatest offset this broker, as primary, sent a confirmation for that not
         # every peer acknowledged (-1: none above the frontier): some peer may hold the
         # content up to it as confirmed (see the module docstring). In memory only.
@@ -183,7 +185,14 @@ class ReplicatedSpool:
         never moves back)."""
         assert self.confirmed is not None
         if offset <= self.confirmed:
+            if not self._recorded:
+                # A frontier trusted for want of a record (a new journal's 0, say) is
+                # recorded once a pipeline confirms it, before anything commits past it:
+                # without a record, a restart would trust whatever was committed since.
+                self._recorded = True
+                self.replica.frontiers.set(self.journal, self.confirmed)
             return
+        self._recorded = True
         self.confirmed = offset
         if self.in_doubt <= offset:
             self.in_doubt = -1  # Confirmed everywhere now: in doubt no longer.

@@ -92,3 +92,38 @@ async def test_a_commit_with_header_confirms_itself_on_a_route_of_two(
     assert resp is not None and resp.status == pb.OK
     assert (rs.end, rs.confirmed, r.readable_end) == (6, 6, 6)
     rs.close()
+
+
+async def test_a_new_journals_unconfirmed_first_commit_is_cut_after_a_restart(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """A replica of a new journal (no frontier recorded: nothing to confirm but offset 0)
+    commits the journal's first append and is killed before the confirmation of it. Its
+    primary fails the append (UNAVAILABLE: confirmed nowhere). Restarted, the replica must
+    not take that commit for confirmed: a frontier-less replica used to trust its spools
+    whole (as a single-node data directory's), show the append to readers, and answer the
+    next pipeline with it, which rolled the journal forward past the failed append."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None and rs.confirmed == 0
+    regs = pb.LabelSet()
+    # A pipeline opens (its synchronising round, then its confirmation), as `_start_pipeline`.
+    resp = await _apply(r, _proposal(_frag(0, 0), regs, header=True), is_first=True)
+    assert resp is not None and resp.status == pb.OK
+    resp = await _apply(r, _proposal(_frag(0, 0), regs, header=True), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    # The first append commits here; no confirmation follows (the replica is killed).
+    await _content(rs, b"failed append")
+    resp = await _apply(r, _proposal(_frag(0, 13, b"failed append"), regs), is_first=False)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs.end, rs.confirmed, r.readable_end) == (13, 0, 0)
+
+    r2 = _replica(tmp_path, persister)
+    rs2 = r2.rspool
+    assert rs2 is not None
+    assert (rs2.confirmed, r2.readable_end, r2.head) == (0, 0, 0)
+    assert rs2.unconfirmed
+    # The next pipeline (here, its primary proposes the empty journal) cuts it.
+    resp = await _apply(r2, _proposal(_frag(0, 0), regs, header=True), is_first=True)
+    assert resp is not None and resp.status == pb.OK
+    assert (rs2.begin, rs2.end) == (0, 0)
