@@ -298,6 +298,11 @@ async def _fragment_chunks(
 
 
 def _pread_file(path: object, pos: int, n: int) -> bytes:
-    with open(str(path), "rb") as f:
-        f.seek(pos)
-        return f.read(n)
+    try:
+        with open(str(path), "rb") as f:
+            f.seek(pos)
+            return f.read(n)
+    except FileNotFoundError as exc:
+        # Removed from the store since the last listing, as an object store's missing
+        # object (a FileNotFoundError would be taken for a spool that persisted).
+        raise StoreNotFound(f"no such fragment file {path}") from exc

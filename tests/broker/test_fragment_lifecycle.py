@@ -287,3 +287,37 @@ def test_compressed_fragments_round_trip_in_memory() -> None:
         c = codecs.new_compressor(codec)
         z = c.compress(data[:5000]) + c.compress(data[5000:]) + c.finish()
         assert codecs.decompress(codec, z) == data
+
+
+@pytest.mark.parametrize("codec", [pb.NONE, pb.SNAPPY])
+async def test_read_of_a_fragment_file_removed_since_the_listing(
+    broker_proc: BrokerProcess, codec: int
+) -> None:
+    # A fragment file removed from a file:// store (retention by another broker, or by hand)
+    # before the next listing is a fragment gone from the store: the broker lists again and
+    # reads on from what is left, at once. It took the file's absence for a persisted spool
+    # and queried the same fragment again, sending its metadata over and over until the
+    # next scheduled listing (here a minute away).
+    name = f"lifecycle/removed/{codec}"
+    first, second = b"a" * 2000, b"b" * 2000
+    async with grpc.aio.insecure_channel(broker_proc.address) as channel:
+        stub = pb_grpc.JournalStub(channel)
+        assert (await apply_specs(stub, journal_spec(name, codec=codec, length=1024))).status == (
+            pb.OK
+        )
+        for data in (first, second, b"c"):  # Each append closes the spool before it.
+            assert (await append(stub, name, data)).status == pb.OK
+        frags = await wait_persisted(stub, name, len(first) + len(second))
+        (gone,) = [f for f in frags if f.begin == 0]
+        (broker_proc.data_dir / "fragments" / fragment_content_path(gone)).unlink()
+
+        content, meta = await read_all(stub, name)
+        assert content == second + b"c"
+        # The gone fragment's metadata (sent before its file was found missing), then a
+        # jump past it to the journal's first fragment left.
+        assert [(m.status, m.offset) for m in meta] == [
+            (pb.OK, 0),
+            (pb.OK, len(first)),
+            (pb.OK, len(first) + len(second)),
+            (pb.OFFSET_NOT_YET_AVAILABLE, len(first) + len(second) + 1),
+        ]
