@@ -308,7 +308,10 @@ class ShardResolver:
             return
         written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._reports.append((entry, status, written))
-        if len(self._writers) < STATUS_WRITERS:
+        # Count only writers still running: one that finished (it found no report waiting)
+        # stays in `_writers` until its done callback runs, later in this turn of the loop,
+        # and would never take this report.
+        if sum(1 for w in self._writers if not w.done()) < STATUS_WRITERS:
             task = asyncio.create_task(self._write_reports(), name="shard-status-writer")
             self._writers.add(task)
             task.add_done_callback(self._writers.discard)

@@ -20,9 +20,11 @@ import pytest
 from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
 from pygazette.allocator.session import MemberSession
 from pygazette.allocator.state import Assignment
+from pygazette.consumer import resolver as resolver_module
 from pygazette.consumer.key_space import ShardDecoder
 from pygazette.consumer.resolver import (
     STATUS_BATCH,
+    STATUS_WRITERS,
     ReplicaStopped,
     ResolveError,
     ShardResolver,
@@ -452,6 +454,68 @@ async def test_a_status_batch_that_lost_a_race_is_written_report_by_report(
         want = RS(code=RS.FAILED, errors=["concurrent"]) if kv.key == raced else RS(code=RS.PRIMARY)
         assert RS.FromString(kv.value) == want
     assert t.resolver.status_txns == 0  # The batch failed; each went alone.
+    await t.resolver.stop()
+
+
+class _GatedKeyspace(EmbeddedKeyspace):
+    """In memory; holds status transactions while `gate` is closed, so that the writers
+    holding them all go on (and finish) in one turn of the event loop."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.held = 0
+        self.all_held = asyncio.Event()
+        self.hold = 0
+
+    async def txn(self, compares: list[Compare], ops: list[Put | Delete]) -> TxnResult:  # type: ignore[override]
+        if not self.gate.is_set() and compares and all("/assign/" in op.key for op in ops):
+            self.held += 1
+            if self.held == self.hold:
+                self.all_held.set()
+            await self.gate.wait()
+        return await super().txn(compares, ops)
+
+
+async def test_a_report_made_as_every_status_writer_finishes_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every writer busy with a report of its own; they all finish in one turn of the loop,
+    # and a replica woken by the first one reports again before the finished writers are
+    # dropped from the count of writers. That report must still get a writer: it used to
+    # wait, unwritten, until some other report came along (for ever, in a quiet process).
+    monkeypatch.setattr(resolver_module, "STATUS_BATCH", 1)  # One report per writer.
+    ks = _GatedKeyspace()
+    t = await _local(tmp_path, ks)
+    t.replicas.auto_status = False
+    ids = [f"shard-{i:03d}" for i in range(STATUS_WRITERS)]
+    ops: list[Put | Delete] = []
+    for sid in ids:
+        ops.append(Put(t.layout.item_key(sid), shard_spec(sid).SerializeToString()))
+        ops.append(Put(t.asn_key(sid, "local", 0), b""))
+    await t.put(*ops)
+    first, *others = t.replicas.made
+
+    async def report_twice() -> None:
+        await first.report(RS(code=RS.STANDBY))
+        await first.report(RS(code=RS.PRIMARY))  # As soon as the first is written.
+
+    ks.gate.clear()
+    ks.hold = STATUS_WRITERS
+    twice = asyncio.ensure_future(report_twice())
+    rest = [asyncio.ensure_future(r.report(RS(code=RS.STANDBY))) for r in others]
+    async with asyncio.timeout(WITHIN):
+        await ks.all_held.wait()  # Each writer holds one report.
+    ks.gate.set()
+    try:
+        async with asyncio.timeout(5.0):
+            await twice
+    finally:
+        twice.cancel()
+    await asyncio.gather(*rest)
+    kv = ks.get(t.asn_key(first.spec.id, "local", 0))
+    assert kv is not None and RS.FromString(kv.value).code == RS.PRIMARY
     await t.resolver.stop()
 
 
