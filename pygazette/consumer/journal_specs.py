@@ -83,7 +83,10 @@ class JournalSpecs:
             inflight.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._inflight[name] = inflight
             self._wanted.append(name)
-            if len(self._fetchers) < self.lookups:
+            # Count only lookups still running: one that found nothing more wanted and
+            # returned stays in `_fetchers` until its done callback runs, later in this
+            # turn of the loop, and would never take this name.
+            if sum(1 for f in self._fetchers if not f.done()) < self.lookups:
                 task = asyncio.create_task(self._fetch_wanted(), name="journal-specs")
                 self._fetchers.add(task)
                 task.add_done_callback(self._fetchers.discard)

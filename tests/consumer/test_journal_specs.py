@@ -104,3 +104,41 @@ async def test_list_specs_looks_several_journals_up_in_one_list(broker: BrokerPr
         got = await list_specs(client)(["specs/c", "specs/missing", "specs/a", "specs/c"])
         assert sorted(got) == ["specs/a", "specs/c"]
         assert got["specs/a"].labels.labels[0].value == "application/x-ndjson"
+
+
+async def test_an_ask_made_as_every_lookup_finishes_is_looked_up() -> None:
+    # Every lookup busy with a name of its own; they all finish in one turn of the loop, and
+    # a shard woken meanwhile asks for another journal before the finished lookups are
+    # dropped from the count of lookups in flight. Its name must still be looked up: it used
+    # to wait, with no lookup to take it, until some other ask came along (for ever, in a
+    # quiet process: the shard never started).
+    broker = _Broker({"a", "b", "c", "d", "e"})
+    answered = asyncio.Event()
+    all_asked = asyncio.Event()
+    fetch = broker.fetch
+
+    async def fetch_then_wake(names: Sequence[str]) -> dict[str, pb.JournalSpec]:
+        if len(broker.asked) == 3:
+            all_asked.set()
+        got = await fetch(names)
+        answered.set()  # Wakes the late asker in this turn, ahead of the lookups' ends.
+        return got
+
+    specs = JournalSpecs(fetch_then_wake, batch=1, lookups=4)
+    asks = [asyncio.ensure_future(specs.get(n)) for n in "abcd"]
+
+    async def late_ask() -> pb.JournalSpec:
+        await answered.wait()
+        return await specs.get("e")
+
+    late = asyncio.ensure_future(late_ask())
+    async with asyncio.timeout(5.0):
+        await all_asked.wait()
+    assert len(broker.asked) == 4  # One lookup per name, all four in flight.
+    broker.release.set()
+    assert [s.name for s in await asyncio.gather(*asks)] == list("abcd")
+    try:
+        async with asyncio.timeout(5.0):
+            assert (await late).name == "e"
+    finally:
+        late.cancel()
