@@ -65,6 +65,7 @@ import asyncio
 import hashlib
 import logging
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -341,8 +342,9 @@ class ReplicatedSpool:
         spool, pending, running = self.replica.spool, self.pending, self._running
         assert spool is not None and pending is not None and running is not None
         changed = None if registers == self.registers else _copy_labels(registers)
+        cancelled = None
         if spool.sync:
-            await asyncio.to_thread(spool.commit, pending, changed, running)
+            cancelled = await run_to_completion(spool.commit, pending, changed, running)
         else:
             spool.commit(pending, changed, running)
         self.end = spool.end
@@ -350,6 +352,8 @@ class ReplicatedSpool:
         self.replica.registers = _copy_labels(registers)
         self.pending, self._running, self.delta = None, None, 0
         # Readers are not woken: they see the commit once it is confirmed (`set_readable`).
+        if cancelled is not None:
+            raise cancelled  # Committed all the same (and accounted for): unconfirmed.
 
     # Completion and cuts.
     def _complete_spool(self, *, primary: bool, keep_in_doubt: bool = False) -> None:
@@ -456,6 +460,27 @@ def load_frontier(host: SpoolHost) -> int | None:
         host.frontiers.set(host.name, legacy)
     (host.spool_dir / LEGACY_FILE).unlink(missing_ok=True)
     return recorded
+
+
+async def run_to_completion(
+    fn: Callable[..., None], *args: object
+) -> asyncio.CancelledError | None:
+    """Run `fn(*args)` on a worker thread and wait until it has finished, even if the caller
+    is cancelled meanwhile (the thread would go on regardless: a spool commit lands all the
+    same, and whoever tracks the spool's end must know it). Returns the cancellation to
+    raise once the caller has taken the result in (None: not cancelled); `fn`'s own error is
+    raised."""
+    done = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = None
+    while True:
+        try:
+            await asyncio.shield(done)
+            return cancelled
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+            if done.done():  # It finished as the cancellation came.
+                done.result()
+                return cancelled
 
 
 def _write_and_hash(pending: PendingAppend, running: hashlib._Hash, content: bytes) -> None:

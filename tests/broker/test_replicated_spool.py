@@ -6,8 +6,10 @@ must cut when a new primary proposes something else.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +19,7 @@ from pygazette.allocator.state import Assignment
 from pygazette.broker import cluster_member
 from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.spool import Spool
 from pygazette.broker.replica import Replica, spool_directory
 from pygazette.broker.replicate_service import _apply
 from pygazette.broker.replicated_spool import (
@@ -670,3 +673,60 @@ async def test_a_rolled_spool_in_doubt_is_hidden_and_unpersisted_until_confirmed
     _shown_within_head(r)
     frag, spool, _ = r.index.query(10)
     assert spool is None and frag is not None and (frag.begin, frag.end) == (0, 18)
+
+
+async def test_a_commit_cut_short_while_it_syncs_is_accounted_for(
+    tmp_path: Path, persister: Persister, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `sync`, a commit runs on a worker thread, which goes on when the awaiting task
+    is cancelled (a replica's stream cancelled by its primary's failing pipeline, or a
+    primary's append by its client). The spool then holds the commit: the replicated spool
+    must know it, or the next append is written after it while proposals say otherwise, and
+    the failed append's bytes end up in the fragment at offsets the journal reuses."""
+    r = Replica(
+        journal_spec(JOURNAL),
+        1,
+        spool_root=tmp_path / "spools",
+        stores=persister.stores,
+        persister=persister,
+        sync=True,
+    )
+    r.recover_replicated()
+    r.readable_end = r.rspool.confirmed if r.rspool is not None else None
+    rs = r.rspool
+    assert rs is not None
+    release, entered = threading.Event(), threading.Event()
+    original = Spool.commit
+
+    def slow_commit(self: Spool, *args: object, **kwargs: object) -> None:
+        entered.set()
+        release.wait(10)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Spool, "commit", slow_commit)
+    await _content(rs, b"failed append")
+    commit = asyncio.ensure_future(
+        rs.apply_proposal(_frag(0, 13, b"failed append"), pb.LabelSet(), primary=False)
+    )
+    assert await asyncio.to_thread(entered.wait, 10)
+    commit.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await commit
+    rs.rollback()  # As the cancelled stream's end does.
+    for _ in range(500):  # The worker thread goes on: the commit lands.
+        if r.spool is not None and r.spool.end == 13:
+            break
+        await asyncio.sleep(0.01)
+    assert r.spool is not None and r.spool.end == 13
+    assert rs.end == r.spool.end
+
+    # A new pipeline proposes the journal without it: the commit (unconfirmed) is cut, and
+    # the next append lands at offset 0.
+    assert rs.unconfirmed
+    rs.cut_unconfirmed(keep_in_doubt=True)
+    assert (await rs.apply_proposal(_frag(0, 0), pb.LabelSet(), primary=False)).status == pb.OK
+    await _content(rs, b"other")
+    ok = await rs.apply_proposal(_frag(0, 5, b"other"), pb.LabelSet(), primary=False)
+    assert ok.status == pb.OK
+    assert r.spool is not None and r.spool.read(0, 100) == b"other"
