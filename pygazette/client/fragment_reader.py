@@ -14,10 +14,10 @@ import asyncio
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Protocol
 from urllib.parse import unquote, urlsplit
 
+from pygazette.client.byte_stream import ByteStream
 from pygazette.client.errors import (
     CorruptFragment,
     DidNotReadExpectedEOF,
@@ -41,7 +41,7 @@ class RawSource(Protocol):
     def close(self) -> None: ...
 
 
-class FragmentReader:
+class FragmentReader(ByteStream):
     """Reads the content of one opened fragment, from a journal offset to the fragment's end.
 
     `offset` is the journal offset of the next byte `read()` returns. `read()` returns b"" only
@@ -135,26 +135,6 @@ class FragmentReader:
         raw, self._raw = self._raw, None
         if raw is not None:
             await asyncio.to_thread(raw.close)
-
-    def __aiter__(self) -> FragmentReader:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self.read()
-        if not chunk:
-            raise StopAsyncIteration
-        return chunk
-
-    async def __aenter__(self) -> FragmentReader:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 async def new_fragment_reader(

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import TracebackType
 
 import grpc.aio
 
+from pygazette.client.byte_stream import ByteStream
 from pygazette.client.errors import OffsetJump, ReaderCancelled
 from pygazette.client.fragment_reader import FragmentReader, open_fragment_url
 from pygazette.client.journal_client import JournalClient
@@ -48,7 +48,7 @@ def read_request(
     )
 
 
-class Reader:
+class Reader(ByteStream):
     """Reads a journal through a single Read RPC.
 
     `journal` is a journal name (options as keywords) or a complete `pb.ReadRequest`.
@@ -291,26 +291,6 @@ class Reader:
         self._cancelled = True
         self._eof = True
         await self._teardown()
-
-    def __aiter__(self) -> Reader:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self.read()
-        if not chunk:
-            raise StopAsyncIteration
-        return chunk
-
-    async def __aenter__(self) -> Reader:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"Reader({self.journal!r}, offset={self.offset})"

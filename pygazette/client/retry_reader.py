@@ -22,11 +22,11 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from types import TracebackType
 
 import grpc
 import grpc.aio
 
+from pygazette.client.byte_stream import ByteStream
 from pygazette.client.errors import (
     CorruptFragment,
     DidNotReadExpectedEOF,
@@ -77,7 +77,7 @@ def backoff(attempt: int) -> float:
     return 5.0
 
 
-class RetryReader:
+class RetryReader(ByteStream):
     """Reads a journal from `offset`, restarting Read RPCs as needed.
 
     Not safe for concurrent reads; `cancel()` may be called from another task to abort a read
@@ -276,26 +276,6 @@ class RetryReader:
     async def aclose(self) -> None:
         """Abort the current Read RPC, if any."""
         await self.reader.aclose()
-
-    def __aiter__(self) -> RetryReader:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self.read()
-        if not chunk:
-            raise StopAsyncIteration
-        return chunk
-
-    async def __aenter__(self) -> RetryReader:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"RetryReader({self.journal!r}, offset={self.offset})"
