@@ -39,7 +39,7 @@ from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.refresher import Refresher
 from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt, fsync_dir
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
-from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier
+from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier, run_to_completion
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import parse_fragment_path
 from pygazette.protocol.path_name import path_name
@@ -569,14 +569,19 @@ class Replica:
     ) -> None:
         """Commit the append with the journal's new registers; roll the spool if due."""
         changed = registers if registers != self.registers else None
+        cancelled = None
         if spool.sync:
-            await asyncio.to_thread(spool.commit, pending, changed, running, summing)
+            # Waited for even if cancelled: the thread commits all the same, and the next
+            # append (the pipeline is released on the cancellation) must follow it.
+            cancelled = await run_to_completion(spool.commit, pending, changed, running, summing)
         else:
             spool.commit(pending, changed, running, summing)
         self.registers = registers
         self.index.spool_committed()
         if self.spool_needs_roll(spool.last_append_time or 0.0):
             self.close_spool()
+        if cancelled is not None:
+            raise cancelled
 
     def drop_empty_append(self, spool: Spool) -> None:
         """An empty append commits nothing: drop a spool opened for it alone."""

@@ -4,6 +4,7 @@ change) and the persister's handling of stores (moves, duplicates, templates, ba
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.spool import Spool
 from pygazette.broker.replica import Replica
 from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import codecs
 from pygazette.stores.store import StoreRegistry
@@ -206,3 +209,55 @@ async def test_fragment_already_in_the_store_is_not_uploaded_again(harness: Harn
     r.close_spool()
     await _until(lambda: harness.persister.persisted_count == 2)
     assert harness.persister.uploaded_bytes == 1024
+
+
+async def test_a_synced_commit_cut_short_still_takes_its_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Single node, --sync: an append's commit runs on a worker thread, which goes on when
+    the append is cancelled (its client went away) during the fdatasync. The append is then
+    in the spool's log: the journal's registers must be the ones it set (as a restart finds
+    them), or a later append's check_registers is checked against registers of the past."""
+    h = Harness(tmp_path)
+    r = Replica(
+        journal_spec("roll/cancelled"),
+        1,
+        spool_root=tmp_path / "spools",
+        stores=h.stores,
+        persister=h.persister,
+        sync=True,
+    )
+    release, entered = threading.Event(), threading.Event()
+    original = Spool.commit
+
+    def slow_commit(self: Spool, *args: object, **kwargs: object) -> None:
+        entered.set()
+        release.wait(10)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Spool, "commit", slow_commit)
+    spool, pending, running = r.start_append()
+    pending.write(b"record\n")
+    running.update(b"record\n")
+    fenced = label_set({"owner": "new"})
+    commit = asyncio.ensure_future(r.commit_append(spool, pending, running, None, fenced))
+    assert await asyncio.to_thread(entered.wait, 10)
+    commit.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await commit
+    await _until(lambda: spool.end == 7)  # The worker thread went on: the append is in.
+    assert r.registers == fenced
+
+    restarted = Replica(
+        journal_spec("roll/cancelled"),
+        1,
+        spool_root=tmp_path / "spools",
+        stores=h.stores,
+        persister=h.persister,
+        sync=True,
+    )
+    restarted.recover_spools()
+    assert restarted.registers == fenced
+    spool.delete()
+    await h.persister.stop()
