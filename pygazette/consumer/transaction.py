@@ -70,9 +70,11 @@ class _Committed:
         read_through: dict[str, int],
         messages: int = 0,
         nbytes: int = 0,
+        service: AppendService | None = None,
     ) -> None:
         self.commit = commit
         self.acks = acks
+        self.service = service  # Of recovered ACK intents (`commit` None): see `wait`.
         self.read_through = read_through
         self.messages = messages
         self.nbytes = nbytes
@@ -102,6 +104,11 @@ class _Committed:
             except JournalNotFound:
                 if self.commit is None:  # A recovered intent of a journal since deleted.
                     log.warning("dropping recovered ACK intent", extra={"journal": ack.journal})
+                    if self.service is not None:
+                        # The service keeps a journal's terminal failure and hands it to
+                        # every later commit (as a pending append it waits for), which
+                        # would fail them all: this one is dropped, as Gazette drops it.
+                        self.service.clear_error(ack.journal)
                     continue
                 raise
             if ack.response is not None:
@@ -172,7 +179,9 @@ class Transactions:
             self.service.append(intent.journal, intent.intent)
             for intent in checkpoint_ack_intents(cp)
         ]
-        return _Committed(None, acks, {j: s.read_through for j, s in cp.sources.items()})
+        return _Committed(
+            None, acks, {j: s.read_through for j, s in cp.sources.items()}, service=self.service
+        )
 
     # The loop ----------------------------------------------------------------------------
 

@@ -11,9 +11,11 @@ still count 1, 2, …, N per key. An application error, by contrast, still fails
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -21,6 +23,7 @@ from grpc.aio import AioRpcError, Metadata
 
 from pygazette.client import JournalClient, apply_journals
 from pygazette.client.append_service import DependencyFailed
+from pygazette.client.list_apply import list_journals
 from pygazette.consumer.metrics import RECOVERIES
 from pygazette.consumer.recoverylog import RecorderFailed
 from pygazette.consumer.replica import ConsumerContext, ShardReplica
@@ -29,7 +32,9 @@ from pygazette.consumer.transient_failure import is_transient
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.keyspace import KeyspaceUnavailable, KeyValue
 from pygazette.message.framing import MessageDecodeError
+from pygazette.message.reader import ReadCommitted
 from pygazette.protocol.errors import FragmentStoreUnhealthy
+from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.consumer.apps import Counter
@@ -233,5 +238,62 @@ async def test_a_shard_stops_at_once_when_its_lease_is_lost(
             assert took >= 2.5  # Given its time to finish.
         else:
             assert took < 1.0
+    finally:
+        await replica.stop()
+
+
+async def _committed_of(client: JournalClient, journal: str) -> list[Any]:
+    out: list[Any] = []
+    async with ReadCommitted(client, journal, offset=None) as rc:
+        with contextlib.suppress(StopAsyncIteration):
+            while True:
+                out.extend(e.message for e in await rc.next_batch())
+    return out
+
+
+async def test_a_recovered_ack_intent_of_a_deleted_journal_is_dropped(
+    tmp_path: Path, client: JournalClient
+) -> None:
+    # The last checkpoint holds an ACK intent for an output journal deleted since. As in
+    # Gazette, the new primary drops that intent (it can't be appended) and goes on: the
+    # failed append must not fail every later transaction's commit (whose store commit waits
+    # for all of the shard's pending appends), which made the shard FAILED.
+    gone = f"{OUT}-gone"
+    await apply_journals(
+        client, [pb.ApplyRequest.Change(upsert=small_journal_spec(gone), expect_mod_revision=0)]
+    )
+    h = _Harness(tmp_path, client)
+    app = Counter()
+    app.output = gone
+    h.ctx.app = app
+    spec = shard_spec(standbys=0)
+    inputs = Inputs(client)
+    first = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, first, h.report)
+    replica.update(spec, first, 0, [])
+    try:
+        await h.wait(lambda: replica.is_primary)
+        await inputs.publish(100)
+        await replica.wait_read_through(dict(inputs.heads), 60)
+    finally:
+        await replica.stop()
+    outputs = await _committed_of(client, gone)
+    assert len(outputs) == inputs.sent
+    [listed] = await list_journals(client, pb.LabelSelector(include=label_set({"name": gone})))
+    await apply_journals(
+        client,
+        [pb.ApplyRequest.Change(delete=gone, expect_mod_revision=listed.mod_revision)],
+    )
+
+    app.output = OUT
+    second = KeyValue(f"/assignments/{SHARD}#local#0", b"", 2, 2)
+    replica = ShardReplica(h.ctx, spec, second, h.report)
+    replica.update(spec, second, 0, [])
+    try:
+        await h.wait(lambda: replica.is_primary)
+        await inputs.publish(100)
+        outputs += await committed_outputs(client, 100, 60)
+        assert replica.status.code == cpb.ReplicaStatus.PRIMARY, replica.status
+        assert_exactly_once(outputs, inputs.sent)
     finally:
         await replica.stop()
