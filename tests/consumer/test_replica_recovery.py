@@ -292,6 +292,7 @@ async def test_a_recovered_ack_intent_of_a_deleted_journal_is_dropped(
     try:
         await h.wait(lambda: replica.is_primary)
         await inputs.publish(100)
+        await replica.wait_read_through(dict(inputs.heads), 60)  # Raises if it FAILED.
         outputs += await committed_outputs(client, 100, 60)
         assert replica.status.code == cpb.ReplicaStatus.PRIMARY, replica.status
         assert_exactly_once(outputs, inputs.sent)
