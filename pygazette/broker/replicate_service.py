@@ -70,7 +70,9 @@ async def serve_replicate(
         except ResolveError as exc:
             raise ReplicateAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
         if res.status != pb.OK:
-            yield pb.ReplicateResponse(status=res.status, header=res.header)
+            # As Gazette's replica answers, but without its Header: a ReplicateResponse
+            # carries one only with WRONG_ROUTE (Gazette's Validate refuses any other).
+            yield pb.ReplicateResponse(status=res.status)
             return
         if not routes_equivalent(res.route, stream_route):
             yield pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=res.header)

@@ -9,13 +9,19 @@ route of two, a commit carrying the Header confirms itself (the primary committe
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.replicate_service import _apply
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import validate_replicate_response
 from tests.broker.test_replicated_spool import _content, _frag, _replica
+from tests.support.cluster import Cluster
+from tests.support.etcd_process import EtcdProcess
 
 
 def _proposal(
@@ -127,3 +133,42 @@ async def test_a_new_journals_unconfirmed_first_commit_is_cut_after_a_restart(
     resp = await _apply(r2, _proposal(_frag(0, 0), regs, header=True), is_first=True)
     assert resp is not None and resp.status == pb.OK
     assert (rs2.begin, rs2.end) == (0, 0)
+
+
+@pytest.mark.slow
+async def test_a_replicate_stream_of_a_journal_not_served_here_is_answered_validly(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """A Replicate stream this broker can't serve (the journal doesn't exist here, or its
+    route, as this broker sees it, leaves it out) is answered with the resolution's status,
+    as Gazette's replica answers it, but without a Header: Gazette's ReplicateResponse
+    carries one only with WRONG_ROUTE, and its Validate (pygazette's primaries check every
+    response) refuses any other."""
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    broker = cluster.add("zone-a", "broker-1")
+    try:
+        await cluster.start()
+        stub = cluster.stub(broker)
+        me = pb.ProcessSpec.ID(zone=broker.zone, suffix=broker.suffix)
+        listed = await stub.ListFragments(pb.FragmentsRequest(journal="no/such"), timeout=10)
+        header = pb.Header(
+            process_id=me,
+            route=pb.Route(members=[me], primary=0, endpoints=[broker.url]),
+            etcd=listed.header.etcd,
+        )
+        proposal = pb.Fragment(journal="no/such", begin=0, end=0, compression_codec=pb.NONE)
+
+        async def requests() -> AsyncIterator[pb.ReplicateRequest]:
+            yield pb.ReplicateRequest(
+                header=header,
+                proposal=proposal,
+                registers=pb.LabelSet(),
+                acknowledge=True,
+                deprecated_journal=proposal.journal,
+            )
+
+        resps = [r async for r in stub.Replicate(requests(), timeout=10)]
+        assert [r.status for r in resps] == [pb.JOURNAL_NOT_FOUND]
+        validate_replicate_response(resps[0])
+    finally:
+        await cluster.close()
