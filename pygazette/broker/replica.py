@@ -343,20 +343,24 @@ class Replica:
             return
         self.replication = None
         rs = self.rspool
-        if graceful and pln.ok:
-            if rs is not None and rs.end > max(pln.confirmed, 0):
-                try:
-                    await pln.confirm(rs.end)
-                except PipelineBroken:
-                    pass
-            await pln.close()
-        else:
+        try:
+            if graceful and pln.ok:
+                if rs is not None and rs.end > max(pln.confirmed, 0):
+                    try:
+                        await pln.confirm(rs.end)
+                    except PipelineBroken:
+                        pass
+                await pln.close()
+        finally:
+            # Closed, or not gracefully, or cut short (the append or pulse closing it was
+            # cancelled while a peer was slow to answer): either way it is gone, and its
+            # spool is given back (nothing else would: the journal has no pipeline now).
             pln.abort()
-        if rs is not None:
-            rs.rollback()
-            rs.note_in_doubt(pln.confirm_sent, pln.confirmed)
-        if self.spool_lock.locked():
-            self.spool_lock.release()
+            if rs is not None:
+                rs.rollback()
+                rs.note_in_doubt(pln.confirm_sent, pln.confirmed)
+            if self.spool_lock.locked():
+                self.spool_lock.release()
 
     def confirm_through(self, offset: int) -> None:
         """Every member of the route holds the journal up to `offset`: confirm it here and

@@ -730,3 +730,49 @@ async def test_a_commit_cut_short_while_it_syncs_is_accounted_for(
     ok = await rs.apply_proposal(_frag(0, 5, b"other"), pb.LabelSet(), primary=False)
     assert ok.status == pb.OK
     assert r.spool is not None and r.spool.read(0, 100) == b"other"
+
+
+class _StalledPipeline:
+    """A primary's pipeline whose peer stopped answering: a confirmation never returns."""
+
+    def __init__(self) -> None:
+        self.ok = True
+        self.confirm_sent, self.confirmed = 10, 0
+        self.aborted = False
+        self.confirming = asyncio.Event()
+
+    async def confirm(self, upto: int) -> None:
+        self.confirming.set()
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_closing_a_pipeline_cut_short_gives_the_spool_back(
+    tmp_path: Path, persister: Persister
+) -> None:
+    """An append (or a pulse) that finds its pipeline on an old route closes it gracefully,
+    confirming what was acknowledged; a peer gone silent holds that up to the acknowledgement
+    timeout, and the append's client may give up first. Cancelled there, the closing must
+    still drop the pipeline and give its spool back: the journal has no pipeline any more, so
+    nothing else would, and every later append waited for the spool forever."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    await _content(rs, b"confirmed;")
+    await rs.apply_proposal(_frag(0, 10, b"confirmed;"), pb.LabelSet(), primary=True)
+    await r.spool_lock.acquire()  # As `_start_pipeline`: the pipeline owns the spool.
+    pln = _StalledPipeline()
+    r.replication = pln  # type: ignore[assignment]
+    closing = asyncio.ensure_future(r.close_replication())
+    await pln.confirming.wait()
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert r.replication is None and pln.aborted
+    assert not r.spool_lock.locked()
+    assert rs.in_doubt == 10  # Its confirmation may have reached a peer.
