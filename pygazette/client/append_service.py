@@ -164,14 +164,12 @@ _NO_DEPENDENCIES: frozenset[OpFuture] = frozenset()
 
 
 def _request_key(request: pb.AppendRequest) -> bytes | None:
-    """A comparable form of an AppendRequest; None for one that names only a journal."""
-    if (
-        not request.offset
-        and not request.do_not_proxy
-        and not request.HasField("check_registers")
-        and not request.HasField("union_registers")
-        and not request.HasField("subtract_registers")
-    ):
+    """A comparable form of an AppendRequest; None for one that names only a journal.
+
+    Every other field counts (offset, registers, do_not_proxy, suspend...): only equal
+    requests share an RPC, as Gazette compares whole requests.
+    """
+    if request == pb.AppendRequest(journal=request.journal):
         return None
     return request.SerializeToString(deterministic=True)
 

@@ -162,6 +162,27 @@ async def test_requests_with_options_are_not_batched_with_plain_ones(
     assert [(c.requests[0].offset, sent(c)) for c in calls] == [(0, b"1"), (1, b"23"), (0, b"4")]
 
 
+async def test_requests_differing_only_in_suspend_are_not_batched(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    # A request's suspend mode is an option like any other (as Gazette compares whole
+    # requests): a SUSPEND_NO_RESUME write joined a plain (SUSPEND_RESUME) batch, or plain
+    # writes joined its batch, and so were sent resuming a journal they were told not to.
+    no_resume = pb.AppendRequest(journal=A, suspend=pb.AppendRequest.SUSPEND_NO_RESUME)
+    async with AppendService(fake_client, backoff=no_backoff) as svc:
+        svc.append(A, b"1")
+        svc.append(no_resume, b"2")
+        svc.append(no_resume, b"3")
+        svc.append(A, b"4")
+        await svc.wait_all()
+    calls = calls_of(fake, A)
+    assert [(c.requests[0].suspend, sent(c)) for c in calls] == [
+        (pb.AppendRequest.SUSPEND_RESUME, b"1"),
+        (pb.AppendRequest.SUSPEND_NO_RESUME, b"23"),
+        (pb.AppendRequest.SUSPEND_RESUME, b"4"),
+    ]
+
+
 async def test_content_spills_to_disk_and_arrives_intact(
     fake: FakeBroker, fake_client: JournalClient, tmp_path: object
 ) -> None:
