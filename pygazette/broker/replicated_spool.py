@@ -410,6 +410,8 @@ class ReplicatedSpool:
             self.in_doubt = -1
         if spool is None or keep <= spool.begin:
             if spool is not None:
+                # All of its content is cut, and with it the registers its appends set.
+                self.replica.registers = _copy_labels(spool.begin_registers)
                 self.replica.index.remove_local(spool)
                 spool.delete()
                 self.replica.spool = None

@@ -776,3 +776,35 @@ async def test_closing_a_pipeline_cut_short_gives_the_spool_back(
     assert r.replication is None and pln.aborted
     assert not r.spool_lock.locked()
     assert rs.in_doubt == 10  # Its confirmation may have reached a peer.
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_cutting_a_whole_unconfirmed_spool_takes_its_registers_back(
+    tmp_path: Path, persister: Persister, restart: bool
+) -> None:
+    """The first append to a fragment (the spool begins at the confirmed frontier) sets new
+    registers and is never confirmed: the next pipeline cuts the whole spool, and with it the
+    registers that append set, as it does when it cuts part of a spool. Left in place, they
+    were proposed to every replica with the next roll: the journal's registers were those of
+    an append that failed and never surfaces (a later check_registers judged against it)."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    before, failed = label_set({"author": "before"}), label_set({"author": "failed"})
+    await _content(rs, b"confirmed;")
+    await rs.apply_proposal(_frag(0, 10, b"confirmed;"), before, primary=True)
+    r.confirm_through(10)
+    # A roll: the next fragment begins at the frontier.
+    assert (await rs.apply_proposal(_frag(10, 10), before, primary=True)).status == pb.OK
+    await _content(rs, b"failed")
+    await rs.apply_proposal(_frag(10, 16, b"failed"), failed, primary=True)
+    assert r.registers == failed and rs.unconfirmed
+    if restart:  # The broker restarts before the next pipeline.
+        r = _replica(tmp_path, persister)
+        rs = r.rspool
+        assert rs is not None and r.registers == failed and rs.unconfirmed
+
+    rs.cut_unconfirmed(keep_in_doubt=True)  # As the next pipeline does.
+    assert (rs.begin, rs.end) == (10, 10)
+    assert r.registers == before
+    assert fragments_equal(rs.fragment(), _frag(10, 10))

@@ -231,6 +231,7 @@ class Spool:
         self.first_append_time: float | None = None
         self.last_append_time: float | None = None
         self.registers = pb.LabelSet()
+        self.begin_registers = pb.LabelSet()  # The journal's registers at `begin`.
         self.closed = False
         self.deleted = False
         # Held back (cluster mode, see `hold_back`): readers see [begin, _readable_end), whose
@@ -305,6 +306,7 @@ class Spool:
         directory.mkdir(parents=True, exist_ok=True)
         spool = cls(directory, journal, begin, codec, sync=sync)
         spool.registers.CopyFrom(registers)
+        spool.begin_registers.CopyFrom(registers)
         name = journal.encode()
         regs = registers.SerializeToString()
         payload = (
@@ -356,6 +358,7 @@ class Spool:
         (regs_len,) = struct.unpack_from("<I", header, off)
         spool = cls(directory, journal, begin, cast("pb.CompressionCodec", codec), sync=sync)
         spool.registers.ParseFromString(header[off + 4 : off + 4 + regs_len])
+        spool.begin_registers.CopyFrom(spool.registers)
         if spool.log_path != log_path:
             raise SpoolCorrupt(f"spool log {log_path} names begin offset {begin:016x}")
 
