@@ -64,7 +64,14 @@ async def serve_read(
         return
     meter = ReadMeter(replica.name)
     try:
-        async for resp in serve_local_read(req, replica, resolver.header(), stores, meter=meter):
+        async for resp in serve_local_read(
+            req,
+            replica,
+            resolver.header(),
+            stores,
+            meter=meter,
+            invalidated=replica.invalidated,  # Set when the replica stops (deleted journal).
+        ):
             yield resp
     finally:
         meter.close()
@@ -89,8 +96,9 @@ async def serve_local_read(
     fragment its store listing doesn't show yet) is first looked for by listing the stores
     again, then read from a peer that holds it (`peer_read`). A blocking read waiting at the
     head ends once `invalidated` is set (the journal's assignments changed: this broker may
-    no longer be its primary, or hold it at all, and would wait forever), so the client
-    resolves the journal again and goes on from where it was.
+    no longer be its primary, or hold it at all, and would wait forever; single-node, its
+    replica stopped: the journal was deleted), so the client resolves the journal again and
+    goes on from where it was.
     """
     if req.offset == -1 and (failure := await replica.await_first_listing()):
         raise StoreError(failure)  # The write head isn't known without the stores.

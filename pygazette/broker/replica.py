@@ -182,6 +182,9 @@ class Replica:
         if self.clustered:
             await self._stop_clustered()
             return
+        # Reads blocked at the head end, to resolve the journal again (deleted, or a new
+        # replica of it), rather than wait on this one forever.
+        self.invalidate()
         if persist and self.spool is not None:
             async with self.pipeline:
                 self.close_spool()

@@ -151,6 +151,31 @@ async def test_blocking_read_waits_for_commits(stub: pb_grpc.JournalStub) -> Non
     assert bytes(got) == b"abcdef"
 
 
+async def test_blocking_read_of_a_deleted_journal_ends(stub: pb_grpc.JournalStub) -> None:
+    # A deleted journal's replica stops, and a read blocked at its head ends (as Gazette's,
+    # whose replica context is cancelled) so that its reader resolves the journal again.
+    # It waited on the stopped replica forever: it never learned the journal was gone, nor,
+    # once the journal was created again, saw a byte appended to it.
+    name = "svc/deleted-while-read"
+    await apply_specs(stub, journal_spec(name))
+    assert (await append(stub, name, b"abc")).status == pb.OK
+    call = stub.Read(pb.ReadRequest(journal=name, offset=0, block=True))
+    got = bytearray()
+    while len(got) < 3:
+        got.extend((await call.read()).content)
+    delete = pb.ApplyRequest.Change(delete=name, expect_mod_revision=-1)
+    assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+
+    async def drain() -> None:
+        while not isinstance(await call.read(), type(grpc.aio.EOF)):
+            pass
+
+    await asyncio.wait_for(drain(), 10)
+    assert bytes(got) == b"abc"
+    async for resp in stub.Read(pb.ReadRequest(journal=name, block=True)):
+        assert resp.status == pb.JOURNAL_NOT_FOUND
+
+
 async def test_append_preconditions(stub: pb_grpc.JournalStub) -> None:
     await apply_specs(stub, journal_spec("svc/pre"))
     await append(stub, "svc/pre", b"12345")
