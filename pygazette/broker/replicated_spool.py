@@ -273,7 +273,11 @@ class ReplicatedSpool:
         pending, running = self.pending, self._running
         assert running is not None
         if len(content) >= _THREAD_CHUNK:
-            await asyncio.to_thread(_write_and_hash, pending, running, content)
+            # Over before a cancellation is raised: a write going on after the rollback
+            # would land over the next append's bytes (at the same offsets).
+            cancelled = await run_to_completion(_write_and_hash, pending, running, content)
+            if cancelled is not None:
+                raise cancelled
         else:
             _write_and_hash(pending, running, content)
         self.delta += len(content)

@@ -12,11 +12,12 @@ import struct
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from pygazette.allocator.state import Assignment
-from pygazette.broker import cluster_member
+from pygazette.broker import cluster_member, replicated_spool
 from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
@@ -808,3 +809,51 @@ async def test_cutting_a_whole_unconfirmed_spool_takes_its_registers_back(
     assert (rs.begin, rs.end) == (10, 10)
     assert r.registers == before
     assert fragments_equal(rs.fragment(), _frag(10, 10))
+
+
+async def test_content_cut_short_while_it_is_written_is_never_written_after_the_next(
+    tmp_path: Path, persister: Persister, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large chunk is written on a worker thread. Cancelled there (the stream ends), the
+    write goes on; the next append's content lands at the same offsets past the committed
+    end. The cancelled write must be over before anything else is written there, or it lands
+    over the next append's bytes, which then commit with a SHA-1 their spool doesn't hold."""
+    r = _replica(tmp_path, persister)
+    rs = r.rspool
+    assert rs is not None
+    release, entered, written = threading.Event(), threading.Event(), threading.Event()
+    original = replicated_spool._write_and_hash
+
+    def slow(pending: Any, running: Any, content: bytes) -> None:
+        if content[:1] != b"A":
+            original(pending, running, content)
+            return
+        entered.set()
+        release.wait(10)
+        original(pending, running, content)
+        written.set()
+
+    monkeypatch.setattr(replicated_spool, "_write_and_hash", slow)
+    big = 256 << 10
+    cut_short = asyncio.ensure_future(rs.apply_content(b"A" * big, 0))
+    assert await asyncio.to_thread(entered.wait, 10)
+    cut_short.cancel()
+    # Not given up while its write goes on (the stream's end then rolls it back).
+    done, _ = await asyncio.wait([cut_short], timeout=0.5)
+    try:
+        if done:  # It was: the next append streams in while the write goes on.
+            rs.rollback()
+            await _content(rs, b"B" * big)
+            ok = await rs.apply_proposal(_frag(0, big, b"B" * big), pb.LabelSet(), primary=False)
+            assert ok.status == pb.OK
+    finally:
+        release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await cut_short
+    if not done:
+        rs.rollback()
+        await _content(rs, b"B" * big)
+        ok = await rs.apply_proposal(_frag(0, big, b"B" * big), pb.LabelSet(), primary=False)
+        assert ok.status == pb.OK
+    assert await asyncio.to_thread(written.wait, 10)
+    assert r.spool is not None and r.spool.read(0, big) == b"B" * big
