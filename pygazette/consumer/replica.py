@@ -284,28 +284,34 @@ class ShardReplica:
                     served = self.progress_state.transactions
                     await self._serve_replica()
                     return
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    if self._stopping.is_set():
-                        log.info("shard stopped", extra={"shard": self.id, "error": str(exc)})
-                        return
-                    error = f"{type(exc).__name__}: {exc}"
-                    if not is_transient(exc):
-                        log.error(
-                            "shard failed",
-                            extra={"shard": self.id, "error": f"{exc!r}"},
-                            exc_info=exc,
-                        )
-                        await self._set_status(cpb.ReplicaStatus.FAILED, error)
-                        return
-                    log.warning(
-                        "shard interrupted (will recover it again)",
-                        extra={"shard": self.id, "error": f"{exc!r}", "attempt": attempt},
+                except asyncio.CancelledError as cancelled:
+                    current = asyncio.current_task()
+                    if current is None or current.cancelling():
+                        raise  # The replica's task was cancelled (`stop`).
+                    # Raised by the application (awaiting a future something else
+                    # cancelled), not a cancellation of the shard: its failure.
+                    exc: BaseException = cancelled
+                except Exception as failure:
+                    exc = failure
+                if self._stopping.is_set():
+                    log.info("shard stopped", extra={"shard": self.id, "error": str(exc)})
+                    return
+                error = f"{type(exc).__name__}: {exc}"
+                if not is_transient(exc):
+                    log.error(
+                        "shard failed",
+                        extra={"shard": self.id, "error": f"{exc!r}"},
+                        exc_info=exc,
                     )
-                    RECOVERIES.labels(self.id).inc()
-                    if self.progress_state.transactions > served:
-                        attempt = 0  # It recovered and committed since: back off afresh.
+                    await self._set_status(cpb.ReplicaStatus.FAILED, error)
+                    return
+                log.warning(
+                    "shard interrupted (will recover it again)",
+                    extra={"shard": self.id, "error": f"{exc!r}", "attempt": attempt},
+                )
+                RECOVERIES.labels(self.id).inc()
+                if self.progress_state.transactions > served:
+                    attempt = 0  # It recovered and committed since: back off afresh.
                 self._release_store()
                 self._serving.clear()
                 # Recovering again. Its assignment keeps the status it reached (statuses only

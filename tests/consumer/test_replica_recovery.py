@@ -298,3 +298,40 @@ async def test_a_recovered_ack_intent_of_a_deleted_journal_is_dropped(
         assert_exactly_once(outputs, inputs.sent)
     finally:
         await replica.stop()
+
+
+class _RaisesCancelled(Counter):
+    """Raises CancelledError from consume_message (as awaiting a future that something else
+    cancelled does) once `poisoned` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.poisoned = False
+
+    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
+        if self.poisoned:
+            raise asyncio.CancelledError("a future the application awaited was cancelled")
+        super().consume_message(shard, store, env, pub)
+
+
+async def test_a_cancelled_error_the_application_raises_fails_the_shard(
+    tmp_path: Path, client: JournalClient
+) -> None:
+    # The shard was not cancelled (it is not stopping): a CancelledError out of the
+    # application is its failure. It used to end the replica's task as if cancelled: the
+    # shard processed nothing more, yet stayed PRIMARY, with no error anywhere.
+    h = _Harness(tmp_path, client)
+    app = _RaisesCancelled()
+    h.ctx.app = app
+    spec = shard_spec(standbys=0)
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        await h.wait(lambda: replica.is_primary)
+        app.poisoned = True
+        await Inputs(client).publish(10)
+        await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.FAILED, within=20)
+        assert any("CancelledError" in e for e in replica.status.errors), replica.status
+    finally:
+        await replica.stop()
