@@ -164,10 +164,7 @@ class WatchedList:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait([task])  # A cancellation of our caller still propagates.
 
     async def __aenter__(self) -> WatchedList:
         await self.start()
