@@ -232,6 +232,21 @@ def _make_live(directory: Path, fsm: FSM, files: dict[int, int]) -> None:
             f.write(content)
 
 
+async def _in_thread_to_the_end(fn: Callable[..., None], *args: object) -> None:
+    """`fn(*args)` in a thread. Cancelled, it still waits for the thread to finish before
+    raising: the thread works on the playback's directory and staged files, which the
+    cleanup after a cancellation closes and removes (a file closed under the thread is
+    closed twice, maybe a descriptor the process reused; one it still held leaks)."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait({work})
+        if not work.cancelled():
+            work.exception()  # Retrieved: the cancellation is what the caller gets.
+        raise
+
+
 def _cleanup_on_abort(directory: Path, files: dict[int, int]) -> None:
     for fd in files.values():
         with contextlib.suppress(OSError):
@@ -305,7 +320,7 @@ class Player:
         hints = self.hints
         fsm = FSM.from_hints(hints)
         directory = self.directory
-        await asyncio.to_thread(_prepare_playback, directory)
+        await _in_thread_to_the_end(_prepare_playback, directory)
 
         # The write head of every log to read, by write barrier: everything appended before
         # the barrier is readable below it.
@@ -460,7 +475,7 @@ class Player:
         return resp.commit.end
 
     async def _complete(self, fsm: FSM, files: dict[int, int], offset: int) -> FSM:
-        await asyncio.to_thread(_make_live, self.directory, fsm, files)
+        await _in_thread_to_the_end(_make_live, self.directory, fsm, files)
         fsm.read_through = offset
         log.info(
             "completed recovery log playback",

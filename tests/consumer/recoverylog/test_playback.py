@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -516,3 +519,58 @@ async def test_cancelled_commit_fails_the_recorder(client: JournalClient, tmp_pa
     assert isinstance(rec.failed, RecorderFailed)
     with pytest.raises(RecorderFailed):
         await rec.commit()
+
+
+def _fds_under(directory: Path) -> list[str]:
+    """What this process's open file descriptors name under `directory`."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                out.append(target)
+    return out
+
+
+async def test_cancelled_while_making_files_live_leaks_no_file(
+    client: JournalClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Playback ends by linking its staged files into place, in a thread; a cancellation
+    # then (the replica stopped) used to clean up at once, under that thread: it closed
+    # staged files the thread was still to close (a double close, of a descriptor number
+    # the process may have reused meanwhile), removed the directory under it, and left the
+    # file the thread held open for ever (its link failed: the directory was gone).
+    log = await new_log(client)
+    rec = await take_over(client, rpb.FSMHints(log=log), tmp_path / "primary", Author(1))
+    f = Files(rec)
+    for name in ("a", "b", "c"):
+        f.create(name, name.encode() * 100)
+    await rec.commit()
+
+    linking, release, linked = threading.Event(), threading.Event(), threading.Event()
+    real_link = os.link
+
+    def slow_link(src: Any, dst: Any, **kwargs: Any) -> None:
+        if not linking.is_set():
+            linking.set()
+            release.wait(30)
+        try:
+            real_link(src, dst, **kwargs)
+        finally:
+            linked.set()
+
+    monkeypatch.setattr(player_module.os, "link", slow_link)
+    directory = tmp_path / "standby"
+    player = Player(client, rec.build_hints(), directory)
+    player.finish_at_write_head()
+    task = asyncio.ensure_future(player.play())
+    await asyncio.to_thread(linking.wait, 30)  # In the thread, its first file taken.
+    task.cancel()
+    # Playback must not end while the thread still works on its files: it used to, at once.
+    await asyncio.wait({task}, timeout=0.5)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(linked.wait, 30)
+    assert _fds_under(directory) == []
+    assert not directory.exists()
