@@ -21,6 +21,7 @@ Content types, as Gazette registers them:
 from __future__ import annotations
 
 import importlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import MutableSequence, Sequence
 from typing import Any, ClassVar
@@ -193,17 +194,23 @@ _BUILTIN_FRAMINGS = (
     "pygazette.message.fixed_framing",
 )
 _builtins_imported = False
+_builtins_lock = threading.Lock()
 
 
 def _import_builtin_framings() -> None:
     global _builtins_imported
     if _builtins_imported:
         return
-    _builtins_imported = True
-    registered = dict(_REGISTRY)
-    for module in _BUILTIN_FRAMINGS:
-        importlib.import_module(module)
-    _REGISTRY.update(registered)
+    # Threads missing at once wait for the one importing: none may look up the registry
+    # before the framings are in it.
+    with _builtins_lock:
+        if _builtins_imported:
+            return
+        registered = dict(_REGISTRY)
+        for module in _BUILTIN_FRAMINGS:
+            importlib.import_module(module)
+        _REGISTRY.update(registered)
+        _builtins_imported = True
 
 
 def register_framing(framing: Framing, content_type: str | None = None) -> None:

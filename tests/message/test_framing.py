@@ -4,6 +4,8 @@ round-trip properties with exact offsets however the stream is cut into reads.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -381,3 +383,39 @@ def test_json_unpacking_does_not_depend_on_how_content_is_cut(
     pieces = unpack(JSONFraming(), data, cuts, offset=7)
     assert _outcome(pieces) == _outcome(whole)
     assert (trailing and bool(data)) == any(isinstance(e, PartialMessage) for e in pieces)
+
+
+_FIRST_LOOKUPS = """
+import threading
+from pygazette.message.framing import framing_for
+
+barrier = threading.Barrier(8)
+errors = []
+
+def look():
+    barrier.wait()
+    try:
+        framing_for("application/x-ndjson")
+    except Exception as exc:
+        errors.append(exc)
+
+threads = [threading.Thread(target=look) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(errors))
+"""
+
+
+def test_first_lookups_on_many_threads_all_find_the_builtin_framings() -> None:
+    # The built-in framings are imported on a first miss. The first thread marked them
+    # imported before importing them, so the others, missing at the same moment, looked
+    # again in a registry still without them: UnknownContentType for application/x-ndjson
+    # (7 threads of 8, every run), publishes from threads failing at start. A fresh
+    # interpreter each time: the registry is cold only once per process.
+    for _ in range(3):
+        out = subprocess.run(
+            [sys.executable, "-c", _FIRST_LOOKUPS], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == "0", out.stderr
