@@ -5,7 +5,8 @@ the stream or the transport fails, with backoff. Like Gazette's RetryReader it s
 
 - `OffsetJump` (the reader continues at the new offset on the next read),
 - `OffsetNotYetAvailable` for a non-blocking read at the write head (and `Suspended` for a
-  non-blocking read of a suspended journal),
+  non-blocking read of a suspended journal); a later read asks a broker again, from the
+  write head it was told if it read from -1,
 - EOF (b"") once `end_offset` has been read through,
 - `ReaderCancelled` after `cancel()`, and errors that a retry cannot fix (unknown journal,
   reads not allowed by the journal's flags, malformed requests, corrupt fragments).
