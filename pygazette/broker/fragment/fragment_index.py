@@ -44,7 +44,9 @@ class FragmentIndex:
         self._local: list[Spool] = []  # Sorted on begin.
         # Fragments added by add_persisted, numbered, until a listing begun after them lands.
         self._recent: list[tuple[int, pb.Fragment]] = []
+        # Numbers adds and listing starts, in the order they happen.
         self._seq = 0
+        self._installed = 0  # The start of the latest listing installed.
         self.changed = asyncio.Event()
         self.first_refresh_done = asyncio.Event()
 
@@ -75,6 +77,7 @@ class FragmentIndex:
 
     def listing_started(self) -> int:
         """A token to pass to `replace_persisted` with the listing begun now."""
+        self._seq += 1
         return self._seq
 
     def replace_persisted(
@@ -83,8 +86,14 @@ class FragmentIndex:
         """Install a fresh store listing; returns closed spools it shows are persisted.
 
         With `started` (from `listing_started`), fragments added since the listing began
-        are kept even if the listing missed them.
+        are kept even if the listing missed them, and a listing begun before the latest one
+        installed (listings overlap: the refresher's, a read's, retention's) changes nothing:
+        the later one saw the store as it is since.
         """
+        if started is not None:
+            if started < self._installed:
+                return []
+            self._installed = started
         cover: CoverSet[pb.Fragment] = CoverSet()
         # Larger fragments first at each begin, so that smaller covered ones are no-ops.
         for f in sorted(frags, key=lambda f: (f.begin, -f.end)):

@@ -105,6 +105,24 @@ def test_refresh_keeps_fragments_persisted_since_the_listing_began() -> None:
     assert [(f.begin, f.end) for f in idx.persisted()] == [(0, 100)]
 
 
+def test_a_listing_landing_after_a_later_one_changes_nothing() -> None:
+    # Listings overlap: the refresher's, and a read's or retention's `Replica.refresh`. An
+    # older listing landing last replaced the newer one's result: a fragment persisted (and
+    # its spool removed) between the two starts vanished from the index until the next
+    # scheduled listing, and reads of its offsets waited; a fragment retention removed
+    # between them came back.
+    idx = FragmentIndex("a/j")
+    idx.replace_persisted([_frag(0, 100), _frag(100, 200)])
+    older = idx.listing_started()
+    idx.add_persisted(_frag(200, 300))  # Persisted; its spool leaves the index.
+    newer = idx.listing_started()
+    idx.replace_persisted([_frag(100, 200), _frag(200, 300)], newer)  # [0, 100) removed.
+    assert idx.replace_persisted([_frag(0, 100), _frag(100, 200)], older) == []
+    assert [(f.begin, f.end) for f in idx.persisted()] == [(100, 200), (200, 300)]
+    frag, _, _ = idx.query(250)
+    assert frag is not None and (frag.begin, frag.end) == (200, 300)
+
+
 def test_refresh_drops_closed_spools_already_persisted(tmp_path: Path) -> None:
     idx = FragmentIndex("a/j")
     spool = Spool.create(tmp_path, "a/j", 0, pb.NONE, pb.LabelSet(), sync=False)
