@@ -89,6 +89,7 @@ from pygazette.broker.flow_control import (
     next_policed,
     throttle,
 )
+from pygazette.broker.fragment.fragment_index import FragmentIndex
 from pygazette.broker.invalidation import acquire_or_invalidated
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.metrics import record_append
@@ -121,6 +122,12 @@ READ_AHEAD_SLACK_SECONDS = 10.0
 # How long appends to a peer that does not serve `PeerJournal.AppendWhole` are streamed before
 # it is asked again.
 STREAMING_ONLY_SECONDS = 600.0
+
+
+# A journal whose newest fragment was persisted this long ago (or its flush interval, if it
+# has one) is idle, and `journals suspend` suspends it (Gazette's default: a day).
+SUSPEND_IDLE_SECONDS = 24 * 3600
+_SUSPENDING = (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,15 +395,40 @@ class ClusterAppends:
             return pb.AppendResponse(status=pb.SUSPENDED, header=res.header)
         if first.suspend == pb.AppendRequest.SUSPEND_RESUME and suspend.level != 0:
             return ReadThrough(await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, rs.end))
+        suspending = False
         if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
-            return pb.AppendResponse(status=pb.NOT_ALLOWED, header=res.header)
+            # Asked to suspend the journal (`journals suspend`), as Gazette's appendFSM does.
+            low, high, mod_time = index_summary(journal.index)
+            if suspend.level != pb.JournalSpec.Suspend.FULL and low == high:
+                # No fragment holds any content (never written, or all of it removed by
+                # retention): no broker needs to serve it at all.
+                return ReadThrough(
+                    await self._update_suspend(res, pb.JournalSpec.Suspend.FULL, rs.end)
+                )
+            # Idle: its newest fragment is persisted, and has been for the flush interval
+            # (taken as how long a journal in use goes without an append).
+            idle_after = spec.fragment.flush_interval.seconds or SUSPEND_IDLE_SECONDS
+            dirty = not mod_time or mod_time > time.time() - idle_after
+            if suspend.level == pb.JournalSpec.Suspend.NONE and (
+                not dirty or first.suspend == pb.AppendRequest.SUSPEND_NOW
+            ):
+                # One broker serves it from now on (the allocator drops the others).
+                return ReadThrough(
+                    await self._update_suspend(res, pb.JournalSpec.Suspend.PARTIAL, rs.end)
+                )
+            if suspend.level == pb.JournalSpec.Suspend.PARTIAL:
+                # Suspended: roll the spool, so its content persists rather than waiting for
+                # an append that may not come, and answer SUSPENDED.
+                suspending = True
+                if rs.end > rs.begin:
+                    roll_to = rs.end
         if not roll_to and rs.end > rs.begin and rs.begin == journal.index.begin_offset:
             # The spool holds the journal's first known write: roll it, so the store shows
             # that writes happened (Gazette's guard against reusing offsets).
             roll_to = rs.end
 
         try:
-            return await self._stream(first, it, res, journal, pln, registers, roll_to)
+            outcome = await self._stream(first, it, res, journal, pln, registers, roll_to)
         except PipelineBroken as exc:
             rs.rollback()
             await journal.close_replication(graceful=False)
@@ -411,6 +443,11 @@ class ClusterAppends:
             rs.rollback()
             await journal.close_replication(graceful=False)
             raise
+        if suspending and isinstance(outcome, PendingCommit) and outcome.response.status == pb.OK:
+            # Nothing was committed (content is refused with a suspension): once what came
+            # before is confirmed, the answer is that the journal is suspended.
+            outcome.response = pb.AppendResponse(status=pb.SUSPENDED, header=res.header)
+        return outcome
 
     def _advertises(self, res: Resolution) -> bool:
         """`assignments_advertise(res.route, res.assignments)`, remembered: an assignment's
@@ -602,7 +639,9 @@ class ClusterAppends:
                 if not size:
                     committing = True
                     continue
-                if not may_write:
+                if not may_write or first.suspend in _SUSPENDING:
+                    # Not writable, or asked to suspend: a suspending append carries no
+                    # content (as Gazette's).
                     status = pb.NOT_ALLOWED
                     break
                 total_chunks += 1
@@ -923,6 +962,22 @@ def _response(
         total_chunks=total_chunks,
         delayed_chunks=delayed_chunks,
     )
+
+
+def index_summary(index: FragmentIndex) -> tuple[int, int, int]:
+    """As Gazette's `Index.Summary`: the lowest and greatest offsets a fragment with content
+    covers (0, 0 with none), and the modification time of the fragment reaching the greatest
+    (0 when that is a local spool: not persisted yet)."""
+    spools = [s for s in index.local_spools() if s.end > s.begin]
+    persisted = index.persisted()
+    lows = [s.begin for s in spools] + [f.begin for f in persisted[:1]]
+    if not lows:
+        return 0, 0, 0
+    local_end = max((s.end for s in spools), default=0)
+    last = persisted[-1] if persisted else None
+    if last is None or (spools and local_end >= last.end):
+        return min(lows), local_end, 0
+    return min(lows), last.end, last.mod_time
 
 
 async def _round(pln: Pipeline, proposal: pb.Fragment, registers: pb.LabelSet) -> None:

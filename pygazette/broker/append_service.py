@@ -180,6 +180,15 @@ async def _append_locked(
         MinRatePolicer(limits.min_rate),
         [journal.limiter, limits.global_limiter],
     )
+    if pending.length and first.suspend in (
+        pb.AppendRequest.SUSPEND_IF_FLUSHED,
+        pb.AppendRequest.SUSPEND_NOW,
+    ):
+        # An append asking to suspend its journal carries no content, as Gazette's. (A lone
+        # broker's journal has no replicas to give up: an empty one is answered OK.)
+        await _settle(_wrap(received.summing), check=False)
+        journal.drop_empty_append(spool)
+        return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
     commit = pb.Fragment(
         journal=journal.name,
         begin=pending.begin,

@@ -624,3 +624,59 @@ def fragments_cmd(
         click.echo(output.fragments_table(fragments, with_urls=ttl is not None), nl=False)
     else:
         click.echo(output.fragments_json_lines(fragments), nl=False)
+
+
+# suspend ---------------------------------------------------------------------------------
+
+# Suspensions asked for at once.
+SUSPEND_CONCURRENCY = 32
+
+
+@journals.command("suspend")
+@click.option("-l", "--selector", required=True, help="Label selector of journals to suspend.")
+@click.option(
+    "-f",
+    "--force",
+    is_flag=True,
+    help="Suspend journals even if they are in use (content not persisted, or written "
+    "within their flush interval).",
+)
+@broker_option
+@click.pass_context
+def suspend_cmd(ctx: click.Context, selector: str, force: bool, broker: str | None) -> None:
+    """Suspend idle journals, so that they use fewer brokers, or none.
+
+    A suspended journal is served by one broker (its content persisted first), or by none
+    once no fragment holds any of its content. Its next append resumes it where it was. A
+    journal is idle when its content is persisted and its newest fragment is older than its
+    flush interval (a day, without one); --force suspends the others too. Prints each
+    journal's outcome; journals fully suspended already are left out.
+
+    Suspension is recorded in the journal's spec ('suspend'): to change specs of suspended
+    journals, edit what 'journals list -o yaml' prints, which keeps it.
+    """
+    from pygazette.cli.shards_cmd import progress_display
+    from pygazette.client.suspension import suspend_journal
+
+    sel = _selector(selector)
+
+    async def run(client: JournalClient) -> list[tuple[str, bool]]:
+        found = await list_journals(client, sel)
+        if not found and label_values(sel.include, "name"):
+            raise _no_match(sel, selector)
+        names = [j.spec.name for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
+        gate = asyncio.Semaphore(SUSPEND_CONCURRENCY)
+        with progress_display("suspending") as update:
+            update(total=len(names), completed=0)
+
+            async def one(name: str) -> tuple[str, bool]:
+                async with gate:
+                    suspended = await suspend_journal(client, name, force=force)
+                update(advance=1)
+                return name, suspended
+
+            return await asyncio.gather(*(one(n) for n in names))
+
+    outcomes = run_with_client(_broker(ctx, broker), run)
+    for name, suspended in outcomes:
+        click.echo(f"{name}\t{'suspended' if suspended else 'in use: not suspended'}")

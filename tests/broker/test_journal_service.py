@@ -217,6 +217,21 @@ async def test_append_without_commit_chunk_leaves_nothing(stub: pb_grpc.JournalS
     assert content == b"kept!"
 
 
+async def test_a_suspending_append_carries_no_content(stub: pb_grpc.JournalStub) -> None:
+    """As Gazette's: an append asking to suspend its journal may not carry content. A lone
+    broker's journal has no replicas to give up; an empty one is answered OK."""
+    await apply_specs(stub, journal_spec("svc/suspend"))
+    assert (await append(stub, "svc/suspend", b"kept")).status == pb.OK
+    for mode in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
+        refused = await append(stub, "svc/suspend", b"dropped", suspend=mode)
+        assert refused.status == pb.NOT_ALLOWED
+        assert (await append(stub, "svc/suspend", suspend=mode)).status == pb.OK
+    after = await append(stub, "svc/suspend", b"!")
+    assert (after.commit.begin, after.commit.end) == (4, 5)
+    content, _ = await read_all(stub, "svc/suspend")
+    assert content == b"kept!"
+
+
 async def test_flags_and_replication(stub: pb_grpc.JournalStub) -> None:
     await apply_specs(
         stub,

@@ -28,11 +28,12 @@ import pytest
 
 from pygazette.broker.append_fsm import PROXY_READ_AHEAD
 from pygazette.broker.peers import Peers
-from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.broker.server import Broker
 from pygazette.protocol.pb import peer_pb2 as ppb
 from pygazette.protocol.pb import peer_pb2_grpc as ppb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.in_process_brokers import start_brokers
 from tests.broker.rpc_helpers import apply_specs, journal_spec
 from tests.support.cluster import append_once, read_range
 from tests.support.etcd_process import EtcdProcess
@@ -49,22 +50,8 @@ class TwoBrokers:
         self.channels: list[grpc.aio.Channel] = []
 
     async def start(self) -> None:
-        for i in range(2):
-            b = Broker(
-                BrokerConfig(
-                    data_dir=self.tmp / f"broker-{i}",
-                    port=0,
-                    file_root=self.tmp / "store",
-                    zone="zone-a",
-                    broker_id=f"broker-{i}",
-                    etcd_url=self.etcd.url,
-                    etcd_prefix=self.root,
-                    lease_ttl=3.0,
-                )
-            )
-            await b.start()
-            self.brokers.append(b)
-            self.channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{b.port}"))
+        self.brokers = await start_brokers(self.tmp, self.etcd, self.root, 2)
+        self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{b.port}") for b in self.brokers]
 
     def stub(self, i: int) -> pb_grpc.JournalStub:
         return pb_grpc.JournalStub(self.channels[i])  # type: ignore[no-untyped-call]

@@ -5,31 +5,16 @@ stderr; in one transaction (--max-txn-size 0) it fails with one clear line."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pygazette.keyspace.keyspace import MAX_TXN_OPS
 from tests.cli.test_journals_cli import cli, listed_names, ok, one_line_error
 from tests.support.broker_process import BrokerProcess
-from tests.support.etcd_process import EtcdProcess
 
 pytestmark = pytest.mark.timeout(180)
 
 COUNT = 2 * MAX_TXN_OPS + 44  # Three default transactions; too many for one.
-
-
-@pytest.fixture
-def etcd_broker(tmp_path: Path, etcd: EtcdProcess, etcd_root: str) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        tmp_path / "broker-data", extra_args=[*etcd.client_flags, "--etcd-prefix", etcd_root]
-    )
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def journalspace(prefix: str, count: int) -> bytes:

@@ -1,0 +1,197 @@
+"""Journal suspension, as Gazette's brokers do it (`gazctl journals suspend`).
+
+An empty append asking SUSPEND_IF_FLUSHED suspends an idle journal, SUSPEND_NOW any journal:
+PARTIAL (one broker serves it; its spool is rolled and persisted) or, with no fragment
+holding content, FULL (no broker). Its primary answers SUSPENDED; an ordinary append resumes
+it at the offset it was suspended at. A suspending append may not carry content.
+
+Two brokers run in this process on a real etcd; the journals have two replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc.aio
+import pytest
+
+from pygazette.broker import append_fsm
+from pygazette.broker.server import Broker
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.in_process_brokers import start_brokers
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec
+from tests.support.cluster import read_range
+from tests.support.etcd_process import EtcdProcess
+
+pytestmark = pytest.mark.slow
+
+NOW = pb.AppendRequest.SUSPEND_NOW
+IF_FLUSHED = pb.AppendRequest.SUSPEND_IF_FLUSHED
+WAIT_SECONDS = 20.0
+
+
+class Brokers:
+    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str) -> None:
+        self.tmp, self.etcd, self.root = tmp, etcd, root
+        self.brokers: list[Broker] = []
+        self.channel: grpc.aio.Channel | None = None
+
+    async def start(self) -> None:
+        self.brokers = await start_brokers(self.tmp, self.etcd, self.root, 2)
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.brokers[0].port}")
+        self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
+
+    async def journal(self, name: str) -> pb.ListResponse.Journal:
+        request = pb.ListRequest(
+            selector=pb.LabelSelector(
+                include=pb.LabelSet(labels=[pb.Label(name="name", value=name)])
+            )
+        )
+        call = self.stub.List(request)
+        listing = await call.read()
+        call.cancel()
+        assert isinstance(listing, pb.ListResponse) and len(listing.journals) == 1, listing
+        return listing.journals[0]
+
+    async def until(
+        self, name: str, ok: Callable[[pb.ListResponse.Journal], bool]
+    ) -> pb.ListResponse.Journal:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            j = await self.journal(name)
+            if ok(j):
+                return j
+            assert time.monotonic() < deadline, f"{name} never got there: {j}"
+            await asyncio.sleep(0.05)
+
+    async def append(self, name: str, *chunks: bytes, **options: object) -> pb.AppendResponse:
+        """An append through broker 0 (it proxies to the primary), retried while the route
+        is still settling after an apply or a suspension."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            resp = await append(self.stub, name, *chunks, **options)
+            if resp.status not in (pb.NO_JOURNAL_PRIMARY_BROKER, pb.INSUFFICIENT_JOURNAL_BROKERS):
+                return resp
+            assert time.monotonic() < deadline, resp
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close(None)
+        for b in self.brokers:
+            await b.stop(grace=1.0)
+
+
+def _members(n: int) -> Callable[[pb.ListResponse.Journal], bool]:
+    return lambda j: len(j.route.members) == n and (n == 0 or j.route.primary >= 0)
+
+
+@pytest.fixture
+async def brokers(tmp_path: Path, etcd: EtcdProcess, etcd_root: str) -> AsyncIterator[Brokers]:
+    b = Brokers(tmp_path, etcd, etcd_root)
+    try:
+        await b.start()
+        yield b
+    finally:
+        await b.close()
+
+
+async def test_suspend_now_leaves_one_broker_and_an_append_resumes_where_it_was(
+    brokers: Brokers,
+) -> None:
+    name = "suspension/busy"
+    await apply_specs(brokers.stub, journal_spec(name, replication=2))
+    await brokers.until(name, _members(2))
+    resp = await brokers.append(name, b"hello\n")
+    assert resp.status == pb.OK and resp.commit.end == 6
+
+    # Its content isn't persisted: it is in use, and only SUSPEND_NOW suspends it.
+    resp = await brokers.append(name, suspend=IF_FLUSHED)
+    assert resp.status == pb.OK
+    assert (await brokers.journal(name)).spec.suspend.level == pb.JournalSpec.Suspend.NONE
+    # A suspending append carries no content.
+    resp = await brokers.append(name, b"nope\n", suspend=NOW)
+    assert resp.status == pb.NOT_ALLOWED
+
+    resp = await brokers.append(name, suspend=NOW)
+    assert resp.status == pb.SUSPENDED
+    j = await brokers.until(name, _members(1))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.PARTIAL
+    assert j.spec.suspend.offset == 6
+    # Its spool was rolled, and persisted: the store holds [0, 6).
+    store = brokers.tmp / "store" / name
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not any(p.name.startswith(f"{0:016x}-{6:016x}-") for p in store.glob("*")):
+        assert time.monotonic() < deadline, list(store.glob("*"))
+        await asyncio.sleep(0.05)
+    # Suspended, it is still read; an append that must not resume it is told so.
+    assert (await read_range(brokers.stub, name, 0, 6))[0] == b"hello\n"
+    resp = await brokers.append(name, suspend=pb.AppendRequest.SUSPEND_NO_RESUME)
+    assert resp.status == pb.SUSPENDED
+    # Asked again, it stays suspended.
+    resp = await brokers.append(name, suspend=IF_FLUSHED)
+    assert resp.status == pb.SUSPENDED
+
+    # An ordinary append resumes it, where it was suspended.
+    resp = await brokers.append(name, b"again\n")
+    assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (6, 12)
+    j = await brokers.until(name, _members(2))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.NONE
+    assert (await read_range(brokers.stub, name, 0, 12))[0] == b"hello\nagain\n"
+
+
+async def test_an_idle_journal_is_suspended_if_flushed(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Idle as soon as its newest fragment is persisted (not a day later).
+    monkeypatch.setattr(append_fsm, "SUSPEND_IDLE_SECONDS", 0)
+    name = "suspension/idle"
+    await apply_specs(brokers.stub, journal_spec(name, replication=2))
+    await brokers.until(name, _members(2))
+    resp = await brokers.append(name, b"idle\n")
+    assert resp.status == pb.OK
+    # Its content is in a spool: in use.
+    resp = await brokers.append(name, suspend=IF_FLUSHED)
+    assert resp.status == pb.OK
+    # That empty append rolled the spool (it held the journal's first write): once [0, 5)
+    # is persisted, the journal is idle.
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        resp = await brokers.append(name, suspend=IF_FLUSHED)
+        if resp.status == pb.SUSPENDED:
+            break
+        assert resp.status == pb.OK, resp
+        assert time.monotonic() < deadline, "never idle"
+        await asyncio.sleep(0.05)
+    j = await brokers.until(name, _members(1))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.PARTIAL
+    assert j.spec.suspend.offset == 5
+
+
+async def test_a_journal_without_content_is_suspended_fully(brokers: Brokers) -> None:
+    name = "suspension/empty"
+    await apply_specs(brokers.stub, journal_spec(name, replication=2))
+    await brokers.until(name, _members(2))
+
+    resp = await brokers.append(name, suspend=IF_FLUSHED)
+    assert resp.status == pb.SUSPENDED
+    j = await brokers.until(name, _members(0))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.FULL
+    assert j.spec.suspend.offset == 0
+    # No broker serves it: reads are told it is suspended, as are appends asking again.
+    read = brokers.stub.Read(pb.ReadRequest(journal=name, offset=0, block=False))
+    first = await read.read()
+    assert isinstance(first, pb.ReadResponse) and first.status == pb.SUSPENDED
+    read.cancel()
+    resp = await brokers.append(name, suspend=NOW)
+    assert resp.status == pb.SUSPENDED
+
+    # An append resumes it, from where it was.
+    resp = await brokers.append(name, b"back\n")
+    assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (0, 5)
+    j = await brokers.until(name, _members(2))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.NONE

@@ -1,0 +1,65 @@
+"""`pygazette journals suspend` (as `gazctl journals suspend`) against a broker on etcd:
+idle journals are suspended, journals in use only with --force, and those fully suspended
+already are left out; an append resumes a journal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.test_journals_cli import cli, ok, one_line_error
+from tests.support.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+SPECS = json.dumps(
+    {
+        "name": "susp/",
+        "replication": 1,
+        "fragment": {
+            "length": 1 << 20,
+            "compression_codec": "NONE",
+            "stores": ["file:///"],
+            "refresh_interval": "1m",
+        },
+        "children": [{"name": "susp/busy"}, {"name": "susp/empty"}],
+    }
+).encode()
+
+
+def suspension(broker: BrokerProcess) -> dict[str, tuple[str, int]]:
+    out = ok(cli(broker.url, "journals", "list", "-l", "prefix=susp/", "--format", "json"))
+    found = {}
+    for j in json.loads(out)["journals"]:
+        s = j["spec"].get("suspend", {})
+        found[j["spec"]["name"]] = (s.get("level", "NONE"), int(s.get("offset", 0)))
+    return found
+
+
+def test_suspend_idle_journals_then_forced_then_resumed(etcd_broker: BrokerProcess) -> None:
+    ok(cli(etcd_broker.url, "journals", "apply", "--specs", "-", stdin=SPECS))
+    ok(cli(etcd_broker.url, "journals", "append", "-l", "name=susp/busy", stdin=b"busy\n"))
+
+    out = ok(cli(etcd_broker.url, "journals", "suspend", "-l", "prefix=susp/")).decode()
+    assert sorted(out.splitlines()) == [
+        "susp/busy\tin use: not suspended",
+        "susp/empty\tsuspended",
+    ]
+    assert suspension(etcd_broker) == {"susp/busy": ("NONE", 0), "susp/empty": ("FULL", 0)}
+
+    # --force suspends the journal in use; the one fully suspended is left out.
+    out = ok(cli(etcd_broker.url, "journals", "suspend", "-l", "prefix=susp/", "-f")).decode()
+    assert out.splitlines() == ["susp/busy\tsuspended"]
+    assert suspension(etcd_broker) == {"susp/busy": ("PARTIAL", 5), "susp/empty": ("FULL", 0)}
+
+    # An append resumes it where it was; what it held is still read.
+    ok(cli(etcd_broker.url, "journals", "append", "-l", "name=susp/busy", stdin=b"more\n"))
+    assert suspension(etcd_broker)["susp/busy"] == ("NONE", 5)
+    read = ok(cli(etcd_broker.url, "journals", "read", "-l", "name=susp/busy"))
+    assert read == b"busy\nmore\n"
+
+
+def test_suspend_of_no_journal_named(etcd_broker: BrokerProcess) -> None:
+    line = one_line_error(cli(etcd_broker.url, "journals", "suspend", "-l", "name=susp/none"))
+    assert "susp/none" in line
