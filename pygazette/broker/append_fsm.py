@@ -393,8 +393,13 @@ class ClusterAppends:
             roll_to = max_offset
         if first.suspend == pb.AppendRequest.SUSPEND_NO_RESUME and suspend.level != 0:
             return pb.AppendResponse(status=pb.SUSPENDED, header=res.header)
+        # Where the journal resumes: its spool's end once rolled forward to the offset it was
+        # suspended at (Gazette rolls there before it records a suspension or a resumption).
+        resume_at = max(rs.end, suspend.offset)
         if first.suspend == pb.AppendRequest.SUSPEND_RESUME and suspend.level != 0:
-            return ReadThrough(await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, rs.end))
+            return ReadThrough(
+                await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, resume_at)
+            )
         suspending = False
         if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
             # Asked to suspend the journal (`journals suspend`), as Gazette's appendFSM does.
@@ -403,7 +408,7 @@ class ClusterAppends:
                 # No fragment holds any content (never written, or all of it removed by
                 # retention): no broker needs to serve it at all.
                 return ReadThrough(
-                    await self._update_suspend(res, pb.JournalSpec.Suspend.FULL, rs.end)
+                    await self._update_suspend(res, pb.JournalSpec.Suspend.FULL, resume_at)
                 )
             # Idle: its newest fragment is persisted, and has been for the flush interval
             # (taken as how long a journal in use goes without an append).
@@ -414,7 +419,7 @@ class ClusterAppends:
             ):
                 # One broker serves it from now on (the allocator drops the others).
                 return ReadThrough(
-                    await self._update_suspend(res, pb.JournalSpec.Suspend.PARTIAL, rs.end)
+                    await self._update_suspend(res, pb.JournalSpec.Suspend.PARTIAL, resume_at)
                 )
             if suspend.level == pb.JournalSpec.Suspend.PARTIAL:
                 # Suspended: roll the spool, so its content persists rather than waiting for

@@ -195,3 +195,44 @@ async def test_a_journal_without_content_is_suspended_fully(brokers: Brokers) ->
     assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (0, 5)
     j = await brokers.until(name, _members(2))
     assert j.spec.suspend.level == pb.JournalSpec.Suspend.NONE
+
+
+def _suspended_at(spec: pb.JournalSpec, level: int, offset: int) -> pb.JournalSpec:
+    spec.suspend.level = level  # type: ignore[assignment]
+    spec.suspend.offset = offset
+    return spec
+
+
+async def test_a_resume_lands_at_the_suspension_offset_not_below(brokers: Brokers) -> None:
+    # Suspended at 100 (its fragments since removed by retention, or its broker replaced: the
+    # one serving it now holds nothing): its spool is below the offset. As Gazette's, an
+    # append resumes it at 100, never below (offsets readers may have read).
+    name = "suspension/partial-at-100"
+    await apply_specs(
+        brokers.stub,
+        _suspended_at(journal_spec(name, replication=2), pb.JournalSpec.Suspend.PARTIAL, 100),
+    )
+    await brokers.until(name, _members(1))
+    resp = await brokers.append(name, b"back\n")
+    assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (100, 105), resp
+    j = await brokers.until(name, _members(2))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.NONE
+    assert j.spec.suspend.offset >= 100
+
+
+async def test_a_suspension_keeps_the_offset_the_journal_resumes_at(brokers: Brokers) -> None:
+    # Suspended at 100, served by a broker that holds nothing (its spool is below): suspended
+    # fully, it still resumes at 100.
+    name = "suspension/partial-again-at-100"
+    await apply_specs(
+        brokers.stub,
+        _suspended_at(journal_spec(name, replication=2), pb.JournalSpec.Suspend.PARTIAL, 100),
+    )
+    await brokers.until(name, _members(1))
+    resp = await brokers.append(name, suspend=IF_FLUSHED)
+    assert resp.status == pb.SUSPENDED
+    j = await brokers.until(name, _members(0))
+    assert j.spec.suspend.level == pb.JournalSpec.Suspend.FULL
+    assert j.spec.suspend.offset == 100
+    resp = await brokers.append(name, b"back\n")
+    assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (100, 105), resp
