@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1 << 20
 # Raw bytes fetched from a remote store per request: fewer, larger ranges.
 STORE_RANGE = 8 << 20
-# How often a read re-lists the stores after finding a fragment gone before giving up.
+# How often a read re-lists the stores after finding a fragment gone, without reading
+# anything in between, before giving up.
 MISSING_FRAGMENT_RETRIES = 2
 # In cluster mode, how often and how long a read waits for the index to fill a gap below the
 # write head (a fragment a peer persisted) before answering without it.
@@ -217,6 +218,7 @@ async def serve_local_read(
             async for chunk in chunks:
                 yield pb.ReadResponse(offset=offset, content=chunk)
                 offset += len(chunk)
+                missing = 0  # Read on: count fragments found missing at this point only.
                 if meter is not None:
                     meter.add(len(chunk))
         except FileNotFoundError:
