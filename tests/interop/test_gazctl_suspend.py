@@ -134,3 +134,50 @@ def test_gazctl_suspend_matches_gazette(
     }
     assert dict(sessions["gazette"])["suspend --force"]["susp/busy"] == ("PARTIAL", 5, 1)
     assert dict(sessions["gazette"])["read"] == "busy\nmore\n"
+
+
+MOVED_JOURNALSPACE = """
+name: susp/
+replication: 2
+fragment:
+  length: 1048576
+  compression_codec: NONE
+  stores:
+  - file:///
+  refresh_interval: 1s
+children:
+- name: susp/moved
+  suspend:
+    level: PARTIAL
+    offset: 100
+"""
+
+
+def run_moved_session(s: Session) -> None:
+    """A journal suspended at 100 whose broker holds nothing of it (it moved, or its fragments
+    expired): suspended again it stays at 100, and an append resumes it there."""
+    specs = s.work / "journalspace.yaml"
+    specs.write_text(MOVED_JOURNALSPACE)
+    s.run("journals", "apply", "--specs", str(specs))
+    s.settled("applied")
+    s.run("journals", "suspend", "-l", "prefix=susp/")
+    s.settled("suspend")
+    s.run("journals", "append", "-l", "name=susp/moved", stdin=b"moved\n")
+    s.settled("append resumes")
+
+
+def test_gazctl_suspend_of_a_moved_journal_matches_gazette(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    sessions = {}
+    for system in ("gazette", "pygazette"):
+        cluster = BrokerCluster(system, binaries, etcd, tmp_path / system, "/suspend", brokers=2)
+        cluster.start()
+        try:
+            s = Session(binaries.gazctl, cluster, tmp_path / system / "session")
+            run_moved_session(s)
+            sessions[system] = s.steps
+        finally:
+            cluster.kill()
+    assert sessions["pygazette"] == sessions["gazette"]
+    assert dict(sessions["gazette"])["suspend"] == {"susp/moved": ("FULL", 100, 0)}
