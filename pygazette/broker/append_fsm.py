@@ -95,6 +95,7 @@ from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.metrics import record_append
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.pipeline import Pipeline, PipelineBroken, Round
+from pygazette.broker.pulser import Pulsed
 from pygazette.broker.replicated_spool import fragments_equal, roll_proposal
 from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put, TxnResult
 from pygazette.keyspace.layout import decode_route, desired_replication, routes_equivalent
@@ -256,6 +257,33 @@ class ClusterAppends:
             extra={"journal": replica.name, "status": pb.Status.Name(resp.status)},
         )
         return False
+
+    async def suspend_if_idle(self, replica: Pulsed) -> float | None:
+        """Ask a journal this broker is primary of to suspend itself if it is idle (an empty
+        append with SUSPEND_IF_FLUSHED, as Gazette's auto-suspending pulse): in how many
+        seconds to ask again (None: it is not ours any more). A suspended journal is asked
+        again after its flush interval, as its fragments may all expire meanwhile (it is
+        then suspended fully); one not idle yet, when it will be."""
+        request = pb.AppendRequest(
+            journal=replica.name,
+            do_not_proxy=True,
+            suspend=pb.AppendRequest.SUSPEND_IF_FLUSHED,
+        )
+        async with asyncio.timeout(self.pulse_timeout):
+            resp = await self._run(request, _one_empty_chunk(), pulse=True)
+        idle_after = replica.spec.fragment.flush_interval.seconds or SUSPEND_IDLE_SECONDS
+        if resp.status == pb.SUSPENDED:
+            level = replica.spec.suspend.level if replica.spec.HasField("suspend") else 0
+            if level == pb.JournalSpec.Suspend.FULL:
+                return None
+            log.info("journal suspended (idle)", extra={"journal": replica.name})
+            return float(idle_after)
+        if resp.status != pb.OK:
+            return None  # Not its primary any more, or gone.
+        _low, _high, mod_time = index_summary(replica.index)
+        if not mod_time:  # Content not persisted yet: idle a flush interval from now.
+            return float(idle_after)
+        return max(1.0, mod_time + idle_after - time.time())
 
     # The state machine.
     async def _run(

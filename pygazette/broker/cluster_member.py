@@ -80,6 +80,7 @@ class ClusterConfig:
     peer_tls: ClientTLS | None = None  # Towards `https://` peers.
     etcd_tls: ClientTLS | None = None  # Towards an `https://` etcd.
     peer_auth: Authorizer | None = None  # Signs RPCs to peers (proxying, Replicate).
+    auto_suspend: bool = False  # Suspend journals left idle (`pulser`).
 
 
 class MemberFailed(Exception):
@@ -145,7 +146,10 @@ class ClusterMember:
         )
         self.peers = Peers(tls=cfg.peer_tls, auth=cfg.peer_auth)
         self.appends = ClusterAppends(self.resolver, self.peers, self.limits, self.session)
-        self.pulser = Pulser(self.appends.pulse)
+        self.pulser = Pulser(
+            self.appends.pulse,
+            suspend=self.appends.suspend_if_idle if cfg.auto_suspend else None,
+        )
         self.resolver.on_primary = self.pulser.request
         self.appends.on_advertise_failed = self._advertise_failed
         self.resolver.on_stopped = self._replica_stopped

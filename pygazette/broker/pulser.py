@@ -23,12 +23,21 @@ The sweep walks only the *active* journals: those that opened a replication pipe
 append or a pulse did: `opened`), until their pipeline closed and their open spool has
 nothing left to flush. So its cost grows with the journals that had traffic, not with
 every journal this broker leads.
+
+With auto-suspension (`serve --auto-suspend`, Gazette's `--broker.auto-suspend`), a journal
+that goes idle that way is asked to suspend itself once it has been idle for
+AUTO_SUSPEND_IDLE_SECONDS (Gazette: fifteen one-minute pulses): an empty append with
+SUSPEND_IF_FLUSHED, which suspends it only if its content is persisted and its newest
+fragment is older than its flush interval (a day, without one). When it isn't yet, it is
+asked again when it would be. One heap of due times, not a timer per journal; an append
+takes the journal off it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +53,7 @@ CONCURRENCY = 8
 RETRY_SECONDS = 1.0
 SWEEP_SECONDS = 10.0
 PIPELINE_IDLE_SECONDS = 60.0
+AUTO_SUSPEND_IDLE_SECONDS = 15 * 60.0
 
 
 class Pulsed(JournalRuntime, Protocol):
@@ -58,9 +68,20 @@ class Pulser:
         pulse: Callable[[Pulsed], Awaitable[bool]],
         *,
         concurrency: int = CONCURRENCY,
+        suspend: Callable[[Pulsed], Awaitable[float | None]] | None = None,
     ) -> None:
         # `pulse` returns whether the journal is done with (False: retry it).
         self._pulse = pulse
+        # With auto-suspension: asks an idle journal to suspend itself; returns in how many
+        # seconds to ask again (None: not again).
+        self._suspend = suspend
+        self._suspend_heap: list[tuple[float, int, str]] = []  # (due, seq, journal)
+        self._idle: dict[str, tuple[int, Pulsed]] = {}  # Journals on the heap, by its seq.
+        # Monotonic times before which asking a journal again is of no use (its last answer).
+        self._not_before: dict[str, float] = {}
+        self._suspend_seq = 0
+        self.suspension_checks = 0  # Suspensions asked for (for tests and metrics).
+        self._suspender: asyncio.Task[None] | None = None
         self._concurrency = concurrency
         self._active: dict[str, Pulsed] = {}  # Journals the sweep watches (see `opened`).
         self._pending: dict[str, Pulsed] = {}  # In request order.
@@ -78,6 +99,9 @@ class Pulser:
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="pulser-sweep"))
 
     async def stop(self) -> None:
+        if self._suspender is not None:
+            self._tasks.append(self._suspender)
+            self._suspender = None
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -100,6 +124,60 @@ class Pulser:
         """`journal` opened a replication pipeline: sweeps watch it until it is idle again
         (its pipeline closed, nothing in its open spool left to flush)."""
         self._active[journal.name] = journal
+        self._idle.pop(journal.name, None)  # In use: not to be suspended.
+
+    def _went_idle(self, journal: Pulsed) -> None:
+        """With auto-suspension: ask `journal` to suspend itself once it has been idle for
+        AUTO_SUSPEND_IDLE_SECONDS (and not before its last answer said it could be), unless
+        it is used again meanwhile."""
+        if self._suspend is None:
+            return
+        now = time.monotonic()
+        due = max(now + AUTO_SUSPEND_IDLE_SECONDS, self._not_before.get(journal.name, 0.0))
+        self._suspend_seq += 1
+        self._idle[journal.name] = (self._suspend_seq, journal)
+        heapq.heappush(self._suspend_heap, (due, self._suspend_seq, journal.name))
+
+    def _due_suspensions(self, now: float) -> list[Pulsed]:
+        due: list[Pulsed] = []
+        heap = self._suspend_heap
+        while heap and heap[0][0] <= now:
+            _, seq, name = heapq.heappop(heap)
+            entry = self._idle.get(name)
+            if entry is None or entry[0] != seq:
+                continue  # Used again since, or scheduled anew.
+            del self._idle[name]
+            journal = entry[1]
+            if journal.primary and not journal.stopping and name not in self._active:
+                due.append(journal)
+            elif not journal.primary or journal.stopping:
+                self._not_before.pop(name, None)
+        return due
+
+    async def _suspend_idle(self, journals: list[Pulsed]) -> None:
+        assert self._suspend is not None
+        for journal in journals:
+            if not journal.primary or journal.stopping or journal.name in self._active:
+                continue
+            self.suspension_checks += 1
+            try:
+                again = await self._suspend(journal)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info(
+                    "journal auto-suspension failed (will retry)",
+                    extra={"journal": journal.name, "error": str(exc)},
+                )
+                again = AUTO_SUSPEND_IDLE_SECONDS
+            if again is None:
+                self._not_before.pop(journal.name, None)
+                continue
+            # Its check opened a pipeline (the journal is active until that closes, idle),
+            # so it comes back through `_went_idle`: not before it could suspend.
+            self._not_before[journal.name] = time.monotonic() + again
+            if journal.name not in self._active:
+                self._went_idle(journal)
 
     @property
     def queued(self) -> int:
@@ -149,6 +227,12 @@ class Pulser:
                     await self.sweep()
                 except Exception as exc:
                     log.warning("pulse sweep failed", extra={"error": str(exc)})
+            heap = self._suspend_heap
+            if heap and heap[0][0] <= now and (self._suspender is None or self._suspender.done()):
+                # Off the loop that retries pulses: a suspension may wait on the allocator.
+                self._suspender = asyncio.create_task(
+                    self._suspend_idle(self._due_suspensions(now)), name="pulser-suspend"
+                )
 
     async def sweep(self) -> None:
         """Of the active journals: pulse those whose spool is due to roll, close pipelines
@@ -165,6 +249,7 @@ class Pulser:
             if pln is None:
                 if not flush_pending(journal):
                     del self._active[name]
+                    self._went_idle(journal)
             elif pln.idle_seconds() > PIPELINE_IDLE_SECONDS:
                 idle.append(journal)
         for journal in idle:

@@ -84,6 +84,8 @@ class BrokerConfig:
     lease_ttl: float = 20.0
     journal_limit: int = 1024
     drain_timeout: float = 60.0
+    # Suspend journals left idle (Gazette's --broker.auto-suspend; `pulser`).
+    auto_suspend: bool = False
     # TLS of the gRPC port (mTLS when it has a CA); None: plaintext.
     tls: ServerTLS | None = None
     # What this broker trusts and presents towards `https://` peers, and towards etcd.
@@ -241,6 +243,7 @@ class Broker:
                 peer_tls=cfg.peer_tls,
                 peer_auth=self.auth,
                 etcd_tls=cfg.etcd_tls,
+                auto_suspend=cfg.auto_suspend,
             ),
             identity=identity,
             spool_root=self.data_dir / "spools",

@@ -207,6 +207,12 @@ def _duration_option(ctx: click.Context, param: click.Parameter, value: object) 
     show_default=True,
     help="On SIGTERM, how long to wait for journals to move to other brokers.",
 )
+@click.option(
+    "--auto-suspend",
+    is_flag=True,
+    help="Suspend journals left idle (content persisted, nothing appended for their flush "
+    "interval or a day), as 'journals suspend' does; an append resumes them. With --etcd.",
+)
 @log_options
 @http_options(", and the journal gateway: GET/HEAD/PUT /<journal>")
 @server_tls_flags("BROKER")
@@ -238,6 +244,7 @@ def serve(
     lease_ttl: float,
     journal_limit: int,
     drain_timeout: float,
+    auto_suspend: bool,
     auth_keys: str,
     http_port: int,
     http_address: str,
@@ -271,6 +278,9 @@ def serve(
             raise click.BadParameter(
                 "must start with '/' and not end with one", param_hint="--etcd-prefix"
             )
+    elif auto_suspend:
+        # A lone broker's journals have no replicas to give up.
+        raise click.UsageError("--auto-suspend needs --etcd (a cluster)")
     if advertise_url and not re.match(r"^https?://[^/]+", advertise_url):
         raise click.BadParameter("expected http://host:port", param_hint="--advertise")
     config = BrokerConfig(
@@ -290,6 +300,7 @@ def serve(
         etcd_prefix=etcd_prefix,
         lease_ttl=lease_ttl,
         journal_limit=journal_limit,
+        auto_suspend=auto_suspend,
         drain_timeout=drain_timeout,
         **_broker_tls_config(tls_flags, etcd_url),
         auth_keys=auth_keys,

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pygazette.broker.server import Broker, BrokerConfig
 from tests.support.etcd_process import EtcdProcess
 
 
-async def start_brokers(tmp: Path, etcd: EtcdProcess, root: str, count: int) -> list[Broker]:
+async def start_brokers(
+    tmp: Path, etcd: EtcdProcess, root: str, count: int, **options: Any
+) -> list[Broker]:
     """`count` started brokers in one zone, sharing the store under `tmp/store` (each with
-    its data under `tmp/broker-<i>`; a 3 s lease)."""
+    its data under `tmp/broker-<i>`; a 3 s lease), with BrokerConfig's other `options`."""
     brokers: list[Broker] = []
     for i in range(count):
         b = Broker(
@@ -23,6 +26,7 @@ async def start_brokers(tmp: Path, etcd: EtcdProcess, root: str, count: int) -> 
                 etcd_url=etcd.url,
                 etcd_prefix=root,
                 lease_ttl=3.0,
+                **options,
             )
         )
         await b.start()

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from pygazette.broker import append_fsm
+from pygazette.broker import append_fsm, pulser
 from pygazette.broker.server import Broker
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -35,13 +35,13 @@ WAIT_SECONDS = 20.0
 
 
 class Brokers:
-    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str) -> None:
-        self.tmp, self.etcd, self.root = tmp, etcd, root
+    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str, **options: object) -> None:
+        self.tmp, self.etcd, self.root, self.options = tmp, etcd, root, options
         self.brokers: list[Broker] = []
         self.channel: grpc.aio.Channel | None = None
 
     async def start(self) -> None:
-        self.brokers = await start_brokers(self.tmp, self.etcd, self.root, 2)
+        self.brokers = await start_brokers(self.tmp, self.etcd, self.root, 2, **self.options)
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.brokers[0].port}")
         self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
 
@@ -78,6 +78,9 @@ class Brokers:
                 return resp
             assert time.monotonic() < deadline, resp
             await asyncio.sleep(0.05)
+
+    async def read(self, name: str) -> bytes:
+        return (await read_range(self.stub, name, 0, 0))[0]
 
     async def close(self) -> None:
         if self.channel is not None:
@@ -236,3 +239,39 @@ async def test_a_suspension_keeps_the_offset_the_journal_resumes_at(brokers: Bro
     assert j.spec.suspend.offset == 100
     resp = await brokers.append(name, b"back\n")
     assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (100, 105), resp
+
+
+async def test_auto_suspension_suspends_journals_left_idle(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --auto-suspend`: a journal whose pipeline closed idle is asked to suspend
+    itself (SUSPEND_IF_FLUSHED) a while later, and again once it could be; an append
+    resumes it. (Every period here is cut short.)"""
+    monkeypatch.setattr(pulser, "SWEEP_SECONDS", 0.2)
+    monkeypatch.setattr(pulser, "PIPELINE_IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(pulser, "AUTO_SUSPEND_IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(append_fsm, "SUSPEND_IDLE_SECONDS", 1)
+    brokers = Brokers(tmp_path, etcd, etcd_root, auto_suspend=True)
+    try:
+        await brokers.start()
+        await apply_specs(
+            brokers.stub,
+            journal_spec("auto/quiet", replication=2),
+            journal_spec("auto/empty", replication=2),
+        )
+        assert (await brokers.append("auto/quiet", b"quiet\n")).status == pb.OK
+
+        # Never written: suspended fully. Written, once its spool persisted (its idle check
+        # rolls it: it holds the journal's first write) and a second passed: partly.
+        j = await brokers.until("auto/empty", _members(0))
+        assert j.spec.suspend.level == pb.JournalSpec.Suspend.FULL
+        j = await brokers.until("auto/quiet", _members(1))
+        assert j.spec.suspend.level == pb.JournalSpec.Suspend.PARTIAL
+        assert j.spec.suspend.offset == 6
+        assert sum(b.member.pulser.suspension_checks for b in brokers.brokers if b.member) >= 2
+
+        resp = await brokers.append("auto/quiet", b"again\n")
+        assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (6, 12)
+        assert (await brokers.read("auto/quiet")) == b"quiet\nagain\n"
+    finally:
+        await brokers.close()

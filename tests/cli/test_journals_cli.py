@@ -313,3 +313,10 @@ def test_serve_refuses_an_id_gazette_would_reject(tmp_path: Path) -> None:
         cli("http://127.0.0.1:1", "serve", "--id", "ab", "--data-dir", str(tmp_path))
     )
     assert "Suffix: invalid length (2; expected 4 <= length <= 128)" in err
+
+
+def test_serve_auto_suspend_needs_a_cluster(tmp_path: Path) -> None:
+    err = one_line_error(
+        cli("http://127.0.0.1:1", "serve", "--auto-suspend", "--data-dir", str(tmp_path))
+    )
+    assert "--auto-suspend needs --etcd" in err
