@@ -30,6 +30,7 @@ from pygazette.broker.append_service import (
     serve_append,
 )
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
+from pygazette.broker.fragment.cover_set import CoverSet
 from pygazette.broker.fragment.path_postfix import check_apply_request
 from pygazette.broker.fragment.spool import InsufficientStorage
 from pygazette.broker.metrics import ReadMeter
@@ -432,13 +433,14 @@ class JournalService(pb_grpc.JournalServicer):
         if failure := await replica.await_first_listing():
             await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
         # Local spools as readers may see them (in cluster mode, the open one only up to
-        # what every replica confirmed: `Spool.readable_fragment`).
-        frags = replica.index.persisted() + [
-            f
-            for f in (s.readable_fragment() for s in replica.index.local_spools())
-            if f.end > f.begin
-        ]
-        frags.sort(key=lambda f: (f.begin, f.end))
+        # what every replica confirmed: `Spool.readable_fragment`), joined with persisted
+        # fragments into one cover set, as Gazette's index is: no two fragments begin at the
+        # same offset, so a page token (a begin offset) names exactly one of them. A local
+        # spool wins over a persisted fragment of the same span, as reads prefer it.
+        cover: CoverSet[pb.Fragment] = CoverSet(replica.index.persisted())
+        for spool in replica.index.local_spools():
+            cover.add(spool.readable_fragment())  # Empty ones change nothing.
+        frags = cover.items()
         limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE_LIMIT
         ttl = None
         if request.HasField("signatureTTL"):

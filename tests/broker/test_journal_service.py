@@ -10,13 +10,19 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_from_digest
+from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.protocol.fragment_name import (
+    fragment_content_path,
+    fragment_file_name,
+    sha1sum_from_digest,
+)
 from pygazette.protocol.gazette_encoding import canonical_journal_spec
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import parse_selector
 from pygazette.stores import codecs
+from tests.broker.fragment_helpers import wait_persisted
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once, read_all
 from tests.support.broker_process import BrokerProcess
 
@@ -325,6 +331,51 @@ async def test_fragments_persist_with_gazette_names(
     assert [f.spec.mod_time for f in future.fragments] == [0]
     until_now = await stub.ListFragments(pb.FragmentsRequest(journal=name, end_mod_time=2**40))
     assert until_now.fragments and all(f.spec.mod_time for f in until_now.fragments)
+
+
+async def test_fragment_pages_list_each_fragment_once(tmp_path: Path) -> None:
+    # A fragment persisted to the store by another writer (a broker sharing it, or a copy)
+    # begins where this broker's open spool does, and the spool covers it. As Gazette, the
+    # listing is a cover set, so its begins are distinct and a page token (a begin offset)
+    # names one fragment. Both were listed: a page ending between them made the next page
+    # list the first again (page limit 2), or never end (page limit 1).
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data", port=0))
+    await broker.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)
+            name = "svc/pages/same-begin"
+            assert (await apply_specs(stub, journal_spec(name, length=1024))).status == pb.OK
+            first, second = b"a" * 1000, b"b" * 1000
+            for data in (first, second):  # The first append closes its fragment alone.
+                assert (await append(stub, name, data)).status == pb.OK
+            await wait_persisted(stub, name, len(first))
+            other = pb.Fragment(
+                journal=name,
+                begin=1000,
+                end=1500,
+                sum=sha1sum_from_digest(hashlib.sha1(second[:500]).digest()),
+                compression_codec=pb.NONE,
+            )
+            path = broker.file_root / fragment_content_path(other)
+            path.write_bytes(second[:500])
+            replica = broker.resolver.resolve(name)
+            assert replica is not None
+            await replica.refresh()
+            assert any(f.begin == 1000 and f.end == 1500 for f in replica.index.persisted())
+
+            for limit in (1, 2, 3):
+                listed: list[tuple[int, int]] = []
+                req = pb.FragmentsRequest(journal=name, page_limit=limit)
+                for _ in range(5):
+                    resp = await stub.ListFragments(req)
+                    listed += [(f.spec.begin, f.spec.end) for f in resp.fragments]
+                    if not resp.next_page_token:
+                        break
+                    req.next_page_token = resp.next_page_token
+                assert listed == [(0, 1000), (1000, 2000)], f"page limit {limit}"
+    finally:
+        await broker.stop(grace=1.0)
 
 
 async def test_persisted_fragments_survive_restart(tmp_path: Path) -> None:
