@@ -680,3 +680,39 @@ def suspend_cmd(ctx: click.Context, selector: str, force: bool, broker: str | No
     outcomes = run_with_client(_broker(ctx, broker), run)
     for name, suspended in outcomes:
         click.echo(f"{name}\t{'suspended' if suspended else 'in use: not suspended'}")
+
+
+# reset-head ------------------------------------------------------------------------------
+
+
+@journals.command("reset-head")
+@click.option("-l", "--selector", required=True, help="Label selector of journals to reset.")
+@broker_option
+@click.pass_context
+def reset_head_cmd(ctx: click.Context, selector: str, broker: str | None) -> None:
+    """Move journals' write heads to the end of their fragments (disaster recovery).
+
+    After as many broker failures as a journal has replicas, none of its brokers took part
+    in its last appends, and they refuse new ones (INDEX_HAS_GREATER_OFFSET) rather than
+    risk writing an offset twice. Once every fragment of the failed brokers is surely
+    persisted (they have all exited), this lets appends go on after the last fragment. On a
+    consistent journal, even one being appended to, it changes nothing. Prints each journal's
+    write head; journals fully suspended are left out.
+    """
+    from pygazette.client.reset_head import reset_head
+
+    sel = _selector(selector)
+
+    async def run(client: JournalClient) -> list[tuple[str, int | None]]:
+        found = await list_journals(client, sel)
+        if not found and label_values(sel.include, "name"):
+            raise _no_match(sel, selector)
+        names = [j.spec.name for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
+
+        async def one(name: str) -> tuple[str, int | None]:
+            return name, await reset_head(client, name)
+
+        return await asyncio.gather(*(one(n) for n in names))
+
+    for name, head in run_with_client(_broker(ctx, broker), run):
+        click.echo(f"{name}\t{'appends moved it on' if head is None else f'head {head}'}")
