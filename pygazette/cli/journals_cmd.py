@@ -203,6 +203,54 @@ def apply_cmd(
     )
 
 
+@journals.command("edit")
+@click.option("-l", "--selector", required=True, help="Label selector of journals to edit.")
+@max_txn_size_option
+@broker_option
+@click.pass_context
+def edit_cmd(ctx: click.Context, selector: str, max_txn_size: int, broker: str | None) -> None:
+    """Edit the selected journals' specs in an editor, and apply the result.
+
+    The editor is $GAZ_EDITOR, else $EDITOR, else vi. The journalspace YAML of the selected
+    journals is opened, with their revisions; when the editor exits with changes they are
+    validated and applied. If that fails (an invalid spec, or a journal changed meanwhile so
+    that its revision no longer matches), the editor reopens with the error, keeping your
+    edits. An empty or unchanged file cancels the edit. The specs keep their suspension.
+    """
+    from collections.abc import Coroutine
+
+    from pygazette.cli.journalspace import apply_request, parse_journalspace
+    from pygazette.cli.shards_cmd import edit_retry_loop
+
+    sel = _selector(selector)
+    applied_revision: list[int] = []
+
+    async def run(client: JournalClient) -> bool:
+        loop = asyncio.get_running_loop()
+
+        def call(coro: Coroutine[Any, Any, T]) -> T:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+        def select() -> str:
+            found = call(list_journals(client, sel))
+            if not found:
+                raise _no_match(sel, selector)
+            return output.journals_yaml(found)
+
+        def apply(text: str) -> None:
+            request = apply_request(parse_journalspace(text))
+            resp = call(apply_journals_in_batches(client, request, max_txn_size))
+            applied_revision.append(resp.header.etcd.revision)
+
+        # The editor and the loop block: run them off the event loop, which serves the RPCs.
+        return await asyncio.to_thread(
+            edit_retry_loop, select, apply, prefix="pygazette-journals-edit-"
+        )
+
+    if run_with_client(_broker(ctx, broker), run):
+        click.echo(f"applied journal changes at revision {applied_revision[-1]}")
+
+
 def _read_text(path: str) -> str:
     try:
         if path == "-":

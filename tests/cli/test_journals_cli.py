@@ -27,9 +27,13 @@ EXAMPLE_JOURNALS = [
 
 
 def cli(
-    broker_url: str, *args: str, stdin: bytes | None = None, timeout: float = 120
+    broker_url: str,
+    *args: str,
+    stdin: bytes | None = None,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    env = dict(os.environ, BROKER_ADDRESS=broker_url)
+    env = dict(os.environ, BROKER_ADDRESS=broker_url, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "pygazette.cli.main", *args],
