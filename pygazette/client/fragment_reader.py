@@ -11,6 +11,7 @@ File and HTTP I/O and decompression are blocking and run on worker threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -164,8 +165,28 @@ async def open_fragment_url(
             f"offset {offset} is outside fragment {_describe(fragment)} "
             f"[{fragment.begin}, {fragment.end})"
         )
-    raw, codec = await asyncio.to_thread(_open_raw, fragment, url, file_root)
+    # The worker thread opening it goes on if the caller is cancelled meanwhile: what it
+    # opens is then closed as soon as it has, rather than left to garbage collection.
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_raw, fragment, url, file_root))
+    try:
+        raw, codec = await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_abandoned)
+        raise
     return await new_fragment_reader(raw, fragment, offset, codec=codec)
+
+
+def _close_abandoned(opening: asyncio.Future[tuple[RawSource, int]]) -> None:
+    """Close a raw source opened for a caller that was cancelled meanwhile."""
+    if opening.cancelled() or opening.exception() is not None:
+        return  # Nothing was opened (the exception is retrieved: not logged as lost).
+    raw, _codec = opening.result()
+    opening.get_loop().run_in_executor(None, _close_quietly, raw)
+
+
+def _close_quietly(raw: RawSource) -> None:
+    with contextlib.suppress(OSError):
+        raw.close()
 
 
 def _open_raw(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import http.server
 import threading
@@ -187,3 +188,56 @@ async def test_http_errors_are_open_errors(http_server: str) -> None:
     with pytest.raises(FragmentOpenError, match="HTTP 404") as info:
         await open_fragment_url(fragment(0, 1, pb.NONE), 0, f"{http_server}/missing?sig=secret")
     assert "secret" not in str(info.value)  # Signatures are not leaked into messages.
+
+
+class _Recorded:
+    """A raw fragment source whose closing the test can wait for."""
+
+    def __init__(self, raw: fr.RawSource) -> None:
+        self.raw = raw
+        self.closed = threading.Event()
+
+    def read(self, n: int = -1, /) -> bytes:
+        return self.raw.read(n)
+
+    def close(self) -> None:
+        self.raw.close()
+        self.closed.set()
+
+
+@pytest.mark.parametrize("scheme", ["file", "http"])
+async def test_a_read_cancelled_while_it_opens_closes_what_it_opened(
+    tmp_path: Path, http_server: str, scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The open runs on a worker thread, which goes on when the read is cancelled meanwhile.
+    # The file or HTTP response it then opened was dropped, open, until garbage collection.
+    _Handler.files["/cancelled.raw"] = (DATA, "")
+    path = write(tmp_path, DATA, pb.NONE)
+    url = path.as_uri() if scheme == "file" else f"{http_server}/cancelled.raw"
+    opened: list[_Recorded] = []
+    in_open, go_on = threading.Event(), threading.Event()
+    open_raw = fr._open_raw
+
+    def open_slowly(
+        fragment: pb.Fragment, url: str, file_root: str | Path | None
+    ) -> tuple[fr.RawSource, int]:
+        raw, codec = open_raw(fragment, url, file_root)
+        opened.append(_Recorded(raw))  # Held here: garbage collection won't close it.
+        in_open.set()
+        go_on.wait(30)
+        return opened[-1], codec
+
+    monkeypatch.setattr(fr, "_open_raw", open_slowly)
+    task = asyncio.ensure_future(open_fragment_url(fragment(0, len(DATA), pb.NONE), 0, url))
+    try:
+        assert await asyncio.to_thread(in_open.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        go_on.set()
+    (raw,) = opened
+    try:
+        assert await asyncio.to_thread(raw.closed.wait, 10), "left open"
+    finally:
+        raw.raw.close()
