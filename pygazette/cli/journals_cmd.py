@@ -220,7 +220,7 @@ def edit_cmd(ctx: click.Context, selector: str, max_txn_size: int, broker: str |
     from collections.abc import Coroutine
 
     from pygazette.cli.journalspace import apply_request, parse_journalspace
-    from pygazette.cli.shards_cmd import edit_retry_loop
+    from pygazette.cli.spec_editor import edit_retry_loop
 
     sel = _selector(selector)
     applied_revision: list[int] = []
@@ -703,7 +703,7 @@ def suspend_cmd(ctx: click.Context, selector: str, force: bool, broker: str | No
     Suspension is recorded in the journal's spec ('suspend'): to change specs of suspended
     journals, edit what 'journals list -o yaml' prints, which keeps it.
     """
-    from pygazette.cli.shards_cmd import progress_display
+    from pygazette.cli.progress import progress_display
     from pygazette.client.suspension import suspend_journal
 
     sel = _selector(selector)
