@@ -65,8 +65,19 @@ def _held_mark_path(log_path: Path) -> Path:
     return log_path.with_suffix(HELD_SUFFIX)
 
 
-def _write_held_mark(log_path: Path, frontier: int) -> None:
-    _held_mark_path(log_path).write_bytes(frontier.to_bytes(8, "little"))
+def _write_held_mark(log_path: Path, frontier: int, *, sync: bool) -> None:
+    """Mark a closed spool held back at `frontier` (with `sync`, durably: the file's bytes
+    and its name, as --sync makes everything a restart relies on)."""
+    path = _held_mark_path(log_path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, frontier.to_bytes(8, "little"))
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def _read_held_mark(mark_path: Path) -> int | None:
@@ -390,7 +401,7 @@ class Replica:
             return
         self._held_closed.append((spool, check_existing))
         # Marked on disk, so that a restart persists only its confirmed part too.
-        _write_held_mark(spool.log_path, spool.readable_end)
+        _write_held_mark(spool.log_path, spool.readable_end, sync=self.sync)
 
     def set_readable(self, offset: int) -> None:
         """Let readers see content up to `offset` (cluster mode; it never moves back)."""

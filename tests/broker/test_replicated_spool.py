@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import struct
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from pygazette.allocator.state import Assignment
 from pygazette.broker import cluster_member, replicated_spool
+from pygazette.broker import replica as replica_module
 from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
@@ -45,14 +47,14 @@ def _frag(begin: int, end: int, content: bytes = b"", codec: int = pb.NONE) -> p
     return f
 
 
-def _replica(tmp_path: Path, persister: Persister) -> Replica:
+def _replica(tmp_path: Path, persister: Persister, *, sync: bool = False) -> Replica:
     r = Replica(
         journal_spec(JOURNAL),
         1,
         spool_root=tmp_path / "spools",
         stores=persister.stores,
         persister=persister,
-        sync=False,
+        sync=sync,
     )
     r.recover_replicated()  # As `Replica.start_clustered`.
     r.readable_end = r.rspool.confirmed
@@ -334,11 +336,13 @@ class _FailedPipeline:
         self.aborted = True
 
 
-async def _primary_with_content_in_doubt(tmp_path: Path, persister: Persister) -> Replica:
+async def _primary_with_content_in_doubt(
+    tmp_path: Path, persister: Persister, *, sync: bool = False
+) -> Replica:
     """A primary that confirmed "confirmed;" [0, 10) everywhere, then committed "doubtful"
     [10, 18) and sent the confirmation of it (a route of two: a self-confirming commit) but
     heard no acknowledgement, then committed "tentative" [18, 27), never confirmed."""
-    r = _replica(tmp_path, persister)
+    r = _replica(tmp_path, persister, sync=sync)
     rs = r.rspool
     assert rs is not None
     await _content(rs, b"confirmed;")
@@ -359,11 +363,11 @@ async def _primary_with_content_in_doubt(tmp_path: Path, persister: Persister) -
 
 
 async def _rolled_at_content_in_doubt(
-    tmp_path: Path, persister: Persister, *, primary: bool = True
+    tmp_path: Path, persister: Persister, *, primary: bool = True, sync: bool = False
 ) -> tuple[Replica, ReplicatedSpool]:
     """`_primary_with_content_in_doubt`, whose next pipeline kept the content in doubt and
     rolled at its end (a route change): the closed spool [0, 18) is held at the frontier."""
-    r = await _primary_with_content_in_doubt(tmp_path, persister)
+    r = await _primary_with_content_in_doubt(tmp_path, persister, sync=sync)
     rs = r.rspool
     assert rs is not None
     rs.cut_unconfirmed(keep_in_doubt=True)
@@ -450,6 +454,34 @@ async def test_a_roll_keeps_content_in_doubt_and_persists_it_once_confirmed(
     persister.expedite()
     await persister.wait_idle()
     assert _stored(tmp_path) == [("0000000000000000-0000000000000012", b"confirmed;doubtful")]
+
+
+async def test_with_sync_a_spool_held_in_doubt_is_marked_durably(
+    tmp_path: Path, persister: Persister, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --sync, the mark that holds a closed spool back at the frontier (so that a
+    restart persists only its confirmed part) is on disk, name and bytes, once written: a
+    power loss must not persist content in doubt."""
+    synced: list[str] = []
+    fdatasync = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fdatasync(fd)
+
+    dirs_synced_with_a_mark: list[Path] = []
+    fsync_dir = replica_module.fsync_dir
+
+    def spy_dir(path: Path) -> None:
+        if any(p.suffix == replica_module.HELD_SUFFIX for p in Path(path).iterdir()):
+            dirs_synced_with_a_mark.append(Path(path))
+        fsync_dir(path)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    monkeypatch.setattr(replica_module, "fsync_dir", spy_dir)
+    await _rolled_at_content_in_doubt(tmp_path, persister, sync=True)
+    assert any(p.endswith(replica_module.HELD_SUFFIX) for p in synced), synced
+    assert dirs_synced_with_a_mark
 
 
 async def test_a_journal_leaving_persists_only_the_confirmed_part_of_a_spool_in_doubt(
