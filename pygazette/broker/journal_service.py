@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,7 +283,7 @@ class JournalService(pb_grpc.JournalServicer):
             key=lambda i: route.members[i].zone != local.zone,
         )
 
-        async def read(offset: int, end: int) -> AsyncIterator[pb.ReadResponse]:
+        async def read(offset: int, end: int) -> AsyncGenerator[pb.ReadResponse, None]:
             pos = offset
             for i in order:
                 if pos >= end or i >= len(route.endpoints):
@@ -302,6 +302,11 @@ class JournalService(pb_grpc.JournalServicer):
                     stub = peers.stub(route.endpoints[i])
                     async for resp in stub.Read(req, timeout=PEER_READ_TIMEOUT_SECONDS):
                         if resp.status != pb.OK:
+                            break
+                        if not resp.content and resp.offset != pos:
+                            # The peer lacks `pos` and would jump over it (its index begins
+                            # later, or the gap is old to it): not for it to decide. Another
+                            # peer may hold it; this broker's index rules on a jump.
                             break
                         if resp.content:
                             pos = resp.offset + len(resp.content)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from pygazette.broker.fragment.spool import Spool
 from pygazette.broker.metrics import ReadMeter
@@ -78,8 +78,10 @@ async def serve_read(
         meter.close()
 
 
-# Reads [offset, end) of the journal from a peer broker that holds it (cluster mode).
-PeerRead = Callable[[int, int], AsyncIterator[pb.ReadResponse]]
+# Reads [offset, end) of the journal from a peer broker that holds it (cluster mode): the
+# peer's responses from `offset` on, up to where a peer would jump over offsets it lacks
+# (whether the read may jump is this broker's index's to say, under Gazette's rules).
+PeerRead = Callable[[int, int], AsyncGenerator[pb.ReadResponse, None]]
 
 
 async def serve_local_read(
@@ -153,19 +155,29 @@ async def serve_local_read(
                     "reading a gap from peers",
                     extra={"journal": replica.name, "begin": offset, "end": gap_end},
                 )
-                async for resp in peer_read(offset, gap_end):
-                    resp.ClearField("header")
-                    if resp.content:
-                        # Content chunks carry neither a header nor a write head (Gazette's
-                        # ReadResponse rules): only metadata responses describe the head.
-                        resp.write_head = 0
-                        offset = resp.offset + len(resp.content)
-                    else:
-                        resp.write_head = max(resp.write_head, replica.head)
-                        if header is not None:
-                            resp.header.CopyFrom(header)
-                            header = None
-                    yield resp
+                async with contextlib.aclosing(peer_read(offset, gap_end)) as reads:
+                    async for resp in reads:
+                        resp.ClearField("header")
+                        if resp.content:
+                            # Content chunks carry neither a header nor a write head
+                            # (Gazette's ReadResponse rules): only metadata responses
+                            # describe the head.
+                            resp.write_head = 0
+                            offset = resp.offset + len(resp.content)
+                        elif resp.fragment.mod_time and (
+                            resp.fragment.mod_time < req.begin_mod_time
+                        ):
+                            # Persisted before the reader's lower bound: skip its content,
+                            # as the index skips this broker's own (the peer is asked
+                            # without the bound, as it would jump over gaps as well).
+                            offset = min(resp.fragment.end, gap_end)
+                            break
+                        else:
+                            resp.write_head = max(resp.write_head, replica.head)
+                            if header is not None:
+                                resp.header.CopyFrom(header)
+                                header = None
+                        yield resp
                 continue
             if gap_waits < GAP_WAITS:
                 gap_waits += 1

@@ -1,9 +1,10 @@
-"""The Read RPC over persisted fragments that go away while a read runs (retention by another
-broker, or by hand), against a broker in the test's process (its replica's listings
-observable)."""
+"""The Read RPC against brokers in the test's process (their replicas' listings observable):
+persisted fragments that go away while a read runs (retention by another broker, or by
+hand), and, in cluster mode, gaps the primary reads from a peer."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,12 +12,15 @@ import grpc
 import pytest
 
 from pygazette.broker import read_service
+from pygazette.broker.replica import Replica
 from pygazette.broker.server import Broker, BrokerConfig
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.fragment_helpers import wait_persisted
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
+from tests.support.cluster import append_once
+from tests.support.etcd_process import EtcdProcess
 
 
 @pytest.fixture
@@ -75,3 +79,140 @@ async def test_a_long_read_reads_on_past_many_fragments_removed_since_its_listin
             (pb.OK, 14000),  # The open spool.
             (pb.OFFSET_NOT_YET_AVAILABLE, 16000),
         ]
+
+
+# Gap reads (cluster mode): two brokers, each persisting to `file:///` in its own data
+# directory, as brokers started without a shared store do. What the primary lacks, it reads
+# from its peer.
+GAP_JOURNAL = "read/gaps"
+
+
+class TwoBrokers:
+    def __init__(self, brokers: list[Broker]) -> None:
+        self.brokers = brokers
+        self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{b.port}") for b in brokers]
+
+    def stub(self, i: int) -> pb_grpc.JournalStub:
+        return pb_grpc.JournalStub(self.channels[i])  # type: ignore[no-untyped-call]
+
+    def replica(self, i: int) -> Replica:
+        replica = self.brokers[i].resolver.replicas.get(GAP_JOURNAL)
+        assert replica is not None
+        return replica
+
+    async def appends(self, *chunks: bytes) -> None:
+        """Append each chunk (retrying while the journal is being assigned)."""
+        async with asyncio.timeout(60):
+            for data in chunks:
+                while True:
+                    try:
+                        resp = await append_once(self.stub(0), GAP_JOURNAL, data, within=10)
+                    except grpc.aio.AioRpcError:
+                        resp = None
+                    if resp is not None and resp.status == pb.OK:
+                        break
+                    await asyncio.sleep(0.1)
+
+    def primary(self) -> int:
+        for i in range(2):
+            replica = self.brokers[i].resolver.replicas.get(GAP_JOURNAL)
+            if replica is not None and replica.primary:
+                return i
+        raise AssertionError("no primary")
+
+    async def persisted_everywhere(self, end: int) -> list[pb.Fragment]:
+        """Wait until both brokers persisted [0, end) to their own stores; the fragments."""
+        async with asyncio.timeout(30):
+            while True:
+                frags: list[pb.Fragment] = []
+                for i in range(2):
+                    replica = self.replica(i)
+                    await replica.refresh()
+                    frags = sorted(replica.index.persisted(), key=lambda f: f.begin)
+                    if not frags or frags[0].begin != 0 or frags[-1].end < end:
+                        break
+                else:
+                    return frags
+                await asyncio.sleep(0.05)
+
+    async def remove(self, i: int, frags: list[pb.Fragment]) -> None:
+        """Remove fragments from broker `i`'s store: it never held them."""
+        for f in frags:
+            (self.brokers[i].file_root / fragment_content_path(f)).unlink()
+        await self.replica(i).refresh()
+
+
+@pytest.fixture
+async def two_brokers(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> AsyncIterator[TwoBrokers]:
+    brokers: list[Broker] = []
+    try:
+        for i in range(2):
+            b = Broker(
+                BrokerConfig(
+                    data_dir=tmp_path / f"broker-{i}",
+                    port=0,
+                    zone="zone-a",
+                    broker_id=f"broker-{i}",
+                    etcd_url=etcd.url,
+                    etcd_prefix=etcd_root,
+                    lease_ttl=3.0,
+                    retention_interval=0,
+                )
+            )
+            await b.start()
+            brokers.append(b)
+        two = TwoBrokers(brokers)
+        spec = journal_spec(GAP_JOURNAL, replication=2, length=1024)
+        assert (await apply_specs(two.stub(0), spec)).status == pb.OK
+        yield two
+        for channel in two.channels:
+            await channel.close(None)
+    finally:
+        for b in brokers:
+            await b.stop(grace=1.0)
+
+
+async def test_a_gap_read_from_a_peer_skips_fragments_older_than_begin_mod_time(
+    two_brokers: TwoBrokers,
+) -> None:
+    # The primary lacks a persisted fragment that its peer holds, and reads it from the
+    # peer. The read asked for fragments persisted since `begin_mod_time` only: as the
+    # primary skips its own older fragments, it skips the peer's. The peer was asked without
+    # it, and the older fragment's content was passed on.
+    chunks = [bytes([ord("a") + i]) * 2000 for i in range(3)]
+    await two_brokers.appends(*chunks)  # Each append closes the spool before it.
+    frags = await two_brokers.persisted_everywhere(4000)
+    p = two_brokers.primary()
+    await two_brokers.remove(p, [frags[1]])  # [2000, 4000): on the peer only.
+
+    since = max(f.mod_time for f in frags) + 1  # Both persisted fragments are older.
+    content, meta = await read_all(two_brokers.stub(p), GAP_JOURNAL, begin_mod_time=since)
+    assert content == chunks[2]  # The open spool's: it has no mod time.
+    assert [(m.status, m.offset) for m in meta] == [
+        (pb.OK, 4000),
+        (pb.OFFSET_NOT_YET_AVAILABLE, 6000),
+    ]
+
+
+async def test_a_gap_read_passes_on_no_offset_jump_of_the_peer(two_brokers: TwoBrokers) -> None:
+    # The primary lacks [2000, 4000), young, which its peer lacks too; the peer's index, which
+    # begins after it, would jump over it to its first fragment. The primary's index doesn't
+    # jump over a young gap (Gazette's rules: it may be a fragment still being persisted),
+    # and the peer's jump is no reason to: it answers as without the peer. The peer's jump,
+    # to beyond the gap, was passed on to the client, and then the primary's answer at the
+    # gap's offset, moving the read's offset back.
+    chunks = [bytes([ord("a") + i]) * 2000 for i in range(4)]
+    await two_brokers.appends(*chunks)
+    frags = await two_brokers.persisted_everywhere(6000)
+    p = two_brokers.primary()
+    await two_brokers.remove(p, [frags[1]])
+    await two_brokers.remove(1 - p, frags[:2])
+
+    content, meta = await read_all(two_brokers.stub(p), GAP_JOURNAL)
+    assert content == chunks[0]
+    assert [(m.status, m.offset) for m in meta] == [
+        (pb.OK, 0),
+        (pb.OFFSET_NOT_YET_AVAILABLE, 2000),
+    ]
