@@ -387,7 +387,16 @@ class ShardReplica:
                 f"recovery log {log_name} must be labeled {CONTENT_TYPE_LABEL}="
                 f"{RECOVERY_LOG_CONTENT_TYPE} (it is {content_type!r})"
             )
-        hints = pick_first_hints(await fetch_hints(ctx.keyspace, self._spec), log_name)
+        fetched = await fetch_hints(ctx.keyspace, self._spec)
+        for key, _kv, stored in fetched:
+            if stored is not None and stored.log != log_name:
+                # As Gazette: hints of another log say nothing of this one (the spec moved to
+                # a new log, or hints were written by hand); playing them would record into
+                # the wrong log.
+                raise ValueError(
+                    f"hints.Log {stored.log} != ShardSpec.RecoveryLog {log_name} (at {key})"
+                )
+        hints = pick_first_hints(fetched, log_name)
         self._recovered_hints = hints
         player = Player(ctx.client, hints, self._local_dir)
         play = asyncio.create_task(player.play(), name=f"play:{log_name}")

@@ -24,19 +24,22 @@ from grpc.aio import AioRpcError, Metadata
 from pygazette.client import JournalClient, apply_journals
 from pygazette.client.append_service import DependencyFailed
 from pygazette.client.list_apply import list_journals
+from pygazette.consumer.hints import encode_hints
 from pygazette.consumer.metrics import RECOVERIES
 from pygazette.consumer.recoverylog import RecorderFailed
 from pygazette.consumer.replica import ConsumerContext, ShardReplica
 from pygazette.consumer.transaction import LeaseLost
 from pygazette.consumer.transient_failure import is_transient
 from pygazette.keyspace.embedded import EmbeddedKeyspace
-from pygazette.keyspace.keyspace import KeyspaceUnavailable, KeyValue
+from pygazette.keyspace.keyspace import KeyspaceUnavailable, KeyValue, Put
 from pygazette.message.framing import MessageDecodeError
 from pygazette.message.reader import ReadCommitted
 from pygazette.protocol.errors import FragmentStoreUnhealthy
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import recoverylog_pb2 as rpb
+from pygazette.protocol.shard_validation import hint_primary_key
 from tests.consumer.apps import Counter
 from tests.consumer.test_consumer_cluster import (
     LOGS,
@@ -191,6 +194,25 @@ async def test_application_errors_still_fail_the_shard(
         await Inputs(client).publish(10)
         await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.FAILED)
         assert any("cannot count key" in e for e in replica.status.errors)
+    finally:
+        await replica.stop()
+
+
+async def test_hints_of_another_log_fail_the_shard(tmp_path: Path, client: JournalClient) -> None:
+    """As Gazette's: stored hints naming a log other than the spec's recovery log (the spec
+    moved to a new log, or hints written by hand) fail the shard rather than be played and
+    recorded into."""
+    h = _Harness(tmp_path, client)
+    spec = shard_spec(standbys=0)
+    stale = rpb.FSMHints(log="other/log")
+    await h.ks.txn([], [Put(hint_primary_key(spec), encode_hints(stale))])
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.FAILED)
+        wrong = "hints.Log other/log != ShardSpec.RecoveryLog"
+        assert any(wrong in e for e in replica.status.errors), replica.status.errors
     finally:
         await replica.stop()
 
