@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 _PARALLEL_MIN = 128 * 1024
 _INLINE_HASH_MAX = 1 << 20
 _big_appends = 0  # Appends of this process now streaming chunks of at least _PARALLEL_MIN.
+_SUSPENDING = (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW)
 # Folds large chunks into running sums. Two threads: appends to different journals fold in
 # parallel; chunks of one append are folded one after the other (each waits for the last).
 _SUMMER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pygazette-running-sum")
@@ -144,8 +145,6 @@ async def serve_append(
     if replica is None:
         return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=resolver.header(routed=False))
     header = resolver.header()
-    if not journal_spec_flags_allow_write(replica.spec):
-        return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
     if replica.spec.replication > len(header.route.members):
         return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
     # Refused while the journal's store fails and its spools piled up, or can't be listed.
@@ -156,7 +155,8 @@ async def serve_append(
 
     async with replica.pipeline:
         await replica.index.first_refresh_done.wait()
-        resp = await _append_locked(first, it, replica, resolver.header(), limits)
+        writable = journal_spec_flags_allow_write(replica.spec)
+        resp = await _append_locked(first, it, replica, resolver.header(), limits, writable)
     if resp.status == pb.OK:
         record_append(resp.commit, started)
     return resp
@@ -168,8 +168,9 @@ async def _append_locked(
     journal: LocalJournal,
     header: pb.Header,
     limits: AppendLimits,
+    writable: bool,
 ) -> pb.AppendResponse:
-    refused = _precondition_failure(first, journal, header)
+    refused = _precondition_failure(first, journal, header, writable)
     if refused is not None:
         return refused
     spool, pending, running = journal.start_append()
@@ -179,14 +180,12 @@ async def _append_locked(
         running,
         MinRatePolicer(limits.min_rate),
         [journal.limiter, limits.global_limiter],
+        # As Gazette's: a journal that isn't writable takes empty appends alone (barriers),
+        # and an append asking to suspend its journal carries no content. (A lone broker's
+        # journal has no replicas to give up: an empty one is answered OK.)
+        refuse_content=not writable or first.suspend in _SUSPENDING,
     )
-    if pending.length and first.suspend in (
-        pb.AppendRequest.SUSPEND_IF_FLUSHED,
-        pb.AppendRequest.SUSPEND_NOW,
-    ):
-        # An append asking to suspend its journal carries no content, as Gazette's. (A lone
-        # broker's journal has no replicas to give up: an empty one is answered OK.)
-        await _settle(_wrap(received.summing), check=False)
+    if received.refused:
         journal.drop_empty_append(spool)
         return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
     commit = pb.Fragment(
@@ -223,7 +222,7 @@ async def _append_locked(
 
 
 def _precondition_failure(
-    first: pb.AppendRequest, journal: LocalJournal, header: pb.Header
+    first: pb.AppendRequest, journal: LocalJournal, header: pb.Header, writable: bool
 ) -> pb.AppendResponse | None:
     """The response refusing the append, or None if it may go ahead."""
     # As Gazette: a journal without registers passes any check (nothing has claimed it yet).
@@ -235,11 +234,17 @@ def _precondition_failure(
     ):
         return pb.AppendResponse(status=pb.REGISTER_MISMATCH, header=header, registers=registers)
     # Persisted fragments beyond what this broker spooled mean replication consistency
-    # was lost; the client may roll the journal forward by appending at that offset.
+    # was lost; the client may roll the journal forward by appending at that offset. (Not
+    # for a journal that isn't writable, as Gazette's: its empty appends write nothing.)
     if first.offset and first.offset != journal.head:
         return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header)
     index = journal.index
-    if journal.spool is not None and index.persisted_end > index.local_end and not first.offset:
+    if (
+        journal.spool is not None
+        and index.persisted_end > index.local_end
+        and not first.offset
+        and writable
+    ):
         return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=header)
     return None
 
@@ -249,6 +254,7 @@ class _Received:
     total_chunks: int
     delayed_chunks: int
     summing: Future[None] | None  # The running sum's fold of the last chunk, if pending.
+    refused: bool = False  # It carried content, which was refused (`refuse_content`).
 
 
 async def _receive_content(
@@ -257,6 +263,7 @@ async def _receive_content(
     running: hashlib._Hash,
     policer: MinRatePolicer,
     limiters: list[RateLimiter],
+    refuse_content: bool = False,
 ) -> _Received:
     """Stream the append's chunks into `pending` (and `running`) up to its commit chunk and
     the end of the stream; on any failure, the append is rolled back (its bytes lie past
@@ -293,6 +300,8 @@ async def _receive_content(
             if not size:
                 total_chunks += 1  # Gazette counts the commit chunk too.
                 break
+            if refuse_content:
+                return _Received(total_chunks, delayed_chunks, None, refused=True)
             total_chunks += 1
             policer.received(size)
             waited = await throttle(limiters, size)

@@ -63,3 +63,17 @@ def test_suspend_idle_journals_then_forced_then_resumed(etcd_broker: BrokerProce
 def test_suspend_of_no_journal_named(etcd_broker: BrokerProcess) -> None:
     line = one_line_error(cli(etcd_broker.url, "journals", "suspend", "-l", "name=susp/none"))
     assert "susp/none" in line
+
+
+def test_suspend_on_a_single_broker_leaves_every_journal_in_use(broker: BrokerProcess) -> None:
+    # Without etcd there is nothing to give up: every journal is left in use, a read-only one
+    # too (an empty append to it is a barrier, as Gazette's, not refused).
+    specs = json.loads(SPECS)
+    specs["children"].append({"name": "susp/readonly", "flags": 1})  # O_RDONLY
+    ok(cli(broker.url, "journals", "apply", "--specs", "-", stdin=json.dumps(specs).encode()))
+    out = ok(cli(broker.url, "journals", "suspend", "-l", "prefix=susp/")).decode()
+    assert sorted(out.splitlines()) == [
+        "susp/busy\tin use: not suspended",
+        "susp/empty\tin use: not suspended",
+        "susp/readonly\tin use: not suspended",
+    ]
