@@ -408,22 +408,23 @@ class ClusterAppends:
             return pb.AppendResponse(
                 status=pb.REGISTER_MISMATCH, header=res.header, registers=registers
             )
-        max_offset = max(rs.end, journal.index.end_offset)
         suspend = spec.suspend if spec.HasField("suspend") else pb.JournalSpec.Suspend()
-        roll_to = 0
-        if rs.end < suspend.offset:
-            roll_to = suspend.offset
-        elif rs.end != max_offset and first.offset == 0 and journal_spec_flags_allow_write(spec):
+        # The spool rolls forward to the offset the journal was suspended at, if below it; the
+        # checks of the append's offset hold for its end after that roll (as Gazette's, which
+        # rolls first and checks then).
+        end = max(rs.end, suspend.offset)
+        roll_to = suspend.offset if rs.end < suspend.offset else 0
+        max_offset = max(end, journal.index.end_offset)
+        if end != max_offset and first.offset == 0 and journal_spec_flags_allow_write(spec):
             return pb.AppendResponse(status=pb.INDEX_HAS_GREATER_OFFSET, header=res.header)
         elif first.offset and first.offset != max_offset:
             return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=res.header)
-        elif first.offset and rs.end != max_offset:
+        elif first.offset and end != max_offset:
             roll_to = max_offset
         if first.suspend == pb.AppendRequest.SUSPEND_NO_RESUME and suspend.level != 0:
             return pb.AppendResponse(status=pb.SUSPENDED, header=res.header)
-        # Where the journal resumes: its spool's end once rolled forward to the offset it was
-        # suspended at (Gazette rolls there before it records a suspension or a resumption).
-        resume_at = max(rs.end, suspend.offset)
+        # Where the journal resumes (or is suspended at): its spool's end after those rolls.
+        resume_at = max(end, roll_to)
         if first.suspend == pb.AppendRequest.SUSPEND_RESUME and suspend.level != 0:
             return ReadThrough(
                 await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, resume_at)

@@ -11,6 +11,7 @@ Two brokers run in this process on a real etcd; the journals have two replicas.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -275,3 +276,30 @@ async def test_auto_suspension_suspends_journals_left_idle(
         assert (await brokers.read("auto/quiet")) == b"quiet\nagain\n"
     finally:
         await brokers.close()
+
+
+async def test_a_resume_never_writes_below_what_the_store_holds(brokers: Brokers) -> None:
+    # Suspended at 100 by its spec, but its store holds [0, 150) (written elsewhere, or the
+    # spec is stale). As Gazette's, the journal is rolled to 100 and the checks of the append's
+    # offset hold from there: an append is refused INDEX_HAS_GREATER_OFFSET (and resumes
+    # nothing), and one at the explicit offset 150 (`journals reset-head`) lands at 150. Both
+    # were written at 100, over offsets the store holds. (One replica: no route change, and
+    # so no pulse, rolls the spool between the resumption and the append.)
+    name = "suspension/store-ahead"
+    content = b"x" * 149 + b"\n"
+    sha = hashlib.sha1(content).hexdigest()
+    store = brokers.tmp / "store" / name
+    store.mkdir(parents=True)
+    (store / f"{0:016x}-{150:016x}-{sha}.raw").write_bytes(content)
+    await apply_specs(
+        brokers.stub,
+        _suspended_at(journal_spec(name), pb.JournalSpec.Suspend.PARTIAL, 100),
+    )
+    await brokers.until(name, _members(1))
+    resp = await brokers.append(name, b"over\n")
+    assert resp.status == pb.INDEX_HAS_GREATER_OFFSET, resp
+    assert (await brokers.journal(name)).spec.suspend.level == pb.JournalSpec.Suspend.PARTIAL
+
+    resp = await brokers.append(name, b"head\n", offset=150)
+    assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (150, 155), resp
+    assert (await read_range(brokers.stub, name, 100, 155))[0] == content[100:] + b"head\n"
