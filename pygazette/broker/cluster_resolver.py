@@ -161,6 +161,8 @@ class ClusterResolver(Resolver):
         primary = li.assignment.slot == 0
         replica = self.replicas.get(name)
         if replica is None:
+            if not self._may_start(name):
+                return
             replica = Replica(
                 spec,
                 li.item.kv.mod_revision,
@@ -188,12 +190,25 @@ class ClusterResolver(Resolver):
         replica.invalidate()
         log.info("stopping local journal replica", extra={"journal": name})
         self.stopping_journals.add(name)
-        task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
+        task = self._stop(name, replica)
         task.add_done_callback(partial(_discard, self.stopping_journals, name))
         if self.on_stopped is not None:
             self.on_stopped(name)
+
+    def _may_start(self, name: str) -> bool:
+        if super()._may_start(name):
+            return True
+        # Not an orphan to sweep meanwhile: its spools are the new replica's.
+        self.stopping_journals.add(name)
+        return False
+
+    def _sync_one(self, name: str) -> None:
+        self.stopping_journals.discard(name)
+        if not self.serving or name in self.replicas:
+            return
+        local = self.observed.current.local.get(name)
+        if local is not None:
+            self._sync_replica(name, local[0])
 
     def _start_primary(self, replica: Replica) -> None:
         if self.on_primary is not None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.fragment.persister import Persister
-from pygazette.broker.replica import Replica
+from pygazette.broker.replica import Replica, spool_directory
 from pygazette.keyspace.keyspace import Keyspace
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
@@ -27,6 +28,11 @@ JOURNALS_PREFIX = "/gazette/cluster/items/"
 
 def journal_key(name: str) -> str:
     return JOURNALS_PREFIX + name
+
+
+def _forget_stop(stops: dict[str, asyncio.Task[None]], name: str, task: asyncio.Task[None]) -> None:
+    if stops.get(name) is task:
+        del stops[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,10 @@ class Resolver:
         self.sync = sync
         self.replicas: dict[str, Replica] = {}
         self._stopping: set[asyncio.Task[None]] = set()
+        self._stop_of: dict[str, asyncio.Task[None]] = {}  # Replicas still stopping.
+        # Journals whose new replica waits for an old one to let go of its spool files.
+        self._deferred: set[str] = set()
+        self._closed = False
 
     def start(self) -> None:
         self.keyspace.add_listener(lambda _rev: self.sync_replicas())
@@ -76,6 +86,8 @@ class Resolver:
             seen.add(spec.name)
             replica = self.replicas.get(spec.name)
             if replica is None:
+                if not self._may_start(spec.name):
+                    continue
                 replica = Replica(
                     spec,
                     kv.mod_revision,
@@ -89,12 +101,50 @@ class Resolver:
             elif replica.mod_revision != kv.mod_revision:
                 replica.update_spec(spec, kv.mod_revision)
         for name in [n for n in self.replicas if n not in seen]:
-            replica = self.replicas.pop(name)
-            task = asyncio.create_task(replica.stop(persist=True))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+            self._stop(name, self.replicas.pop(name))
+
+    def _stop(self, name: str, replica: Replica) -> asyncio.Task[None]:
+        """Stop a replica no longer served here, persisting its spools."""
+        task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        self._stop_of[name] = task
+        task.add_done_callback(partial(_forget_stop, self._stop_of, name))
+        return task
+
+    def _may_start(self, name: str) -> bool:
+        """Whether a new replica of `name` may start now (else it starts once it may).
+
+        It recovers the spools in the journal's spool directory and goes on appending to
+        the newest, as a restart does; an old replica's spools are those same files, which
+        its stop and its persister jobs write, and persisting removes (into `spool_files`'
+        pool, emptied for a next spool): shared, an acknowledged append to the new replica
+        could be emptied, and its reads see other bytes. So it waits for the old replica's
+        stop to end, then has the persister let go of the old spools (`Persister.release`:
+        after an attempt in progress, if there is one), and starts without them."""
+        if name in self._deferred:
+            return False
+        wait: asyncio.Future[None] | None = self._stop_of.get(name)
+        if wait is None:
+            wait = self.persister.release(name, spool_directory(self.spool_root, name))
+            if wait is None:
+                return True
+        log.info("new journal replica waits for the old one's spools", extra={"journal": name})
+        self._deferred.add(name)
+        wait.add_done_callback(partial(self._start_deferred, name))
+        return False
+
+    def _start_deferred(self, name: str, _done: asyncio.Future[None]) -> None:
+        self._deferred.discard(name)
+        if not self._closed:
+            self._sync_one(name)
+
+    def _sync_one(self, name: str) -> None:
+        """Bring `name`'s replica in line with the keyspace (single-node: all journals')."""
+        self.sync_replicas()
 
     async def stop(self) -> None:
+        self._closed = True
         replicas = list(self.replicas.values())
         self.replicas.clear()
         for replica in replicas:

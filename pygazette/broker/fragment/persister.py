@@ -12,10 +12,11 @@ file is kept across retries. A fragment already in the store (a restart after th
 before the spool's removal) is not uploaded again. A spool's local files are removed only
 after the store holds the fragment durably; a failed attempt is retried on a backoff that
 is cut short when the store's health check passes again, and the spool stays on disk — and
-readable — meanwhile. A journal without stores keeps its closed spools where they are, in
-its fragment index, readable, as Gazette keeps them in its index (never persisted, so never
-removed by retention; a restart recovers them); once its spec names a store, `unpark`
-persists them.
+readable — meanwhile. A stopped replica's spools still waiting here are let go of when a new
+replica of the journal starts (`release`): it recovers them from its spool directory. A
+journal without stores keeps its closed spools where they are, in its fragment index,
+readable, as Gazette keeps them in its index (never persisted, so never removed by
+retention; a restart recovers them); once its spec names a store, `unpark` persists them.
 
 The bytes of spools waiting for each store are its backlog. Past `backlog_limit`, appends
 to journals persisting there are refused (FRAGMENT_STORE_UNHEALTHY, see `refusal`) until
@@ -77,7 +78,7 @@ class PersistTarget(Protocol):
     def index(self) -> FragmentIndex: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Job:
     spool: Spool
     target: PersistTarget
@@ -85,6 +86,7 @@ class _Job:
     size: int
     compressed: Path | None = None
     check_existing: bool = False  # A replica's spool: skip it if the store covers it.
+    attempt: asyncio.Future[None] | None = None  # Done when the attempt in progress ends.
 
 
 class Persister:
@@ -110,6 +112,8 @@ class Persister:
         # Closed spools of journals without stores, by journal, until a store is configured.
         self._parked: dict[str, list[_Job]] = {}
         self._delayed: dict[asyncio.TimerHandle, _Job] = {}
+        # Unfinished jobs (queued, delayed, being attempted or waiting to retry), by journal.
+        self._jobs_of: dict[str, set[_Job]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._compress_pool = ThreadPoolExecutor(
@@ -155,6 +159,7 @@ class Persister:
         job.check_existing = check_existing
         if job.size:
             SPOOL_COMPLETED.inc()
+        self._jobs_of.setdefault(spool.journal, set()).add(job)
         self._pending += 1
         self._idle.clear()
         if not check_existing:
@@ -194,7 +199,34 @@ class Persister:
         self._backlog[job.store] = self._backlog.get(job.store, 0) + job.size
         queue.put_nowait(job)
 
+    def release(self, journal: str, directory: Path) -> asyncio.Future[None] | None:
+        """Let go of `journal`'s spools in `directory` without persisting them, for a new
+        replica of it to recover them there (and persist them) as a restart would: those of
+        a stopped replica still waiting here share its files, which persisting removes.
+        Each spool is closed, its files left in place, and its job ends. None once done;
+        if one is being persisted (which may remove its files), nothing is let go of and
+        this is a future done when that attempt ends: call again then."""
+        jobs = [j for j in self._jobs_of.get(journal, ()) if j.spool.directory == directory]
+        for job in jobs:
+            if job.attempt is not None:
+                return job.attempt
+        for job in jobs:
+            job.spool.detach()  # Its job ends when it next looks (`spool.deleted`).
+        parked = self._parked.get(journal, [])
+        for job in parked:
+            if job.spool.directory == directory:
+                job.spool.detach()
+        parked[:] = [j for j in parked if not j.spool.deleted]
+        if not parked:
+            self._parked.pop(journal, None)
+        return None
+
     def _finish(self, job: _Job) -> None:
+        jobs = self._jobs_of.get(job.spool.journal)
+        if jobs is not None:
+            jobs.discard(job)
+            if not jobs:
+                del self._jobs_of[job.spool.journal]
         self._backlog[job.store] -= job.size
         self._discard_compressed(job)
         self._pending -= 1
@@ -275,8 +307,14 @@ class Persister:
                 return None
             if stores[0] != job.store:
                 return stores[0]
+            # Seen by `release`, which must not let go of the spool while it is persisted.
+            attempt = job.attempt = asyncio.get_running_loop().create_future()
             try:
-                await self.persist(job, spec)
+                try:
+                    await self.persist(job, spec)
+                finally:
+                    job.attempt = None
+                    attempt.set_result(None)
                 if self._last_error.pop(job.store, None) is not None:
                     # The store works again: re-check its health now rather than on the
                     # failure backoff, so FragmentStoreHealth stops reporting the outage.
