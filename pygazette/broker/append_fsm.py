@@ -446,7 +446,10 @@ class ClusterAppends:
             if suspend.level == pb.JournalSpec.Suspend.NONE and (
                 not dirty or first.suspend == pb.AppendRequest.SUSPEND_NOW
             ):
-                # One broker serves it from now on (the allocator drops the others).
+                # One broker serves it from now on (the allocator drops the others). Commits
+                # of earlier appends may still be in flight: once confirmed they count (else
+                # they are cut, and it would resume past a gap).
+                await _confirm_all(journal, pln)
                 return ReadThrough(
                     await self._update_suspend(res, pb.JournalSpec.Suspend.PARTIAL, resume_at)
                 )
@@ -1012,6 +1015,17 @@ def index_summary(index: FragmentIndex) -> tuple[int, int, int]:
     if last is None or (spools and local_end >= last.end):
         return min(lows), local_end, 0
     return min(lows), last.end, last.mod_time
+
+
+async def _confirm_all(journal: JournalRuntime, pln: Pipeline) -> None:
+    """Wait until everything committed to the journal's open spool is confirmed; a pipeline
+    that breaks meanwhile is dropped (its unconfirmed commits fail) and the append aborted."""
+    assert journal.rspool is not None
+    try:
+        await pln.confirm(journal.rspool.end)
+    except PipelineBroken as exc:
+        await journal.close_replication(graceful=False)
+        raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
 
 
 async def _round(pln: Pipeline, proposal: pb.Fragment, registers: pb.LabelSet) -> None:

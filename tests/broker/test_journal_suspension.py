@@ -15,11 +15,13 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import grpc.aio
 import pytest
 
-from pygazette.broker import append_fsm, pulser
+from pygazette.broker import append_fsm, pulser, replicate_service
 from pygazette.broker.server import Broker
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -36,13 +38,18 @@ WAIT_SECONDS = 20.0
 
 
 class Brokers:
-    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str, **options: object) -> None:
+    def __init__(
+        self, tmp: Path, etcd: EtcdProcess, root: str, count: int = 2, **options: object
+    ) -> None:
         self.tmp, self.etcd, self.root, self.options = tmp, etcd, root, options
+        self.count = count
         self.brokers: list[Broker] = []
         self.channel: grpc.aio.Channel | None = None
 
     async def start(self) -> None:
-        self.brokers = await start_brokers(self.tmp, self.etcd, self.root, 2, **self.options)
+        self.brokers = await start_brokers(
+            self.tmp, self.etcd, self.root, self.count, **self.options
+        )
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.brokers[0].port}")
         self.stub = pb_grpc.JournalStub(self.channel)  # type: ignore[no-untyped-call]
 
@@ -303,3 +310,52 @@ async def test_a_resume_never_writes_below_what_the_store_holds(brokers: Brokers
     resp = await brokers.append(name, b"head\n", offset=150)
     assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (150, 155), resp
     assert (await read_range(brokers.stub, name, 100, 155))[0] == content[100:] + b"head\n"
+
+
+async def test_a_suspension_waits_for_commits_in_flight(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suspension records the offset the journal resumes at: commits of earlier appends
+    still in flight count only once confirmed. One that fails instead (its pipeline breaks)
+    is cut, and the journal must not resume past it, leaving a gap."""
+    name = "suspension/in-flight"
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_apply = replicate_service._apply
+
+    async def peer_apply(replica: Any, req: pb.ReplicateRequest, *args: Any, **kw: Any) -> Any:
+        if req.HasField("proposal") and req.proposal.end == 4 and replica.name == name:
+            entered.set()  # The commit of [2, 4) is in flight: held, then failed.
+            await release.wait()
+            raise replicate_service.ReplicateAborted(grpc.StatusCode.UNAVAILABLE, "peer fails")
+        return await real_apply(replica, req, *args, **kw)
+
+    brokers = Brokers(tmp_path, etcd, etcd_root, count=3)
+    try:
+        await brokers.start()
+        await apply_specs(brokers.stub, journal_spec(name, replication=3))
+        await brokers.until(name, _members(3))
+        assert (await brokers.append(name, b"a\n")).status == pb.OK
+        monkeypatch.setattr(replicate_service, "_apply", peer_apply)
+
+        failing = asyncio.ensure_future(append(brokers.stub, name, b"b\n"))
+        await asyncio.wait_for(entered.wait(), WAIT_SECONDS)
+        suspension = asyncio.ensure_future(append(brokers.stub, name, suspend=NOW))
+        await asyncio.sleep(0.2)  # Let it reach the journal (it must wait for the commit).
+        release.set()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await failing
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        try:
+            resp = await suspension
+            assert resp.status == pb.SUSPENDED  # Taken once the pipeline was rebuilt.
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE  # Failed with the pipeline.
+        monkeypatch.setattr(replicate_service, "_apply", real_apply)
+
+        j = await brokers.journal(name)
+        assert j.spec.suspend.offset <= 2, j.spec.suspend  # Never past the failed commit.
+        resp = await brokers.append(name, b"c\n")
+        assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (2, 4)
+        assert (await brokers.read(name)) == b"a\nc\n"
+    finally:
+        await brokers.close()
