@@ -82,8 +82,12 @@ async def list_all_fragments_response(
         if not token:
             joined.next_page_token = 0
             return joined
-        if token == request.next_page_token:
+        if token <= request.next_page_token:
+            # A token is the begin offset of the next page's first fragment: it only grows.
+            # One that doesn't would page for ever, or list fragments again.
             raise invalid_response(
-                "ListFragments", journal, f"repeated NextPageToken ({token})"
+                "ListFragments",
+                journal,
+                f"NextPageToken {token} not past the previous one ({request.next_page_token})",
             )
         request.next_page_token = token

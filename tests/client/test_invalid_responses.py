@@ -218,3 +218,25 @@ async def test_apply_fragments_and_store_health_responses_are_checked(
         await fragment_store_health(fake_client, "file:///")
     for rpc, before in counts.items():
         assert invalid_count(rpc) == before + 1, rpc
+
+
+async def test_fragment_pages_whose_token_does_not_grow_are_refused(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    """A page token is the begin of the next page's first fragment: one that doesn't grow
+    would list fragments again, or page for ever."""
+
+    def page(begin: int, end: int, token: int) -> pb.FragmentsResponse:
+        frag = pb.Fragment(journal=J, begin=begin, end=end, compression_codec=pb.NONE)
+        return pb.FragmentsResponse(
+            status=pb.OK,
+            header=header(),
+            fragments=[pb.FragmentsResponse._Fragment(spec=frag)],
+            next_page_token=token,
+        )
+
+    fake.journal.fragments_responses.extend([page(0, 10, 10), page(10, 20, 5)])
+    before = invalid_count("ListFragments")
+    with pytest.raises(InvalidResponse, match=r"NextPageToken 5 not past the previous one \(10\)"):
+        await list_all_fragments(fake_client, J)
+    assert invalid_count("ListFragments") == before + 1
