@@ -77,6 +77,9 @@ class Pulser:
         self._suspend = suspend
         self._suspend_heap: list[tuple[float, int, str]] = []  # (due, seq, journal)
         self._idle: dict[str, tuple[int, Pulsed]] = {}  # Journals on the heap, by its seq.
+        # Each journal's newest entry on the heap, (due, seq), until it is popped: a journal
+        # going idle again at the same due time (its last answer's) takes it again.
+        self._queued: dict[str, tuple[float, int]] = {}
         # Monotonic times before which asking a journal again is of no use (its last answer).
         self._not_before: dict[str, float] = {}
         self._suspend_seq = 0
@@ -132,17 +135,27 @@ class Pulser:
         it is used again meanwhile."""
         if self._suspend is None:
             return
+        name = journal.name
         now = time.monotonic()
-        due = max(now + AUTO_SUSPEND_IDLE_SECONDS, self._not_before.get(journal.name, 0.0))
-        self._suspend_seq += 1
-        self._idle[journal.name] = (self._suspend_seq, journal)
-        heapq.heappush(self._suspend_heap, (due, self._suspend_seq, journal.name))
+        due = max(now + AUTO_SUSPEND_IDLE_SECONDS, self._not_before.get(name, 0.0))
+        queued = self._queued.get(name)
+        if queued is not None and queued[0] == due:
+            # Used (and idle again) since it was queued for then: not queued once per use.
+            seq = queued[1]
+        else:
+            self._suspend_seq += 1
+            seq = self._suspend_seq
+            heapq.heappush(self._suspend_heap, (due, seq, name))
+            self._queued[name] = (due, seq)
+        self._idle[name] = (seq, journal)
 
     def _due_suspensions(self, now: float) -> list[Pulsed]:
         due: list[Pulsed] = []
         heap = self._suspend_heap
         while heap and heap[0][0] <= now:
             _, seq, name = heapq.heappop(heap)
+            if self._queued.get(name, (0.0, -1))[1] == seq:
+                del self._queued[name]
             entry = self._idle.get(name)
             if entry is None or entry[0] != seq:
                 continue  # Used again since, or scheduled anew.

@@ -359,3 +359,50 @@ async def test_a_suspension_waits_for_commits_in_flight(
         assert (await brokers.read(name)) == b"a\nc\n"
     finally:
         await brokers.close()
+
+
+def _pulser_of_primary(brokers: Brokers, name: str) -> pulser.Pulser | None:
+    for b in brokers.brokers:
+        replica = b.resolver.replicas.get(name)
+        if b.member is not None and replica is not None and replica.primary:
+            return b.member.pulser
+    return None
+
+
+async def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_auto_suspension_keeps_one_due_time_per_idle_journal(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal its idle check found not idle for long enough (a day, without a flush
+    interval) is asked again only then; used now and then meanwhile, it goes idle again
+    after each use, due at that same time. The pulser's heap holds it once, not once per
+    use until that far due time (a journal appended to every few minutes added hundreds of
+    entries a day)."""
+    monkeypatch.setattr(pulser, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(pulser, "SWEEP_SECONDS", 0.05)
+    monkeypatch.setattr(pulser, "PIPELINE_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(pulser, "AUTO_SUSPEND_IDLE_SECONDS", 0.2)
+    name = "auto/used"
+    brokers = Brokers(tmp_path, etcd, etcd_root, auto_suspend=True)
+    try:
+        await brokers.start()
+        await apply_specs(brokers.stub, journal_spec(name, replication=2))
+        assert (await brokers.append(name, b"one\n")).status == pb.OK
+        p = _pulser_of_primary(brokers, name)
+        assert p is not None
+        # Its first idle check: written a moment ago, so not suspended; asked again in a day.
+        await _wait_for(lambda: p.suspension_checks >= 1 and name in p._idle, "its idle check")
+        assert p.suspension_checks == 1
+        for _ in range(5):
+            assert (await brokers.append(name, b"more\n")).status == pb.OK
+            await _wait_for(lambda: name in p._idle, "the journal going idle again")
+        assert p.suspension_checks == 1
+        assert len([e for e in p._suspend_heap if e[2] == name]) == 1, p._suspend_heap
+    finally:
+        await brokers.close()
