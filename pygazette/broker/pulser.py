@@ -170,7 +170,10 @@ class Pulser:
     async def _suspend_idle(self, journals: list[Pulsed]) -> None:
         assert self._suspend is not None
         for journal in journals:
-            if not journal.primary or journal.stopping or journal.name in self._active:
+            if not journal.primary or journal.stopping:
+                self._not_before.pop(journal.name, None)
+                continue
+            if journal.name in self._active:
                 continue
             self.suspension_checks += 1
             try:
@@ -255,6 +258,7 @@ class Pulser:
         for name, journal in list(self._active.items()):
             if not journal.primary or journal.stopping:
                 del self._active[name]  # Becoming primary again pulses it, which re-adds it.
+                self._not_before.pop(name, None)  # Its last answer is of no more use.
                 continue
             if flush_due(journal, wall):
                 self.request(journal)

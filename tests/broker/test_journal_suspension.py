@@ -406,3 +406,34 @@ async def test_auto_suspension_keeps_one_due_time_per_idle_journal(
         assert len([e for e in p._suspend_heap if e[2] == name]) == 1, p._suspend_heap
     finally:
         await brokers.close()
+
+
+async def test_auto_suspension_forgets_a_journal_that_leaves_while_in_use(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal that leaves this broker (deleted, or its primary moved) while in use: the
+    pulser forgets when its last idle check said to ask again. (It kept that of every
+    journal that ever left so, growing with the journals a broker ever led.)"""
+    monkeypatch.setattr(pulser, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(pulser, "SWEEP_SECONDS", 0.05)
+    monkeypatch.setattr(pulser, "PIPELINE_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(pulser, "AUTO_SUSPEND_IDLE_SECONDS", 0.2)
+    name = "auto/leaving"
+    brokers = Brokers(tmp_path, etcd, etcd_root, auto_suspend=True)
+    try:
+        await brokers.start()
+        await apply_specs(brokers.stub, journal_spec(name, replication=2))
+        assert (await brokers.append(name, b"one\n")).status == pb.OK
+        p = _pulser_of_primary(brokers, name)
+        assert p is not None
+        await _wait_for(lambda: p.suspension_checks >= 1 and name in p._idle, "its idle check")
+        assert name in p._not_before
+        monkeypatch.setattr(pulser, "PIPELINE_IDLE_SECONDS", 60.0)  # In use from here on.
+        assert (await brokers.append(name, b"more\n")).status == pb.OK
+        assert name in p.active
+        delete = pb.ApplyRequest.Change(delete=name, expect_mod_revision=-1)
+        assert (await brokers.stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+        await _wait_for(lambda: name not in p.active, "the sweep letting go of it")
+        assert name not in p._not_before
+    finally:
+        await brokers.close()
