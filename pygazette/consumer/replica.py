@@ -56,7 +56,7 @@ from pygazette.consumer.source_reader import SourceReaders
 from pygazette.consumer.store import Store
 from pygazette.consumer.transaction import Transactions
 from pygazette.consumer.transient_failure import is_transient
-from pygazette.keyspace.keyspace import Keyspace, KeyValue
+from pygazette.keyspace.keyspace import Keyspace, KeyspaceUnavailable, KeyValue
 from pygazette.message.framing import Framing, framing_for
 from pygazette.message.publisher import Publisher
 from pygazette.protocol.labels import label_value
@@ -82,6 +82,8 @@ RECOVERY_LOG_CONTENT_TYPE = "application/x-gazette-recoverylog"
 # A replica interrupted by a transient failure recovers again after this backoff (doubling).
 RESTART_BACKOFF_FIRST = 0.25
 RESTART_BACKOFF_MAX = 10.0
+# How long a replica about to recover again waits to learn whether it was deposed.
+DEPOSED_CHECK_SECONDS = 5.0
 StatusReporter = Callable[[cpb.ReplicaStatus], Awaitable[None]]
 
 
@@ -345,8 +347,38 @@ class ShardReplica:
             if self._stopping.is_set():
                 return False
             if self.ctx.lease_check():
-                return True
+                await self._catch_up_if_deposed()
+                return not self._stopping.is_set()
             delay = RESTART_BACKOFF_FIRST  # Keep-alives renew the lease within a second.
+
+    async def _catch_up_if_deposed(self) -> None:
+        """Before recovering again: if etcd no longer holds this replica's assignment as it
+        was (deleted, or re-created), this process's view of the keyspace lags behind a
+        hand-off (a newer primary fenced the log: the failure being recovered from). Wait,
+        bounded, until the view shows it, so the resolver stops this replica: else it would
+        take the log back and fence its successor in turn (Gazette fails such a shard
+        instead). The recovery log's fencing keeps either outcome correct."""
+        ks = self.ctx.keyspace
+        get_remote = getattr(ks, "get_remote", None)
+        if get_remote is None:
+            return  # The embedded keyspace is the store itself: its view never lags.
+        key, ours = self._assignment.key, self._assignment.create_revision
+
+        def seen(remote: KeyValue | None) -> bool:
+            local = ks.get(key)
+            if remote is None:
+                return local is None
+            return local is not None and local.create_revision == remote.create_revision
+
+        try:
+            async with asyncio.timeout(DEPOSED_CHECK_SECONDS):
+                remote: KeyValue | None = await get_remote(key)
+                if remote is not None and remote.create_revision == ours:
+                    return  # Still this replica's.
+                await ks.wait_until(lambda: seen(remote))
+        except (KeyspaceUnavailable, TimeoutError):
+            return  # Unknown: recover anyway.
+        await asyncio.sleep(0)  # A stop the resolver just began sets `_stopping` first.
 
     async def _serve_replica(self) -> None:
         ctx = self.ctx

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -213,6 +214,50 @@ async def test_hints_of_another_log_fail_the_shard(tmp_path: Path, client: Journ
         await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.FAILED)
         wrong = "hints.Log other/log != ShardSpec.RecoveryLog"
         assert any(wrong in e for e in replica.status.errors), replica.status.errors
+    finally:
+        await replica.stop()
+
+
+class _Lagging(EmbeddedKeyspace):
+    """The keyspace view of a consumer that missed a hand-off: in "etcd" (`get_remote`) the
+    assignment `gone` no longer exists; the view catches up when it is waited on, and the
+    resolver then stops the replica (`on_catch_up`)."""
+
+    gone = ""
+    on_catch_up: Callable[[], object] | None = None
+
+    async def get_remote(self, key: str) -> KeyValue | None:
+        return None if key == self.gone else self.get(key)
+
+    async def wait_until(self, predicate: Callable[[], bool], within: float | None = None) -> None:
+        if self.on_catch_up is not None:
+            self.on_catch_up()
+
+
+async def test_a_deposed_primary_does_not_take_the_log_back(
+    tmp_path: Path, client: JournalClient
+) -> None:
+    """A primary interrupted (here: its lease uncertain) while its assignment was removed in
+    etcd, a change its view hasn't caught up with yet (a newer primary has fenced its log):
+    before recovering again it catches up, and is stopped, rather than take the log back
+    and fence its successor in turn."""
+    h = _Harness(tmp_path, client)
+    lagging = _Lagging(tmp_path / "lagging.json")
+    ctx = dataclasses.replace(h.ctx, keyspace=lagging)
+    spec = shard_spec(standbys=0)
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    replica = ShardReplica(ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        await h.wait(lambda: replica.is_primary)
+        lagging.gone = assignment.key
+        lagging.on_catch_up = lambda: asyncio.ensure_future(replica.stop())
+        h.lease_ok = False
+        await Inputs(client).publish(10)  # Its next transaction finds the lease uncertain.
+        await h.wait(lambda: not replica.is_primary)
+        h.lease_ok = True
+        await asyncio.wait_for(replica._ended.wait(), 30)  # Stopped, not recovered.
+        assert h.codes().count("PRIMARY") == 1, h.codes()  # Never primary again.
     finally:
         await replica.stop()
 
