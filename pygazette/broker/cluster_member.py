@@ -306,6 +306,11 @@ class ClusterMember:
                 continue  # Served: its spools are its replica's (it is a candidate again
                 # when it stops).
             directory = spool_directory(self.spool_root, name)
+            if self.persister.persisting(name, directory):
+                # A stopped replica's spools still wait to persist, read and removed there by
+                # their jobs (a store outage): looked at again next sweep.
+                candidates.add(name)
+                continue
             if not directory.is_dir() or not any(directory.iterdir()):
                 # No spools (and none will come: not served here): its frontier is of no
                 # more use, and a journal of that name served here later starts afresh.

@@ -213,3 +213,47 @@ async def test_a_journal_handed_back_while_its_old_spools_await_a_store_reads_ri
     finally:
         if running:
             await broker.stop()
+
+
+@pytest.mark.slow
+async def test_the_orphan_sweep_leaves_spools_still_waiting_to_persist_alone(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # The journal leaves this broker (deleted) while its stopped replica's spools wait for
+    # the store. The orphan sweep must leave them to their persister jobs: it moved them
+    # away (and, the journal being deleted, removed them) under those jobs, which then
+    # retried for ever on files that were gone, their backlog never drained.
+    store = tmp_path / "store"
+    blocker = store / "a" / JOURNAL.split("/")[0]
+    blocker.parent.mkdir(parents=True)
+    blocker.write_bytes(b"")
+    (broker,) = await start_brokers(tmp_path, etcd, etcd_root, 1)
+    member = broker.member
+    assert member is not None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            spec = journal_spec(JOURNAL, stores=["file:///a/"])
+            assert (await apply_specs(stub, spec)).status == pb.OK
+            assert (await _append_until_ok(stub, b"one\n")).status == pb.OK
+            assert (await _append_until_ok(stub, b"two\n")).status == pb.OK
+            delete = pb.ApplyRequest.Change(delete=JOURNAL, expect_mod_revision=-1)
+            assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+            for _ in range(600):  # Its replica stopped; its spools wait for the store.
+                if JOURNAL not in {*broker.resolver.replicas, *member.resolver.stopping_journals}:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the journal's replica never stopped")
+            assert broker.persister.backlog_bytes("file:///a/") == 8
+            member.sweep_orphans_once()
+            blocker.unlink()  # The store is back.
+            async with asyncio.timeout(60):
+                await broker.persister.wait_idle()
+        stored = {}
+        for path in (store / "a" / JOURNAL).rglob("*.raw"):
+            begin, end = (int(x, 16) for x in path.name.split("-")[:2])
+            stored[begin, end] = path.read_bytes()
+        assert stored == {(0, 4): b"one\n", (4, 8): b"two\n"}
+    finally:
+        await broker.stop()

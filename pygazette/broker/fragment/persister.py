@@ -221,6 +221,14 @@ class Persister:
             self._parked.pop(journal, None)
         return None
 
+    def persisting(self, journal: str, directory: Path) -> bool:
+        """Whether spools of `journal` in `directory` wait here to persist (a stopped
+        replica's: their jobs read and remove the files there)."""
+        return any(
+            j.spool.directory == directory and not j.spool.deleted
+            for j in self._jobs_of.get(journal, ())
+        )
+
     def _finish(self, job: _Job) -> None:
         jobs = self._jobs_of.get(job.spool.journal)
         if jobs is not None:
