@@ -81,7 +81,7 @@ from pygazette.auth.capability import Capability
 from pygazette.auth.client_interceptor import journal_claims_scope
 from pygazette.broker.advertiser import RouteAdvertiser
 from pygazette.broker.allocation import assignments_advertise, route_value
-from pygazette.broker.append_service import AppendAborted, AppendLimits
+from pygazette.broker.append_service import SUSPENDING, AppendAborted, AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.flow_control import (
     FlowControlUnderflow,
@@ -89,7 +89,6 @@ from pygazette.broker.flow_control import (
     next_policed,
     throttle,
 )
-from pygazette.broker.fragment.fragment_index import FragmentIndex
 from pygazette.broker.invalidation import acquire_or_invalidated
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.metrics import record_append
@@ -128,7 +127,6 @@ STREAMING_ONLY_SECONDS = 600.0
 # A journal whose newest fragment was persisted this long ago (or its flush interval, if it
 # has one) is idle, and `journals suspend` suspends it (Gazette's default: a day).
 SUSPEND_IDLE_SECONDS = 24 * 3600
-_SUSPENDING = (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +278,7 @@ class ClusterAppends:
             return float(idle_after)
         if resp.status != pb.OK:
             return None  # Not its primary any more, or gone.
-        _low, _high, mod_time = index_summary(replica.index)
+        _low, _high, mod_time = replica.index.summary()
         if not mod_time:  # Content not persisted yet: idle a flush interval from now.
             return float(idle_after)
         return max(1.0, mod_time + idle_after - time.time())
@@ -430,9 +428,9 @@ class ClusterAppends:
                 await self._update_suspend(res, pb.JournalSpec.Suspend.NONE, resume_at)
             )
         suspending = False
-        if first.suspend in (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW):
+        if first.suspend in SUSPENDING:
             # Asked to suspend the journal (`journals suspend`), as Gazette's appendFSM does.
-            low, high, mod_time = index_summary(journal.index)
+            low, high, mod_time = journal.index.summary()
             if suspend.level != pb.JournalSpec.Suspend.FULL and low == high:
                 # No fragment holds any content (never written, or all of it removed by
                 # retention): no broker needs to serve it at all.
@@ -676,7 +674,7 @@ class ClusterAppends:
                 if not size:
                     committing = True
                     continue
-                if not may_write or first.suspend in _SUSPENDING:
+                if not may_write or first.suspend in SUSPENDING:
                     # Not writable, or asked to suspend: a suspending append carries no
                     # content (as Gazette's).
                     status = pb.NOT_ALLOWED
@@ -999,22 +997,6 @@ def _response(
         total_chunks=total_chunks,
         delayed_chunks=delayed_chunks,
     )
-
-
-def index_summary(index: FragmentIndex) -> tuple[int, int, int]:
-    """As Gazette's `Index.Summary`: the lowest and greatest offsets a fragment with content
-    covers (0, 0 with none), and the modification time of the fragment reaching the greatest
-    (0 when that is a local spool: not persisted yet)."""
-    spools = [s for s in index.local_spools() if s.end > s.begin]
-    persisted = index.persisted()
-    lows = [s.begin for s in spools] + [f.begin for f in persisted[:1]]
-    if not lows:
-        return 0, 0, 0
-    local_end = max((s.end for s in spools), default=0)
-    last = persisted[-1] if persisted else None
-    if last is None or (spools and local_end >= last.end):
-        return min(lows), local_end, 0
-    return min(lows), last.end, last.mod_time
 
 
 async def _confirm_all(journal: JournalRuntime, pln: Pipeline) -> None:

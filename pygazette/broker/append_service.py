@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 _PARALLEL_MIN = 128 * 1024
 _INLINE_HASH_MAX = 1 << 20
 _big_appends = 0  # Appends of this process now streaming chunks of at least _PARALLEL_MIN.
-_SUSPENDING = (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW)
+# The suspend modes of an append asking to suspend its journal (`journals suspend`).
+SUSPENDING = (pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW)
 # Folds large chunks into running sums. Two threads: appends to different journals fold in
 # parallel; chunks of one append are folded one after the other (each waits for the last).
 _SUMMER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pygazette-running-sum")
@@ -183,7 +184,7 @@ async def _append_locked(
         # As Gazette's: a journal that isn't writable takes empty appends alone (barriers),
         # and an append asking to suspend its journal carries no content. (A lone broker's
         # journal has no replicas to give up: an empty one is answered OK.)
-        refuse_content=not writable or first.suspend in _SUSPENDING,
+        refuse_content=not writable or first.suspend in SUSPENDING,
     )
     if received.refused:
         journal.drop_empty_append(spool)

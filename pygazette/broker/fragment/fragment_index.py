@@ -141,6 +141,20 @@ class FragmentIndex:
             begins.append(self._persisted.begin_offset)
         return min(begins) if begins else 0
 
+    def summary(self) -> tuple[int, int, int]:
+        """As Gazette's `Index.Summary`: the lowest and greatest offsets a fragment with
+        content covers (0, 0 with none), and the modification time of the fragment reaching
+        the greatest (0 when that is a local spool: not persisted yet)."""
+        spools = [s for s in self._local if s.end > s.begin]
+        if not spools and not len(self._persisted):
+            return 0, 0, 0
+        low = self.begin_offset
+        local_end = max((s.end for s in spools), default=0)
+        if not len(self._persisted) or (spools and local_end >= self._persisted.end_offset):
+            return low, local_end, 0
+        last = self._persisted[len(self._persisted) - 1]
+        return low, last.end, last.mod_time
+
     def next_begin(self, offset: int) -> int:
         """The lowest begin of a fragment starting after `offset` (0 if there is none)."""
         begins = [f.begin for f in self._persisted.items() if f.begin > offset]

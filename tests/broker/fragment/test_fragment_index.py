@@ -55,6 +55,22 @@ def test_local_spool_is_preferred(tmp_path: Path) -> None:
     assert frag is None and got is None
 
 
+def test_summary_is_gazettes(tmp_path: Path) -> None:
+    """Lowest and greatest offsets with content, and the newest fragment's mod time: 0 while
+    a local spool reaches furthest (content not persisted yet)."""
+    idx = FragmentIndex("a/j")
+    assert idx.summary() == (0, 0, 0)
+    idx.add_persisted(_frag(10, 20, mod_time=7))
+    assert idx.summary() == (10, 20, 7)
+    spool = Spool.create(tmp_path, "a/j", 20, pb.NONE, pb.LabelSet(), sync=False)
+    idx.add_local(spool)
+    assert idx.summary() == (10, 20, 7)  # An empty spool holds nothing.
+    pending = spool.start_append()
+    pending.write(b"abc")
+    spool.commit(pending, None)
+    assert idx.summary() == (10, 23, 0)
+
+
 def test_offset_jump_only_over_old_gaps() -> None:
     now = int(time.time())
     idx = FragmentIndex("a/j")
