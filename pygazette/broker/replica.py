@@ -360,10 +360,8 @@ class Replica:
         try:
             if graceful and pln.ok:
                 if rs is not None and rs.end > max(pln.confirmed, 0):
-                    try:
+                    with contextlib.suppress(PipelineBroken):
                         await pln.confirm(rs.end)
-                    except PipelineBroken:
-                        pass
                 await pln.close()
         finally:
             # Closed, or not gracefully, or cut short (the append or pulse closing it was

@@ -120,6 +120,7 @@ class Appender:
         union_registers: pb.LabelSet | None = None,
         subtract_registers: pb.LabelSet | None = None,
         do_not_proxy: bool = False,
+        suspend: pb.AppendRequest.Suspend = pb.AppendRequest.SUSPEND_RESUME,
         chunk_size: int = CHUNK_SIZE,
     ) -> None:
         self.client = client
@@ -129,7 +130,7 @@ class Appender:
             self.request.ClearField("content")
         else:
             self.request = pb.AppendRequest(
-                journal=journal, offset=offset, do_not_proxy=do_not_proxy
+                journal=journal, offset=offset, do_not_proxy=do_not_proxy, suspend=suspend
             )
             if check_registers is not None:
                 self.request.check_registers.CopyFrom(check_registers)
@@ -348,6 +349,7 @@ async def append(
     check_registers: pb.LabelSelector | None = None,
     union_registers: pb.LabelSet | None = None,
     subtract_registers: pb.LabelSet | None = None,
+    suspend: pb.AppendRequest.Suspend = pb.AppendRequest.SUSPEND_RESUME,
     chunk_size: int = CHUNK_SIZE,
     max_attempts: int = 8,
 ) -> pb.AppendResponse:
@@ -368,6 +370,7 @@ async def append(
             check_registers=check_registers,
             union_registers=union_registers,
             subtract_registers=subtract_registers,
+            suspend=suspend,
             chunk_size=chunk_size,
         )
         try:

@@ -6,18 +6,19 @@ its chunks with `async for`, and is an async context manager that closes it on e
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 
 
-class ByteStream:
+class ByteStream(ABC):
+    @abstractmethod
     async def read(self, n: int = -1) -> bytes:
         """Up to `n` bytes (a whole chunk, if n < 0); b"" at the end of the stream."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def aclose(self) -> None:
         """Release what the stream holds open."""
-        raise NotImplementedError
 
     def __aiter__(self) -> Self:
         return self

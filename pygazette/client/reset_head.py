@@ -10,20 +10,20 @@ that explicit offset, which the primary rolls to. On a consistent journal it cha
 
 from __future__ import annotations
 
-from pygazette.client.appender import Appender
+import contextlib
+
+from pygazette.client.appender import append
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.reader import Reader
 from pygazette.protocol.errors import OffsetNotYetAvailable, WrongAppendOffset
-from pygazette.protocol.pb import protocol_pb2 as pb
 
 
 async def indexed_head(client: JournalClient, journal: str) -> int:
     """The end of `journal`'s fragments, as its broker indexes them (a read at -1)."""
     reader = Reader(client, journal, offset=-1, block=False, metadata_only=True)
     try:
-        await reader.read()
-    except OffsetNotYetAvailable:
-        pass
+        with contextlib.suppress(OffsetNotYetAvailable):  # Its answer at the head.
+            await reader.read()
     finally:
         await reader.aclose()
     return reader.offset
@@ -33,12 +33,8 @@ async def reset_head(client: JournalClient, journal: str) -> int | None:
     """Move `journal`'s write head to the end of its fragments: the offset it appends at
     now, or None if appends moved it on meanwhile (it was consistent: nothing to reset)."""
     head = await indexed_head(client, journal)
-    appender = Appender(client, pb.AppendRequest(journal=journal, offset=head))
     try:
-        await appender.start()
-        await appender.commit()
+        await append(client, journal, offset=head)
     except WrongAppendOffset:
         return None
-    finally:
-        await appender.abort()
     return head
