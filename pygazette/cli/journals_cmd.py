@@ -150,6 +150,17 @@ def _no_match(sel: pb.LabelSelector, text: str) -> Exception:
     return CommandError(f"no journal matches selector {text!r}")
 
 
+async def _served_journals(
+    client: JournalClient, sel: pb.LabelSelector, selector: str
+) -> list[str]:
+    """The journals `sel` matches that some broker serves (not fully suspended: gazctl leaves
+    those out); a selector naming a journal that doesn't exist is its JOURNAL_NOT_FOUND."""
+    found = await list_journals(client, sel)
+    if not found and label_values(sel.include, "name"):
+        raise _no_match(sel, selector)
+    return [j.spec.name for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
+
+
 @click.group("journals")
 def journals() -> None:
     """Interact with broker journals."""
@@ -649,20 +660,16 @@ def fragments_cmd(
     ttl = ttl_ns / 1e9 if ttl_ns else None
 
     async def run(client: JournalClient) -> list[pb.FragmentsResponse._Fragment]:
-        found = await list_journals(client, sel)
-        if not found and label_values(sel.include, "name"):
-            raise _no_match(sel, selector)
         listed = await asyncio.gather(
             *(
                 list_all_fragments(
                     client,
-                    j.spec.name,
+                    name,
                     begin_mod_time=from_unix,
                     end_mod_time=to_unix,
                     signature_ttl=ttl,
                 )
-                for j in found
-                if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL
+                for name in await _served_journals(client, sel, selector)
             )
         )
         return [f for frags in listed for f in frags]
@@ -709,10 +716,7 @@ def suspend_cmd(ctx: click.Context, selector: str, force: bool, broker: str | No
     sel = _selector(selector)
 
     async def run(client: JournalClient) -> list[tuple[str, bool]]:
-        found = await list_journals(client, sel)
-        if not found and label_values(sel.include, "name"):
-            raise _no_match(sel, selector)
-        names = [j.spec.name for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
+        names = await _served_journals(client, sel, selector)
         gate = asyncio.Semaphore(SUSPEND_CONCURRENCY)
         with progress_display("suspending") as update:
             update(total=len(names), completed=0)
@@ -752,10 +756,7 @@ def reset_head_cmd(ctx: click.Context, selector: str, broker: str | None) -> Non
     sel = _selector(selector)
 
     async def run(client: JournalClient) -> list[tuple[str, int | None]]:
-        found = await list_journals(client, sel)
-        if not found and label_values(sel.include, "name"):
-            raise _no_match(sel, selector)
-        names = [j.spec.name for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
+        names = await _served_journals(client, sel, selector)
 
         async def one(name: str) -> tuple[str, int | None]:
             return name, await reset_head(client, name)
