@@ -89,7 +89,7 @@ from pygazette.broker.flow_control import (
     next_policed,
     throttle,
 )
-from pygazette.broker.invalidation import acquire_or_invalidated
+from pygazette.broker.invalidation import acquire_or_invalidated, first_listing_or_invalidated
 from pygazette.broker.journal_runtime import JournalRuntime
 from pygazette.broker.metrics import record_append
 from pygazette.broker.peers import Peers, PeerUnavailable
@@ -386,7 +386,7 @@ class ClusterAppends:
         # larger write head than our spools); while the store can't be listed, or while it
         # fails and closed spools piled up past the bound, appends are refused, as on a
         # single node (a pulse appends nothing: only an unlisted store refuses it).
-        failure = await _first_listing_or_invalidated(journal, res.invalidated)
+        failure = await first_listing_or_invalidated(journal, res.invalidated)
         if failure is None:
             return ReadThrough(0)
         if failure or (not pulse and (failure := journal.append_refusal())):
@@ -1015,27 +1015,6 @@ async def _round(pln: Pipeline, proposal: pb.Fragment, registers: pb.LabelSet) -
     await pln.wait(
         await pln.propose(pb.ReplicateRequest(proposal=proposal, registers=_copy(registers)))
     )
-
-
-async def _first_listing_or_invalidated(
-    replica: JournalRuntime, invalidated: asyncio.Event | None
-) -> str | None:
-    """`replica.await_first_listing()`'s result ("" once listed, else why it can't be), or
-    None if the resolution was invalidated first."""
-    if replica.index.first_refresh_done.is_set():
-        return ""
-    listing = asyncio.ensure_future(replica.await_first_listing())
-    if invalidated is None:
-        return await listing
-    inval = asyncio.ensure_future(invalidated.wait())
-    try:
-        await asyncio.wait([listing, inval], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        listing.cancel()
-        inval.cancel()
-    if listing.done() and not listing.cancelled():
-        return listing.result()
-    return None
 
 
 def _advertisement(res: Resolution) -> tuple[list[Compare], list[Put]]:

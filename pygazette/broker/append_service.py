@@ -28,6 +28,7 @@ from pygazette.broker.flow_control import (
     throttle,
 )
 from pygazette.broker.fragment.spool import InsufficientStorage, PendingAppend
+from pygazette.broker.invalidation import first_listing_or_invalidated
 from pygazette.broker.journal_runtime import LocalJournal
 from pygazette.broker.metrics import record_append, record_rollback
 from pygazette.broker.resolver import Resolver
@@ -142,20 +143,33 @@ async def serve_append(
     except ValidationError as exc:
         raise AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
 
-    replica = resolver.resolve(first.journal)
-    if replica is None:
-        return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=resolver.header(routed=False))
-    header = resolver.header()
-    if replica.spec.replication > len(header.route.members):
-        return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
-    # Refused while the journal's store fails and its spools piled up, or can't be listed.
-    if refusal := replica.append_refusal() or await replica.await_first_listing():
+    while True:
+        replica = resolver.resolve(first.journal)
+        if replica is None:
+            return pb.AppendResponse(
+                status=pb.JOURNAL_NOT_FOUND, header=resolver.header(routed=False)
+            )
+        invalidated = replica.invalidated  # Set when the replica stops.
+        header = resolver.header()
+        if replica.spec.replication > len(header.route.members):
+            return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
+        # Refused while the journal's store fails and its spools piled up, or can't be
+        # listed. The wait for the first listing ends if the replica stops meanwhile (no
+        # listing of it comes then): the journal was deleted (or created again), or the
+        # broker is shutting down.
+        refusal = replica.append_refusal() or await first_listing_or_invalidated(
+            replica, invalidated
+        )
+        if refusal is not None:
+            break
+        if not resolver.serving:
+            raise AppendAborted(grpc.StatusCode.UNAVAILABLE, "this broker is shutting down")
+    if refusal:
         return pb.AppendResponse(
             status=pb.FRAGMENT_STORE_UNHEALTHY, header=header, store_health_error=refusal
         )
 
     async with replica.pipeline:
-        await replica.index.first_refresh_done.wait()
         writable = journal_spec_flags_allow_write(replica.spec)
         resp = await _append_locked(first, it, replica, resolver.header(), limits, writable)
     if resp.status == pb.OK:

@@ -109,7 +109,6 @@ class ClusterResolver(Resolver):
         self.layout = layout
         self.observed = observed
         self.decoder = decoder
-        self.serving = True
         self._endpoints: dict[tuple[str, int], str] = {}
         self._member_keys: dict[tuple[str, str], str] = {}  # (zone, suffix) -> member key.
         # journal -> (its assignments, the members, its route): see journal_route.
@@ -228,10 +227,9 @@ class ClusterResolver(Resolver):
 
     def stop_serving(self) -> None:
         """Stop every local replica now and refuse to resolve to any (shutting down)."""
-        self.serving = False
         for replica in self.replicas.values():
             replica.stopping = True
-            replica.invalidate()
+        super().stop_serving()
 
     async def stop(self) -> None:
         self.stop_serving()

@@ -8,7 +8,17 @@ journal's locks or listings under it must resolve again rather than go on.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
+
+from pygazette.broker.fragment.fragment_index import FragmentIndex
+
+
+class Listed(Protocol):
+    """A journal's replica as far as its first store listing goes (`replica.Replica`)."""
+
+    index: FragmentIndex
+
+    async def await_first_listing(self) -> str: ...
 
 
 def _abandon(acquire: asyncio.Future[Any], lock: asyncio.Lock) -> None:
@@ -53,3 +63,25 @@ async def acquire_or_invalidated(lock: asyncio.Lock, invalidated: asyncio.Event 
         _abandon(acquire, lock)
         return False
     return not acquire.cancelled() and acquire.exception() is None
+
+
+async def first_listing_or_invalidated(
+    replica: Listed, invalidated: asyncio.Event | None
+) -> str | None:
+    """`replica.await_first_listing()`'s result ("" once listed, else why it can't be), or
+    None if `invalidated` was set first (the replica stopped, or its assignments changed:
+    no listing of it may ever come again, so resolve the journal again rather than wait)."""
+    if replica.index.first_refresh_done.is_set():
+        return ""
+    listing = asyncio.ensure_future(replica.await_first_listing())
+    if invalidated is None:
+        return await listing
+    inval = asyncio.ensure_future(invalidated.wait())
+    try:
+        await asyncio.wait([listing, inval], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listing.cancel()
+        inval.cancel()
+    if listing.done() and not listing.cancelled():
+        return listing.result()
+    return None

@@ -68,6 +68,7 @@ class Resolver:
         # Journals whose new replica waits for an old one to let go of its spool files.
         self._deferred: set[str] = set()
         self._closed = False
+        self.serving = True  # False once the broker is shutting down (`stop_serving`).
 
     def start(self) -> None:
         self.keyspace.add_listener(lambda _rev: self.sync_replicas())
@@ -143,7 +144,16 @@ class Resolver:
         """Bring `name`'s replica in line with the keyspace (single-node: all journals')."""
         self.sync_replicas()
 
+    def stop_serving(self) -> None:
+        """The broker is shutting down: whoever waits on a replica without holding it (an
+        append waiting for the journal's first store listing, a blocking read at the head)
+        ends now, rather than hold the shutdown up for its whole grace period."""
+        self.serving = False
+        for replica in self.replicas.values():
+            replica.invalidate()
+
     async def stop(self) -> None:
+        self.stop_serving()
         self._closed = True
         replicas = list(self.replicas.values())
         self.replicas.clear()

@@ -317,6 +317,7 @@ class Broker:
             await self.member.leave(graceful=not failed)
             self.persister.expedite()
         else:
+            self.resolver.stop_serving()
             if self._server is not None:
                 await self._server.stop(grace)
             await self.resolver.stop()

@@ -1,0 +1,199 @@
+"""An append waiting for its journal's first store listing ends when the replica stops.
+
+A replica knows its journal's write head only once its stores were listed, so an append
+waits for that first listing (giving up after a few failed ones). If the replica stops
+meanwhile — the journal deleted, or the broker shutting down — no listing of it ever comes
+again (the refresher drops it; one in flight may block on an unreachable store for
+minutes), and the append waited forever. It must end promptly instead: JOURNAL_NOT_FOUND
+for a deleted journal, UNAVAILABLE (or cancelled) for a broker shutting down (even with a long
+grace period, which lets appends under way finish). Both append paths, with brokers in
+this process so that the stores' listings can be made to block or fail: single-node
+(`append_service`, which waited forever), and cluster (`append_fsm`, whose wait already
+ended on the resolution's invalidation: these tests keep it so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from pygazette.broker.replica import Replica
+from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.stores.interface import StoreError
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec
+from tests.support.etcd_process import EtcdProcess
+
+JOURNAL = "listing/waits"
+BOUND = 10.0  # Seconds an append may take to end once its replica stopped.
+
+
+class Listings:
+    """Replaces the replicas' store listings: each blocks until released (`block`), or
+    fails at once (`fail`); `waiting` is set once an append waits for a first listing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+        self.mode = mode
+        self.released = asyncio.Event()
+        self.waiting = asyncio.Event()
+        wait_listing = Replica.await_first_listing
+
+        async def list_stores(replica: Replica) -> list[pb.Fragment]:
+            if self.mode == "block":
+                await self.released.wait()
+            raise StoreError("store unreachable (test)")
+
+        async def await_first_listing(replica: Replica, *args: int) -> str:
+            self.waiting.set()
+            return await wait_listing(replica, *args)
+
+        monkeypatch.setattr(Replica, "list_stores", list_stores)
+        monkeypatch.setattr(Replica, "await_first_listing", await_first_listing)
+
+
+async def _waiting_append(
+    stub: pb_grpc.JournalStub, listings: Listings
+) -> asyncio.Future[pb.AppendResponse]:
+    """An append of JOURNAL, once it waits for the journal's first listing."""
+    pending = asyncio.ensure_future(append(stub, JOURNAL, b"hello\n"))
+    waiting = asyncio.ensure_future(listings.waiting.wait())
+    await asyncio.wait([pending, waiting], return_when=asyncio.FIRST_COMPLETED, timeout=BOUND)
+    waiting.cancel()
+    assert listings.waiting.is_set() and not pending.done(), pending
+    return pending
+
+
+async def _delete(stub: pb_grpc.JournalStub) -> None:
+    delete = pb.ApplyRequest.Change(delete=JOURNAL, expect_mod_revision=-1)
+    assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+
+
+async def _ends(pending: Awaitable[pb.AppendResponse]) -> pb.AppendResponse | grpc.StatusCode:
+    """The append's response, or the status it failed with; within BOUND seconds."""
+    try:
+        async with asyncio.timeout(BOUND):
+            return await pending
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+
+
+@pytest.fixture
+async def single_node(
+    tmp_path: Path,
+) -> AsyncIterator[Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]]]:
+    started: list[tuple[Broker, grpc.aio.Channel, Listings]] = []
+
+    async def start(listings: Listings) -> tuple[Broker, pb_grpc.JournalStub]:
+        broker = Broker(BrokerConfig(data_dir=tmp_path / "data", port=0, file_root=tmp_path))
+        await broker.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}")
+        started.append((broker, channel, listings))
+        return broker, pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+
+    yield start
+    for broker, channel, listings in started:
+        listings.released.set()
+        await channel.close(None)
+        if broker.ready_reason != "stopping":  # Not stopped by the test.
+            await broker.stop(grace=1.0)
+
+
+@pytest.fixture
+async def clustered(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> AsyncIterator[Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]]]:
+    started: list[tuple[Broker, grpc.aio.Channel, Listings]] = []
+
+    async def start(listings: Listings) -> tuple[Broker, pb_grpc.JournalStub]:
+        broker = Broker(
+            BrokerConfig(
+                data_dir=tmp_path / "data",
+                port=0,
+                file_root=tmp_path / "store",
+                zone="zone-a",
+                broker_id="broker-0",
+                etcd_url=etcd.url,
+                etcd_prefix=etcd_root,
+                lease_ttl=3.0,
+            )
+        )
+        await broker.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}")
+        started.append((broker, channel, listings))
+        return broker, pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+
+    yield start
+    for broker, channel, listings in started:
+        listings.released.set()
+        await channel.close(None)
+        if broker.ready_reason != "stopping":  # Not stopped by the test.
+            await broker.stop(grace=1.0)
+
+
+@pytest.mark.parametrize("mode", ["block", "fail"])
+async def test_single_node_append_ends_when_its_journal_is_deleted(
+    single_node: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    listings = Listings(monkeypatch, mode)
+    _broker, stub = await single_node(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    pending = await _waiting_append(stub, listings)
+    await _delete(stub)
+    resp = await _ends(pending)
+    assert isinstance(resp, pb.AppendResponse) and resp.status == pb.JOURNAL_NOT_FOUND, resp
+
+
+async def test_single_node_append_ends_when_the_broker_stops(
+    single_node: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listings = Listings(monkeypatch, "block")
+    broker, stub = await single_node(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    pending = await _waiting_append(stub, listings)
+    # A long grace: in-flight appends may finish; one waiting on the store ends at once.
+    stopping = asyncio.ensure_future(broker.stop(grace=60.0))
+    resp = await _ends(pending)
+    assert resp == grpc.StatusCode.UNAVAILABLE, resp
+    async with asyncio.timeout(BOUND):
+        await stopping
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["block", "fail"])
+async def test_cluster_append_ends_when_its_journal_is_deleted(
+    clustered: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    listings = Listings(monkeypatch, mode)
+    _broker, stub = await clustered(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    pending = await _waiting_append(stub, listings)
+    await _delete(stub)
+    resp = await _ends(pending)
+    assert isinstance(resp, pb.AppendResponse) and resp.status == pb.JOURNAL_NOT_FOUND, resp
+
+
+@pytest.mark.slow
+async def test_cluster_append_ends_when_the_broker_stops(
+    clustered: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listings = Listings(monkeypatch, "block")
+    broker, stub = await clustered(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    pending = await _waiting_append(stub, listings)
+    stopping = asyncio.ensure_future(broker.stop(grace=60.0))
+    resp = await _ends(pending)
+    assert resp == grpc.StatusCode.UNAVAILABLE, resp
+    async with asyncio.timeout(BOUND):
+        await stopping
