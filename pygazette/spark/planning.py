@@ -5,13 +5,18 @@ from one fragment (directly from its store when the executor can reach it, else 
 broker) or, past the last listed fragment, through a broker. A listing that leaves a hole
 with fragments after it means bytes were removed (retention, a deleted file): a data loss.
 
-Segments become pieces. A piece owns the records that *begin* in its [own_begin, own_end)
-and reads past own_end to finish its last one, never past its segment's end (a fragment
-never splits an append, so fragment ends are record boundaries). Large segments are split
-into pieces of about the partition target size; raw segments are never split, as raw rows
-are append-aligned. Pieces are then packed in (journal, offset) order into partitions of up
-to the target size. The plan depends only on the ranges, the listing and the options, so a
-micro-batch replanned after a restart gets the same partitions.
+Each journal range is cut into chunks of at most the partition target size, at offsets
+that depend only on the ranges and the options (never on the listing), and chunks are packed
+in (journal, offset) order into partitions of up to the target size. So a micro-batch
+replanned after a restart gets partitions owning the same offsets, even though its listing
+has changed meanwhile (spools persisted, fragments removed): the sink's exactly-once fence,
+kept per Spark partition, relies on it. Raw chunks are whole journal ranges for streams, as
+raw rows are append-aligned and only fragment ends are known append boundaries inside a
+range (a batch read, planned once, cuts raw ranges at its segments).
+
+A chunk's part within a segment is a piece. A piece owns the records that *begin* in its
+[own_begin, own_end) and reads past own_end to finish its last one, never past its
+segment's end (a fragment never splits an append, so fragment ends are record boundaries).
 """
 
 from __future__ import annotations
@@ -128,21 +133,35 @@ def _better(f: FragmentInfo, best: FragmentInfo) -> bool:
     return bool(f.url) and not best.url
 
 
-def split_segment(journal: str, seg: _Segment, framing: Framing, target: int) -> list[Piece]:
-    size = seg.end - seg.begin
-    count = 1 if framing is Framing.RAW else max(1, math.ceil(size / target))
-    bounds = [seg.begin + (size * i) // count for i in range(count)] + [seg.end]
+def chunk_bounds(
+    begin: int, end: int, segs: list[_Segment], framing: Framing, target: int, *, streaming: bool
+) -> list[int]:
+    """Offsets cutting [begin, end) into chunks of at most `target` bytes (raw: see above)."""
+    if framing is Framing.RAW:
+        if streaming:
+            return [begin, end]
+        return sorted({begin, end, *(s.end for s in segs if begin < s.end < end)})
+    size = end - begin
+    count = max(1, math.ceil(size / target))
+    return [begin + (size * i) // count for i in range(count)] + [end]
+
+
+def chunk_pieces(
+    journal: str, lo: int, hi: int, segs: list[_Segment], framing: Framing
+) -> list[Piece]:
+    """The pieces owning [lo, hi): its parts within each segment."""
     pieces = []
-    for lo, hi in itertools.pairwise(bounds):
-        if hi <= lo:
+    for seg in segs:
+        a, b = max(lo, seg.begin), min(hi, seg.end)
+        if b <= a:
             continue
-        resync = framing.resyncs and lo > seg.begin
+        resync = framing.resyncs and a > seg.begin
         pieces.append(
             Piece(
                 journal=journal,
-                own_begin=lo,
-                own_end=hi,
-                scan_from=lo - 1 if resync else seg.begin,
+                own_begin=a,
+                own_end=b,
+                scan_from=a - 1 if resync else seg.begin,
                 read_end=seg.end,
                 resync=resync,
                 fragment=seg.fragment,
@@ -174,32 +193,37 @@ def plan(
     streaming: bool,
 ) -> tuple[list[GazettePartition], list[DataLoss]]:
     """Partitions reading every journal's [begin, end), and the data losses found."""
-    all_segments: list[tuple[str, _Segment]] = []
+    total = sum(end - begin for begin, end in ranges.values() if end > begin)
+    target = partition_target(total, min_partitions, streaming=streaming)
+    chunks: list[tuple[int, list[Piece]]] = []
     losses: list[DataLoss] = []
     for journal in sorted(ranges):
         begin, end = ranges[journal]
         if end <= begin:
             continue
         segs, lost = segments(journal, begin, end, listings.get(journal, []))
-        all_segments.extend((journal, s) for s in segs)
         losses.extend(lost)
-    total = sum(s.end - s.begin for _, s in all_segments)
-    target = partition_target(total, min_partitions, streaming=streaming)
-    pieces = [p for j, s in all_segments for p in split_segment(j, s, framing, target)]
-    return pack(pieces, target), losses
+        bounds = chunk_bounds(begin, end, segs, framing, target, streaming=streaming)
+        for lo, hi in itertools.pairwise(bounds):
+            if hi > lo:
+                chunks.append((hi - lo, chunk_pieces(journal, lo, hi, segs, framing)))
+    return pack(chunks, target), losses
 
 
-def pack(pieces: list[Piece], target: int) -> list[GazettePartition]:
-    """Greedily pack pieces, in order, into partitions of up to `target` bytes."""
+def pack(chunks: list[tuple[int, list[Piece]]], target: int) -> list[GazettePartition]:
+    """Greedily pack chunks (their size and pieces), in order, into partitions of up to
+    `target` bytes. A chunk wholly lost (no pieces) still counts, so that the partitions
+    after it do not depend on what was lost."""
     out: list[GazettePartition] = []
     current: list[Piece] = []
-    size = 0
-    for piece in pieces:
-        if current and size + piece.size > target:
+    size = count = 0
+    for chunk_size, pieces in chunks:
+        if count and size + chunk_size > target:
             out.append(GazettePartition(current))
-            current, size = [], 0
-        current.append(piece)
-        size += piece.size
-    if current:
+            current, size, count = [], 0, 0
+        current.extend(pieces)
+        size += chunk_size
+        count += 1
+    if count:
         out.append(GazettePartition(current))
     return out

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.spark.framing import Framing
 from pygazette.spark.journals import FragmentInfo, earliest_offset, offset_at_timestamp
-from pygazette.spark.planning import DataLoss, pack, plan, segments
+from pygazette.spark.planning import DataLoss, GazettePartition, pack, plan, segments
 
 J = "a/journal"
 
@@ -69,11 +69,11 @@ def test_raw_segments_are_never_split_and_record_pieces_resync() -> None:
 def test_pack_keeps_order_and_size() -> None:
     listing = [frag(i * 10, i * 10 + 10) for i in range(10)]
     parts, _ = plan({J: (0, 100)}, {J: listing}, Framing.LINES, min_partitions=3, streaming=True)
+    # Chunks cut by the range alone (of at most 34 bytes), split at fragment ends into pieces.
     assert [[(p.own_begin, p.own_end) for p in part.pieces] for part in parts] == [
-        [(0, 10), (10, 20), (20, 30)],
-        [(30, 40), (40, 50), (50, 60)],
-        [(60, 70), (70, 80), (80, 90)],
-        [(90, 100)],
+        [(0, 10), (10, 20), (20, 30), (30, 33)],
+        [(33, 40), (40, 50), (50, 60), (60, 66)],
+        [(66, 70), (70, 80), (80, 90), (90, 100)],
     ]
     assert pack([], 10) == []
 
@@ -137,3 +137,35 @@ def test_earliest_and_timestamp_offsets() -> None:
     assert offset_at_timestamp(listing, 30, 100_000) == 0
     assert offset_at_timestamp(listing, 30, 10**12) == 20  # The spool (mod time 0) is "now".
     assert offset_at_timestamp(listing[:2], 20, 10**12) == 20  # None: the head.
+
+
+def _owned(parts: list[GazettePartition]) -> list[list[tuple[int, int]]]:
+    """Each partition's owned offsets, as merged intervals."""
+    out = []
+    for part in parts:
+        spans: list[tuple[int, int]] = []
+        for p in sorted(part.pieces, key=lambda p: p.own_begin):
+            if spans and spans[-1][1] == p.own_begin:
+                spans[-1] = (spans[-1][0], p.own_end)
+            else:
+                spans.append((p.own_begin, p.own_end))
+        out.append(spans)
+    return out
+
+
+def test_a_replanned_micro_batch_owns_its_offsets_per_partition_whatever_the_listing() -> None:
+    # The sink's fence is per Spark partition: a micro-batch replayed after a restart must give
+    # each partition the same records. Its listing has changed meanwhile (the spool it was
+    # read from was persisted, in two fragments): the partitions must not follow it.
+    ranges = {J: (0, 1000), "b/journal": (0, 300)}
+    before = {J: [frag(0, 1000)], "b/journal": []}
+    after = {J: [frag(0, 600, url="file:///x"), frag(600, 1000)], "b/journal": [frag(0, 300)]}
+    for framing in (Framing.LINES, Framing.CSV):
+        for min_partitions in (2, 3, 5):
+            first, _ = plan(ranges, before, framing, min_partitions=min_partitions, streaming=True)
+            again, _ = plan(ranges, after, framing, min_partitions=min_partitions, streaming=True)
+            assert _owned(again) == _owned(first), (framing, min_partitions)
+    # Raw rows end where fragments end, so a raw journal range is never split for a stream.
+    first, _ = plan(ranges, before, Framing.RAW, min_partitions=4, streaming=True)
+    again, _ = plan(ranges, after, Framing.RAW, min_partitions=4, streaming=True)
+    assert _owned(again) == _owned(first)
