@@ -52,7 +52,8 @@ _DEFAULT_REFRESH_SECONDS = 300.0
 FIRST_LISTING_ATTEMPTS = 5
 # Failed listings retry on a backoff up to this (Gazette waits a whole refresh interval).
 MAX_LISTING_RETRY_SECONDS = 10.0
-# How long a stopping replica waits for an in-flight append or Replicate stream.
+# How long a stopping replica waits for an in-flight append or Replicate stream (past it,
+# only for a write of theirs still running on a worker thread: `ReplicatedSpool.settle`).
 STOP_WAIT_SECONDS = 10.0
 
 
@@ -204,7 +205,9 @@ class Replica:
         """Close the pipeline (confirming what it can), then complete and persist the spool.
 
         In-flight appends and Replicate streams see the replica stopping and end; if one
-        doesn't within STOP_WAIT_SECONDS, it is cut off.
+        doesn't within STOP_WAIT_SECONDS, it is cut off: the spool takes nothing more from
+        it (`SpoolFinished`), once a write of its still running on a worker thread is over.
+        Only then may a new replica of the journal here recover the spool's files.
         """
         self.stopping = True
         self.invalidate()
@@ -226,6 +229,7 @@ class Replica:
                 log.warning("replication still running at stop", extra={"journal": self.name})
             try:
                 if self.rspool is not None:
+                    await self.rspool.settle()
                     self.rspool.complete(primary=self.primary)
                 self._release_held_closed()
             finally:

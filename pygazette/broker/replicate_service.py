@@ -30,7 +30,11 @@ from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.invalidation import acquire_or_invalidated
 from pygazette.broker.journal_runtime import JournalRuntime
-from pygazette.broker.replicated_spool import ReplicationProtocolError, fragments_equal
+from pygazette.broker.replicated_spool import (
+    ReplicationProtocolError,
+    SpoolFinished,
+    fragments_equal,
+)
 from pygazette.keyspace.layout import routes_equivalent
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -112,6 +116,16 @@ async def serve_replicate(
 
 async def _apply(
     replica: JournalRuntime, req: pb.ReplicateRequest, is_first: bool, pair: bool = False
+) -> pb.ReplicateResponse | None:
+    try:
+        return await _apply_request(replica, req, is_first, pair)
+    except SpoolFinished as exc:
+        # The replica stopped under a request it didn't wait for (`Replica.stop`).
+        raise ReplicateAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+
+
+async def _apply_request(
+    replica: JournalRuntime, req: pb.ReplicateRequest, is_first: bool, pair: bool
 ) -> pb.ReplicateResponse | None:
     rs = replica.rspool
     assert rs is not None

@@ -102,6 +102,12 @@ class ReplicationProtocolError(Exception):
     """A peer sent a request that breaks the protocol (e.g. content at the wrong delta)."""
 
 
+class SpoolFinished(Exception):
+    """The journal's replica stopped, and its spool takes no more writes: a Replicate stream
+    or an append that outlived the stop (`Replica.stop`) is refused. A new replica of the
+    journal may own the spool's files by now (it recovers them)."""
+
+
 def fragments_equal(a: pb.Fragment, b: pb.Fragment) -> bool:
     """Equal as Gazette compares spool fragments: journal, offsets, sum and codec."""
     return (
@@ -160,6 +166,10 @@ class ReplicatedSpool:
         # every peer acknowledged (-1: none above the frontier): some peer may hold the
         # content up to it as confirmed (see the module docstring). In memory only.
         self.in_doubt = -1
+        # Set once the replica stops (`complete`): no write is taken after (`SpoolFinished`).
+        self.finished = False
+        # A write of content or a commit running on a worker thread, if one is (`settle`).
+        self._writing: asyncio.Future[None] | None = None
         spool = replica.spool
         if spool is not None and self.confirmed is not None and spool.end < self.confirmed:
             # The cluster moved past this spool before we stopped: it is complete (and, being
@@ -185,6 +195,8 @@ class ReplicatedSpool:
         """Everything below `offset` is held by every replica of the route (the frontier
         never moves back)."""
         assert self.confirmed is not None
+        if self.finished:
+            return  # A stale stream's: a new replica of the journal may have recorded its own.
         if offset <= self.confirmed:
             if not self._recorded:
                 # A frontier trusted for want of a record (a new journal's 0, say) is
@@ -250,6 +262,8 @@ class ReplicatedSpool:
 
     # Content.
     async def apply_content(self, content: bytes, delta: int) -> None:
+        if self.finished:
+            raise SpoolFinished(f"the replica of {self.journal} stopped")
         if delta != self.delta:
             raise ReplicationProtocolError(f"invalid ContentDelta ({delta}; expected {self.delta})")
         if not content:
@@ -275,7 +289,7 @@ class ReplicatedSpool:
         if len(content) >= _THREAD_CHUNK:
             # Over before a cancellation is raised: a write going on after the rollback
             # would land over the next append's bytes (at the same offsets).
-            cancelled = await run_to_completion(_write_and_hash, pending, running, content)
+            cancelled = await self._in_thread(_write_and_hash, pending, running, content)
             if cancelled is not None:
                 raise cancelled
         else:
@@ -289,10 +303,41 @@ class ReplicatedSpool:
         self._running = None
         self.delta = 0
 
+    async def _in_thread(
+        self, fn: Callable[..., None], *args: object
+    ) -> asyncio.CancelledError | None:
+        """`run_to_completion(fn, *args)`, a write to the spool, which a stopping replica
+        waits for (`settle`); SpoolFinished if the replica stopped meanwhile."""
+        writing = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        self._writing = writing
+        try:
+            cancelled = await wait_to_completion(writing)
+        finally:
+            if self._writing is writing:
+                self._writing = None
+        if self.finished and cancelled is None:
+            raise SpoolFinished(f"the replica of {self.journal} stopped during a write")
+        return cancelled
+
+    async def settle(self) -> None:
+        """Wait for a write still running on a worker thread: one that a Replicate stream or
+        an append started before the replica's stop gave up waiting for it (a slow disk). A
+        cancellation doesn't stop the thread, and a new replica of the journal recovers this
+        spool's files: landing after, the write would overwrite what that replica appends."""
+        writing = self._writing
+        if writing is not None and not writing.done():
+            log.warning(
+                "stopping replica waits for a spool write still in flight",
+                extra={"journal": self.journal},
+            )
+            await asyncio.wait([writing])
+
     # Proposals.
     async def apply_proposal(
         self, proposal: pb.Fragment, registers: pb.LabelSet, *, primary: bool
     ) -> pb.ReplicateResponse:
+        if self.finished:
+            raise SpoolFinished(f"the replica of {self.journal} stopped")
         p = proposal
         if p.end > self.end + self.delta or (p.end == self.end and p.begin == p.end):
             self.rollback()
@@ -348,7 +393,7 @@ class ReplicatedSpool:
         changed = None if registers == self.registers else _copy_labels(registers)
         cancelled = None
         if spool.sync:
-            cancelled = await run_to_completion(spool.commit, pending, changed, running)
+            cancelled = await self._in_thread(spool.commit, pending, changed, running)
         else:
             spool.commit(pending, changed, running)
         self.end = spool.end
@@ -444,7 +489,9 @@ class ReplicatedSpool:
         self._sha = cut.running_sha()
 
     def complete(self, *, primary: bool) -> None:
-        """Finish the open fragment for good (the replica stops serving the journal)."""
+        """Finish the open fragment for good (the replica stops serving the journal; a write
+        in flight has ended, `settle`): no write is taken after."""
+        self.finished = True
         self.rollback()
         self._complete_spool(primary=primary)
         self.in_doubt = -1
@@ -476,7 +523,11 @@ async def run_to_completion(
     same, and whoever tracks the spool's end must know it). Returns the cancellation to
     raise once the caller has taken the result in (None: not cancelled); `fn`'s own error is
     raised."""
-    done = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    return await wait_to_completion(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+
+
+async def wait_to_completion(done: asyncio.Future[None]) -> asyncio.CancelledError | None:
+    """`run_to_completion`, of a worker thread's call running as `done`."""
     cancelled = None
     while True:
         try:
