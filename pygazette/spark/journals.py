@@ -121,10 +121,25 @@ async def fragments(client: JournalClient, journal: str) -> list[FragmentInfo]:
 
 
 async def all_fragments(
-    client: JournalClient, journals: list[str]
+    client: JournalClient, journals: list[str], *, absent_ok: bool = False
 ) -> dict[str, list[FragmentInfo]]:
-    listings = await _gather(fragments(client, j) for j in journals)
-    return dict(zip(journals, listings, strict=True))  # type: ignore[arg-type]
+    """Each journal's listing. With `absent_ok`, a journal that does not exist (deleted since
+    it was listed) is left out; else it is an error."""
+
+    async def listing(journal: str) -> list[FragmentInfo] | None:
+        try:
+            return await fragments(client, journal)
+        except JournalNotFound:
+            if absent_ok:
+                return None
+            raise
+
+    listings = await _gather(listing(j) for j in journals)
+    return {
+        j: frags  # type: ignore[misc]
+        for j, frags in zip(journals, listings, strict=True)
+        if frags is not None
+    }
 
 
 async def _gather(coros: object) -> list[object]:

@@ -27,11 +27,11 @@ from pygazette.client.errors import FragmentReadError, OffsetJump
 from pygazette.client.fragment_reader import open_fragment_url
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
-from pygazette.protocol.errors import GazetteError, OffsetNotYetAvailable
+from pygazette.protocol.errors import GazetteError, JournalNotFound, OffsetNotYetAvailable
 from pygazette.spark import framing as fr
 from pygazette.spark import runtime
 from pygazette.spark.framing import Framing, RecordError, RecordSpans
-from pygazette.spark.planning import DataLoss, GazettePartition, Piece
+from pygazette.spark.planning import DataLoss, GazettePartition, JournalDeleted, Piece
 from pygazette.spark.schema import FRAGMENT_MOD_TIME, JOURNAL, OFFSET, VALUE, Layout
 
 if TYPE_CHECKING:
@@ -109,6 +109,11 @@ async def piece_bytes(
             except OffsetNotYetAvailable:
                 # Planned bytes are below the head, so they were readable: they are gone.
                 yield DataLoss(piece.journal, offset, end)
+                return
+            except JournalNotFound:
+                # The journal was deleted since its bytes were planned (the reader has asked
+                # again, in case a broker had not heard of it yet).
+                yield JournalDeleted(piece.journal, offset, end)
                 return
             if not chunk:
                 return

@@ -77,6 +77,16 @@ class DataLoss:
         )
 
 
+class JournalDeleted(DataLoss):
+    """Bytes [begin, end) of a journal that no longer exists."""
+
+    def __str__(self) -> str:
+        return (
+            f"data loss in journal {self.journal}: offsets [{self.begin}, {self.end}) cannot be "
+            f"read, the journal no longer exists (it was deleted)"
+        )
+
+
 class GazettePartition(InputPartition):  # type: ignore[misc]
     """One Spark input partition: pieces read in order by one task."""
 
@@ -191,8 +201,11 @@ def plan(
     *,
     min_partitions: int | None,
     streaming: bool,
+    gone: frozenset[str] = frozenset(),
 ) -> tuple[list[GazettePartition], list[DataLoss]]:
-    """Partitions reading every journal's [begin, end), and the data losses found."""
+    """Partitions reading every journal's [begin, end), and the data losses found. The
+    ranges of journals `gone` (deleted) are lost, but still planned as chunks without pieces,
+    so that the other journals' partitions stay as they were planned before."""
     total = sum(end - begin for begin, end in ranges.values() if end > begin)
     target = partition_target(total, min_partitions, streaming=streaming)
     chunks: list[tuple[int, list[Piece]]] = []
@@ -201,7 +214,12 @@ def plan(
         begin, end = ranges[journal]
         if end <= begin:
             continue
-        segs, lost = segments(journal, begin, end, listings.get(journal, []))
+        segs: list[_Segment]
+        lost: list[DataLoss]
+        if journal in gone:
+            segs, lost = [], [JournalDeleted(journal, begin, end)]
+        else:
+            segs, lost = segments(journal, begin, end, listings.get(journal, []))
         losses.extend(lost)
         bounds = chunk_bounds(begin, end, segs, framing, target, streaming=streaming)
         for lo, hi in itertools.pairwise(bounds):

@@ -168,9 +168,18 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         ranges = {j: (start.get(j, e), e) for j, e in end.items() if e > start.get(j, e)}
         if not ranges:
             return []
-        listings = runtime.call(opts.target, lambda c: jn.all_fragments(c, sorted(ranges)))
+        # A journal deleted since this micro-batch was planned (a replay after a restart, or a
+        # deletion between latestOffset and now) lost its range; the others are read.
+        listings = runtime.call(
+            opts.target, lambda c: jn.all_fragments(c, sorted(ranges), absent_ok=True)
+        )
         parts, losses = plan(
-            ranges, listings, opts.framing, min_partitions=opts.min_partitions, streaming=True
+            ranges,
+            listings,
+            opts.framing,
+            min_partitions=opts.min_partitions,
+            streaming=True,
+            gone=frozenset(ranges) - frozenset(listings),
         )
         for loss in losses:
             data_loss(loss, opts.fail_on_data_loss)

@@ -295,3 +295,57 @@ def test_data_loss_fails_the_query_or_is_skipped(
     )
     with pytest.raises(PySparkException, match=r"write head .* is below the offset"):
         drain(beyond, tmp_path / "beyond")
+
+
+def test_a_journal_deleted_under_a_planned_micro_batch_is_data_loss(
+    spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    # No Spark session: the driver's and executors' calls of the stream reader, by hand.
+    from pygazette.protocol.pb import protocol_pb2 as pb
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.partition_reader import DataLossError
+    from pygazette.spark.schema import default_schema, layout
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    kept, gone = prefix + "kept", prefix + "gone"
+    create_journals(gz, journal_spec(kept), journal_spec(gone))
+    for j in (kept, gone):
+        append_each(gz, j, [b"".join(json_records(0, 10))])
+
+    def reader(fail: str) -> GazetteStreamReader:
+        opts = parse_read_options(
+            {
+                "broker": spark_broker.url,
+                "journals": f"{kept},{gone}",
+                "framing": "lines",
+                "startingOffsets": "earliest",
+                "minPartitions": "2",
+                "failOnDataLoss": fail,
+            },
+            streaming=True,
+        )
+        return GazetteStreamReader(opts, layout(default_schema(Framing.LINES), Framing.LINES))
+
+    def values(r: GazetteStreamReader, parts: list[Any]) -> list[tuple[str, bytes]]:
+        return [
+            (row["journal"], row["value"])
+            for part in parts
+            for batch in r.read(part)
+            for row in batch.to_pylist()
+        ]
+
+    r = reader("false")
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    parts = r.partitions(start, end)  # Sent to executors, which read after the deletion.
+    gz.apply_journals([pb.ApplyRequest.Change(delete=gone, expect_mod_revision=-1)])
+    wait_for(lambda: not gz.list_journals(f"name={gone}"), what="the journal to be deleted")
+    kept_rows = [(kept, r.rstrip(b"\n")) for r in json_records(0, 10)]
+    assert values(r, parts) == kept_rows
+    # The micro-batch replayed after a restart: planned again, with the same partitions.
+    again = r.partitions(start, end)
+    assert [len(p.pieces) for p in again] == [0, 1]  # (gone's chunk, lost; kept's)
+    assert values(r, again) == kept_rows
+    with pytest.raises(DataLossError, match=rf"data loss in journal {gone}: offsets \[0, "):
+        reader("true").partitions(start, end)
