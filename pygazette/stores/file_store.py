@@ -5,17 +5,28 @@ rename it into place, so a crash never leaves a partial fragment under a fragmen
 disposable source on the same file system (a compressed scratch file) is hard-linked rather
 than copied. Spool files are always copied: spool recovery may cut a spool file, which must
 never reach a persisted fragment.
-Blocking file I/O runs on worker threads. Signed URLs are `file:///<path under the root>`,
-relative to the root as Gazette signs them: readers resolve them under their own file root.
+
+Blocking file I/O runs on the file stores' own threads (FILE_STORE_THREADS): calls stuck on a
+hung mount, abandoned and retried, take up at most those, never the default executor that
+appends write spools on, and calls queued behind them and cancelled never start. Cancelling
+a put cannot stop its thread: an abandoned put's thread drops whatever it reads after the
+cancellation and never renames its file into place (`FragmentStore.put_file`).
+
+Signed URLs are `file:///<path under the root>`, relative to the root as Gazette signs them:
+readers resolve them under their own file root.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import shutil
+import threading
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pygazette.stores.interface import (
     FragmentStore,
@@ -27,6 +38,32 @@ from pygazette.stores.interface import (
 from pygazette.stores.store_url import StoreURL
 
 _PUT_PREFIX = ".put-"
+FILE_STORE_THREADS = 16
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+T = TypeVar("T")
+
+
+async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking file system call on the file stores' thread pool."""
+    global _executor
+    if _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(
+                    FILE_STORE_THREADS, thread_name_prefix="pygazette-file-store"
+                )
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_executor, functools.partial(fn, *args, **kwargs))
+
+
+_COPY_CHUNK = 1 << 20
+
+
+def _check(abandoned: threading.Event, target: Path) -> None:
+    if abandoned.is_set():
+        raise StoreError(f"put of {target} abandoned (cancelled)")
 
 
 class FileStore(FragmentStore):
@@ -60,10 +97,15 @@ class FileStore(FragmentStore):
         self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
     ) -> None:
         # A file system keeps no Content-Encoding: the file holds the bytes as given.
-        await asyncio.to_thread(self._put_file, self._resolve(path), local, disposable)
+        abandoned = threading.Event()
+        try:
+            await _run(self._put_file, self._resolve(path), local, disposable, abandoned)
+        except asyncio.CancelledError:
+            abandoned.set()  # Its thread goes on (maybe hung), but lands nothing now.
+            raise
 
     @staticmethod
-    def _put_file(target: Path, local: Path, disposable: bool) -> None:
+    def _put_file(target: Path, local: Path, disposable: bool, abandoned: threading.Event) -> None:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -82,12 +124,17 @@ class FileStore(FragmentStore):
                     Path(tmp).unlink(missing_ok=True)
             if not linked:
                 with open(tmp, "xb") as out, open(local, "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
+                    while chunk := src.read(_COPY_CHUNK):
+                        # Read after the put was abandoned: `local` may hold other bytes
+                        # by now (a spool file reused once a retry persisted it).
+                        _check(abandoned, target)
+                        out.write(chunk)
             fd = os.open(tmp, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            _check(abandoned, target)  # Abandoned: a retry owns the target now.
             os.replace(tmp, target)
             dir_fd = os.open(target.parent, os.O_RDONLY)
             try:
@@ -102,10 +149,10 @@ class FileStore(FragmentStore):
             raise
 
     async def exists(self, path: str) -> bool:
-        return await asyncio.to_thread(self._resolve(path).is_file)
+        return await _run(self._resolve(path).is_file)
 
     async def read(self, path: str, *, start: int = 0, length: int = -1) -> ObjectRange:
-        return await asyncio.to_thread(self._read, self._resolve(path), start, length)
+        return await _run(self._read, self._resolve(path), start, length)
 
     @staticmethod
     def _read(full: Path, start: int, length: int) -> ObjectRange:
@@ -120,7 +167,7 @@ class FileStore(FragmentStore):
         return ObjectRange(data=data, content_encoding="", size=size)
 
     async def list_files(self, prefix: str) -> list[StoredFile]:
-        return await asyncio.to_thread(self._list_files, prefix)
+        return await _run(self._list_files, prefix)
 
     def _list_files(self, prefix: str) -> list[StoredFile]:
         top = self._resolve(prefix)
@@ -147,7 +194,7 @@ class FileStore(FragmentStore):
     async def remove(self, path: str) -> None:
         full = self._resolve(path)
         try:
-            await asyncio.to_thread(full.unlink, missing_ok=True)
+            await _run(full.unlink, missing_ok=True)
         except OSError as exc:
             raise StoreError(f"removing {full} failed: {exc}") from exc
 

@@ -65,6 +65,11 @@ class FragmentStore(abc.ABC):
         `disposable` promises that `local` is never written again and is removed after the
         put, so a store may take the file over (a file store hard-links it) instead of
         copying it.
+
+        A put may be cancelled (the persister abandons one past its deadline, and retries):
+        whatever a store's call still does on a thread, it then lands nothing it read from
+        `local` after the cancellation, which may be other bytes by then (a spool file
+        reused once the retry persisted it). A put that lands anyway read its bytes before.
         """
 
     @abc.abstractmethod

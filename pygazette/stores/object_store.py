@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,40 @@ async def _run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 _executor = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="pygazette-store")
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_executor, functools.partial(fn, *args, **kwargs))
+
+
+class _PutSource(io.RawIOBase):
+    """The file a put uploads, read for obstore by this process: once the put is abandoned
+    (its call cancelled, its thread going on) a read fails, so the upload fails rather than
+    complete with bytes read since, which may be another's (a spool file reused once a
+    retry persisted it). What it read before then was the file's own content."""
+
+    def __init__(self, local: Path, abandoned: threading.Event) -> None:
+        super().__init__()
+        self._file = open(local, "rb", buffering=0)  # Closed by close().
+        self._abandoned = abandoned
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._file.readinto(buffer)
+        if self._abandoned.is_set():  # Checked after the read: it may have read other bytes.
+            raise OSError("put abandoned (cancelled)")
+        return n if n is not None else 0
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 # A signed URL is valid for at least this long and at most this long (S3's limit is 7 days).
@@ -102,10 +137,18 @@ class ObjectStore(FragmentStore):
         attributes: dict[str, str] = dict(self._put_attributes)
         if content_encoding:
             attributes["Content-Encoding"] = content_encoding
+        abandoned = threading.Event()
         try:
-            await _run(obstore.put, self._store, key, Path(local), attributes=attributes or None)
+            await _run(self._put, key, Path(local), attributes or None, abandoned)
+        except asyncio.CancelledError:
+            abandoned.set()  # Its thread goes on (maybe hung), but lands nothing now.
+            raise
         except (BaseError, OSError, ValueError) as exc:
             raise self._error("put", key, exc) from exc
+
+    def _put(self, key: str, local: Path, attributes: Any, abandoned: threading.Event) -> None:
+        with _PutSource(local, abandoned) as source:
+            obstore.put(self._store, key, source, attributes=attributes)
 
     async def exists(self, path: str) -> bool:
         key = self._key(path)

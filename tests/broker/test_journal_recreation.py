@@ -144,6 +144,65 @@ async def test_a_journal_created_again_while_its_old_spools_are_persisted_waits_
         await broker.stop()
 
 
+async def test_a_journal_created_again_while_its_old_spools_puts_hang_is_served_in_time(
+    tmp_path: Path,
+) -> None:
+    # The old replica's spools are being put to the store when the journal comes back, and
+    # those puts hang for ever (a hung mount). The new replica waits for them no longer than
+    # the persister's put deadline: they are abandoned, land nothing, and the new replica
+    # recovers the spools and persists them itself.
+    store = tmp_path / "store"
+    config = BrokerConfig(data_dir=tmp_path / "data", port=0, file_root=store)
+    broker = Broker(config)
+    await broker.start()
+    broker.persister.call_deadline = 1.0  # A put of a few bytes: abandoned after a second.
+    fragments = broker.persister.stores.get("file:///")
+    put_file = fragments.put_file
+    hung = 0
+
+    async def hanging_put(path: str, local: Path, **kwargs: Any) -> None:
+        nonlocal hung
+        if JOURNAL in path and hung < 2:  # The old replica's two spools.
+            hung += 1
+            await asyncio.Event().wait()
+        await put_file(path, local, **kwargs)
+
+    fragments.put_file = hanging_put  # type: ignore[method-assign]
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+            assert (await append(stub, JOURNAL, b"one\n")).status == pb.OK
+            assert (await append(stub, JOURNAL, b"two\n")).status == pb.OK
+            delete = pb.ApplyRequest.Change(delete=JOURNAL, expect_mod_revision=-1)
+            assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+            for _ in range(600):  # Both of its spools are being put.
+                if hung == 2:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError(f"{hung} spools are being put, not 2")
+            assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+            async with asyncio.timeout(15):  # Unbounded without put deadlines.
+                resp = await _append_when_served(stub, b"three\n")
+            assert resp.status == pb.OK, resp
+            assert (resp.commit.begin, resp.commit.end) == (8, 14)
+            want = b"one\ntwo\nthree\n"
+            assert (await read_all(stub, JOURNAL))[0] == want
+        await broker.stop()  # Persists the open spool.
+        broker = Broker(config)
+        await broker.start()  # Reads only the store now.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            assert (await read_all(stub, JOURNAL))[0] == want
+        for path in (store / JOURNAL).rglob("*"):
+            if path.is_file():
+                begin, end = (int(x, 16) for x in path.name.split("-")[:2])
+                assert path.read_bytes() == want[begin:end], path.name
+    finally:
+        await broker.stop()
+
+
 async def _append_until_ok(stub: pb_grpc.JournalStub, data: bytes) -> pb.AppendResponse:
     """Append, retrying while the journal is not served yet (assigned, or its replica
     starting)."""

@@ -12,11 +12,16 @@ file is kept across retries. A fragment already in the store (a restart after th
 before the spool's removal) is not uploaded again. A spool's local files are removed only
 after the store holds the fragment durably; a failed attempt is retried on a backoff that
 is cut short when the store's health check passes again, and the spool stays on disk — and
-readable — meanwhile. A stopped replica's spools still waiting here are let go of when a new
-replica of the journal starts (`release`): it recovers them from its spool directory. A
-journal without stores keeps its closed spools where they are, in its fragment index,
-readable, as Gazette keeps them in its index (never persisted, so never removed by
-retention; a restart recovers them); once its spec names a store, `unpark` persists them.
+readable — meanwhile. Every store call of an attempt has a deadline (a put's grows with its
+size, `put_deadline`): one that hangs (a file store on a hung mount has no timeout of its own,
+an upload may sit on a dead connection) is abandoned — cancelled, so it lands nothing it reads
+after (`FragmentStore.put_file`) — and the attempt fails as on a store error. A stopped
+replica's spools still waiting here are let go of when a new replica of the journal starts
+(`release`, after an attempt in progress, so within its deadlines): it recovers them from its
+spool directory. A journal without stores keeps its closed spools where they are, in its
+fragment index, readable, as Gazette keeps them in its index (never persisted, so never
+removed by retention; a restart recovers them); once its spec names a store, `unpark`
+persists them.
 
 The bytes of spools waiting for each store are its backlog. Past `backlog_limit`, appends
 to journals persisting there are refused (FRAGMENT_STORE_UNHEALTHY, see `refusal`) until
@@ -36,7 +41,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +71,12 @@ MAX_RETRY_SECONDS = 30.0
 _SCRATCH_PREFIX = "persist-"
 # How long a replica leaves its primary to persist a fragment before checking for it.
 REPLICA_PERSIST_DELAY_SECONDS = 5.0
+# Deadlines of an attempt's store calls. Gazette gives a put 5 minutes, whatever its size; here
+# a put has STORE_CALL_DEADLINE_SECONDS plus a second for each PUT_DEADLINE_BYTES_PER_SECOND
+# bytes it uploads (316 s for 512 MiB, Gazette's default fragment length; 60 s for a small
+# one; 35 minutes for 4 GiB), and a listing or existence check STORE_CALL_DEADLINE_SECONDS.
+STORE_CALL_DEADLINE_SECONDS = 60.0
+PUT_DEADLINE_BYTES_PER_SECOND = 2 << 20
 
 
 class PersistTarget(Protocol):
@@ -87,6 +98,7 @@ class _Job:
     compressed: Path | None = None
     check_existing: bool = False  # A replica's spool: skip it if the store covers it.
     attempt: asyncio.Future[None] | None = None  # Done when the attempt in progress ends.
+    finished: bool = False  # No longer counted (persisted, dropped or let go of).
 
 
 class Persister:
@@ -104,6 +116,8 @@ class Persister:
         self.health = health or StoreHealthMonitor(stores, scratch_dir)
         self.backlog_limit = backlog_limit
         self.workers_per_store = workers_per_store
+        self.call_deadline = STORE_CALL_DEADLINE_SECONDS
+        self.put_bytes_per_second = PUT_DEADLINE_BYTES_PER_SECOND
         self._queues: dict[str, asyncio.Queue[_Job]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._backlog: dict[str, int] = {}
@@ -187,6 +201,8 @@ class Persister:
         self._delayed.clear()
 
     def _put(self, job: _Job) -> None:
+        if job.finished:
+            return
         queue = self._queues.get(job.store)
         if queue is None:
             queue = self._queues[job.store] = asyncio.Queue()
@@ -205,13 +221,21 @@ class Persister:
         a stopped replica still waiting here share its files, which persisting removes.
         Each spool is closed, its files left in place, and its job ends. None once done;
         if one is being persisted (which may remove its files), nothing is let go of and
-        this is a future done when that attempt ends: call again then."""
+        this is a future done when that attempt ends (its store calls have deadlines): call
+        again then. Let go of, they leave the backlog at once."""
         jobs = [j for j in self._jobs_of.get(journal, ()) if j.spool.directory == directory]
         for job in jobs:
             if job.attempt is not None:
                 return job.attempt
         for job in jobs:
-            job.spool.detach()  # Its job ends when it next looks (`spool.deleted`).
+            job.spool.detach()  # Its worker drops it when it next looks (`spool.deleted`).
+            # No longer counted now (its worker may wait out a retry backoff first): the new
+            # replica counts its spools again as it recovers them.
+            self._finish(job)
+        for handle, job in list(self._delayed.items()):
+            if job.finished:
+                handle.cancel()
+                del self._delayed[handle]
         parked = self._parked.get(journal, [])
         for job in parked:
             if job.spool.directory == directory:
@@ -230,6 +254,9 @@ class Persister:
         )
 
     def _finish(self, job: _Job) -> None:
+        if job.finished:
+            return
+        job.finished = True
         jobs = self._jobs_of.get(job.spool.journal)
         if jobs is not None:
             jobs.discard(job)
@@ -283,11 +310,11 @@ class Persister:
                 log.exception("persisting a spool failed unexpectedly; dropping the job")
                 self._finish(job)
                 continue
-            if moved is not None:
+            if moved is not None and not job.finished:
                 self._backlog[job.store] -= job.size
                 job.store = moved
                 self._put(job)
-            else:
+            elif moved is None:
                 self._finish(job)
 
     async def _attempt_until_done(self, job: _Job) -> str | None:
@@ -341,6 +368,19 @@ class Persister:
                 await health.wait_change(backoff)
                 backoff = min(backoff * 2, MAX_RETRY_SECONDS)
 
+    def put_deadline(self, size: int) -> float:
+        """Seconds a put of `size` bytes may take before it is abandoned."""
+        return self.call_deadline + size / self.put_bytes_per_second
+
+    @staticmethod
+    async def _within(seconds: float, what: str, call: Awaitable[T]) -> T:
+        """`call`, a store call, abandoned (cancelled) past `seconds`: a StoreError then."""
+        try:
+            async with asyncio.timeout(seconds):
+                return await call
+        except TimeoutError as exc:
+            raise StoreError(f"{what} timed out after {seconds:g}s") from exc
+
     async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._compress_pool, fn, *args)
 
@@ -353,7 +393,9 @@ class Persister:
         path = fragment_content_path(frag)
         store = self.stores.get(job.store)
         if job.check_existing:
-            covering = await self._covering(store, frag)
+            covering = await self._within(
+                self.call_deadline, f"listing {frag.journal}", self._covering(store, frag)
+            )
             if covering:
                 index = job.target.index
                 for other in covering:
@@ -363,21 +405,26 @@ class Persister:
                 spool.delete()
                 SPOOL_PERSISTED.inc()
                 return
-        if await store.exists(path):
+        if await self._within(self.call_deadline, f"checking {path}", store.exists(path)):
             log.info("fragment already persisted", extra={"journal": frag.journal, "path": path})
         else:
             encoding = "gzip" if frag.compression_codec == pb.GZIP_OFFLOAD_DECOMPRESSION else ""
             if frag.compression_codec == pb.NONE:
                 # Read by its path: not reused if the spool is deleted meanwhile (`Spool`).
+                # An abandoned put reads it no more (`FragmentStore.put_file`): the retry
+                # reads it again, and a spool deleted since may be reused.
                 with spool.open_content_path() as source:
-                    await store.put_file(path, source, content_encoding=encoding)
                     size = source.stat().st_size
+                    put = store.put_file(path, source, content_encoding=encoding)
+                    await self._within(self.put_deadline(size), f"put of {path}", put)
             else:
                 if job.compressed is None:
                     job.compressed = await self._in_pool(self._compress, spool)
+                # Kept for the retry if this put fails or is abandoned (`_finish` removes it).
                 source = job.compressed
-                await store.put_file(path, source, content_encoding=encoding, disposable=True)
                 size = source.stat().st_size
+                put = store.put_file(path, source, content_encoding=encoding, disposable=True)
+                await self._within(self.put_deadline(size), f"put of {path}", put)
             self.uploaded_bytes += size
             STORE_PUT_BYTES.labels(job.store, encoding or "identity").inc(size)
         frag.mod_time = int(time.time())

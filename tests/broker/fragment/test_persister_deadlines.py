@@ -1,0 +1,243 @@
+"""The persister's store calls have deadlines: a put that hangs is abandoned (cancelled, and
+it lands nothing it reads after), the attempt fails and is retried from the same spool file,
+and a new replica waiting for the attempt (`Persister.release`) waits no longer than that.
+A job let go of leaves its store's backlog at once, so each pending byte counts once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import obstore.store
+import pytest
+
+from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.fragment.spool import Spool
+from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.stores import object_store
+from pygazette.stores.file_store import FileStore
+from pygazette.stores.interface import FragmentStore
+from pygazette.stores.object_store import ObjectStore
+from pygazette.stores.store import StoreError, StoreRegistry
+from pygazette.stores.store_url import parse_store_url
+from tests.broker.rpc_helpers import journal_spec
+
+JOURNAL = "a/journal"
+STORE = "file:///"
+
+
+async def _until(predicate: Any, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def _closed_spool(directory: Path, data: bytes, begin: int = 0) -> Spool:
+    spool = Spool.create(directory, JOURNAL, begin, pb.NONE, pb.LabelSet(), sync=False)
+    pending = spool.start_append()
+    pending.write(data)
+    spool.commit(pending, None)
+    spool.close()
+    return spool
+
+
+class _Target:
+    """A journal as the persister sees it: its spec and (a stand-in for) its index."""
+
+    def __init__(self) -> None:
+        self.spec = journal_spec(JOURNAL, stores=[STORE])
+        self.persisted: list[pb.Fragment] = []
+        self.index = SimpleNamespace(
+            add_persisted=self.persisted.append, remove_local=lambda spool: None
+        )
+
+
+class _HangingStore:
+    """A file store whose first `hangs` puts wait for an event never set (a hung mount);
+    `failing` puts fail as an unreachable store's do."""
+
+    def __init__(self, store: FragmentStore, *, hangs: int = 0, failing: bool = False) -> None:
+        self.store = store
+        self.hangs = hangs
+        self.failing = failing
+        self.puts = 0
+        self.abandoned = 0
+
+    async def exists(self, path: str) -> bool:
+        return await self.store.exists(path)
+
+    async def put_file(self, path: str, local: Path, **kwargs: Any) -> None:
+        self.puts += 1
+        if self.failing:
+            raise StoreError("store unreachable")
+        if self.puts <= self.hangs:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.abandoned += 1
+                raise
+        await self.store.put_file(path, local, **kwargs)
+
+
+def _persister(tmp_path: Path, store: _HangingStore) -> Persister:
+    persister = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
+    persister.stores = SimpleNamespace(get=lambda url: store)  # type: ignore[assignment]
+    persister.call_deadline = 0.3
+    return persister
+
+
+def _file_store(tmp_path: Path) -> FileStore:
+    (tmp_path / "store").mkdir(exist_ok=True)
+    return FileStore(parse_store_url(STORE), tmp_path / "store")
+
+
+async def test_a_hung_put_is_abandoned_and_retried_from_the_same_file(tmp_path: Path) -> None:
+    store = _HangingStore(_file_store(tmp_path), hangs=1)
+    persister = _persister(tmp_path, store)
+    spool = _closed_spool(tmp_path / "spools" / "a%2Fjournal", b"persisted at last")
+    target = _Target()
+    try:
+        persister.enqueue(spool, target)  # type: ignore[arg-type]
+        async with asyncio.timeout(10):
+            await persister.wait_idle()
+        assert (store.puts, store.abandoned) == (2, 1)
+        (frag,) = target.persisted
+        stored = tmp_path / "store" / fragment_content_path(frag)
+        assert stored.read_bytes() == b"persisted at last"
+        assert spool.deleted and not spool.content_path.exists()
+    finally:
+        await persister.stop()
+
+
+async def test_a_new_replica_waits_for_a_hung_put_no_longer_than_its_deadline(
+    tmp_path: Path,
+) -> None:
+    store = _HangingStore(_file_store(tmp_path), hangs=1_000)  # Every put hangs.
+    persister = _persister(tmp_path, store)
+    directory = tmp_path / "spools" / "a%2Fjournal"
+    spool = _closed_spool(directory, b"x" * 1000)
+    try:
+        persister.enqueue(spool, _Target())  # type: ignore[arg-type]
+        await _until(lambda: store.puts == 1)
+        # The journal's new replica asks for its spools: the put in progress is waited for.
+        wait = persister.release(JOURNAL, directory)
+        assert wait is not None
+        started = time.monotonic()
+        async with asyncio.timeout(5):  # Without a deadline it never ends.
+            await wait
+        assert time.monotonic() - started < persister.put_deadline(1000) + 1
+        assert store.abandoned == 1
+        assert persister.release(JOURNAL, directory) is None  # Let go of, now.
+        assert not persister.persisting(JOURNAL, directory)
+        assert persister.backlog_bytes(STORE) == 0
+        # The files are left where they were, whole, for the new replica to recover.
+        recovered, _report = Spool.recover(spool.log_path, sync=False)
+        assert recovered.read(0, 2000) == b"x" * 1000
+        recovered.detach()
+        # The persister's failure says why, as a failed put's does.
+        assert "timed out after 0.3" in persister._last_error[STORE]
+    finally:
+        await persister.stop()
+
+
+async def test_a_released_job_leaves_the_backlog_at_once(tmp_path: Path) -> None:
+    store = _HangingStore(_file_store(tmp_path), failing=True)
+    persister = _persister(tmp_path, store)
+    directory = tmp_path / "spools" / "a%2Fjournal"
+    spool = _closed_spool(directory, b"y" * 700)
+    try:
+        persister.enqueue(spool, _Target())  # type: ignore[arg-type]
+        assert persister.backlog_bytes(STORE) == 700
+        await _until(lambda: STORE in persister._last_error)  # Failed: retried on a backoff.
+        while (attempt := persister.release(JOURNAL, directory)) is not None:
+            await attempt  # Let go of between attempts, as a new replica's resolver does.
+        assert persister.backlog_bytes(STORE) == 0  # Was 700 until the retry wait ended.
+        # The new replica recovers the spool and queues it: its bytes count once.
+        recovered, _report = Spool.recover(spool.log_path, sync=False)
+        recovered.close()
+        persister.enqueue(recovered, _Target())  # type: ignore[arg-type]
+        assert persister.backlog_bytes(STORE) == 700  # Was 1400.
+        # The old job's retry wait ends: the figure stays.
+        persister.health.get(STORE).check_soon()
+        await asyncio.sleep(0.3)
+        assert persister.backlog_bytes(STORE) == 700
+        store.failing = False
+        async with asyncio.timeout(10):
+            await persister.wait_idle()
+        assert persister.backlog_bytes(STORE) == 0
+        assert persister.persisted_count == 1
+    finally:
+        await persister.stop()
+
+
+def _fifo(tmp_path: Path) -> Path:
+    """A named pipe: a put reading it blocks until bytes are written into it."""
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def _feed(fifo: Path, data: bytes) -> None:
+    """Write `data` into `fifo` and close it, from a thread (opening blocks for a reader)."""
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    threading.Thread(target=write, daemon=True).start()
+
+
+async def _abandon_a_put_then_let_it_read(store: FragmentStore, tmp_path: Path) -> None:
+    fifo = _fifo(tmp_path)
+    put = asyncio.ensure_future(store.put_file("j/frag", fifo))
+    await asyncio.sleep(0.2)  # Its thread is blocked reading.
+    put.cancel()
+    await asyncio.gather(put, return_exceptions=True)
+    _feed(fifo, b"bytes read after the put was abandoned")  # E.g. a reused spool file's.
+
+
+async def test_an_abandoned_file_store_put_lands_nothing(tmp_path: Path) -> None:
+    store = _file_store(tmp_path)
+    await _abandon_a_put_then_let_it_read(store, tmp_path)
+    target = tmp_path / "store" / "j"
+    await _until(lambda: target.is_dir() and not any(target.iterdir()))  # Its temp file gone.
+    await asyncio.sleep(0.2)
+    assert not (target / "frag").exists()
+
+
+async def test_an_abandoned_object_store_put_lands_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bucket").mkdir()
+    local = obstore.store.LocalStore(str(tmp_path / "bucket"))
+    store = ObjectStore(parse_store_url("s3://bucket/"), local)  # type: ignore[arg-type]
+    source = tmp_path / "spool"
+    source.write_bytes(b"the spool's content")
+    # Its first read hangs (a slow disk, a stalled upload) until the put was abandoned.
+    reading, abandoned = threading.Event(), threading.Event()
+    readinto = object_store._PutSource.readinto
+
+    def slow_readinto(self: object_store._PutSource, buffer: Any) -> int:
+        reading.set()
+        abandoned.wait(10)
+        return readinto(self, buffer)
+
+    monkeypatch.setattr(object_store._PutSource, "readinto", slow_readinto)
+    put = asyncio.ensure_future(store.put_file("j/frag", source))
+    await asyncio.to_thread(reading.wait, 10)
+    put.cancel()
+    await asyncio.gather(put, return_exceptions=True)
+    source.write_bytes(b"another spool's bytes, reusing the file")
+    abandoned.set()
+    await asyncio.sleep(0.5)
+    assert not list((tmp_path / "bucket").rglob("frag"))
+    # Not abandoned, the same put lands.
+    await store.put_file("j/frag", source)
+    assert (tmp_path / "bucket" / "j" / "frag").read_bytes() == source.read_bytes()
