@@ -22,7 +22,7 @@ import numpy as np
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
-from pygazette.protocol.errors import OffsetNotYetAvailable
+from pygazette.protocol.errors import OffsetNotYetAvailable, Suspended
 from pygazette.spark import framing as fr
 from pygazette.spark.framing import Framing
 from pygazette.spark.journals import FragmentInfo
@@ -160,7 +160,7 @@ class _Boundaries:
                 except OffsetJump:
                     parts, at = [], rr.offset
                     continue
-                except OffsetNotYetAvailable:
+                except (OffsetNotYetAvailable, Suspended):  # Content gone (see partition_reader).
                     break
                 if not chunk:
                     break
@@ -189,7 +189,7 @@ class _Boundaries:
                     buf, base = b"", rr.offset
                     boundary = base
                     continue
-                except OffsetNotYetAvailable:
+                except (OffsetNotYetAvailable, Suspended):
                     chunk = b""
                 final = not chunk and base + len(buf) >= stop and stop == head
                 buf += chunk

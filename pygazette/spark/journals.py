@@ -14,7 +14,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import list_journals
 from pygazette.client.reader import read_request
 from pygazette.client.response_check import check_read_response, invalid_response
-from pygazette.protocol.errors import JournalNotFound, error_for_status
+from pygazette.protocol.errors import JournalNotFound, Suspended, error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
 from pygazette.spark.options import EARLIEST, LATEST, OffsetSpec
@@ -74,11 +74,28 @@ async def write_head(client: JournalClient, journal: str) -> int:
     if not isinstance(resp, pb.ReadResponse):
         raise invalid_response("Read", journal, "stream ended without a response")
     check_read_response(journal, resp)
+    if resp.status == pb.SUSPENDED:
+        return await suspended_head(client, journal)
     if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
         raise error_for_status(
             resp.status, journal, resp.header if resp.HasField("header") else None
         )
     return int(resp.write_head)
+
+
+async def suspended_head(client: JournalClient, journal: str) -> int:
+    """The write head of a journal answered SUSPENDED: fully suspended, no broker serves it
+    (as no fragment holds content), and it resumes at the offset its spec records."""
+    listed = await list_journals(
+        client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels((journal,))))
+    )
+    for j in listed:
+        if j.spec.name == journal:
+            suspend = j.spec.suspend
+            if suspend.level != pb.JournalSpec.Suspend.FULL:
+                raise Suspended(detail=f"{journal} (its spec says it is not fully suspended)")
+            return int(suspend.offset)
+    raise JournalNotFound(detail=journal)
 
 
 async def write_heads(
@@ -101,8 +118,12 @@ async def write_heads(
 
 
 async def fragments(client: JournalClient, journal: str) -> list[FragmentInfo]:
-    """The journal's fragments in offset order, with signed URLs of persisted ones."""
-    listed = await list_all_fragments(client, journal, signature_ttl=SIGNATURE_TTL_SECONDS)
+    """The journal's fragments in offset order, with signed URLs of persisted ones (none for
+    a fully suspended journal: no fragment holds content)."""
+    try:
+        listed = await list_all_fragments(client, journal, signature_ttl=SIGNATURE_TTL_SECONDS)
+    except Suspended:
+        return []
     out = []
     for entry in listed:
         frag = entry.spec

@@ -27,7 +27,12 @@ from pygazette.client.errors import FragmentReadError, OffsetJump
 from pygazette.client.fragment_reader import open_fragment_url
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
-from pygazette.protocol.errors import GazetteError, JournalNotFound, OffsetNotYetAvailable
+from pygazette.protocol.errors import (
+    GazetteError,
+    JournalNotFound,
+    OffsetNotYetAvailable,
+    Suspended,
+)
 from pygazette.spark import framing as fr
 from pygazette.spark import runtime
 from pygazette.spark.framing import Framing, RecordError, RecordSpans
@@ -106,8 +111,9 @@ async def piece_bytes(
                 yield DataLoss(piece.journal, jump.requested, min(jump.offset, end))
                 offset = rr.offset
                 continue
-            except OffsetNotYetAvailable:
-                # Planned bytes are below the head, so they were readable: they are gone.
+            except (OffsetNotYetAvailable, Suspended):
+                # Planned bytes are below the head, so they were readable: they are gone (a
+                # journal fully suspended holds no content at all).
                 yield DataLoss(piece.journal, offset, end)
                 return
             except JournalNotFound:

@@ -3,13 +3,20 @@ listed but not served (yet) is an error only where the caller needs it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
 
-from pygazette.client import SyncJournalClient
+from pygazette.client import SyncJournalClient, append, list_journals
 from pygazette.protocol.errors import JournalNotFound
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.selector import parse_selector
 from pygazette.spark import journals as jn
 from pygazette.spark import runtime
 from tests.support.broker_process import BrokerProcess
+from tests.support.etcd_process import EtcdProcess
 from tests.support.journal_data import append_each
 from tests.support.spark_session import create_journals, journal_spec
 
@@ -31,3 +38,44 @@ def test_write_heads_leave_out_absent_journals_only_where_allowed(
     # A journal the query already reads must be served: its absence is an error.
     with pytest.raises(JournalNotFound, match=absent):
         runtime.call(spark_broker.url, lambda c: jn.write_heads(c, [served, absent]))
+
+
+async def test_a_fully_suspended_journal_reads_as_empty_at_its_head(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # A journal with no content (never written, or all of it removed by retention) that is
+    # suspended (e.g. by --auto-suspend) has no broker: its reads and listings are answered
+    # SUSPENDED. To a query it is a journal without content, at the offset it was suspended.
+    from pygazette.client import JournalClient, apply_journals
+    from pygazette.client.suspension import suspend_journal
+    from pygazette.spark.batch_reader import batch_ranges
+    from pygazette.spark.options import parse_read_options
+    from tests.broker.in_process_brokers import start_brokers
+
+    brokers = await start_brokers(tmp_path, etcd, etcd_root, 1)
+    try:
+        url = f"http://127.0.0.1:{brokers[0].port}"
+        async with JournalClient(url) as client:
+            idle, used = "spark/suspended/idle", "spark/suspended/used"
+            specs = [journal_spec(j, labels={"topic": "suspended"}) for j in (idle, used)]
+            await apply_journals(
+                client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]
+            )
+            await append(client, used, b"one\n")
+            deadline = time.monotonic() + 30
+            while not await suspend_journal(client, idle):
+                assert time.monotonic() < deadline, "the journal was never suspended"
+                await asyncio.sleep(0.1)
+            (listed,) = await list_journals(client, parse_selector(f"name={idle}"))
+            assert listed.spec.suspend.level == pb.JournalSpec.Suspend.FULL
+
+            assert await jn.write_heads(client, [idle, used]) == {idle: 0, used: 4}
+            assert await jn.all_fragments(client, [idle]) == {idle: []}
+            opts = parse_read_options(
+                {"broker": url, "selector": "topic=suspended"}, streaming=False
+            )
+            ranges, _ = await batch_ranges(client, opts)
+            assert ranges == {idle: (0, 0), used: (0, 4)}
+    finally:
+        for b in brokers:
+            await b.stop(grace=1.0)
