@@ -119,11 +119,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             )
             if target is not None:
                 listed = [j for j in listed if j in target]
-            known = [j for j in listed if j in start]
-            # A journal listed but not served yet (just created) is discovered next time.
-            heads = await jn.write_heads(
-                client, listed, absent_ok=frozenset(j for j in listed if j not in start)
-            )
+            # A journal listed but not served yet (just created) is discovered next time; one
+            # deleted since it was listed stays where it is, as if it had not been listed.
+            heads = await jn.write_heads(client, listed, absent_ok=frozenset(listed))
+            known = [j for j in listed if j in start and j in heads]
             new = [j for j in listed if j not in start and j in heads]
             self._heads = dict(heads)
             end = dict(start)
@@ -142,9 +141,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             need_listings = new or (not budget.unlimited and opts.framing.value == "raw")
             if need_listings:
                 listings = await jn.all_fragments(
-                    client, new + (list(reading) if not budget.unlimited else [])
+                    client, new + (list(reading) if not budget.unlimited else []), absent_ok=True
                 )
             for j in new:
+                if j not in listings:
+                    continue  # Deleted since it was listed.
                 # A journal found by the selector enters at its earliest offset; its content
                 # is read from the next micro-batch on.
                 end[j] = jn.earliest_offset(listings[j], heads[j])

@@ -349,3 +349,50 @@ def test_a_journal_deleted_under_a_planned_micro_batch_is_data_loss(
     assert values(r, again) == kept_rows
     with pytest.raises(DataLossError, match=rf"data loss in journal {gone}: offsets \[0, "):
         reader("true").partitions(start, end)
+
+
+def test_a_journal_deleted_while_a_trigger_looks_at_it_stays_where_it_was(
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The trigger lists the journals, then asks their heads: a journal deleted in between is
+    # listed but has no head. It was an error (the query failed); it is left where it was.
+    from pygazette.protocol.pb import protocol_pb2 as pb
+    from pygazette.spark import journals as jn
+    from pygazette.spark import stream_reader
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.schema import default_schema, layout
+
+    topic = prefix.strip("/").replace("/", ".")
+    kept, gone, fresh = prefix + "kept", prefix + "gone", prefix + "fresh"
+    for j in (kept, gone):
+        create_journals(gz, journal_spec(j, labels={"topic": topic}))
+        append_each(gz, j, [b"".join(json_records(0, 10))])
+    opts = parse_read_options(
+        {
+            "broker": spark_broker.url,
+            "selector": f"topic={topic}",
+            "framing": "lines",
+            "startingOffsets": "earliest",
+            "maxBytesPerTrigger": "100000",
+        },
+        streaming=True,
+    )
+    reader = stream_reader.GazetteStreamReader(
+        opts, layout(default_schema(Framing.LINES), Framing.LINES)
+    )
+    start = reader.initialOffset()
+    assert start == {gone: 0, kept: 0}
+    listed_before = jn.resolve_journals
+
+    async def listed_before_the_deletion(*args: Any, **kwargs: Any) -> list[str]:
+        return sorted([*await listed_before(*args, **kwargs), gone, fresh])
+
+    gz.apply_journals([pb.ApplyRequest.Change(delete=gone, expect_mod_revision=-1)])
+    wait_for(lambda: not gz.list_journals(f"name={gone}"), what="the journal to be deleted")
+    monkeypatch.setattr(stream_reader.jn, "resolve_journals", listed_before_the_deletion)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {gone: 0, kept: sum(map(len, json_records(0, 10)))}
