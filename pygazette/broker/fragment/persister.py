@@ -99,6 +99,7 @@ class _Job:
     check_existing: bool = False  # A replica's spool: skip it if the store covers it.
     attempt: asyncio.Future[None] | None = None  # Done when the attempt in progress ends.
     finished: bool = False  # No longer counted (persisted, dropped or let go of).
+    queued: bool = False  # Queued for its store, and counted in its backlog (`_put`).
 
 
 class Persister:
@@ -213,6 +214,7 @@ class Persister:
             if job.store:
                 self.health.get(job.store)  # Start checking the store's health.
         self._backlog[job.store] = self._backlog.get(job.store, 0) + job.size
+        job.queued = True
         queue.put_nowait(job)
 
     def release(self, journal: str, directory: Path) -> asyncio.Future[None] | None:
@@ -262,7 +264,8 @@ class Persister:
             jobs.discard(job)
             if not jobs:
                 del self._jobs_of[job.spool.journal]
-        self._backlog[job.store] -= job.size
+        if job.queued:  # A replica's spool may be let go of before its delay ends.
+            self._backlog[job.store] -= job.size
         self._discard_compressed(job)
         self._pending -= 1
         if self._pending == 0:

@@ -177,6 +177,28 @@ async def test_a_released_job_leaves_the_backlog_at_once(tmp_path: Path) -> None
         await persister.stop()
 
 
+async def test_a_replica_spool_let_go_of_before_its_delay_ends_was_never_counted(
+    tmp_path: Path,
+) -> None:
+    """A replica's spool waits REPLICA_PERSIST_DELAY_SECONDS before it is queued (and counted
+    in the backlog); a new replica may let go of it before then."""
+    store = _HangingStore(_file_store(tmp_path))
+    persister = _persister(tmp_path, store)
+    directory = tmp_path / "spools" / "a%2Fjournal"
+    spool = _closed_spool(directory, b"z" * 300)
+    try:
+        persister.enqueue(spool, _Target(), check_existing=True)  # type: ignore[arg-type]
+        assert persister.backlog_bytes(STORE) == 0  # Not queued yet.
+        assert persister.release(JOURNAL, directory) is None
+        assert persister.backlog_bytes(STORE) == 0
+        async with asyncio.timeout(1):
+            await persister.wait_idle()  # Its job ended.
+        assert store.puts == 0
+        assert spool.log_path.exists()  # Left for the new replica to recover.
+    finally:
+        await persister.stop()
+
+
 def _fifo(tmp_path: Path) -> Path:
     """A named pipe: a put reading it blocks until bytes are written into it."""
     path = tmp_path / "fifo"
