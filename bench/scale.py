@@ -515,6 +515,21 @@ async def run_system(
                 out["idle_steady_cpu_pct_per_broker"] = cpu_pct
                 out["idle_steady_etcd_writes"] = writes
 
+            if args.quiet_append:
+                # An append to each journal after a quiet spell: pygazette's brokers closed
+                # the journals' replication pipelines (`pulser.PIPELINE_IDLE_SECONDS`), and
+                # replicate each such append whole (`whole_replication`); Gazette's keep
+                # their pipelines open.
+                await asyncio.sleep(max(0.0, args.quiet_after - (time.monotonic() - t0)))
+                cpu0 = cluster.cpu()
+                with py_spy(cluster, args.py_spy, "quiet-append"):
+                    quiet_appends = await append_each(first, names)
+                quiet_appends["broker_cpu_ms_per_append"] = round(
+                    (cluster.cpu() - cpu0) * 1000 / max(1, n), 2
+                )
+                quiet_appends["after_s"] = args.quiet_after
+                out["quiet_append"] = quiet_appends
+
             if args.restart:
                 out["restart"] = await restart_one(cluster, client, name_set, r, args.timeout)
             if args.moves:
@@ -740,6 +755,19 @@ def compare(py: dict[str, Any], go: dict[str, Any]) -> dict[str, Any]:
             py["second_append"]["broker_cpu_ms_per_append"],
             go["second_append"]["broker_cpu_ms_per_append"],
         ),
+        **(
+            {
+                "quiet_append_per_s": both(
+                    py["quiet_append"]["per_s"], go["quiet_append"]["per_s"]
+                ),
+                "quiet_append_broker_cpu_ms": both(
+                    py["quiet_append"]["broker_cpu_ms_per_append"],
+                    go["quiet_append"]["broker_cpu_ms_per_append"],
+                ),
+            }
+            if "quiet_append" in py and "quiet_append" in go
+            else {}
+        ),
         "rss_kib_per_replica": both(py.get("rss_kib_per_replica"), go.get("rss_kib_per_replica")),
         "idle_cpu_pct_max_broker": both(
             max(py["idle_cpu_pct_per_broker"]), max(go["idle_cpu_pct_per_broker"])
@@ -760,6 +788,8 @@ def failures(result: dict[str, Any]) -> list[str]:
         bad.append(f"first appends failed: {result['first_append']['error_kinds']}")
     if "second_append" in result and result["second_append"]["errors"]:
         bad.append(f"second appends failed: {result['second_append']['error_kinds']}")
+    if "quiet_append" in result and result["quiet_append"]["errors"]:
+        bad.append(f"appends after a quiet spell failed: {result['quiet_append']['error_kinds']}")
     shards = result.get("shards")
     if shards and shards.get("converged_after_apply_s") is None:
         bad.append(f"{shards['primaries']}/{shards['shards']} shards have a primary")
@@ -895,6 +925,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=80.0,
         metavar="S",
         help="the steady idle window starts S seconds after the second appends ended",
+    )
+    parser.add_argument(
+        "--quiet-append",
+        action="store_true",
+        help="a third append to each journal, --quiet-after seconds after the second appends",
+    )
+    parser.add_argument(
+        "--quiet-after",
+        type=float,
+        default=75.0,
+        metavar="S",
+        help="past pygazette's idle pipelines closing (60 s idle, found by a 10 s sweep)",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="per wait, seconds")
     parser.add_argument(

@@ -4,8 +4,9 @@ by default (client side), as Gazette's `AuthJournalClient`/`AuthShardClient` and
 
 Our own `pygazette.Retention/Prune` removes fragments, so it is an APPLY (signed with the
 journal's name selector); `pygazette.PeerJournal/AppendWhole` is an Append in one message, so
-an APPEND (signed with its journal's name selector). Methods not listed here require every
-capability (ALL).
+an APPEND (signed with its journal's name selector), and `pygazette.PeerJournal/ReplicateWhole`
+a Replicate stream in one message, so a REPLICATE (signed with its journal's name selector).
+Methods not listed here require every capability (ALL).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ J = "/protocol.Journal/"
 S = "/consumer.Shard/"
 PRUNE = "/pygazette.Retention/Prune"
 APPEND_WHOLE = "/pygazette.PeerJournal/AppendWhole"
+REPLICATE_WHOLE = "/pygazette.PeerJournal/ReplicateWhole"
 
 REQUIRED_CAPABILITY: dict[str, Capability] = {
     J + "List": Capability.LIST,
@@ -34,6 +36,7 @@ REQUIRED_CAPABILITY: dict[str, Capability] = {
     J + "FragmentStoreHealth": Capability.READ,
     PRUNE: Capability.APPLY,
     APPEND_WHOLE: Capability.APPEND,
+    REPLICATE_WHOLE: Capability.REPLICATE,
     S + "Stat": Capability.READ,
     S + "List": Capability.LIST,
     S + "Apply": Capability.APPLY,
@@ -60,6 +63,11 @@ def _whole_append(req: Any) -> Claims:
     return Claims(Capability.APPEND, journal_name_selector(first.journal))
 
 
+def _whole_replicate(req: Any) -> Claims:
+    first = req.requests[0] if req.requests else pb.ReplicateRequest()
+    return Claims(Capability.REPLICATE, journal_name_selector(first.proposal.journal))
+
+
 def _shard(cap: Capability) -> Callable[[Any], Claims]:
     return lambda req: Claims(cap, label_selector(include={"id": req.shard}))
 
@@ -83,6 +91,7 @@ _DEFAULTS: dict[str, Callable[[Any], Claims]] = {
     J + "ListFragments": _name(Capability.READ),
     PRUNE: _name(Capability.APPLY),
     APPEND_WHOLE: _whole_append,
+    REPLICATE_WHOLE: _whole_replicate,
     S + "Stat": _shard(Capability.READ),
     S + "List": _selector(Capability.LIST),
     S + "GetHints": _shard(Capability.READ),

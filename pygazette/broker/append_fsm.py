@@ -70,7 +70,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import grpc.aio
@@ -95,7 +95,13 @@ from pygazette.broker.metrics import record_append
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.pipeline import Pipeline, PipelineBroken, Round
 from pygazette.broker.pulser import Pulsed
-from pygazette.broker.replicated_spool import fragments_equal, roll_proposal
+from pygazette.broker.replicated_spool import SpoolFinished, fragments_equal, roll_proposal
+from pygazette.broker.whole_replication import (
+    WholeInDoubt,
+    WholeRefused,
+    WholeUnserved,
+    replicate_whole,
+)
 from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put, TxnResult
 from pygazette.keyspace.layout import decode_route, desired_replication, routes_equivalent
 from pygazette.protocol.errors import ValidationError
@@ -120,8 +126,14 @@ PROXY_READ_AHEAD = 256 << 10
 # rate (the policing that protects a held journal allows 1 s).
 READ_AHEAD_SLACK_SECONDS = 10.0
 # How long appends to a peer that does not serve `PeerJournal.AppendWhole` are streamed before
-# it is asked again.
+# it is asked again (and replicated through pipelines, for `ReplicateWhole`).
 STREAMING_ONLY_SECONDS = 600.0
+# A journal appended to whole (`_append_whole`) this recently opens a pipeline for its next
+# append instead: it has traffic, and a pipeline's appends cost a message, not a call, and
+# overlap rather than wait for one another.
+WHOLE_QUIET_SECONDS = 1.0
+# Why an append stream is refused when it ends without its commit (an empty chunk).
+_NO_COMMIT = "append stream ended without its final empty chunk; nothing was appended"
 
 
 # A journal whose newest fragment was persisted this long ago (or its flush interval, if it
@@ -134,6 +146,28 @@ class ReadThrough:
     """Resolve again once the keyspace reaches `revision` (0: the next change)."""
 
     revision: int
+
+
+class _Checked(NamedTuple):
+    """An append that passed its preconditions (`ClusterAppends._preconditions`)."""
+
+    registers: pb.LabelSet  # The journal's registers it starts from.
+    roll_to: int  # The offset the spool rolls to first (0: none).
+    suspending: bool  # It asks a suspended journal to suspend (nothing is committed).
+
+
+def _chunk_error(req: pb.AppendRequest, committing: bool) -> AppendAborted | None:
+    """Why `req`, a request after an append's first, is refused (None if it isn't)."""
+    if committing:
+        return AppendAborted(
+            grpc.StatusCode.INVALID_ARGUMENT, "expected end of stream after the empty chunk"
+        )
+    if req.journal or req.HasField("header") or req.offset:
+        return AppendAborted(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "only the first AppendRequest may carry options; later ones carry content",
+        )
+    return None
 
 
 class ReplicationFailed(Exception):
@@ -204,6 +238,8 @@ class ClusterAppends:
         # from before it), with when to ask again (monotonic time: an upgraded broker may
         # take the same endpoint).
         self._streaming_only: dict[str, float] = {}
+        # The same for `PeerJournal.ReplicateWhole`.
+        self._replicates_streaming_only: dict[str, float] = {}
         # Told of each replication pipeline opened (the pulser watches the journal then).
         self.on_pipeline_open: Callable[[JournalRuntime], None] = lambda _journal: None
 
@@ -294,6 +330,7 @@ class ClusterAppends:
         started = time.monotonic()
         read_through = 0
         read_ahead = False
+        whole: list[pb.AppendRequest] | None = None  # The client's whole append, read ahead.
         proxy_header = first.header if first.HasField("header") else None
         while True:
             try:
@@ -331,11 +368,15 @@ class ClusterAppends:
                 # for the client's next chunk (`_read_ahead`).
                 ahead, more = await self._read_ahead(it)
                 it = _prepended(ahead, it if more else None)
+                whole = None if more else ahead
                 read_ahead = True
             if not await acquire_or_invalidated(journal.pipeline, res.invalidated):
                 continue
             try:
-                outcome = await self._as_primary(first, it, res, journal, pulse)
+                outcome = await self._as_primary(first, it, res, journal, pulse, whole)
+            except SpoolFinished as exc:
+                # The replica stopped under the append (`Replica.stop`): try again.
+                raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
             finally:
                 journal.pipeline.release()
             if isinstance(outcome, ReadThrough):
@@ -354,7 +395,10 @@ class ClusterAppends:
         res: Resolution,
         journal: JournalRuntime,
         pulse: bool,
+        whole: list[pb.AppendRequest] | None = None,
     ) -> pb.AppendResponse | ReadThrough | PendingCommit:
+        """The append as primary; `whole`: the client's requests after `first`, if its
+        stream ended with them (`_read_ahead`)."""
         assert res.spec is not None and journal.rspool is not None
         pln = journal.replication
         if (
@@ -365,12 +409,60 @@ class ClusterAppends:
         ):
             if pln is not None:
                 await journal.close_replication()
+            endpoint = self._whole_peer(first, whole, res, journal)
+            if endpoint is not None:
+                assert whole is not None
+                done = await self._append_whole(first, whole, res, journal, endpoint)
+                if done is not None:
+                    return done
+                # Not replicated whole after all: a pipeline, as for any append.
+                it = _prepended(whole, None)
             started = await self._start_pipeline(journal, res)
             if started is not None:
                 return started
             pln = journal.replication
             assert pln is not None
 
+        checked = await self._preconditions(first, res, journal, pln, pulse)
+        if not isinstance(checked, _Checked):
+            return checked
+        registers, roll_to, suspending = checked
+        rs = journal.rspool
+        try:
+            outcome = await self._stream(first, it, res, journal, pln, registers, roll_to)
+        except PipelineBroken as exc:
+            rs.rollback()
+            await journal.close_replication(graceful=False)
+            raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        except AppendAborted:
+            raise  # Rolled back on every peer: the pipeline is still in step.
+        except BaseException:
+            # Cut short otherwise (the client went away or its deadline passed, mid-round):
+            # a round may have reached some peers and not others, and our spool may hold a
+            # commit no peer confirmed. Never run another round on this pipeline: the next
+            # append builds a new one, which cuts what was not confirmed.
+            rs.rollback()
+            await journal.close_replication(graceful=False)
+            raise
+        if suspending and isinstance(outcome, PendingCommit) and outcome.response.status == pb.OK:
+            # Nothing was committed (content is refused with a suspension): once what came
+            # before is confirmed, the answer is that the journal is suspended.
+            outcome.response = pb.AppendResponse(status=pb.SUSPENDED, header=res.header)
+        return outcome
+
+    async def _preconditions(
+        self,
+        first: pb.AppendRequest,
+        res: Resolution,
+        journal: JournalRuntime,
+        pln: Pipeline | None,
+        pulse: bool,
+    ) -> pb.AppendResponse | ReadThrough | _Checked:
+        """Check the append against the journal as its spool now stands (in line with every
+        peer's: `pln` synchronised them, or the whole append will). An answer or a read-
+        through ends the append; else the registers it starts from, the offset to roll the
+        spool to first (0: none), and whether it asks a suspended journal to suspend."""
+        assert res.spec is not None and journal.rspool is not None
         if not self._advertises(res):
             if pulse and self._advertise_later(res, journal):
                 # Its write changes the assignments, which pulses the journal again.
@@ -447,6 +539,7 @@ class ClusterAppends:
                 # One broker serves it from now on (the allocator drops the others). Commits
                 # of earlier appends may still be in flight: once confirmed they count (else
                 # they are cut, and it would resume past a gap).
+                assert pln is not None  # A suspending append is never replicated whole.
                 await _confirm_all(journal, pln)
                 return ReadThrough(
                     await self._update_suspend(res, pb.JournalSpec.Suspend.PARTIAL, resume_at)
@@ -461,28 +554,7 @@ class ClusterAppends:
             # The spool holds the journal's first known write: roll it, so the store shows
             # that writes happened (Gazette's guard against reusing offsets).
             roll_to = rs.end
-
-        try:
-            outcome = await self._stream(first, it, res, journal, pln, registers, roll_to)
-        except PipelineBroken as exc:
-            rs.rollback()
-            await journal.close_replication(graceful=False)
-            raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
-        except AppendAborted:
-            raise  # Rolled back on every peer: the pipeline is still in step.
-        except BaseException:
-            # Cut short otherwise (the client went away or its deadline passed, mid-round):
-            # a round may have reached some peers and not others, and our spool may hold a
-            # commit no peer confirmed. Never run another round on this pipeline: the next
-            # append builds a new one, which cuts what was not confirmed.
-            rs.rollback()
-            await journal.close_replication(graceful=False)
-            raise
-        if suspending and isinstance(outcome, PendingCommit) and outcome.response.status == pb.OK:
-            # Nothing was committed (content is refused with a suspension): once what came
-            # before is confirmed, the answer is that the journal is suspended.
-            outcome.response = pb.AppendResponse(status=pb.SUSPENDED, header=res.header)
-        return outcome
+        return _Checked(registers, roll_to, suspending)
 
     def _advertises(self, res: Resolution) -> bool:
         """`assignments_advertise(res.route, res.assignments)`, remembered: an assignment's
@@ -502,6 +574,191 @@ class ClusterAppends:
             self._advertised.clear()
         self._advertised.add(key)
         return True
+
+    def _whole_peer(
+        self,
+        first: pb.AppendRequest,
+        whole: list[pb.AppendRequest] | None,
+        res: Resolution,
+        journal: JournalRuntime,
+    ) -> str | None:
+        """The endpoint of the one peer to replicate this append to in one call
+        (`whole_replication`), or None to open a pipeline. Only an append the client sent
+        whole, with content, to a journal of a route of two whose spool holds nothing
+        unconfirmed, that was not appended to whole a moment ago (WHOLE_QUIET_SECONDS)."""
+        spec, route, rs = res.spec, res.route, journal.rspool
+        if whole is None or spec is None or rs is None or first.suspend in SUSPENDING:
+            return None
+        if len(route.members) != 2 or len(route.endpoints) != 2 or route.primary not in (0, 1):
+            return None
+        if desired_replication(spec) != 2 or rs.unconfirmed or rs.in_doubt > (rs.confirmed or 0):
+            return None
+        now = time.monotonic()
+        if now - journal.replicated_whole_at < WHOLE_QUIET_SECONDS:
+            return None
+        if not any(req.content for req in whole):
+            return None
+        if self.session is not None and not self.session.lease_alive():
+            return None
+        endpoint = route.endpoints[1 - route.primary]
+        if self._replicates_streaming_only.get(endpoint, 0.0) > now:
+            return None
+        return endpoint
+
+    async def _append_whole(
+        self,
+        first: pb.AppendRequest,
+        whole: list[pb.AppendRequest],
+        res: Resolution,
+        journal: JournalRuntime,
+        endpoint: str,
+    ) -> pb.AppendResponse | ReadThrough | None:
+        """Append with no pipeline: synchronise, write and commit the journal's spool here,
+        then replicate all of it to the peer at `endpoint` in one call (`whole_replication`),
+        whose answer confirms it. None when that can't be done with nothing committed (the
+        caller appends through a pipeline instead)."""
+        assert res.spec is not None and journal.rspool is not None
+        if not await acquire_or_invalidated(journal.spool_lock, res.invalidated):
+            return ReadThrough(0)
+        rs = journal.rspool
+        try:
+            # Synchronise as a new pipeline does (`_start_pipeline`): a spool holding content
+            # rolls, so every member starts the next fragment at the same offset. Here first,
+            # at the peer in the same call.
+            roll_to = rs.end if rs.end > rs.begin else 0
+            proposal = roll_proposal(
+                rs.fragment(), rs.first_append_time, roll_to, res.spec.fragment, time.time()
+            )
+            local = await rs.apply_proposal(proposal, _copy(rs.registers), primary=True)
+            if local.status != pb.OK:
+                return None
+            header = _copy_header(res.header)
+            header.process_id.CopyFrom(res.route.members[1 - res.route.primary])
+            sync = pb.ReplicateRequest(
+                header=header,
+                proposal=rs.fragment(),
+                registers=_copy(rs.registers),
+                acknowledge=True,
+                deprecated_journal=journal.name,
+            )
+            checked = await self._preconditions(first, res, journal, None, pulse=False)
+            if not isinstance(checked, _Checked):
+                return checked
+            frag = rs.fragment()
+            again = roll_proposal(
+                frag, rs.first_append_time, checked.roll_to, res.spec.fragment, time.time()
+            )
+            if not fragments_equal(again, frag):
+                return None  # It rolls again first (`_stream`): through a pipeline.
+            return await self._commit_whole(
+                first, whole, res, journal, endpoint, sync, checked.registers
+            )
+        finally:
+            rs.rollback()  # Content written but not committed (refused, or cut short).
+            journal.spool_lock.release()
+
+    async def _commit_whole(
+        self,
+        first: pb.AppendRequest,
+        whole: list[pb.AppendRequest],
+        res: Resolution,
+        journal: JournalRuntime,
+        endpoint: str,
+        sync: pb.ReplicateRequest,
+        registers: pb.LabelSet,
+    ) -> pb.AppendResponse | None:
+        """`_append_whole`'s content and commit (its caller holds the spool)."""
+        rs, spec = journal.rspool, res.spec
+        assert rs is not None and spec is not None
+        begin, codec = rs.end, rs.codec
+        may_write = journal_spec_flags_allow_write(spec)
+        limiters = [journal.limiter, self.limits.global_limiter]
+        requests = [sync]
+        committing = False
+        total_chunks = delayed_chunks = 0
+        for req in whole:
+            error = _chunk_error(req, committing)
+            if error is not None:
+                raise error
+            content = req.content
+            size = len(content)
+            if not size:
+                committing = True
+                continue
+            if not may_write:
+                return pb.AppendResponse(status=pb.NOT_ALLOWED, header=res.header)
+            total_chunks += 1
+            if await throttle(limiters, size):
+                delayed_chunks += 1
+            delta = rs.delta
+            requests.append(pb.ReplicateRequest(content=content, content_delta=delta))
+            await rs.apply_content(content, delta)
+        if not committing:
+            raise AppendAborted(grpc.StatusCode.ABORTED, _NO_COMMIT)
+
+        proposal = rs.next_fragment()
+        new_registers = update_registers(
+            registers,
+            union=first.union_registers if first.HasField("union_registers") else None,
+            subtract=first.subtract_registers if first.HasField("subtract_registers") else None,
+        )
+        assert rs.pending is not None
+        commit = pb.Fragment(
+            journal=journal.name, begin=begin, end=begin + rs.delta, compression_codec=codec
+        )
+        commit.sum.CopyFrom(sha1sum_from_digest(rs.pending.sha.digest()))
+        if self.session is not None and not self.session.lease_alive():
+            raise AppendAborted(
+                grpc.StatusCode.UNAVAILABLE, "etcd lease may have expired; refusing to confirm"
+            )
+        # Committed here first, then at the peer, whose commit confirms it (a route of two:
+        # `Pipeline.propose_confirmed_commit`). Until the peer answers, it lies above our
+        # confirmed frontier.
+        local = await rs.apply_proposal(proposal, new_registers, primary=True)
+        if local.status != pb.OK:
+            raise AppendAborted(
+                grpc.StatusCode.UNAVAILABLE, f"own spool refused its commit: {local}"
+            )
+        requests.append(
+            pb.ReplicateRequest(
+                header=sync.header, proposal=proposal, registers=new_registers, acknowledge=True
+            )
+        )
+        try:
+            answers = await replicate_whole(self.peers, endpoint, journal.name, requests)
+        except WholeUnserved:
+            self._replicates_streaming_only[endpoint] = time.monotonic() + STREAMING_ONLY_SECONDS
+            log.info("peer takes replication as streams only", extra={"endpoint": endpoint})
+            rs.cut_unconfirmed()
+            return None
+        except WholeRefused as exc:
+            log.info(
+                "whole replication refused; appending through a pipeline",
+                extra={"journal": journal.name, "error": str(exc)},
+            )
+            rs.cut_unconfirmed()
+            return None
+        except BaseException as exc:
+            # The peer may hold the commit, confirmed (its answer was lost, or we stopped
+            # waiting): in doubt, as after a pipeline broke with a self-confirming commit out.
+            rs.note_in_doubt(proposal.end, rs.confirmed or 0)
+            if isinstance(exc, WholeInDoubt):
+                raise AppendAborted(
+                    grpc.StatusCode.UNKNOWN,
+                    f"replication of {journal.name} failed while the append was being "
+                    f"confirmed; it may or may not have been committed: {exc}",
+                ) from exc
+            raise
+        if len(answers) != 2 or any(a.status != pb.OK for a in answers):
+            # The peer stopped at an answer that is not OK and applied nothing after it, the
+            # commit included. A pipeline's synchronisation deals with what it says (a peer
+            # ahead of us, a newer route).
+            rs.cut_unconfirmed()
+            return None
+        journal.confirm_through(proposal.end)
+        journal.replicated_whole_at = time.monotonic()
+        self.on_pipeline_open(journal)  # The pulser watches it (its flush interval).
+        return _response(res, commit, new_registers, total_chunks, delayed_chunks)
 
     async def _start_pipeline(self, journal: JournalRuntime, res: Resolution) -> ReadThrough | None:
         assert journal.rspool is not None and res.spec is not None
@@ -651,23 +908,10 @@ class ClusterAppends:
                 req = await receive()
                 if req is None:
                     if not committing:
-                        error = AppendAborted(
-                            grpc.StatusCode.ABORTED,
-                            "append stream ended without its final empty chunk; "
-                            "nothing was appended",
-                        )
+                        error = AppendAborted(grpc.StatusCode.ABORTED, _NO_COMMIT)
                     break
-                if committing:
-                    error = AppendAborted(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "expected end of stream after the empty chunk",
-                    )
-                    break
-                if req.journal or req.HasField("header") or req.offset:
-                    error = AppendAborted(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "only the first AppendRequest may carry options; later ones carry content",
-                    )
+                error = _chunk_error(req, committing)
+                if error is not None:
                     break
                 content = req.content  # Each read of a bytes field copies it: read it once.
                 size = len(content)

@@ -36,6 +36,8 @@ class JournalRuntime(Protocol):
     spool_lock: asyncio.Lock
     rspool: ReplicatedSpool | None
     replication: Pipeline | None  # The primary's open pipeline.
+    # When (monotonic) an append was last replicated whole, with no pipeline (`append_fsm`).
+    replicated_whole_at: float
     index: FragmentIndex
     limiter: RateLimiter
 

@@ -165,6 +165,7 @@ class Replica:
         self.spool_lock = asyncio.Lock()
         self.rspool: ReplicatedSpool | None = None
         self.replication: Pipeline | None = None  # The primary's pipeline, if open.
+        self.replicated_whole_at = float("-inf")  # Its last append replicated whole.
         self.readable_end: int | None = None
         # Closed spools whose end lies beyond `readable_end` (content in doubt a roll kept:
         # `ReplicatedSpool`), with whether the persister checks the store first: held back

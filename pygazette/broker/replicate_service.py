@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
@@ -57,38 +57,15 @@ async def serve_replicate(
         first = await anext(it)
     except StopAsyncIteration:
         return
-    _validate(first)
-    if not first.HasField("header") or not first.HasField("proposal"):
-        raise ReplicateAborted(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "expected the first ReplicateRequest to have a Header and a Proposal",
-        )
-    journal = first.proposal.journal
-    stream_route = first.header.route
-
-    while True:
-        try:
-            res = await resolver.resolve_journal(
-                journal, require_primary=False, may_proxy=False, proxy_header=first.header
-            )
-        except ResolveError as exc:
-            raise ReplicateAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
-        if res.status != pb.OK:
-            # As Gazette's replica answers, but without its Header: a ReplicateResponse
-            # carries one only with WRONG_ROUTE (Gazette's Validate refuses any other).
-            yield pb.ReplicateResponse(status=res.status)
-            return
-        if not routes_equivalent(res.route, stream_route):
-            yield pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=res.header)
-            return
-        replica = res.replica
-        assert replica is not None
-        if await acquire_or_invalidated(replica.spool_lock, res.invalidated):
-            break
-
+    taken = await _take_replica(first, resolver)
+    if isinstance(taken, pb.ReplicateResponse):
+        yield taken
+        return
+    replica = taken
     rs = replica.rspool
     assert rs is not None
-    watch = _RouteWatch(replica, resolver, journal, stream_route, first.header)
+    stream_route = first.header.route
+    watch = _RouteWatch(replica, resolver, first.proposal.journal, stream_route, first.header)
     pair = len(stream_route.members) == 2  # Commits may confirm themselves (`_apply`).
     try:
         req: pb.ReplicateRequest | None = first
@@ -102,16 +79,90 @@ async def serve_replicate(
                 # (its Validate refuses any other).
                 yield resp
             elif resp is not None and resp.status != pb.OK:
-                raise ReplicateAborted(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"no acknowledgement requested, but the proposal failed: "
-                    f"{pb.Status.Name(resp.status)}",
-                )
+                raise _unacknowledged_failure(resp)
             req = await watch.next(it)
     finally:
         watch.close()
         rs.rollback()
         replica.spool_lock.release()
+
+
+async def serve_replicate_whole(
+    requests: Sequence[pb.ReplicateRequest], resolver: ClusterResolver
+) -> list[pb.ReplicateResponse]:
+    """A Replicate stream's requests, whole (`PeerJournal.ReplicateWhole`): applied as the
+    stream would apply them, under the journal's spool lock throughout; the answers to
+    those asking for one, up to the first that is not OK (nothing after it is applied).
+    Content left uncommitted at the end is rolled back, as at the end of a stream."""
+    if not requests:
+        raise ReplicateAborted(grpc.StatusCode.INVALID_ARGUMENT, "expected ReplicateRequests")
+    first = requests[0]
+    taken = await _take_replica(first, resolver)
+    if isinstance(taken, pb.ReplicateResponse):
+        return [taken]
+    replica = taken
+    rs = replica.rspool
+    assert rs is not None
+    stream_route = first.header.route
+    watch = _RouteWatch(
+        replica, resolver, first.proposal.journal, stream_route, first.header, watching=False
+    )
+    pair = len(stream_route.members) == 2
+    out: list[pb.ReplicateResponse] = []
+    try:
+        for i, req in enumerate(requests):
+            if i:
+                watch.check(req)
+            resp = await _apply(replica, req, i == 0, pair=pair)
+            if req.acknowledge:
+                assert resp is not None
+                out.append(resp)
+                if resp.status != pb.OK:
+                    break
+            elif resp is not None and resp.status != pb.OK:
+                raise _unacknowledged_failure(resp)
+    finally:
+        rs.rollback()
+        replica.spool_lock.release()
+    return out
+
+
+async def _take_replica(
+    first: pb.ReplicateRequest, resolver: ClusterResolver
+) -> JournalRuntime | pb.ReplicateResponse:
+    """The replica a stream's first request is for, its spool lock taken; or the answer
+    refusing the stream (this broker is not a member of an equivalent route)."""
+    _validate(first)
+    if not first.HasField("header") or not first.HasField("proposal"):
+        raise ReplicateAborted(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "expected the first ReplicateRequest to have a Header and a Proposal",
+        )
+    journal = first.proposal.journal
+    while True:
+        try:
+            res = await resolver.resolve_journal(
+                journal, require_primary=False, may_proxy=False, proxy_header=first.header
+            )
+        except ResolveError as exc:
+            raise ReplicateAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        if res.status != pb.OK:
+            # As Gazette's replica answers, but without its Header: a ReplicateResponse
+            # carries one only with WRONG_ROUTE (Gazette's Validate refuses any other).
+            return pb.ReplicateResponse(status=res.status)
+        if not routes_equivalent(res.route, first.header.route):
+            return pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=res.header)
+        replica = res.replica
+        assert replica is not None
+        if await acquire_or_invalidated(replica.spool_lock, res.invalidated):
+            return replica
+
+
+def _unacknowledged_failure(resp: pb.ReplicateResponse) -> ReplicateAborted:
+    return ReplicateAborted(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"no acknowledgement requested, but the proposal failed: {pb.Status.Name(resp.status)}",
+    )
 
 
 async def _apply(
@@ -181,7 +232,10 @@ class _RouteWatch:
         journal: str,
         stream_route: pb.Route,
         header: pb.Header,
+        *,
+        watching: bool = True,
     ) -> None:
+        """With `watching` False, no watcher task: the caller `check`s before each request."""
         self.replica = replica
         self.resolver = resolver
         self.journal = journal
@@ -194,7 +248,11 @@ class _RouteWatch:
         self._route_matches = False
         self._receiving = False
         self._task = asyncio.current_task()
-        self._watcher = asyncio.create_task(self._watch(), name=f"replicate-watch:{journal}")
+        self._watcher = (
+            asyncio.create_task(self._watch(), name=f"replicate-watch:{journal}")
+            if watching
+            else None
+        )
 
     def _check(self) -> ReplicateAborted | None:
         if self.replica.stopping:
@@ -240,8 +298,17 @@ class _RouteWatch:
         _validate(req, self.header)
         return req
 
+    def check(self, req: pb.ReplicateRequest) -> None:
+        """Before applying `req`, a later request of a whole stream: raise if the stream is
+        stale, or `req` is invalid."""
+        stale = self._check()
+        if stale is not None:
+            raise stale
+        _validate(req, self.header)
+
     def close(self) -> None:
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 def _validate(req: pb.ReplicateRequest, known: pb.Header | None = None) -> None:

@@ -8,7 +8,8 @@ under the family's own name). The status label is Gazette's: "ok", the response'
 `protocol.Status` name when it is not OK (a Read's first response, an Append's response…),
 or "<error>" when the RPC failed with a gRPC error. An append a peer proxies whole
 (`pygazette.PeerJournal/AppendWhole`) counts as an Append, as the proxied stream it replaces
-counts at Gazette's primary.
+counts at Gazette's primary, and a replication a primary sends whole
+(`pygazette.PeerJournal/ReplicateWhole`) as a Replicate.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ else:
 
 SERVICE_PREFIX = "/protocol.Journal/"
 # Methods of other services counted as the Journal operation they stand for.
-OTHER_OPERATIONS = {"/pygazette.PeerJournal/AppendWhole": "Append"}
+OTHER_OPERATIONS = {
+    "/pygazette.PeerJournal/AppendWhole": "Append",
+    "/pygazette.PeerJournal/ReplicateWhole": "Replicate",
+}
 STARTED = "gazette_journal_server_started_totals"
 COMPLETED = "gazette_journal_server_completed_totals"
 _STARTED_HELP = "Total number of started JournalServer RPC invocations, by operation."

@@ -50,6 +50,7 @@ from pygazette.protocol.validation import (
     validate_list_response,
     validate_read_response,
     validate_replicate_response,
+    validate_whole_replicate_response,
 )
 
 __all__ = [
@@ -162,6 +163,10 @@ CHECKS: dict[str, tuple[type[StreamCheck], str]] = {
     J + "Append": (_single(validate_append_response), "AppendResponse"),
     "/pygazette.PeerJournal/AppendWhole": (_single(validate_append_response), "AppendResponse"),
     J + "Replicate": (_single(validate_replicate_response), "ReplicateResponse"),
+    "/pygazette.PeerJournal/ReplicateWhole": (
+        _single(validate_whole_replicate_response),
+        "WholeReplicateResponse",
+    ),
     J + "List": (ListCheck, "ListResponse"),
     J + "Apply": (_single(validate_apply_response), "ApplyResponse"),
     J + "ListFragments": (_single(validate_fragments_response), "FragmentsResponse"),

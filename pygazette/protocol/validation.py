@@ -21,6 +21,7 @@ from google.protobuf import duration_pb2
 
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.labels import META_LABEL_NAME, META_LABEL_PREFIX, label_values
+from pygazette.protocol.pb import peer_pb2 as ppb
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.retention_bytes import validate_retention_bytes_label
 
@@ -970,6 +971,21 @@ def validate_replicate_response(resp: pb.ReplicateResponse) -> None:
         raise ValidationError("unexpected Fragment")
     elif resp.HasField("registers"):
         raise ValidationError("unexpected Registers")
+
+
+def validate_whole_replicate_response(resp: ppb.WholeReplicateResponse) -> None:
+    """A peer's answers to a whole replication (`pygazette.PeerJournal/ReplicateWhole`): each a
+    valid ReplicateResponse, and none but the last other than OK (the peer stops there)."""
+    last = len(resp.responses) - 1
+    for i, r in enumerate(resp.responses):
+        try:
+            validate_replicate_response(r)
+        except ValidationError as err:
+            raise err.extend(f"Responses[{i}]") from None
+        if r.status != pb.OK and i != last:
+            raise ValidationError(f"Responses[{i}]: not OK, yet followed by more")
+    if resp.refused and last >= 0 and resp.responses[last].status != pb.OK:
+        raise ValidationError("unexpected Refused after a response that is not OK")
 
 
 def validate_list_request(req: pb.ListRequest) -> None:

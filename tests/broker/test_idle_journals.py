@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pygazette.broker import pulser
+from pygazette.broker import append_fsm, pulser
 from pygazette.broker.allocation import assignments_advertise, route_of
 from pygazette.broker.server import Broker
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -128,8 +128,23 @@ async def test_idle_journals_hold_no_tasks_or_streams(
     idle_tasks = len(asyncio.all_tasks())
     assert idle_tasks - baseline < 60, sorted(t.get_name() for t in asyncio.all_tasks())
 
-    # Appends open pipelines (and streams on the peer)...
+    # An append to a journal without a pipeline is replicated whole, in one call to its
+    # peer (`whole_replication`): no pipeline, stream or task stays behind it...
     written = names[:20]
+    for name in written:
+        resp = await append(cluster.stub(0), name, b"hello\n")
+        assert resp.status == pb.OK, pb.Status.Name(resp.status)
+    assert not any(r.replication for b in brokers for r in b.resolver.replicas.values())
+    assert tasks_of_journals() == []
+    active = [n for b in brokers if b.member is not None for n in b.member.pulser.active]
+    assert sorted(active) == sorted(written)
+    for b in brokers:
+        assert b.member is not None
+        await b.member.pulser.sweep()
+        assert b.member.pulser.active == frozenset()
+
+    # ...while appends that follow one another open pipelines (and streams on the peer)...
+    monkeypatch.setattr(append_fsm, "WHOLE_QUIET_SECONDS", 3600.0)
     for name in written:
         resp = await append(cluster.stub(0), name, b"hello\n")
         assert resp.status == pb.OK, pb.Status.Name(resp.status)
@@ -158,7 +173,7 @@ async def test_idle_journals_hold_no_tasks_or_streams(
     # An append works again after its pipeline closed.
     resp = await append(cluster.stub(1), written[0], b"again\n")
     assert resp.status == pb.OK
-    assert resp.commit.begin == len(b"hello\n")
+    assert resp.commit.begin == 2 * len(b"hello\n")
 
 
 async def test_a_spool_rolls_at_its_flush_interval_without_another_append(

@@ -11,6 +11,7 @@ from google.protobuf.duration_pb2 import Duration
 from pygazette.protocol import validation as v
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import peer_pb2 as ppb
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 
@@ -707,6 +708,28 @@ def test_replicate_cases() -> None:
     v.validate_replicate_response(resp)
     resp.status = pb.OK
     assert fails(v.validate_replicate_response, resp) == "unexpected Fragment"
+
+
+def test_whole_replicate_response() -> None:
+    ok = pb.ReplicateResponse(status=pb.OK)
+    mismatch = pb.ReplicateResponse(
+        status=pb.PROPOSAL_MISMATCH,
+        fragment=pb.Fragment(journal="a/journal", compression_codec=pb.NONE),
+        registers=pb.LabelSet(),
+    )
+    v.validate_whole_replicate_response(ppb.WholeReplicateResponse(responses=[ok, ok]))
+    v.validate_whole_replicate_response(ppb.WholeReplicateResponse(responses=[ok, mismatch]))
+    v.validate_whole_replicate_response(ppb.WholeReplicateResponse(responses=[ok], refused="x"))
+    resp = ppb.WholeReplicateResponse(responses=[mismatch, ok])
+    assert fails(v.validate_whole_replicate_response, resp) == (
+        "Responses[0]: not OK, yet followed by more"
+    )
+    resp = ppb.WholeReplicateResponse(responses=[mismatch], refused="why")
+    assert fails(v.validate_whole_replicate_response, resp) == (
+        "unexpected Refused after a response that is not OK"
+    )
+    resp = ppb.WholeReplicateResponse(responses=[ok, pb.ReplicateResponse(status=pb.WRONG_ROUTE)])
+    assert fails(v.validate_whole_replicate_response, resp) == "Responses[1]: expected Header"
 
 
 def test_list_request_and_response() -> None:

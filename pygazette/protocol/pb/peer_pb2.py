@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pygazette.protocol.pb import protocol_pb2 as pygazette_dot_protocol_dot_pb_dot_protocol__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n pygazette/protocol/pb/peer.proto\x12\tpygazette\x1a$pygazette/protocol/pb/protocol.proto\"8\n\x0bWholeAppend\x12)\n\x08requests\x18\x01 \x03(\x0b\x32\x17.protocol.AppendRequest2N\n\x0bPeerJournal\x12?\n\x0b\x41ppendWhole\x12\x16.pygazette.WholeAppend\x1a\x18.protocol.AppendResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n pygazette/protocol/pb/peer.proto\x12\tpygazette\x1a$pygazette/protocol/pb/protocol.proto\"8\n\x0bWholeAppend\x12)\n\x08requests\x18\x01 \x03(\x0b\x32\x17.protocol.AppendRequest\">\n\x0eWholeReplicate\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.protocol.ReplicateRequest\"Y\n\x16WholeReplicateResponse\x12.\n\tresponses\x18\x01 \x03(\x0b\x32\x1b.protocol.ReplicateResponse\x12\x0f\n\x07refused\x18\x02 \x01(\t2\x9e\x01\n\x0bPeerJournal\x12?\n\x0b\x41ppendWhole\x12\x16.pygazette.WholeAppend\x1a\x18.protocol.AppendResponse\x12N\n\x0eReplicateWhole\x12\x19.pygazette.WholeReplicate\x1a!.pygazette.WholeReplicateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WHOLEAPPEND']._serialized_start=85
   _globals['_WHOLEAPPEND']._serialized_end=141
-  _globals['_PEERJOURNAL']._serialized_start=143
-  _globals['_PEERJOURNAL']._serialized_end=221
+  _globals['_WHOLEREPLICATE']._serialized_start=143
+  _globals['_WHOLEREPLICATE']._serialized_end=205
+  _globals['_WHOLEREPLICATERESPONSE']._serialized_start=207
+  _globals['_WHOLEREPLICATERESPONSE']._serialized_end=296
+  _globals['_PEERJOURNAL']._serialized_start=299
+  _globals['_PEERJOURNAL']._serialized_end=457
 # @@protoc_insertion_point(module_scope)

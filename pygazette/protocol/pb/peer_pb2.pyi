@@ -12,3 +12,17 @@ class WholeAppend(_message.Message):
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[_protocol_pb2.AppendRequest]
     def __init__(self, requests: _Optional[_Iterable[_Union[_protocol_pb2.AppendRequest, _Mapping]]] = ...) -> None: ...
+
+class WholeReplicate(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[_protocol_pb2.ReplicateRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[_protocol_pb2.ReplicateRequest, _Mapping]]] = ...) -> None: ...
+
+class WholeReplicateResponse(_message.Message):
+    __slots__ = ("responses", "refused")
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[_protocol_pb2.ReplicateResponse]
+    refused: str
+    def __init__(self, responses: _Optional[_Iterable[_Union[_protocol_pb2.ReplicateResponse, _Mapping]]] = ..., refused: _Optional[str] = ...) -> None: ...

@@ -40,6 +40,11 @@ class PeerJournalStub:
                 request_serializer=pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeAppend.SerializeToString,
                 response_deserializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.AppendResponse.FromString,
                 _registered_method=True)
+        self.ReplicateWhole = channel.unary_unary(
+                '/pygazette.PeerJournal/ReplicateWhole',
+                request_serializer=pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeReplicate.SerializeToString,
+                response_deserializer=pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeReplicateResponse.FromString,
+                _registered_method=True)
 
 
 class PeerJournalServicer:
@@ -54,6 +59,15 @@ class PeerJournalServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateWhole(self, request, context):
+        """Replicate in one message: what a primary sends the peer of a route of two
+        when an append finds no pipeline open. Applied under the replica's spool
+        lock as a Replicate stream carrying those requests, which then ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerJournalServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +75,11 @@ def add_PeerJournalServicer_to_server(servicer, server):
                     servicer.AppendWhole,
                     request_deserializer=pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeAppend.FromString,
                     response_serializer=pygazette_dot_protocol_dot_pb_dot_protocol__pb2.AppendResponse.SerializeToString,
+            ),
+            'ReplicateWhole': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicateWhole,
+                    request_deserializer=pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeReplicate.FromString,
+                    response_serializer=pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeReplicateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +109,33 @@ class PeerJournal:
             '/pygazette.PeerJournal/AppendWhole',
             pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeAppend.SerializeToString,
             pygazette_dot_protocol_dot_pb_dot_protocol__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateWhole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pygazette.PeerJournal/ReplicateWhole',
+            pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeReplicate.SerializeToString,
+            pygazette_dot_protocol_dot_pb_dot_peer__pb2.WholeReplicateResponse.FromString,
             options,
             channel_credentials,
             insecure,
