@@ -4,9 +4,12 @@ test. Servers check their responses (PYGAZETTE_CHECK_RESPONSES=1, set for the wh
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,46 @@ os.environ["PYGAZETTE_CHECK_RESPONSES"] = "1"
 # can take longer than Hypothesis's default 200 ms deadline without anything being wrong.
 settings.register_profile("pygazette", deadline=None)
 settings.load_profile("pygazette")
+
+
+# grpc.aio ends an RPC cancelled on the client (a reader closed, a channel closed) a moment
+# later: gRPC's core hands the call's final status to the loop that made it, through one
+# poller shared by every event loop of the process. A test's loop closed before then leaves
+# that delivery to another loop still running (the Spark runtime's, a sync client's), which
+# fails it: "Event loop is closed", logged from that loop during some later test. So an async
+# test's loop closes only once the RPCs it cancelled have ended (each task below ends when
+# its call's status arrives: milliseconds after the cancellation, or never for a call still
+# open on a channel left open, hence the bound).
+GRPC_CALLS_END_SECONDS = 2.0
+
+
+def _grpc_calls_ending() -> list[asyncio.Task[object]]:
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "") == "_AioCall._handle_status_once_received"
+    ]
+
+
+@pytest.fixture
+async def _grpc_calls_ended() -> AsyncIterator[None]:
+    yield
+    if ending := _grpc_calls_ending():
+        _done, still = await asyncio.wait(ending, timeout=GRPC_CALLS_END_SECONDS)
+        if still:
+            warnings.warn(
+                f"{len(still)} gRPC call(s) still open as the test's event loop closes: "
+                "close their channels (or servers) first",
+                stacklevel=1,
+            )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Async tests tear `_grpc_calls_ended` down last, just before their loop closes."""
+    for item in items:
+        if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
+            if "_grpc_calls_ended" not in item.fixturenames:
+                item.fixturenames.insert(0, "_grpc_calls_ended")
 
 
 @pytest.fixture
