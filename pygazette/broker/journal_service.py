@@ -33,6 +33,7 @@ from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.fragment.cover_set import CoverSet
 from pygazette.broker.fragment.path_postfix import check_apply_request
 from pygazette.broker.fragment.spool import InsufficientStorage
+from pygazette.broker.invalidation import first_listing_or_invalidated
 from pygazette.broker.metrics import ReadMeter
 from pygazette.broker.peers import Peers, PeerUnavailable
 from pygazette.broker.read_service import PeerRead, serve_local_read, serve_read
@@ -429,13 +430,18 @@ class JournalService(pb_grpc.JournalServicer):
                 return resp
             replica = res.replica
             header = res.header
+            invalidated = res.invalidated
         else:
             replica = self.resolver.resolve(request.journal)
+            invalidated = None if replica is None else replica.invalidated
         if replica is None:
             return pb.FragmentsResponse(
                 status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
             )
-        if failure := await replica.await_first_listing():
+        failure = await first_listing_or_invalidated(replica, invalidated)
+        if failure is None:  # No listing of a replica that stopped meanwhile ever comes.
+            failure = f"{request.journal} moved or was deleted meanwhile; ask again"
+        if failure:
             await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
         # Local spools as readers may see them (in cluster mode, the open one only up to
         # what every replica confirmed: `Spool.readable_fragment`), joined with persisted

@@ -25,6 +25,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from pygazette.broker.fragment.spool import Spool
+from pygazette.broker.invalidation import first_listing_or_invalidated
 from pygazette.broker.metrics import ReadMeter
 from pygazette.broker.replica import Replica
 from pygazette.broker.resolver import Resolver
@@ -103,8 +104,14 @@ async def serve_local_read(
     replica stopped: the journal was deleted), so the client resolves the journal again and
     goes on from where it was.
     """
-    if req.offset == -1 and (failure := await replica.await_first_listing()):
-        raise StoreError(failure)  # The write head isn't known without the stores.
+    if req.offset == -1:
+        # The write head isn't known without the stores. (No listing of a replica that
+        # stopped meanwhile ever comes: the stream ends, as at the head below.)
+        failure = await first_listing_or_invalidated(replica, invalidated)
+        if failure is None:
+            return
+        if failure:
+            raise StoreError(failure)
 
     header: pb.Header | None = first_header
     if req.offset == -1 and replica.rspool is not None:
@@ -124,7 +131,10 @@ async def serve_local_read(
         frag, spool, offset = replica.index.query(offset, begin_mod_time=req.begin_mod_time)
         if spool is None and not replica.index.first_refresh_done.is_set():
             # Only local spools are known yet: wait for the stores before answering.
-            if failure := await replica.await_first_listing():
+            failure = await first_listing_or_invalidated(replica, invalidated)
+            if failure is None:
+                return
+            if failure:
                 raise StoreError(failure)
             continue
         if (

@@ -1,4 +1,5 @@
-"""An append waiting for its journal's first store listing ends when the replica stops.
+"""An append (or read, or fragment listing) waiting for its journal's first store listing
+ends when the replica stops.
 
 A replica knows its journal's write head only once its stores were listed, so an append
 waits for that first listing (giving up after a few failed ones). If the replica stops
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -42,6 +44,8 @@ class Listings:
         self.mode = mode
         self.released = asyncio.Event()
         self.waiting = asyncio.Event()
+        self.waiters = 0  # RPCs that waited for a first listing.
+        self.another = asyncio.Event()  # Set (and replaced) as one more does.
         wait_listing = Replica.await_first_listing
 
         async def list_stores(replica: Replica) -> list[pb.Fragment]:
@@ -50,31 +54,68 @@ class Listings:
             raise StoreError("store unreachable (test)")
 
         async def await_first_listing(replica: Replica, *args: int) -> str:
+            self.waiters += 1
             self.waiting.set()
+            self.another.set()
+            self.another = asyncio.Event()
             return await wait_listing(replica, *args)
 
         monkeypatch.setattr(Replica, "list_stores", list_stores)
         monkeypatch.setattr(Replica, "await_first_listing", await_first_listing)
 
 
+async def _read(stub: pb_grpc.JournalStub) -> pb.ReadResponse:
+    """A non-blocking read of JOURNAL from its write head: its last response (an empty
+    one if the stream ended without any)."""
+    last = pb.ReadResponse()
+    async for resp in stub.Read(pb.ReadRequest(journal=JOURNAL, offset=-1), timeout=30):
+        last = resp
+    return last
+
+
+async def _list_fragments(stub: pb_grpc.JournalStub) -> pb.FragmentsResponse:
+    resp: pb.FragmentsResponse = await stub.ListFragments(
+        pb.FragmentsRequest(journal=JOURNAL), timeout=30
+    )
+    return resp
+
+
 async def _waiting_append(
-    stub: pb_grpc.JournalStub, listings: Listings
-) -> asyncio.Future[pb.AppendResponse]:
-    """An append of JOURNAL, once it waits for the journal's first listing (in a cluster,
-    appended again while the journal has no primary yet)."""
+    stub: pb_grpc.JournalStub,
+    listings: Listings,
+    rpc: Callable[[pb_grpc.JournalStub], Awaitable[Any]] | None = None,
+) -> asyncio.Future[Any]:
+    """An append of JOURNAL (or `rpc`), once it waits for the journal's first listing (in a
+    cluster, sent again while the journal has no primary yet)."""
     deadline = asyncio.get_running_loop().time() + BOUND
     while True:
-        pending = asyncio.ensure_future(append(stub, JOURNAL, b"hello\n"))
+        if rpc is None:
+            pending = asyncio.ensure_future(append(stub, JOURNAL, b"hello\n"))
+        else:
+            pending = asyncio.ensure_future(rpc(stub))
         waiting = asyncio.ensure_future(listings.waiting.wait())
         await asyncio.wait([pending, waiting], return_when=asyncio.FIRST_COMPLETED, timeout=BOUND)
         waiting.cancel()
         if listings.waiting.is_set() or not pending.done():
             break
-        assert pending.result().status == pb.NO_JOURNAL_PRIMARY_BROKER, pending.result()
+        unassigned = (pb.NO_JOURNAL_PRIMARY_BROKER, pb.INSUFFICIENT_JOURNAL_BROKERS)
+        assert pending.result().status in unassigned, pending.result()
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.05)  # The allocator assigns the new journal.
     assert listings.waiting.is_set() and not pending.done(), pending
     return pending
+
+
+async def _second_waiting(
+    stub: pb_grpc.JournalStub, listings: Listings
+) -> asyncio.Future[pb.FragmentsResponse]:
+    """A fragment listing of JOURNAL, once it waits for the first listing too."""
+    another = asyncio.ensure_future(listings.another.wait())
+    listing = asyncio.ensure_future(_list_fragments(stub))
+    await asyncio.wait([listing, another], return_when=asyncio.FIRST_COMPLETED, timeout=BOUND)
+    another.cancel()
+    assert listings.waiters == 2 and not listing.done(), listing
+    return listing
 
 
 async def _delete(stub: pb_grpc.JournalStub) -> None:
@@ -82,8 +123,8 @@ async def _delete(stub: pb_grpc.JournalStub) -> None:
     assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
 
 
-async def _ends(pending: Awaitable[pb.AppendResponse]) -> pb.AppendResponse | grpc.StatusCode:
-    """The append's response, or the status it failed with; within BOUND seconds."""
+async def _ends(pending: Awaitable[Any]) -> Any:
+    """The RPC's response, or the status it failed with; within BOUND seconds."""
     try:
         async with asyncio.timeout(BOUND):
             return await pending
@@ -205,3 +246,39 @@ async def test_cluster_append_ends_when_the_broker_stops(
     assert resp == grpc.StatusCode.UNAVAILABLE, resp
     async with asyncio.timeout(BOUND):
         await stopping
+
+
+@pytest.mark.parametrize("mode", ["block", "fail"])
+async def test_single_node_read_and_listing_end_when_their_journal_is_deleted(
+    single_node: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    # Reads from the write head, and fragment listings, wait for the first listing too.
+    listings = Listings(monkeypatch, mode)
+    _broker, stub = await single_node(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    reading = await _waiting_append(stub, listings, _read)
+    listing = await _second_waiting(stub, listings)
+    await _delete(stub)
+    read = await _ends(reading)
+    assert isinstance(read, pb.ReadResponse) and read.status in (pb.OK, pb.JOURNAL_NOT_FOUND)
+    assert not read.content and not read.HasField("fragment"), read  # The stream just ended.
+    assert await _ends(listing) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+
+
+@pytest.mark.slow
+async def test_cluster_read_and_listing_end_when_their_journal_is_deleted(
+    clustered: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listings = Listings(monkeypatch, "block")
+    _broker, stub = await clustered(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    reading = await _waiting_append(stub, listings, _read)
+    listing = await _second_waiting(stub, listings)
+    await _delete(stub)
+    read = await _ends(reading)
+    assert isinstance(read, pb.ReadResponse) and read.status in (pb.OK, pb.JOURNAL_NOT_FOUND)
+    assert not read.content and not read.HasField("fragment"), read
+    assert await _ends(listing) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
