@@ -622,14 +622,19 @@ class ClusterAppends:
             return ReadThrough(0)
         rs = journal.rspool
         try:
-            # Synchronise as a new pipeline does (`_start_pipeline`): a spool holding content
-            # rolls, so every member starts the next fragment at the same offset. Here first,
-            # at the peer in the same call.
-            roll_to = rs.end if rs.end > rs.begin else 0
+            # The preconditions first: with no pipeline, our spool is as every member's
+            # (nothing unconfirmed: `_whole_peer`), and a peer that disagrees answers PROPOSAL_
+            # MISMATCH, which sends the append to a pipeline (that synchronises, then checks).
+            checked = await self._preconditions(first, res, journal, None, pulse=False)
+            if not isinstance(checked, _Checked):
+                return checked
+            # Synchronise as a new pipeline does (`_start_pipeline`), proposing our fragment,
+            # or the roll this append starts with (`_stream`; all of it is confirmed). Here
+            # first, at the peer in the same call.
             proposal = roll_proposal(
-                rs.fragment(), rs.first_append_time, roll_to, res.spec.fragment, time.time()
+                rs.fragment(), rs.first_append_time, checked.roll_to, res.spec.fragment, time.time()
             )
-            local = await rs.apply_proposal(proposal, _copy(rs.registers), primary=True)
+            local = await rs.apply_proposal(proposal, _copy(checked.registers), primary=True)
             if local.status != pb.OK:
                 return None
             header = _copy_header(res.header)
@@ -641,15 +646,6 @@ class ClusterAppends:
                 acknowledge=True,
                 deprecated_journal=journal.name,
             )
-            checked = await self._preconditions(first, res, journal, None, pulse=False)
-            if not isinstance(checked, _Checked):
-                return checked
-            frag = rs.fragment()
-            again = roll_proposal(
-                frag, rs.first_append_time, checked.roll_to, res.spec.fragment, time.time()
-            )
-            if not fragments_equal(again, frag):
-                return None  # It rolls again first (`_stream`): through a pipeline.
             return await self._commit_whole(
                 first, whole, res, journal, endpoint, sync, checked.registers
             )
@@ -772,8 +768,12 @@ class ClusterAppends:
             rs.cut_unconfirmed(keep_in_doubt=True)
         pln = self._new_pipeline(journal, res)
         try:
-            # Roll on a route change: every member starts the next fragment at the same offset.
-            roll_to = rs.end if rs.end > rs.begin else 0
+            # Propose our fragment (rolled if it is due, `roll_proposal`), as Gazette's first
+            # sync does: members holding exactly it (the route's, when its pipeline closed
+            # idle) take it and the journal goes on in the same spool. A member that doesn't
+            # (a new one, after a route change) rolls to our end and answers with an empty
+            # fragment there, and the next round rolls every member there.
+            roll_to = 0
             registers = _copy(rs.registers)
             for attempt in range(MAX_SYNC_ROUNDS):
                 if attempt:
