@@ -5,9 +5,11 @@ are quoted when they contain a comma, a quote, CR or LF, or begin with white spa
 records end with "\\n". A quoted field may span lines, so frames are found by tracking
 quotes, not just newlines. Messages are lists of strings.
 
-A record ends at the first newline outside quotes: one after an even number of quote
-characters since the record began (in valid CSV a quote opens a field, closes it, or is
-doubled inside it). An empty line, or one holding only the CR of a CRLF, is blank: Go's
+Records end where Go's csv.Reader ends them: at the first newline outside a quoted field
+(one that begins with a quote). A quote anywhere else (a bare quote), or text after a quoted
+field's closing quote, makes that record invalid, and it ends with its line: the records
+after it are read on, as Go's reader does (they are not taken into it as if it had opened a
+quoted field). An empty line, or one holding only the CR of a CRLF, is blank: Go's
 csv.Reader skips it, and so do readers here.
 """
 
@@ -59,6 +61,41 @@ def format_record(fields: Sequence[str]) -> str:
     return ",".join(out) + "\n"
 
 
+def record_end(data: bytes, pos: int) -> int:
+    """Offset of the LF ending the record at `pos`, found as Go's csv.Reader does, or -1
+    if `data` ends first. A quoted field is one that begins with a quote; a quote anywhere
+    else is a bare quote (an error of that record alone, which ends at its line's end), as
+    is text after a quoted field's closing quote."""
+    n = len(data)
+    while True:  # At the start of a field.
+        if data[pos : pos + 1] != QUOTE:
+            nl = data.find(LINE_DELIMITER, pos)
+            stop = nl if nl >= 0 else n
+            comma = data.find(b",", pos, stop)
+            if comma < 0 or data.find(QUOTE, pos, comma) >= 0:
+                return nl  # The record's last field, or a bare quote (Go's ErrBareQuote).
+            pos = comma + 1
+            continue
+        pos += 1
+        while True:  # Within a quoted field.
+            quote = data.find(QUOTE, pos)
+            if quote < 0 or quote + 1 >= n:
+                return -1  # Its end (or what follows it) is not here yet.
+            after = data[quote + 1 : quote + 2]
+            if after == QUOTE:
+                pos = quote + 2  # An escaped quote.
+            elif after == b",":
+                pos = quote + 2
+                break
+            elif after == LINE_DELIMITER:
+                return quote + 1
+            elif after == CARRIAGE_RETURN and data[quote + 2 : quote + 3] in (LINE_DELIMITER, b""):
+                # A CRLF line end (Go's reader reads it as LF), or not known yet.
+                return quote + 2 if quote + 2 < n else -1
+            else:
+                return data.find(LINE_DELIMITER, quote + 1)  # Go's ErrQuote.
+
+
 class CSVFraming(Framing):
     """RFC 4180 CSV records, UUID in the first column."""
 
@@ -91,19 +128,20 @@ class CSVFraming(Framing):
         if QUOTE not in data:
             return lines, sum(len(x) + 1 for x in lines)
         frames: list[bytes] = []
-        consumed = 0
-        pending: list[bytes] = []
-        in_quotes = False
+        pos = 0  # Where the next record begins.
+        start = 0  # Where the line begins.
         for line in lines:
-            pending.append(line)
-            if line.count(QUOTE) % 2:
-                in_quotes = not in_quotes
-            if not in_quotes:
-                record = LINE_DELIMITER.join(pending)
-                frames.append(record)
-                consumed += len(record) + 1
-                pending = []
-        return frames, consumed
+            begin, start = start, start + len(line) + 1
+            if begin < pos:
+                continue  # A line of the last record (a quoted field spans lines).
+            end = begin + len(line)  # Its LF.
+            if QUOTE in line:
+                end = record_end(data, begin)
+                if end < 0:
+                    break  # Within a quoted field: the record is incomplete.
+            frames.append(data[begin:end])
+            pos = end + 1
+        return frames, pos
 
     def is_blank(self, payload: bytes) -> bool:
         return not payload or payload == CARRIAGE_RETURN

@@ -8,7 +8,9 @@ the message layer's (`pygazette.message`), which this module applies in bulk:
   JSON white space only is blank, not a record (`JSONFraming.is_blank`).
 - ``csv``: RFC 4180 rows ending with ``\\n`` outside quotes (a quoted field may hold
   newlines; `csv_framing.QUOTE`); an empty line, or a lone CR, is blank
-  (`CSVFraming.is_blank`, as Go's ``encoding/csv`` that Gazette uses).
+  (`CSVFraming.is_blank`, as Go's ``encoding/csv`` that Gazette uses). A stray quote (not
+  one opening a field, closing it or escaped) makes its row invalid, and the row ends with
+  its line, as in Go's reader (`csv_framing.record_end`).
 - ``protobuf-fixed``: Gazette's fixed framing (`fixed_framing`: a header of the magic word
   ``66 33 93 36`` and a little-endian uint32 length before each message); a header that is
   not one (wrong word, implausible length) is a desynchronisation.
@@ -33,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pygazette.message.csv_framing import QUOTE, CSVFraming
+from pygazette.message.csv_framing import CARRIAGE_RETURN, QUOTE, CSVFraming
+from pygazette.message.csv_framing import record_end as csv_record_end
 from pygazette.message.fixed_framing import (
     FIXED_FRAME_HEADER_LENGTH,
     FixedFraming,
@@ -50,6 +53,11 @@ if TYPE_CHECKING:
 
 _NEWLINE = LINE_DELIMITER[0]
 _QUOTE = QUOTE[0]
+_CR = CARRIAGE_RETURN[0]
+# What may come before a quote opening a quoted field (a quote: an escaped quote's second
+# half), and after one closing it (CR: of a CRLF).
+_FIELD_START_AFTER = np.frombuffer(b',\n"', dtype=np.uint8)
+_FIELD_END_AT = np.frombuffer(b',\n"\r', dtype=np.uint8)
 
 
 class Framing(enum.Enum):
@@ -179,19 +187,49 @@ def _scan_newlines(buf: bytes, final: bool) -> RecordSpans:
     return _spans_from_ends(ends, len(buf), final)
 
 
+def _quotes_are_well_placed(arr: np.ndarray[Any, np.dtype[np.uint8]]) -> bool:
+    """Whether every quote of `arr` (which begins at a record boundary) opens a quoted field
+    at a field's start, closes one before a comma or line end, or is half of an escaped
+    quote: then the quotes before a newline are balanced iff it ends a record."""
+    quotes = np.flatnonzero(arr == _QUOTE)
+    if not len(quotes):
+        return True
+    size = len(arr)
+    opening, closing = quotes[0::2], quotes[1::2]
+    before = arr[np.maximum(opening - 1, 0)]
+    if not np.all((opening == 0) | np.isin(before, _FIELD_START_AFTER)):
+        return False
+    inside = closing[closing + 1 < size]
+    after = arr[inside + 1]
+    ok = np.isin(after, _FIELD_END_AT)
+    cr = inside[after == _CR]
+    ok[after == _CR] = (cr + 2 >= size) | (arr[np.minimum(cr + 2, size - 1)] == _NEWLINE)
+    return bool(np.all(ok))
+
+
 def _scan_csv(buf: bytes, final: bool) -> RecordSpans:
     arr = _as_array(buf)
     newlines = np.flatnonzero(arr == _NEWLINE)
-    if len(newlines):
+    if len(newlines) and _quotes_are_well_placed(arr):
         quotes = np.cumsum(arr == _QUOTE, dtype=np.int64)
         # A newline ends a record when the quotes before it are balanced.
         ends = newlines[(quotes[newlines] & 1) == 0]
+    elif len(newlines):
+        # A quote where Go's reader takes it for an error of its record (which then ends
+        # with its line), not for the start of a quoted field: its rules, record by record.
+        found: list[int] = []
+        pos = 0
+        while (end := csv_record_end(buf, pos)) >= 0:
+            found.append(end)
+            pos = end + 1
+        ends = np.asarray(found, dtype=np.int64)
     else:
         ends = newlines
     if final:
         tail = int(ends[-1]) + 1 if len(ends) else 0
-        if tail < len(buf) and np.count_nonzero(arr[tail:] == _QUOTE) % 2:
-            raise RecordError("CSV record ends inside a quoted field")
+        if tail < len(buf) and QUOTE in buf[tail:]:
+            if csv_record_end(buf[tail:] + LINE_DELIMITER, 0) < 0:
+                raise RecordError("CSV record ends inside a quoted field")
     return _spans_from_ends(ends, len(buf), final)
 
 

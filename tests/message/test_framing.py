@@ -172,6 +172,52 @@ def test_json_encoding_failure_is_a_clear_error() -> None:
         JSONFraming().marshal({"x": object()})
 
 
+# A line that is not valid CSV by Go's encoding/csv, yet opens no quoted field there: a quote
+# inside an unquoted field (ErrBareQuote), or text after a quoted field's closing quote
+# (ErrQuote). Go's reader fails that one record and reads on at the next line.
+_bad_csv_lines = st.sampled_from([b'u,a"b', b'u,"ab"c', b'"x"y,z', b'u,a"b"c"d', b'u,"a""b"c'])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(st.text(st.characters(blacklist_categories=["Cs"]), max_size=8), max_size=3),
+            _bad_csv_lines,
+        ),
+        max_size=8,
+    ),
+    st.lists(st.integers(0, 10**6), max_size=6),
+)
+@example([b'u,a"b', ["ok"], ["fine"]], [])
+def test_a_bad_csv_record_does_not_swallow_the_records_after_it(
+    items: list, cuts: list[int]
+) -> None:
+    """A CSV record with a stray quote is one bad record, as in Go's reader: the records
+    after it are read (they were taken into it, as if in a quoted field, up to the next line
+    of an odd number of quotes: lost in its error, or held for ever by a blocking reader)."""
+    text = UUIDFormatter(new_producer_id()).format(TICK, OUTSIDE_TXN)
+    data = b""
+    expect: list[tuple[int, int, list[str] | None]] = []
+    for item in items:
+        if isinstance(item, bytes):
+            frame, msg = item + b"\n", None
+        else:
+            msg = [text, *[f.replace("\r", "") for f in item]]
+            frame = CSVFraming().marshal(msg)
+        expect.append((len(data), len(data) + len(frame), msg))
+        data += frame
+    out = unpack(CSVFraming(), data, [c % (len(data) + 1) for c in cuts])
+    assert not [e for e in out if isinstance(e, PartialMessage)]
+    got = [(e.begin, e.end, e.message if isinstance(e, Envelope) else None) for e in out]
+    for begin, end, msg in expect:
+        if msg is not None:
+            assert (begin, end, msg) in got
+        else:  # The bad line alone: an error, or a message as Python's csv module reads it.
+            at = [g for g in got if g[0] == begin]
+            assert at and all(g[1] == end for g in at)
+
+
 # Fixed framing -----------------------------------------------------------------------------
 
 

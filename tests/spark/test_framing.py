@@ -303,8 +303,9 @@ csv_text = st.text(st.sampled_from('ab ,"\n\r\t\u00e9'), max_size=6)
 csv_lines = st.lists(
     st.lists(csv_text, min_size=1, max_size=4).map(lambda r: format_record(r).encode())
     | st.sampled_from([b"\n", b"\r\n", b"  \n", b"\r\r\n"])
-    # Lines Go's writer would not write: a quote opening a field mid-line, or left open.
-    | st.sampled_from([b'a"b\n', b'"\n', b'x,"y\n']),
+    # Lines Go's writer would not write: a stray quote mid-field or after a closing quote
+    # (an invalid row, ending with its line, as in Go's reader), or a quoted field left open.
+    | st.sampled_from([b'a"b\n', b'"\n', b'x,"y\n', b'"x"y,z\n', b'u,"a""b"\rc\n']),
     max_size=25,
 )
 
