@@ -49,8 +49,10 @@ class JSONFraming(Framing):
         decode: Callable[[Any], Any] | None = None,
         default: Callable[[Any], Any] | None = None,
     ) -> None:
-        """`decode` maps each decoded JSON value to a message; `default` encodes values
-        orjson does not know (as orjson's `default`)."""
+        """`decode` maps each decoded JSON value to a message (an exception it raises is a
+        MessageDecodeError of that frame; note that it also sees ACK_TXN messages, objects
+        holding only the UUID field); `default` encodes values orjson does not know (as
+        orjson's `default`)."""
         if not uuid_field:
             raise ValueError("empty UUID field name")
         self.uuid_field = uuid_field
@@ -140,7 +142,15 @@ class JSONFraming(Framing):
             value = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise MessageDecodeError(f"invalid JSON: {exc}") from None
-        return value if self.decode is None else self.decode(value)
+        if self.decode is None:
+            return value
+        try:
+            return self.decode(value)
+        except MessageDecodeError:
+            raise
+        except Exception as exc:
+            # An error of this frame alone (readers report it and read on), not of the read.
+            raise MessageDecodeError(f"decode failed: {exc!r}") from exc
 
     def envelopes(
         self,

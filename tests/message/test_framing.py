@@ -167,6 +167,20 @@ def test_json_errors_keep_offsets_and_unpacking_continues() -> None:
     assert isinstance(last, PartialMessage) and (last.begin, last.end) == (len(data) - 5, len(data))
 
 
+def test_a_decode_function_failing_on_a_frame_is_an_error_of_that_frame() -> None:
+    """A `decode` that raises (a record of another shape) fails its frame alone, as a
+    MessageDecodeError with its offsets: the exception escaped `Unpacker.feed`, and the
+    frames after it in the same read were skipped without a word (the next read restarted
+    the unpacker past them)."""
+    data = b'{"n":1}\n{"m":2}\n{"n":3}\n'
+    out = unpack(JSONFraming(decode=lambda v: v["n"] * 2), data)
+    assert [type(x).__name__ for x in out] == ["Envelope", "MessageDecodeError", "Envelope"]
+    assert [x.message for x in out if isinstance(x, Envelope)] == [2, 6]
+    bad = out[1]
+    assert isinstance(bad, MessageDecodeError) and (bad.begin, bad.end) == (8, 16)
+    assert "KeyError" in bad.detail
+
+
 def test_json_encoding_failure_is_a_clear_error() -> None:
     with pytest.raises(MessageDecodeError, match="cannot encode"):
         JSONFraming().marshal({"x": object()})
