@@ -264,8 +264,9 @@ def parse_uuid_text(text: str) -> tuple[bytes, int, int]:
         parts = _SUFFIXES.get(text[8:])
         if parts is not None:
             low = text[:8]
-            # int() would also take signs, white space, underscores and non-ASCII digits.
-            if low.isascii() and low.isalnum():
+            # int() would also take signs, white space, underscores, non-ASCII digits and a
+            # "0x" prefix.
+            if low.isascii() and low.isalnum() and low[1] not in "xX":
                 try:
                     ts_low = int(low, 16)
                 except ValueError:

@@ -7,9 +7,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
+from pygazette.message import uuid as uuid_module
 from pygazette.message.uuid import (
     ACK_TXN,
     CONTINUE_TXN,
@@ -183,3 +184,24 @@ def test_parsing_arbitrary_text_raises_only_value_error(text: str) -> None:
     ignored = (0xF << 76) | (0x3 << 62)
     rebuilt = build_uuid(producer, clock, flags).int
     assert rebuilt & ~ignored == uuid.UUID(text).int & ~ignored
+
+
+@given(st.text(st.sampled_from("0123456789abcdefABCDEFxXg _+-"), min_size=8, max_size=8))
+@example("0x01e23a")
+@example("0X01e23a")
+def test_parsing_does_not_depend_on_the_texts_parsed_before(low: str) -> None:
+    """The low 32 timestamp bits of a text whose other 28 characters were seen before are
+    parsed by a faster path, which took texts the full parse refuses ("0x01e23a-...")."""
+    valid = UUIDFormatter(new_producer_id()).format(12345 * TICK, OUTSIDE_TXN)
+    text = low + valid[8:]
+
+    def outcome() -> object:
+        try:
+            return parse_uuid_text(text)
+        except ValueError:
+            return ValueError
+
+    uuid_module._SUFFIXES.clear()
+    fresh = outcome()
+    parse_uuid_text(valid)
+    assert outcome() == fresh
