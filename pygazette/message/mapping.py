@@ -74,31 +74,39 @@ def partitions_of(source: WatchedList | PartitionsFunc | pb.ListResponse) -> Par
     return source
 
 
-class _Partitions:
-    """Derived data of the latest listing, recomputed only when the listing object changes."""
+class _Listing:
+    """Derived data of one listing. Never changed once made: threads mapping at once each
+    use the one they took, whole, while another is made for a new listing."""
 
-    __slots__ = ("_source", "content_types", "hashes", "listing", "names")
+    __slots__ = ("content_types", "hashes", "listing", "names")
+
+    def __init__(self, listing: pb.ListResponse | None, with_hashes: bool) -> None:
+        journals = listing.journals if listing is not None else ()
+        self.listing = listing
+        self.names = [j.spec.name for j in journals]
+        self.content_types = [label_value(j.spec.labels, CONTENT_TYPE_LABEL) for j in journals]
+        self.hashes = [fnv1a32(n) for n in self.names] if with_hashes else []
+
+
+class _Partitions:
+    """Derived data of the latest listing, made again only when the listing object changes."""
+
+    __slots__ = ("_latest", "_source")
 
     def __init__(self, source: PartitionsFunc) -> None:
         self._source = source
-        self.listing: pb.ListResponse | None = None
-        self.names: list[str] = []
-        self.content_types: list[str] = []
-        self.hashes: list[int] = []
+        self._latest = _Listing(None, False)
 
-    def current(self, with_hashes: bool = False) -> _Partitions:
+    def current(self, with_hashes: bool = False) -> _Listing:
         listing = self._source()
-        if listing is not self.listing:
-            journals = listing.journals
-            self.names = [j.spec.name for j in journals]
-            self.content_types = [label_value(j.spec.labels, CONTENT_TYPE_LABEL) for j in journals]
-            self.hashes = [fnv1a32(n) for n in self.names] if with_hashes else []
-            self.listing = listing
-        elif with_hashes and len(self.hashes) != len(self.names):
-            self.hashes = [fnv1a32(n) for n in self.names]
-        if not self.names:
+        latest = self._latest
+        if listing is not latest.listing or (
+            with_hashes and len(latest.hashes) != len(latest.names)
+        ):
+            latest = self._latest = _Listing(listing, with_hashes)
+        if not latest.names:
             raise EmptyPartitions("no journal matches the mapping's partitions")
-        return self
+        return latest
 
 
 class _RandomMapping:

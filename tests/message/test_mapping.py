@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from pygazette.message import (
     EmptyPartitions,
+    MappingFunc,
     fnv1a32,
     modulo_mapping,
     random_mapping,
@@ -97,3 +100,43 @@ def test_modulo_and_rendezvous_are_stable(keys: list[bytes], n: int) -> None:
         m1, m2 = make(identity, listing(names)), make(identity, listing(names))
         assert [m1(k) for k in keys] == [m2(k) for k in keys]
         assert all(m1(k)[0] in names for k in keys)
+
+
+@pytest.mark.parametrize("make", [modulo_mapping, rendezvous_mapping])
+def test_a_mapping_used_by_threads_never_mixes_two_listings(
+    make: Callable[..., MappingFunc], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishers are thread-safe, and so their mappings must be: a thread mapping a message
+    while another takes in a new listing gets the journal and content type of one listing.
+    The listing's names, content types and hashes were replaced one after the other in
+    place: a message was mapped to a journal of the new listing with a content type of the
+    old one (written in the wrong framing), or raised IndexError when the listing shrank."""
+    from pygazette.message import mapping as mapping_module
+
+    old, new = listing(["a/1"]), listing(["b/1"], "text/csv")
+    current = [old]
+    a_paused, b_done = threading.Event(), threading.Event()
+    original = mapping_module.label_value
+
+    def label_value(labels: pb.LabelSet, name: str) -> str:
+        if threading.current_thread() is thread_a:  # A takes in the new listing: pause it.
+            a_paused.set()
+            b_done.wait(5)
+        return original(labels, name)
+
+    def key(msg: object) -> bytes:
+        if msg == b"b":  # B holds the old listing: a new one comes, and A takes it in.
+            current[0] = new
+            thread_a.start()
+            a_paused.wait(5)
+        return b"k"
+
+    monkeypatch.setattr(mapping_module, "label_value", label_value)
+    mapping = make(key, lambda: current[0])
+    thread_a = threading.Thread(target=mapping, args=(b"a",))
+    try:
+        got = mapping(b"b")
+    finally:
+        b_done.set()
+        thread_a.join(5)
+    assert got in (("a/1", "application/x-ndjson"), ("b/1", "text/csv"))
