@@ -96,6 +96,45 @@ def record_end(data: bytes, pos: int) -> int:
                 return data.find(LINE_DELIMITER, quote + 1)  # Go's ErrQuote.
 
 
+def _go_fields(text: str) -> list[str]:
+    """The fields of one record (its LFs all within quoted fields), as Go's csv.Reader reads
+    them."""
+    fields: list[str] = []
+    pos, n = 0, len(text)
+    while True:
+        if text.startswith('"', pos):
+            parts: list[str] = []
+            pos += 1
+            while True:
+                quote = text.find('"', pos)
+                if quote < 0:
+                    raise MessageDecodeError(
+                        'invalid CSV record: extraneous or missing " in quoted-field'
+                    )
+                parts.append(text[pos:quote])
+                pos = quote + 1
+                if text.startswith('"', pos):
+                    parts.append('"')
+                    pos += 1
+                elif pos == n or text[pos] == ",":
+                    break
+                else:
+                    raise MessageDecodeError(
+                        'invalid CSV record: extraneous or missing " in quoted-field'
+                    )
+            fields.append("".join(parts))
+        else:
+            comma = text.find(",", pos)
+            field = text[pos:] if comma < 0 else text[pos:comma]
+            if '"' in field:
+                raise MessageDecodeError('invalid CSV record: bare " in non-quoted-field')
+            fields.append(field)
+            pos = n if comma < 0 else comma
+        if pos == n:
+            return fields
+        pos += 1  # Past the comma.
+
+
 class CSVFraming(Framing):
     """RFC 4180 CSV records, UUID in the first column."""
 
@@ -153,15 +192,16 @@ class CSVFraming(Framing):
             raise MessageDecodeError(f"CSV record is not UTF-8: {exc.reason}") from None
         if text.endswith("\r"):
             text = text[:-1]  # A CRLF line end, as Go's reader drops it.
+        if "\r" in text:
+            # Python's csv module takes any CR for a line end; Go's reader only one before
+            # an LF (which it drops, within quoted fields too).
+            return _go_fields(text.replace("\r\n", "\n"))
         try:
             rows = list(csv.reader([text], strict=True))
         except csv.Error as exc:
             raise MessageDecodeError(f"invalid CSV record: {exc}") from None
         if len(rows) != 1 or not rows[0]:
             raise MessageDecodeError("empty CSV record")
-        if "\r" in text:
-            # Go's reader drops a CR before an LF, within quoted fields too.
-            return [f.replace("\r\n", "\n") for f in rows[0]]
         return rows[0]
 
     def get_uuid(self, msg: Any) -> str | None:

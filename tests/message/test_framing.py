@@ -232,6 +232,24 @@ def test_a_bad_csv_record_does_not_swallow_the_records_after_it(
             assert at and all(g[1] == end for g in at)
 
 
+def test_a_csv_field_holding_a_bare_carriage_return_reads_as_in_go() -> None:
+    """Go's reader takes a CR within an unquoted field as the field's text (only a CR
+    before an LF is a line end); Python's csv module refused the record ("new-line
+    character seen in unquoted field"), so a record Gazette reads failed every reader
+    here (a consumer shard for good)."""
+    text = UUIDFormatter(new_producer_id()).format(TICK, OUTSIDE_TXN)
+    data = f'{text},a\rb,\rc\r\n{text},"x\r\ny",z\r\n'.encode()
+    out = unpack(CSVFraming(), data)
+    assert [e.message for e in out if isinstance(e, Envelope)] == [
+        [text, "a\rb", "\rc"],
+        [text, "x\ny", "z"],
+    ]
+    assert len(out) == 2
+    for bad in ('u,a"\rb', 'u,"a"\rb', 'u,"a\r'):
+        with pytest.raises(MessageDecodeError):
+            CSVFraming().unmarshal(bad.encode())
+
+
 # Fixed framing -----------------------------------------------------------------------------
 
 
@@ -402,7 +420,6 @@ def test_a_message_cut_at_the_end_is_reported_not_lost(
         assert len(partials) == 1 and partials[0].end - partials[0].begin == rest
     else:
         assert not partials
-
 
 
 def _outcome(out: list[Envelope | BaseException]) -> list[tuple[object, ...]]:
