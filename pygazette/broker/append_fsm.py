@@ -720,6 +720,10 @@ class ClusterAppends:
                 header=sync.header, proposal=proposal, registers=new_registers, acknowledge=True
             )
         )
+        # The pulser watches the journal (its flush interval), as from a pipeline's opening:
+        # also when the call leaves the commit in doubt, which the flush's pipeline then
+        # confirms everywhere, without waiting for another append.
+        self.on_pipeline_open(journal)
         try:
             answers = await replicate_whole(self.peers, endpoint, journal.name, requests)
         except WholeUnserved:
@@ -753,7 +757,6 @@ class ClusterAppends:
             return None
         journal.confirm_through(proposal.end)
         journal.replicated_whole_at = time.monotonic()
-        self.on_pipeline_open(journal)  # The pulser watches it (its flush interval).
         return _response(res, commit, new_registers, total_chunks, delayed_chunks)
 
     async def _start_pipeline(self, journal: JournalRuntime, res: Resolution) -> ReadThrough | None:

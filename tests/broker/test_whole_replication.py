@@ -53,11 +53,13 @@ def _replicas(cluster: InProcessCluster) -> list[Replica]:
     return [b.resolver.replicas[JOURNAL] for b in cluster.brokers.values()]
 
 
-async def _idle_journal(cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+async def _idle_journal(
+    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch, flush_interval: int = 0
+) -> None:
     """The journal, pulsed and served by both brokers, with its pipeline closed."""
-    assert (await apply_specs(cluster.stub(0), journal_spec(JOURNAL, replication=2))).status == (
-        pb.OK
-    )
+    spec = journal_spec(JOURNAL, replication=2)
+    spec.fragment.flush_interval.seconds = flush_interval
+    assert (await apply_specs(cluster.stub(0), spec)).status == pb.OK
     deadline = time.monotonic() + 60
     while not all(_settled(b) for b in cluster.brokers.values()):
         assert time.monotonic() < deadline, "the journal's route was never advertised"
@@ -229,3 +231,40 @@ async def test_an_append_whose_whole_replication_is_in_doubt_is_never_written_ov
     # both brokers serve, once.
     assert after.commit.begin == first.commit.end + len(b"doubtful\n")
     assert await _both_read(cluster) == b"first\ndoubtful\nafter\n"
+
+
+async def test_a_journal_whose_whole_append_is_in_doubt_is_watched_by_the_pulser(
+    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a journal whose pipeline broke with a commit in doubt: the pulser watches it, so
+    its flush interval rolls the spool (through a pipeline, which confirms the content in
+    doubt everywhere) without waiting for another append. Before, only an append replicated
+    whole that succeeded told the pulser: one left in doubt was never flushed, and the
+    primary never showed readers what its peer served, until the journal's next append."""
+    await _idle_journal(cluster, monkeypatch, flush_interval=60)
+    primary = next(b for b in cluster.brokers.values() if b.resolver.replicas[JOURNAL].primary)
+    assert primary.member is not None
+    pulses = primary.member.pulser
+    await pulses.sweep()  # Its pipeline closed and its spool empty: not watched any more.
+    assert JOURNAL not in pulses.active
+    for r in _replicas(cluster):
+        r.replicated_whole_at = float("-inf")
+    # The peer commits (and confirms) the append; its answer is lost on the way back.
+    monkeypatch.setattr(append_fsm, "replicate_whole", Calls(WholeInDoubt))
+    stub = next(i for i, b in cluster.brokers.items() if b is primary)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(cluster.stub(stub), JOURNAL, b"doubtful\n")
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
+    monkeypatch.setattr(append_fsm, "replicate_whole", replicate_whole)
+    assert JOURNAL in pulses.active
+    replica = primary.resolver.replicas[JOURNAL]
+    rs, spool = replica.rspool, replica.spool
+    assert rs is not None and spool is not None and spool.first_append_time is not None
+    spool.first_append_time -= 60  # Its flush interval has passed.
+    # A sweep pulses it: the pipeline's roll confirms the content in doubt.
+    deadline = time.monotonic() + 30
+    while rs.confirmed != len(b"doubtful\n"):
+        assert time.monotonic() < deadline, (rs.confirmed, rs.end, rs.in_doubt)
+        await pulses.sweep()
+        await asyncio.sleep(0.2)
+    assert await _both_read(cluster) == b"doubtful\n"
