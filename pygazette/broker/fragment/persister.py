@@ -395,20 +395,29 @@ class Persister:
         frag.path_postfix = evaluate_path_postfix(spec, frag, spool.first_append_time)
         path = fragment_content_path(frag)
         store = self.stores.get(job.store)
+        exists = await self._within(self.call_deadline, f"checking {path}", store.exists(path))
         if job.check_existing:
-            covering = await self._within(
-                self.call_deadline, f"listing {frag.journal}", self._covering(store, frag)
+            # A replica's spool: usually its primary persisted the very same fragment (one
+            # look at its path), else maybe others covering it (a listing of the journal).
+            covering = (
+                [frag]
+                if exists
+                else await self._within(
+                    self.call_deadline, f"listing {frag.journal}", self._covering(store, frag)
+                )
             )
             if covering:
                 index = job.target.index
                 for other in covering:
                     other.backing_store = job.store
+                    if other is frag:
+                        frag.mod_time = int(time.time())
                     index.add_persisted(other)
                 index.remove_local(spool)
                 spool.delete()
                 SPOOL_PERSISTED.inc()
                 return
-        if await self._within(self.call_deadline, f"checking {path}", store.exists(path)):
+        if exists:
             log.info("fragment already persisted", extra={"journal": frag.journal, "path": path})
         else:
             encoding = "gzip" if frag.compression_codec == pb.GZIP_OFFLOAD_DECOMPRESSION else ""

@@ -16,6 +16,7 @@ from typing import Any
 import obstore.store
 import pytest
 
+from pygazette.broker.fragment import persister as persister_module
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
 from pygazette.protocol.fragment_name import fragment_content_path
@@ -195,6 +196,40 @@ async def test_a_replica_spool_let_go_of_before_its_delay_ends_was_never_counted
             await persister.wait_idle()  # Its job ended.
         assert store.puts == 0
         assert spool.log_path.exists()  # Left for the new replica to recover.
+    finally:
+        await persister.stop()
+
+
+async def test_a_replica_spool_its_primary_persisted_is_found_by_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica's spool is skipped when the store holds the same fragment (its primary's):
+    one look at the fragment's path, not a listing of the journal's fragments."""
+    monkeypatch.setattr(persister_module, "REPLICA_PERSIST_DELAY_SECONDS", 0.0)
+    files = _file_store(tmp_path)
+    store = _HangingStore(files)
+    listings: list[str] = []
+
+    async def list_files(prefix: str) -> Any:
+        listings.append(prefix)
+        return await files.list_files(prefix)
+
+    store.list_files = list_files  # type: ignore[attr-defined]
+    persister = _persister(tmp_path, store)
+    primary = _closed_spool(tmp_path / "primary" / "a%2Fjournal", b"w" * 200)
+    replica = _closed_spool(tmp_path / "replica" / "a%2Fjournal", b"w" * 200)
+    target = _Target()
+    try:
+        persister.enqueue(primary, target)  # type: ignore[arg-type]
+        async with asyncio.timeout(10):
+            await persister.wait_idle()
+        persister.enqueue(replica, target, check_existing=True)  # type: ignore[arg-type]
+        async with asyncio.timeout(10):
+            await persister.wait_idle()
+        assert store.puts == 1  # The primary's only.
+        assert listings == []
+        assert replica.deleted
+        assert [(f.begin, f.end) for f in target.persisted] == [(0, 200), (0, 200)]
     finally:
         await persister.stop()
 
