@@ -16,6 +16,7 @@ csv.Reader skips it, and so do readers here.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +60,12 @@ def format_record(fields: Sequence[str]) -> str:
         else:
             out.append(field)
     return ",".join(out) + "\n"
+
+
+# A line that is a whole record by Go's rules: quoted fields (quotes within them doubled)
+# and unquoted ones (without quotes) between commas, and maybe the CR of a CRLF.
+_FIELD = rb'(?:"[^"]*(?:""[^"]*)*"|[^",\n]*)'
+_WELL_FORMED_LINE = re.compile(_FIELD + rb"(?:," + _FIELD + rb")*\r?").fullmatch
 
 
 def record_end(data: bytes, pos: int) -> int:
@@ -173,11 +180,14 @@ class CSVFraming(Framing):
             begin, start = start, start + len(line) + 1
             if begin < pos:
                 continue  # A line of the last record (a quoted field spans lines).
-            end = begin + len(line)  # Its LF.
-            if QUOTE in line:
-                end = record_end(data, begin)
-                if end < 0:
-                    break  # Within a quoted field: the record is incomplete.
+            if QUOTE not in line or _WELL_FORMED_LINE(line) is not None:
+                frames.append(line)  # The whole record, in one line.
+                pos = start
+                continue
+            # A quoted field spanning lines, or a stray quote: Go's rules, field by field.
+            end = record_end(data, begin)
+            if end < 0:
+                break  # Within a quoted field: the record is incomplete.
             frames.append(data[begin:end])
             pos = end + 1
         return frames, pos

@@ -54,10 +54,7 @@ if TYPE_CHECKING:
 _NEWLINE = LINE_DELIMITER[0]
 _QUOTE = QUOTE[0]
 _CR = CARRIAGE_RETURN[0]
-# What may come before a quote opening a quoted field (a quote: an escaped quote's second
-# half), and after one closing it (CR: of a CRLF).
-_FIELD_START_AFTER = np.frombuffer(b',\n"', dtype=np.uint8)
-_FIELD_END_AT = np.frombuffer(b',\n"\r', dtype=np.uint8)
+_COMMA = ord(",")
 
 
 class Framing(enum.Enum):
@@ -187,33 +184,43 @@ def _scan_newlines(buf: bytes, final: bool) -> RecordSpans:
     return _spans_from_ends(ends, len(buf), final)
 
 
-def _quotes_are_well_placed(arr: np.ndarray[Any, np.dtype[np.uint8]]) -> bool:
-    """Whether every quote of `arr` (which begins at a record boundary) opens a quoted field
-    at a field's start, closes one before a comma or line end, or is half of an escaped
-    quote: then the quotes before a newline are balanced iff it ends a record."""
-    quotes = np.flatnonzero(arr == _QUOTE)
+def _quotes_are_well_placed(
+    arr: np.ndarray[Any, np.dtype[np.uint8]], quotes: np.ndarray[Any, np.dtype[np.int64]]
+) -> bool:
+    """Whether every quote of `arr` (which begins at a record boundary; `quotes` are their
+    offsets) opens a quoted field at a field's start, closes one before a comma or line end,
+    or is half of an escaped quote: then the quotes before a newline are balanced iff it
+    ends a record."""
     if not len(quotes):
         return True
     size = len(arr)
     opening, closing = quotes[0::2], quotes[1::2]
-    before = arr[np.maximum(opening - 1, 0)]
-    if not np.all((opening == 0) | np.isin(before, _FIELD_START_AFTER)):
+    before = arr[opening[opening > 0] - 1]
+    if not np.all((before == _COMMA) | (before == _NEWLINE) | (before == _QUOTE)):
         return False
-    inside = closing[closing + 1 < size]
-    after = arr[inside + 1]
-    ok = np.isin(after, _FIELD_END_AT)
-    cr = inside[after == _CR]
-    ok[after == _CR] = (cr + 2 >= size) | (arr[np.minimum(cr + 2, size - 1)] == _NEWLINE)
+    after_at = closing[closing + 1 < size] + 1
+    after = arr[after_at]
+    if np.all((after == _COMMA) | (after == _NEWLINE) | (after == _QUOTE)):
+        return True
+    cr = after_at[after == _CR]
+    ok = (after == _COMMA) | (after == _NEWLINE) | (after == _QUOTE)
+    ok[after == _CR] = (cr + 1 >= size) | (arr[np.minimum(cr + 1, size - 1)] == _NEWLINE)
     return bool(np.all(ok))
 
 
 def _scan_csv(buf: bytes, final: bool) -> RecordSpans:
     arr = _as_array(buf)
     newlines = np.flatnonzero(arr == _NEWLINE)
-    if len(newlines) and _quotes_are_well_placed(arr):
-        quotes = np.cumsum(arr == _QUOTE, dtype=np.int64)
-        # A newline ends a record when the quotes before it are balanced.
-        ends = newlines[(quotes[newlines] & 1) == 0]
+    if len(newlines):
+        is_quote = arr == _QUOTE
+        quotes = np.flatnonzero(is_quote)
+    if len(newlines) and _quotes_are_well_placed(arr, quotes):
+        if len(quotes):
+            # A newline ends a record when the quotes before it are balanced.
+            parity = np.cumsum(is_quote, dtype=np.int64)
+            ends = newlines[(parity[newlines] & 1) == 0]
+        else:
+            ends = newlines
     elif len(newlines):
         # A quote where Go's reader takes it for an error of its record (which then ends
         # with its line), not for the start of a quoted field: its rules, record by record.
