@@ -603,6 +603,11 @@ class ClusterAppends:
         endpoint = route.endpoints[1 - route.primary]
         if self._replicates_streaming_only.get(endpoint, 0.0) > now:
             return None
+        if not self.peers.connected(endpoint):
+            # A call that can't connect fails as one cut off after the peer took it does (in
+            # doubt, UNKNOWN to the client); a pipeline's new stream fails plainly
+            # (UNAVAILABLE), and connects the channel for the next append.
+            return None
         return endpoint
 
     async def _append_whole(
@@ -626,6 +631,10 @@ class ClusterAppends:
             # (nothing unconfirmed: `_whole_peer`), and a peer that disagrees answers PROPOSAL_
             # MISMATCH, which sends the append to a pipeline (that synchronises, then checks).
             checked = await self._preconditions(first, res, journal, None, pulse=False)
+            if isinstance(checked, pb.AppendResponse) and checked.status != pb.OK:
+                # Perhaps only as our spool stands: a pipeline hears from the peer (which
+                # may be ahead, and roll us forward) before it checks.
+                return None
             if not isinstance(checked, _Checked):
                 return checked
             # Synchronise as a new pipeline does (`_start_pipeline`), proposing our fragment,
@@ -814,7 +823,9 @@ class ClusterAppends:
                                 roll_to = frag.end
                                 registers = _copy(resp.registers)
                             continue
-                        if frag.end == rs.end and frag.begin == frag.end:
+                        if frag.end == rs.end:
+                            # It holds another fragment, or other registers, ending where
+                            # ours does (or rolled there, lacking ours): all roll there.
                             roll_to = max(roll_to, frag.end)
                             continue
                         raise ReplicationFailed(f"unexpected PROPOSAL_MISMATCH: {frag}")

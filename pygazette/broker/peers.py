@@ -58,6 +58,11 @@ class Peers:
             stub = self._stubs[endpoint] = pb_grpc.JournalStub(self._channel(endpoint))  # type: ignore[no-untyped-call]
         return stub
 
+    def connected(self, endpoint: str) -> bool:
+        """Whether this broker's channel to the peer at `endpoint` is connected (READY)."""
+        channel = self._channels.get(endpoint)
+        return channel is not None and channel.get_state() == grpc.ChannelConnectivity.READY
+
     def peer_stub(self, endpoint: str) -> ppb_grpc.PeerJournalStub:
         """The peer's `pygazette.PeerJournal` service (pygazette brokers only)."""
         stub = self._peer_stubs.get(endpoint)

@@ -15,8 +15,8 @@ What the call's end says about the peer's copy decides what the primary may answ
   answer that is not OK, where it stopped;
 - `WholeRefused`: the peer refused a request (a Replicate stream would have ended): it applied
   no commit, and rolled back content it took;
-- `WholeUnserved`: the peer does not serve the method (a Gazette broker, or an older
-  pygazette): nothing was applied;
+- `WholeUnserved`: the peer does not serve the method (UNIMPLEMENTED: a Gazette broker, or
+  PERMISSION_DENIED: an older pygazette that authorizes): nothing was applied;
 - `WholeInDoubt`: the call failed otherwise (the connection dropped, its deadline passed, a
   malformed answer): the peer may have committed, and confirmed, the append before its answer
   was lost, as when a pipeline breaks after a self-confirming commit went out.
@@ -44,7 +44,6 @@ from pygazette.protocol.validation import validate_whole_replicate_response
 _NOT_APPLIED = frozenset(
     {
         grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
@@ -76,8 +75,10 @@ async def replicate_whole(
         resp: ppb.WholeReplicateResponse = await call
     except grpc.aio.AioRpcError as exc:
         code = exc.code()
-        if code == grpc.StatusCode.UNIMPLEMENTED:
-            raise WholeUnserved(exc.details() or "UNIMPLEMENTED") from exc
+        if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED):
+            # A broker without the method: a Gazette broker, or an older pygazette (which,
+            # authorizing, requires every capability of a method it does not know).
+            raise WholeUnserved(f"{code.name}: {exc.details() or ''}") from exc
         why = f"{code.name}: {exc.details() or ''}"
         if code in _NOT_APPLIED:
             raise WholeRefused(why) from exc

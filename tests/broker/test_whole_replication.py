@@ -268,3 +268,23 @@ async def test_a_journal_whose_whole_append_is_in_doubt_is_watched_by_the_pulser
         await pulses.sweep()
         await asyncio.sleep(0.2)
     assert await _both_read(cluster) == b"doubtful\n"
+
+
+async def test_an_append_failing_its_preconditions_is_checked_again_through_a_pipeline(
+    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked against the primary's spool alone, a failure might be stale (a peer ahead of
+    it): the answer comes from a pipeline, which hears from the peer first."""
+    await _idle_journal(cluster, monkeypatch)
+    first = await append(cluster.stub(0), JOURNAL, b"first\n")
+    assert first.status == pb.OK
+    await _close_pipelines(cluster, monkeypatch)
+    for r in _replicas(cluster):
+        r.replicated_whole_at = float("-inf")
+    calls = Calls()
+    monkeypatch.setattr(append_fsm, "replicate_whole", calls)
+    resp = await append(cluster.stub(0), JOURNAL, b"x\n", offset=first.commit.end + 1)
+    assert resp.status == pb.WRONG_APPEND_OFFSET
+    assert calls.count == 0
+    assert any(r.replication for r in _replicas(cluster))  # Answered through a pipeline.
+    assert await _both_read(cluster) == b"first\n"
