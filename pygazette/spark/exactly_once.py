@@ -10,7 +10,14 @@ written commit together, or neither does.
   An attempt of batch N appends only if the label is below N; if it is N or more, the
   rows are already there (an earlier attempt, or a replay after a restart from the
   checkpoint), and the attempt skips the journal.
-- Batch writes: the label holds the commit time; any value means "already written".
+- Batch writes: the label holds ``<commit time>.<run>.<rows>``: when it was written, by
+  which run of the write (one `df.write`: its tasks, retries and speculative attempts), and
+  an order-independent fingerprint of the rows the partition wrote to the journal
+  (`RowsDigest`). It says "already written" to an attempt of the same run, or to a re-run
+  (the same `writerId`) whose partition holds the same rows, and only while it is younger
+  than `BATCH_LABEL_TTL_SECONDS`: a later write with other rows, or one made after the
+  label expired, appends. (A label of only a time, by an older pygazette, says "already
+  written" to any attempt until it expires.)
 
 The check is a compare-and-swap: an append asserts the exact value it believes current
 (``label = V``, or ``!label`` when absent). A broker answering REGISTER_MISMATCH returns
@@ -29,8 +36,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from pygazette.client.appender import Appender
@@ -61,24 +68,31 @@ class Fence:
 
     name: str
     epoch: int | None  # Stream micro-batch id; None for a batch write.
+    run: str = ""  # Batch writes: the run of the write (see the module's docstring).
+    rows: str = ""  # Batch writes: the fingerprint of the rows this attempt appends.
 
     @staticmethod
     def for_stream(identity: str, partition: int, batch_id: int) -> Fence:
         return Fence(_label(STREAM_LABEL, identity, partition), batch_id)
 
     @staticmethod
-    def for_batch(identity: str, partition: int) -> Fence:
-        return Fence(_label(BATCH_LABEL, identity, partition), None)
+    def for_batch(identity: str, partition: int, run: str = "", rows: str = "") -> Fence:
+        return Fence(_label(BATCH_LABEL, identity, partition), None, run, rows)
+
+    def with_rows(self, rows: str) -> Fence:
+        return replace(self, rows=rows)
 
     def value(self) -> str:
-        return str(self.epoch) if self.epoch is not None else str(int(time.time()))
+        if self.epoch is not None:
+            return str(self.epoch)
+        return f"{int(time.time())}.{self.run}.{self.rows}"
 
-    def committed(self, current: str | None) -> bool:
+    def committed(self, current: str | None, now: float | None = None) -> bool:
         """Whether the label's current value says this attempt's rows are already written."""
         if current is None:
             return False
         if self.epoch is None:
-            return True
+            return self._batch_committed(current, time.time() if now is None else now)
         try:
             return int(current) >= self.epoch
         except ValueError:
@@ -86,11 +100,51 @@ class Fence:
                 f"register {self.name} holds {current!r}, not a micro-batch id"
             ) from None
 
+    def _batch_committed(self, current: str, now: float) -> bool:
+        written, *rest = current.split(".")
+        try:
+            when = int(written)
+        except ValueError:
+            raise FenceError(
+                f"register {self.name} holds {current!r}, not a batch-write mark"
+            ) from None
+        if when < now - BATCH_LABEL_TTL_SECONDS:
+            return False  # Expired: it no longer says anything.
+        if len(rest) != 2:
+            return True  # An older pygazette's mark: written by this writerId, rows unknown.
+        run, rows = rest
+        return run == self.run or rows == self.rows
+
     def guess(self) -> str | None:
         """The value to expect when nothing is known: the previous micro-batch."""
         if self.epoch is not None and self.epoch > 0:
             return str(self.epoch - 1)
         return None
+
+
+class RowsDigest:
+    """An order-independent fingerprint of a multiset of records: the sum of their hashes
+    (mod 2**128) and their count. A re-run whose partition holds the same rows in another
+    order (a shuffle's fetch order varies) has the same fingerprint."""
+
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+
+    def add(self, records: Iterable[bytes]) -> None:
+        n = 0
+        total = self.total
+        for record in records:
+            total += int.from_bytes(hashlib.blake2b(record, digest_size=16).digest(), "little")
+            n += 1
+        self.total = total & ((1 << 128) - 1)
+        self.count += n
+
+    def hexdigest(self) -> str:
+        state = f"{self.count}.{self.total:032x}".encode()
+        return hashlib.blake2b(state, digest_size=12).hexdigest()
 
 
 def _label(kind: str, identity: str, partition: int) -> str:
@@ -112,7 +166,7 @@ def _expired(registers: pb.LabelSet, now: float) -> pb.LabelSet:
         if not label.name.startswith(BATCH_LABEL + "/"):
             continue
         try:
-            written = int(label.value)
+            written = int(label.value.split(".", 1)[0])
         except ValueError:
             continue
         if written < now - BATCH_LABEL_TTL_SECONDS:

@@ -42,7 +42,7 @@ from pygazette.message.framing import FramingError
 from pygazette.protocol.errors import GazetteError, JournalNotFound
 from pygazette.spark import faults, runtime
 from pygazette.spark import journals as jn
-from pygazette.spark.exactly_once import AppendOutcome, Fence, fenced_append
+from pygazette.spark.exactly_once import AppendOutcome, Fence, RowsDigest, fenced_append
 from pygazette.spark.framing import Framing
 from pygazette.spark.options import OptionError, WriteOptions
 from pygazette.spark.routing import route
@@ -75,6 +75,7 @@ class SinkPlan:
     route_by_column: bool  # Rows name their journal in a `journal` column.
     body_columns: tuple[str, ...]  # Columns written by json/csv framing.
     identity: str  # Writer identity for register labels.
+    run: str = ""  # This write's run (batch writes): tells its own attempts from re-runs.
 
 
 @dataclass
@@ -133,7 +134,8 @@ def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> Sin
         identity = ""  # The query id, known in tasks (see _identity).
     else:
         identity = f"write-{uuid.uuid4()}"
-    return SinkPlan(opts, framing, names, targets, route_by_column, body, identity)
+    run = "" if streaming else uuid.uuid4().hex[:16]
+    return SinkPlan(opts, framing, names, targets, route_by_column, body, identity, run)
 
 
 # Encoding -------------------------------------------------------------------------------------
@@ -151,8 +153,14 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def encode(plan: SinkPlan, batch: pa.RecordBatch, rows: list[int] | None) -> bytes:
-    """The bytes of `rows` of `batch` (all rows if None) under the plan's framing."""
+def encode(
+    plan: SinkPlan,
+    batch: pa.RecordBatch,
+    rows: list[int] | None,
+    digest: RowsDigest | None = None,
+) -> bytes:
+    """The bytes of `rows` of `batch` (all rows if None) under the plan's framing; each row's
+    record is added to `digest`, if given."""
     if rows is not None:
         import pyarrow as pa
 
@@ -165,6 +173,8 @@ def encode(plan: SinkPlan, batch: pa.RecordBatch, rows: list[int] | None) -> byt
             if v is None:
                 raise SinkError("column value is null; a record needs bytes")
             encoded.append(v.encode() if isinstance(v, str) else bytes(v))
+        if digest is not None:
+            digest.add(encoded)
         if framing is Framing.RAW:
             return b"".join(encoded)
         if framing is Framing.PROTOBUF_FIXED:
@@ -186,14 +196,20 @@ def encode(plan: SinkPlan, batch: pa.RecordBatch, rows: list[int] | None) -> byt
         import orjson
 
         opt = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
-        return b"".join(
-            orjson.dumps(r, default=_json_default, option=opt) for r in body.to_pylist()
-        )
+        records = [orjson.dumps(r, default=_json_default, option=opt) for r in body.to_pylist()]
+        if digest is not None:
+            digest.add(records)
+        return b"".join(records)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    ends = []
     for row in body.to_pylist():
         writer.writerow(["" if v is None else _csv_text(v) for v in row.values()])
-    return out.getvalue().encode()
+        ends.append(out.tell())
+    text = out.getvalue()
+    if digest is not None:
+        digest.add(text[b:e].encode() for b, e in zip([0, *ends], ends, strict=False))
+    return text.encode()
 
 
 def _csv_text(value: Any) -> str:
@@ -220,6 +236,7 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
     """Encode this task's rows per journal, then append each journal's rows, fenced."""
     partition, attempt, _tc = _task_context()
     spools: dict[str, tempfile.SpooledTemporaryFile[bytes]] = {}
+    digests: dict[str, RowsDigest] = {}
     rows = 0
     try:
         for batch in batches:
@@ -227,7 +244,10 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
                 continue
             rows += batch.num_rows
             for journal, idx in _route(plan, batch):
-                data = encode(plan, batch, idx)
+                digest = digests.get(journal) if plan.run else None
+                if plan.run and digest is None:
+                    digest = digests[journal] = RowsDigest()
+                data = encode(plan, batch, idx, digest)
                 if not data:
                     continue
                 spool = spools.get(journal)
@@ -239,9 +259,11 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
         commit = SinkCommit(partition, attempt, rows=rows)
         fence: Fence = fence_of(partition)
         for journal in sorted(spools):
+            digest = digests.get(journal)
+            fenced = fence.with_rows(digest.hexdigest()) if digest is not None else fence
             outcome = runtime.call(
                 plan.opts.target,
-                functools.partial(_append, journal=journal, spool=spools[journal], fence=fence),
+                functools.partial(_append, journal=journal, spool=spools[journal], fence=fenced),
             )
             commit.outcomes.append(outcome)
         return commit
@@ -304,8 +326,8 @@ class GazetteBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        identity = self.plan.identity
-        return write_task(self.plan, iterator, lambda p: Fence.for_batch(identity, p))
+        identity, run = self.plan.identity, self.plan.run
+        return write_task(self.plan, iterator, lambda p: Fence.for_batch(identity, p, run))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_outcomes("batch write", messages)

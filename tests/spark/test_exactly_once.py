@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -95,6 +96,36 @@ async def test_batch_fence_and_expiry_of_old_batch_labels(client: JournalClient)
     assert stale not in names
     assert {fence.name, later.name} <= names
     assert await content(client, j) == b"x\ny\nz\nw\n"
+
+
+async def test_a_reused_batch_writer_id_skips_only_its_own_retries_and_reruns(
+    client: JournalClient,
+) -> None:
+    """A batch label says "already written" to its own run's attempts and to a re-run of the
+    same rows, while younger than the TTL; never to other rows, nor once it expired."""
+    j = await fresh(client, J + "/reused")
+
+    async def write(data: bytes, run: str, rows: str) -> bool:
+        eo._registers.clear()  # As a task of another process: it learns the registers.
+        fence = Fence.for_batch("nightly", 0, run, rows)
+        return (await fenced_append(client, j, io.BytesIO(data), fence)).appended
+
+    assert await write(b"a\n", "run1", "rows-a")
+    assert not await write(b"a\n", "run1", "rows-a")  # A retried task of the same run.
+    assert not await write(b"a\n", "run2", "rows-a")  # A re-run of the same job: same rows.
+    assert await write(b"b\n", "run3", "rows-b")  # Another write minutes later: other rows.
+    assert not await write(b"b2\n", "run3", "rows-b2")  # Its own attempt, whatever its rows.
+
+    # A label past its expiry says nothing, whichever pygazette wrote it.
+    name = Fence.for_batch("nightly", 0).name
+    old = int(time.time()) - eo.BATCH_LABEL_TTL_SECONDS - 60
+    for stale in (f"{old}.run3.rows-b", str(old)):
+        await append(client, j, b"-\n", union_registers=label_set({name: stale}))
+        assert await write(b"b\n", "run3", "rows-b")
+    # An older pygazette's recent label (a time only) still means "written".
+    await append(client, j, b"-\n", union_registers=label_set({name: str(int(time.time()))}))
+    assert not await write(b"c\n", "run4", "rows-c")
+    assert await content(client, j) == b"a\nb\n-\nb\n-\nb\n-\n"
 
 
 async def test_a_foreign_value_in_a_stream_label_is_an_error(client: JournalClient) -> None:

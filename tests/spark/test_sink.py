@@ -126,6 +126,27 @@ def test_batch_write_is_exactly_once_when_a_task_fails_between_appends(
     assert written == Counter(range(400))
 
 
+def test_a_reused_writer_id_writes_other_rows_and_skips_a_rerun(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    out = prefix + "out"
+    create_journals(gz, journal_spec(out))
+
+    def write(values: list[str]) -> None:
+        df = spark.createDataFrame([(v,) for v in values], "value STRING").repartition(2)
+        df.write.format("gazette").mode("append").option("broker", spark_broker.url).option(
+            "journal", out
+        ).option("writerId", "daily-job").save()
+
+    first = [f"first {i}" for i in range(40)]
+    write(first)
+    write(first)  # A re-run of the same job: deduplicated.
+    assert Counter(lines_of(gz, out)) == Counter(v.encode() for v in first)
+    second = [f"second {i}" for i in range(40)]
+    write(second)  # The same writerId minutes later, with other rows: written.
+    assert Counter(lines_of(gz, out)) == Counter(v.encode() for v in first + second)
+
+
 def test_stream_write_is_exactly_once_when_a_task_fails_between_appends(
     spark: SparkSession,
     spark_broker: BrokerProcess,
