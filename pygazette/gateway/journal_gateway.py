@@ -250,10 +250,10 @@ class JournalGateway:
                 if chunk.status != pb.OK:
                     break  # E.g. OFFSET_NOT_YET_AVAILABLE at the head of a non-blocking read.
                 if chunk.offset != offset:
-                    if chunk.HasField("fragment"):
-                        offset = chunk.offset  # Metadata of the next fragment.
-                        continue
-                    break  # An offset jump ends the response; the client retries from there.
+                    # An offset jump (metadata of a fragment past a gap, too) ends the
+                    # response: its bytes would read as the ones at `offset`. The client
+                    # retries from where it got to, and is told of the jump then.
+                    break
                 if content:
                     await resp.write(content)
                     offset += len(content)

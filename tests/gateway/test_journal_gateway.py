@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shutil
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from pygazette.protocol.fragment_name import fragment_file_name
+from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
@@ -342,3 +344,38 @@ async def test_https_with_client_certificates(tmp_path: Path) -> None:
         assert (await curl(f"http://127.0.0.1:{http_port}/debug/ready")).status in (0, 400)
     finally:
         proc.kill()
+
+
+async def test_get_ends_at_an_offset_jump(
+    gateway_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    """A jump in offsets after content was written ends the response (as Gazette's gateway:
+    the client retries from where it got to); the content past the gap is never written
+    right after the content before it, as if the two were contiguous."""
+    proc, base = gateway_broker
+    journal = "gateway/offset-jump"
+    # Two fragments in the journal's store, with a gap [5, 10) between them (one removed by
+    # hand, or lost).
+    for begin, data in ((0, b"hello"), (10, b"world")):
+        frag = pb.Fragment(
+            journal=journal, begin=begin, end=begin + len(data), compression_codec=pb.NONE
+        )
+        frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(data).digest()))
+        path = proc.file_root / journal / fragment_file_name(frag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        old = time.time() - 7 * 3600  # A broker jumps a gap only before fragments this old.
+        os.utime(path, (old, old))
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    content, metas = await read_all(stub, journal)
+    assert content == b"helloworld"
+    assert [m.offset for m in metas if m.HasField("fragment")] == [0, 10]  # The broker jumps.
+
+    got = await curl(f"{base}/{journal}?offset=0")
+    assert got.status == 206
+    assert got.headers["content-range"] == f"bytes 0-{MAX_INT64}/{MAX_INT64}"
+    assert got.body == b"hello"  # Not b"helloworld": bytes 5-9 are not "world".
+    # A retry from where it got to is told of the jump (Content-Range) and reads on.
+    again = await curl(f"{base}/{journal}?offset=5")
+    assert again.headers["content-range"] == f"bytes 10-{MAX_INT64}/{MAX_INT64}"
+    assert again.body == b"world"
