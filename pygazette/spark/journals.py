@@ -47,17 +47,25 @@ async def resolve_journals(
     client: JournalClient, journals: tuple[str, ...], selector: str, *, must_exist: bool = True
 ) -> list[str]:
     """The journals to read, sorted: those named (each must exist) or those selected."""
+    return sorted(await journal_revisions(client, journals, selector, must_exist=must_exist))
+
+
+async def journal_revisions(
+    client: JournalClient, journals: tuple[str, ...], selector: str, *, must_exist: bool = True
+) -> dict[str, int]:
+    """The journals of `resolve_journals`, each with the create revision of its spec: the
+    identity of the journal, which changes when it is deleted and created again."""
     if selector:
         listed = await list_journals(client, parse_selector(selector))
-        return sorted(j.spec.name for j in listed)
+        return {j.spec.name: int(j.create_revision) for j in listed}
     listed = await list_journals(
         client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels(journals)))
     )
-    found = {j.spec.name for j in listed}
+    found = {j.spec.name: int(j.create_revision) for j in listed}
     missing = [j for j in journals if j not in found]
     if missing and must_exist:
         raise JournalNotFound(detail=", ".join(missing))
-    return sorted(j for j in journals if j in found)
+    return {j: found[j] for j in journals if j in found}
 
 
 def _name_labels(journals: tuple[str, ...]) -> list[pb.Label]:

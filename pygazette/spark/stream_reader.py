@@ -1,22 +1,32 @@
 """`spark.readStream.format("gazette")`: journals as a micro-batch stream.
 
-Offsets are JSON objects ``{journal: byte offset}`` with keys in sorted order, each value a
-record boundary. Every trigger the driver lists the journals again (a selector discovers
-new ones, which enter the offsets at their earliest offset and are read from the next
-micro-batch), fetches write heads, and advances each journal to its head or as far as the
-admission budget allows (`admission`). Trigger.AvailableNow fixes the heads (and the set of
-journals) when the query starts, and the query stops once it has read up to them.
+Offsets are JSON objects ``{journal: [byte offset, create revision]}`` with keys in sorted
+order, each byte offset a record boundary. The create revision (of the journal's spec, in
+the coordination store) is the journal's identity: a journal deleted and created again has
+another one. An offset of a checkpoint written before revisions were kept is a bare byte
+offset, accepted as such (its journal gets its revision with the next offsets).
 
-A write head below the committed offset (the journal was recreated, or lost data) fails
-the query when failOnDataLoss is true; otherwise it is logged and reading continues from
-the new head. Removed fragments are detected when micro-batches are planned and read.
+Every trigger the driver lists the journals again (a selector discovers new ones, which
+enter the offsets at their earliest offset and are read from the next micro-batch), fetches
+write heads, and advances each journal to its head or as far as the admission budget allows
+(`admission`). Trigger.AvailableNow fixes the heads (and the set of journals) when the query
+starts, and the query stops once it has read up to them.
+
+A journal whose create revision changed (deleted and created again) is data loss: it fails
+the query when failOnDataLoss is true; otherwise it is logged, and the new journal is read
+from its beginning (its earliest offset), as a journal discovered now. A write head below
+the committed offset (a journal of an old checkpoint recreated, or one that lost data) is
+data loss too, and reading continues from the new head. Removed fragments, and journals
+deleted or recreated under a planned micro-batch, are detected when micro-batches are
+planned and read.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -46,6 +56,27 @@ def _sorted(offsets: dict[str, int]) -> dict[str, int]:
     return {j: int(offsets[j]) for j in sorted(offsets)}
 
 
+def _split(offsets: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """Byte offsets and create revisions of Spark's offsets (a bare byte offset, from a
+    checkpoint older than revisions, has no revision)."""
+    out: dict[str, int] = {}
+    revisions: dict[str, int] = {}
+    for journal, value in offsets.items():
+        if isinstance(value, list):
+            out[journal], revisions[journal] = int(value[0]), int(value[1])
+        else:
+            out[journal] = int(value)
+    return out, revisions
+
+
+def _joined(offsets: dict[str, int], revisions: dict[str, int]) -> dict[str, Any]:
+    """Spark's offsets: `[byte offset, create revision]` per journal, keys sorted."""
+    return {
+        j: [int(offsets[j]), revisions[j]] if j in revisions else int(offsets[j])
+        for j in sorted(offsets)
+    }
+
+
 class HeadBelowOffset(DataLoss):
     """The write head is below an offset the query already read up to."""
 
@@ -53,6 +84,22 @@ class HeadBelowOffset(DataLoss):
         return (
             f"data loss in journal {self.journal}: its write head {self.begin} is below the "
             f"offset {self.end} the query has read up to (was it deleted and recreated?)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecreated(DataLoss):
+    """The journal was deleted and created again since the query read it up to `end`: its
+    create revision was `old`, and is `new`."""
+
+    old: int = 0
+    new: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"data loss in journal {self.journal}: it was deleted and created again (create "
+            f"revision {self.old}, now {self.new}); what the old journal held past offset "
+            f"{self.end} is lost, and the new journal is read from its beginning"
         )
 
 
@@ -65,21 +112,23 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
 
     # Offsets --------------------------------------------------------------------------------
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         opts = self.opts
 
-        async def go(client: JournalClient) -> dict[str, int]:
-            journals = await jn.resolve_journals(client, opts.journals, opts.selector)
+        async def go(client: JournalClient) -> dict[str, Any]:
+            revisions = await jn.journal_revisions(client, opts.journals, opts.selector)
+            journals = sorted(revisions)
             heads = await jn.write_heads(client, journals)
             listings = await jn.all_fragments(client, journals)
-            return {
+            offsets = {
                 j: jn.resolve_offset(
                     opts.starting, j, listings[j], heads[j], timestamp_ms=opts.starting_timestamp_ms
                 )
                 for j in journals
             }
+            return _joined(offsets, revisions)
 
-        offsets = _sorted(runtime.call(opts.target, go))
+        offsets = runtime.call(opts.target, go)
         log.info("stream starts at %s", offsets)
         return offsets
 
@@ -108,24 +157,43 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         self._target = _sorted(runtime.call(opts.target, go))
         log.info("Trigger.AvailableNow reads up to %s", self._target)
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start_offsets: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         opts = self.opts
         budget = self._budget(limit)
         target = self._target
+        start, start_revisions = _split(start_offsets)
 
-        async def go(client: JournalClient) -> dict[str, int]:
-            listed = await jn.resolve_journals(
+        async def go(client: JournalClient) -> dict[str, Any]:
+            listed_revisions = await jn.journal_revisions(
                 client, opts.journals, opts.selector, must_exist=False
             )
+            listed = sorted(listed_revisions)
             if target is not None:
                 listed = [j for j in listed if j in target]
             # A journal listed but not served yet (just created) is discovered next time; one
             # deleted since it was listed stays where it is, as if it had not been listed.
             heads = await jn.write_heads(client, listed, absent_ok=frozenset(listed))
-            known = [j for j in listed if j in start and j in heads]
-            new = [j for j in listed if j not in start and j in heads]
+            # A journal deleted and created again since the start offsets is another journal:
+            # what the old one held past them is lost, and the new one is read from its
+            # beginning, as a journal discovered now.
+            recreated = [
+                j
+                for j in listed
+                if j in start
+                and j in heads
+                and start_revisions.get(j, listed_revisions[j]) != listed_revisions[j]
+            ]
+            for j in recreated:
+                loss = JournalRecreated(
+                    j, start[j], start[j], start_revisions[j], listed_revisions[j]
+                )
+                data_loss(loss, opts.fail_on_data_loss)
+            known = [j for j in listed if j in start and j in heads and j not in recreated]
+            new = [j for j in listed if (j not in start or j in recreated) and j in heads]
             self._heads = dict(heads)
             end = dict(start)
+            revisions = dict(start_revisions)
+            revisions.update((j, listed_revisions[j]) for j in known)
             reading: dict[str, int] = {}
             for j in known:
                 head = heads[j]
@@ -149,38 +217,57 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 # A journal found by the selector enters at its earliest offset; its content
                 # is read from the next micro-batch on.
                 end[j] = jn.earliest_offset(listings[j], heads[j])
+                revisions[j] = listed_revisions[j]
                 log.info("discovered journal %s at offset %d", j, end[j])
             admitted = await admit(client, opts.framing, reading, heads, listings, budget)
             end.update(admitted)
-            return end
+            return _joined(end, revisions)
 
-        return _sorted(runtime.call(opts.target, go))
+        return runtime.call(opts.target, go)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return _sorted(self._heads) if self._heads else None
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         log.debug("committed %s", end)
 
     # Partitions -----------------------------------------------------------------------------
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(
+        self, start_offsets: dict[str, Any], end_offsets: dict[str, Any]
+    ) -> list[InputPartition]:
         opts = self.opts
-        ranges = {j: (start.get(j, e), e) for j, e in end.items() if e > start.get(j, e)}
+        start, start_revisions = _split(start_offsets)
+        end, end_revisions = _split(end_offsets)
+        # A journal recreated at the end offsets enters this micro-batch at its earliest
+        # offset: it has no range to read yet (the start offset is the old journal's).
+        ranges = {
+            j: (start.get(j, e), e)
+            for j, e in end.items()
+            if e > start.get(j, e) and start_revisions.get(j, -1) in (end_revisions.get(j, -1), -1)
+        }
         if not ranges:
             return []
         # A journal deleted since this micro-batch was planned (a replay after a restart, or a
-        # deletion between latestOffset and now) lost its range; the others are read.
-        listings = runtime.call(
-            opts.target, lambda c: jn.all_fragments(c, sorted(ranges), absent_ok=True)
-        )
+        # deletion between latestOffset and now) lost its range, as did one deleted and
+        # created again (its create revision is not the end offsets' one); the others are read.
+        named = tuple(sorted(j for j in ranges if j in end_revisions))
+
+        async def go(client: JournalClient) -> tuple[dict[str, int], dict[str, Any]]:
+            revisions = (
+                await jn.journal_revisions(client, named, "", must_exist=False) if named else {}
+            )
+            return revisions, await jn.all_fragments(client, sorted(ranges), absent_ok=True)
+
+        revisions, listings = runtime.call(opts.target, go)
+        recreated = {j for j in named if revisions.get(j, end_revisions[j]) != end_revisions[j]}
         parts, losses = plan(
             ranges,
-            listings,
+            {j: listing for j, listing in listings.items() if j not in recreated},
             opts.framing,
             min_partitions=opts.min_partitions,
             streaming=True,
-            gone=frozenset(ranges) - frozenset(listings),
+            gone=(frozenset(ranges) - frozenset(listings)) | recreated,
         )
         for loss in losses:
             data_loss(loss, opts.fail_on_data_loss)
