@@ -295,6 +295,8 @@ class ClusterResolver(Resolver):
         min_revision: int = 0,
         proxy_header: pb.Header | None = None,
     ) -> Resolution:
+        # A `;meta` suffix doesn't change what the name resolves to (Gazette's StripMeta).
+        journal = journal.split(";", 1)[0]
         local_id = self.local_id
         if not self.lease_alive():
             raise ResolveError("this broker's etcd lease may have expired")

@@ -162,8 +162,10 @@ class Resolver:
 
     def resolve(self, journal: str) -> Replica | None:
         """The journal's replica; None if there is none, or if the claims of the RPC being
-        served don't reach it (then it answers as if the journal doesn't exist)."""
-        replica = self.replicas.get(journal)
+        served don't reach it (then it answers as if the journal doesn't exist). A `;meta`
+        suffix of the name is dropped: it doesn't change what the name resolves to (as
+        Gazette's resolver, `Journal.StripMeta`)."""
+        replica = self.replicas.get(journal.split(";", 1)[0])
         if replica is not None and not journal_permitted(replica.spec):
             return None
         return replica

@@ -195,3 +195,14 @@ async def test_journal_route_is_remembered_until_assignments_or_members_change(
     ]
     # An unassigned journal has the empty route.
     assert r.journal_route(r.observed.current, "no/such").primary == -1
+
+
+async def test_a_metadata_suffix_resolves_the_journal(resolver: ClusterResolver) -> None:
+    """`<journal>;<meta>` resolves as `<journal>` (Gazette's resolver strips it): its route,
+    and its local replica."""
+    r = resolver
+    await _journal(r, "local/meta", [("zone-a", "local-broker", 0), ("zone-b", "peer-broker", 1)])
+    res = await r.resolve_journal("local/meta;reader/a", require_primary=True, may_proxy=False)
+    assert res.status == pb.OK and res.local and res.replica is not None
+    assert res.replica.name == "local/meta"
+    assert len(res.route.members) == 2

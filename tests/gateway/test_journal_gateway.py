@@ -379,3 +379,27 @@ async def test_get_ends_at_an_offset_jump(
     again = await curl(f"{base}/{journal}?offset=5")
     assert again.headers["content-range"] == f"bytes 10-{MAX_INT64}/{MAX_INT64}"
     assert again.body == b"world"
+
+
+async def test_a_journal_named_with_a_metadata_suffix(
+    gateway_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    """`<journal>;<meta>` names the journal (readers add such a suffix, as Gazette's do): the
+    broker resolves it without the suffix, for reads and appends alike (Gazette's
+    StripMeta), through the gateway and over gRPC."""
+    _, base = gateway_broker
+    journal = "gateway/with-meta"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+
+    put = await curl("-X", "PUT", "--data-binary", "one\n", f"{base}/{journal};reader/a")
+    assert put.status == 204, put.body
+    assert (await append(stub, f"{journal};reader/b", b"two\n")).status == pb.OK
+    content, _ = await read_all(stub, journal)
+    assert content == b"one\ntwo\n"
+
+    got = await curl(f"{base}/{journal};reader/a?offset=4")
+    assert got.status == 206, got.body
+    assert got.body == b"two\n"
+    content, metas = await read_all(stub, f"{journal};reader/b")
+    assert content == b"one\ntwo\n"
+    assert metas[0].fragment.journal == journal
