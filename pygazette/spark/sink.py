@@ -208,7 +208,7 @@ def encode(
         ends.append(out.tell())
     text = out.getvalue()
     if digest is not None:
-        digest.add(text[b:e].encode() for b, e in zip([0, *ends], ends, strict=False))
+        digest.add([text[b:e].encode() for b, e in zip([0, *ends], ends, strict=False)])
     return text.encode()
 
 

@@ -134,3 +134,16 @@ async def test_a_foreign_value_in_a_stream_label_is_an_error(client: JournalClie
     await append(client, j, b"-\n", union_registers=label_set({fence.name: "not-a-batch"}))
     with pytest.raises(FenceError, match="not a micro-batch id"):
         await fenced_append(client, j, io.BytesIO(b"r\n"), fence)
+
+
+def test_the_rows_fingerprint_ignores_order_and_batches_but_not_multiplicity() -> None:
+    def digest(*batches: list[bytes]) -> str:
+        d = eo.RowsDigest()
+        for batch in batches:
+            d.add(batch)
+        return d.hexdigest()
+
+    rows = [f"row {i}\n".encode() for i in range(100)]
+    assert digest(rows) == digest(rows[::-1]) == digest(rows[50:], [], rows[:50])
+    assert digest(rows) != digest(rows + rows[:1])
+    assert digest(rows) != digest([*rows[1:], b"other\n"])
