@@ -44,10 +44,20 @@ BROKER_ROOT = "/chaos/cluster"
 CONSUMER_ROOT = "/chaos/stream-sum"
 LEDGER_PREFIX = "chaos/ledger/"
 LEDGER_JOURNALS = [f"{LEDGER_PREFIX}part-{i:03d}" for i in range(4)]
+# Written once in SPARSE_PAUSE seconds, at replication 2: each append finds the journal's
+# pipeline closed (idle a minute, found by a 10 s sweep) and replicates whole.
+SPARSE_LEDGER_JOURNALS = [f"{LEDGER_PREFIX}sparse-{i:03d}" for i in range(2)]
+SPARSE_PAUSE = 72.0
 CHUNK_JOURNALS = [f"examples/stream-sum/chunks/part-{i:03d}" for i in range(4)]
 RECOVERY_LOGS = [f"examples/stream-sum/recovery-logs/chunks-part-{i:03d}" for i in range(4)]
 SHARDS = [f"chunks-part-{i:03d}" for i in range(4)]
-ALL_JOURNALS = [*CHUNK_JOURNALS, FINAL_SUMS_JOURNAL, *RECOVERY_LOGS, *LEDGER_JOURNALS]
+ALL_JOURNALS = [
+    *CHUNK_JOURNALS,
+    FINAL_SUMS_JOURNAL,
+    *RECOVERY_LOGS,
+    *LEDGER_JOURNALS,
+    *SPARSE_LEDGER_JOURNALS,
+]
 REPLICATION = 3
 
 PRIMARY = cpb.ReplicaStatus.PRIMARY
@@ -70,7 +80,9 @@ def journalspace(store: str) -> str:
 
 def ledger_journalspace(store: str) -> str:
     """The chaos driver's own journals, whose acknowledged appends it audits."""
-    children = "".join(f"- name: {j}\n" for j in LEDGER_JOURNALS)
+    children = "".join(f"- name: {j}\n" for j in LEDGER_JOURNALS) + "".join(
+        f"- name: {j}\n  replication: 2\n" for j in SPARSE_LEDGER_JOURNALS
+    )
     return f"""name: {LEDGER_PREFIX}
 replication: {REPLICATION}
 labels:
@@ -159,7 +171,7 @@ class ChaosCluster:
             specs = self.work / name
             specs.write_text(text)
             await self.cli("journals", "apply", "--specs", str(specs))
-        await self.cluster.wait_ready(ALL_JOURNALS, REPLICATION, within=120)
+        await self.wait_ready(within=120)
         for c in self.consumers:
             c.etcd = self.etcd.url
         await asyncio.gather(*(asyncio.to_thread(c.start, 90.0) for c in self.consumers))
@@ -278,3 +290,9 @@ class ChaosCluster:
 
     def journals(self) -> Sequence[str]:
         return ALL_JOURNALS
+
+    async def wait_ready(self, within: float) -> None:
+        """Until every journal has its replication in consistent replicas."""
+        dense = [j for j in ALL_JOURNALS if j not in SPARSE_LEDGER_JOURNALS]
+        await self.cluster.wait_ready(dense, REPLICATION, within=within)
+        await self.cluster.wait_ready(SPARSE_LEDGER_JOURNALS, 2, within=within)

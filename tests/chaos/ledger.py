@@ -13,6 +13,7 @@ that their availability is measured too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
@@ -65,7 +66,8 @@ async def write_ledger(
                 )
             record.acknowledged(Ack(journal, int(commit.begin), int(commit.end), sha1))
             acked += 1
-            await asyncio.sleep(pause)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)  # Or until told to stop.
     finally:
         await conn.close()
     return acked

@@ -35,7 +35,14 @@ from typing import Any
 
 from examples.stream_sum.messages import FINAL_SUMS_JOURNAL
 from tests.chaos.audit import audit
-from tests.chaos.cluster import ALL_JOURNALS, CHUNK_JOURNALS, LEDGER_JOURNALS, ChaosCluster
+from tests.chaos.cluster import (
+    ALL_JOURNALS,
+    CHUNK_JOURNALS,
+    LEDGER_JOURNALS,
+    SPARSE_LEDGER_JOURNALS,
+    SPARSE_PAUSE,
+    ChaosCluster,
+)
 from tests.chaos.faults import FaultSchedule, Timing
 from tests.chaos.heads import HeadMonitor
 from tests.chaos.ledger import probe, write_ledger
@@ -110,6 +117,13 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
             write_ledger(lb, j, record, stop_load, random.Random(rng.getrandbits(64)))
         )
         for j in LEDGER_JOURNALS
+    ] + [
+        asyncio.create_task(
+            write_ledger(
+                lb, j, record, stop_load, random.Random(rng.getrandbits(64)), pause=SPARSE_PAUSE
+            )
+        )
+        for j in SPARSE_LEDGER_JOURNALS
     ]
     chunkers = [
         asyncio.create_task(
@@ -134,7 +148,9 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
         fault_s = time.monotonic() - t_faults
         record.close_windows()  # The writers stop now: count a window still open.
         stop_load.set()
-        ledger_acks = sum(await asyncio.gather(*ledgers))
+        acks = await asyncio.gather(*ledgers)
+        ledger_acks = sum(acks[: len(LEDGER_JOURNALS)])
+        sparse_acks = sum(acks[len(LEDGER_JOURNALS) :])
         try:
             async with asyncio.timeout(cfg.drain_timeout):
                 await asyncio.gather(*chunkers)
@@ -142,7 +158,7 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
             drained = False
         settled = True
         try:
-            await cc.cluster.wait_ready(ALL_JOURNALS, 3, within=120)
+            await cc.wait_ready(within=120)
         except AssertionError as exc:
             settled = False
             print(f"chaos: the cluster did not settle: {exc}"[:20000], file=sys.stderr)
@@ -165,7 +181,11 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
         "faults_by_action": dict(schedule.by_action),
         "fault_errors": schedule.errors,
         "appends_acknowledged": len(record.acks) + len(chunk_acks),
-        "appends_acknowledged_by": {"ledger": ledger_acks, "chunkers": len(chunk_acks)},
+        "appends_acknowledged_by": {
+            "ledger": ledger_acks,
+            "sparse_ledger": sparse_acks,
+            "chunkers": len(chunk_acks),
+        },
         "appends_audited": result.appends,
         "bytes_audited": result.bytes_read,
         "streams_verified": totals.verified,
