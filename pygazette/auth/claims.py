@@ -120,10 +120,21 @@ def claims_from_json(doc: Mapping[str, Any]) -> Claims:
     cap = doc.get("cap", 0)
     if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= int(Capability.ALL):
         raise ValueError("claims `cap` is not a 32-bit unsigned integer")
-    exp, iat = doc.get("exp"), doc.get("iat")
     return Claims(
         capability=cap,
         selector=selector_from_json(doc.get("sel")),
-        expires_at=float(exp) if isinstance(exp, int | float) else None,
-        issued_at=float(iat) if isinstance(iat, int | float) else None,
+        expires_at=_numeric_date(doc, "exp"),
+        issued_at=_numeric_date(doc, "iat"),
     )
+
+
+def _numeric_date(doc: Mapping[str, Any], name: str) -> float | None:
+    """A registered time claim: absent (None), or a JSON number, as Go's jwt.NumericDate
+    takes it. Anything else (PyJWT takes an `exp` of "<digits>") is an error, never a claim
+    without that time."""
+    value = doc.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"claims `{name}` is not a number")
+    return float(value)

@@ -85,6 +85,23 @@ def test_refusals() -> None:
         assert info.value.unauthenticated, header
 
 
+def test_times_that_are_not_numbers_are_refused() -> None:
+    """`exp` and `iat` are JSON numbers (Go's jwt.NumericDate refuses anything else). PyJWT
+    takes an `exp` of "<digits>" as a number, but the claims then had no expiry: an RPC
+    started under such a token was never ended when it expired."""
+    auth = KeyedAuth(K1)
+    now = int(time.time())
+    for doc in (
+        {"cap": 8, "exp": str(now + 60)},
+        {"cap": 8, "exp": now + 60, "iat": str(now)},
+    ):
+        with pytest.raises(AuthRefused) as info:
+            auth.verify("Bearer " + jwt.encode(doc, S1), Capability.READ)
+        assert info.value.unauthenticated, doc
+    token = jwt.encode({"cap": 8, "exp": now + 60.5, "iat": now}, S1)  # Fractions are fine.
+    assert auth.verify(f"Bearer {token}", Capability.READ).expires_at == now + 60.5
+
+
 def test_leeway_of_five_seconds() -> None:
     auth = KeyedAuth(K1)
     now = int(time.time())
