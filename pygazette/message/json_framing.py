@@ -2,8 +2,9 @@
 
 Messages are JSON objects (dicts; dataclasses and other types orjson encodes are written too)
 whose UUID is a string field, "uuid" unless configured otherwise. Go messages written by
-Gazette typically name the field "UUID" (Go's JSON decoding matches names regardless of
-case), so a missing "uuid" field is also looked up as "UUID" when reading.
+Gazette typically name the field "UUID", and Go's JSON decoding matches a field's name
+regardless of case (the last such key of a document wins): so when a document has no key
+spelled exactly as the field, a key equal to it but for case is its UUID when reading.
 
 A line of JSON white space only is blank: it holds no message and readers skip it (as Spark's
 JSON reader does). Gazette's Go reader instead fails on it ("unexpected end of JSON input");
@@ -56,7 +57,7 @@ class JSONFraming(Framing):
         if not uuid_field:
             raise ValueError("empty UUID field name")
         self.uuid_field = uuid_field
-        self._alt_field = "UUID" if uuid_field == "uuid" else None
+        self._folded_field = uuid_field.casefold()
         self.decode = decode
         self.default = default
 
@@ -198,8 +199,14 @@ class JSONFraming(Framing):
     def get_uuid(self, msg: Any) -> str | None:
         if isinstance(msg, dict):
             value = msg.get(self.uuid_field)
-            if value is None and self._alt_field is not None:
-                value = msg.get(self._alt_field)
+            if value is None:
+                # As Go's encoding/json: a key equal to the field's name but for case (the
+                # document's last one).
+                folded = self._folded_field
+                for key in reversed(msg):
+                    if type(key) is str and key.casefold() == folded:
+                        value = msg[key]
+                        break
         else:
             getter = getattr(msg, "get_uuid", None)
             value = getter() if getter is not None else getattr(msg, self.uuid_field, None)

@@ -149,6 +149,22 @@ def test_json_reads_gazette_style_uuid_field_and_messages_without_uuids() -> Non
     assert isinstance(c, Envelope) and c.message == [1, 2]
 
 
+def test_json_matches_the_uuid_field_regardless_of_case_as_go_does() -> None:
+    fmt = UUIDFormatter(bytes.fromhex("010203040506"))
+    one, two = fmt.format(5 * TICK, ACK_TXN), fmt.format(9 * TICK, ACK_TXN)
+    data = (
+        b'{"Uuid":"%s","x":1}\n' % one.encode()
+        + b'{"uUID":"%s","UUID":"%s"}\n' % (one.encode(), two.encode())  # The last wins.
+        + b'{"uuid":"%s","UUID":"%s"}\n' % (one.encode(), two.encode())  # Exact first.
+    )
+    a, b, c = unpack(JSONFraming(), data)
+    assert isinstance(a, Envelope) and a.clock == 5 * TICK
+    assert isinstance(b, Envelope) and b.clock == 9 * TICK
+    assert isinstance(c, Envelope) and c.clock == 5 * TICK
+    (d,) = unpack(JSONFraming("MsgID"), b'{"msgid":"%s"}\n' % two.encode())
+    assert isinstance(d, Envelope) and d.clock == 9 * TICK
+
+
 def test_json_errors_keep_offsets_and_unpacking_continues() -> None:
     data = b'{"a":1}\nnot json\n{"uuid":"bad"}\n{"uuid":7}\n{"b":2}\n{"c":'
     out = unpack(JSONFraming(), data)
