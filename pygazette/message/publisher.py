@@ -10,6 +10,10 @@ AppendService.
   durably *before* appending them, and append them again after a crash (appending an
   intent twice is harmless: readers drop the duplicate). A producer that dies before its
   intents are stored leaves its messages unacknowledged, so readers never see them.
+  Publish nothing uncommitted between `build_ack_intents` and the intents' appends (from any
+  thread): such a message may land in a journal ahead of that journal's acknowledgement
+  with a larger clock, and readers then roll it back, as Gazette's do. The consumer
+  framework never does (a transaction's intents are built once its messages are queued).
 
 A UUID is taken while holding the target journal's append, so a publisher's messages land
 in each journal in clock order even when several threads publish concurrently. The
@@ -175,7 +179,8 @@ class Publisher:
 
     def build_ack_intents(self) -> list[AckIntent]:
         """Acknowledgements of every message published uncommitted since the last call,
-        one per journal. Store them durably, then append them (see `append_ack_intents`)."""
+        one per journal. Store them durably, then append them (see `append_ack_intents`);
+        publish nothing uncommitted until they are appended (see the module docstring)."""
         with self._lock:
             intents, self._intents = self._intents, {}
             out: list[AckIntent] = []
