@@ -127,6 +127,14 @@ class FixedFraming(Framing):
 
     # Reading ------------------------------------------------------------------------------
 
+    def frame_size(self, data: bytes | memoryview) -> int | None:
+        if len(data) < FIXED_FRAME_HEADER_LENGTH:
+            return None
+        word, size = FIXED_FRAME_HEADER.unpack_from(data, 0)
+        if word != FIXED_FRAME_WORD or size > MAX_FRAME_LENGTH:
+            return None  # Not a header: `split` says so.
+        return int(FIXED_FRAME_HEADER_LENGTH + size)
+
     def split(self, data: bytes) -> tuple[list[bytes], int]:
         starts, consumed = fixed_frame_starts(data)
         if not starts:

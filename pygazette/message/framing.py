@@ -126,6 +126,12 @@ class Framing(ABC):
 
     # Reading ------------------------------------------------------------------------------
 
+    def frame_size(self, data: bytes | memoryview) -> int | None:
+        """The length of the frame `data` starts with, when its first bytes tell (a fixed
+        frame's header); None if they don't (yet). An unpacker then holds the pieces of a
+        long frame until all of it is here, rather than joining them at every piece."""
+        return None
+
     @abstractmethod
     def split(self, data: bytes) -> tuple[list[bytes], int]:
         """The complete frames at the front of `data`: their payloads, and how many bytes

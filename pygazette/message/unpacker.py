@@ -24,7 +24,7 @@ class PartialMessage(MessageDecodeError):
 class Unpacker:
     """Unpacks the messages of one journal from consecutive pieces of its content."""
 
-    __slots__ = ("_held", "_held_size", "begin", "framing", "journal")
+    __slots__ = ("_held", "_held_size", "_need", "begin", "framing", "journal")
 
     def __init__(self, framing: Framing, journal: str, offset: int = 0) -> None:
         self.framing = framing
@@ -34,6 +34,9 @@ class Unpacker:
         # (joined only once the message is complete, so a long message is copied once).
         self._held: list[bytes | memoryview] = []
         self._held_size = 0
+        # The length of the held message's frame, when its framing tells (`frame_size`):
+        # pieces are only held until that much is here.
+        self._need = 0
 
     @property
     def offset(self) -> int:
@@ -48,7 +51,7 @@ class Unpacker:
     def restart(self, offset: int) -> int:
         """Continue at `offset` (after a jump); returns how many held bytes were dropped."""
         dropped = self._held_size
-        self._held, self._held_size = [], 0
+        self._held, self._held_size, self._need = [], 0, 0
         self.begin = offset
         return dropped
 
@@ -96,8 +99,11 @@ class Unpacker:
                 return
             chunk = chunk[rest:]
         elif held:
+            if self._held_size + len(chunk) < self._need:
+                self._hold(chunk)  # The frame is longer still.
+                return
             chunk = b"".join([*held, chunk])
-            self._held, self._held_size = [], 0
+            self._held, self._held_size, self._need = [], 0, 0
         self._feed(chunk, out)
 
     def _feed(self, data: bytes, out: MutableSequence[Envelope | BaseException]) -> None:
@@ -124,4 +130,6 @@ class Unpacker:
             start += consumed
         self.begin = pos
         # What is left starts a message: held as a view of `data` rather than a copy.
-        self._hold(memoryview(data)[start:] if start else data)
+        rest = memoryview(data)[start:] if start else data
+        self._hold(rest)
+        self._need = (framing.frame_size(rest) or 0) if len(rest) else 0

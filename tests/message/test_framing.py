@@ -512,3 +512,21 @@ def test_first_lookups_on_many_threads_all_find_the_builtin_framings() -> None:
             [sys.executable, "-c", _FIRST_LOOKUPS], capture_output=True, text=True, check=True
         )
         assert out.stdout.strip() == "0", out.stderr
+
+
+def test_a_long_fixed_frame_fed_in_pieces_is_joined_once() -> None:
+    """Its header tells its length: the pieces are held until all of it is here, not joined
+    at every piece (which copies a frame of n pieces n times over)."""
+    payload = bytes(range(256)) * 64
+    frame = FIXED_FRAME_HEADER.pack(FIXED_FRAME_WORD, len(payload)) + payload
+    pieces = [frame[i : i + 100] for i in range(0, len(frame), 100)]
+    unpacker = Unpacker(FixedFraming(), "a/journal")
+    out: list[Envelope | BaseException] = []
+    for n, piece in enumerate(pieces[:-1], 1):
+        unpacker.feed(piece, out)
+        assert out == []
+        assert len(unpacker._held) == n  # Held as fed, never joined meanwhile.
+    unpacker.feed(pieces[-1], out)
+    (env,) = out
+    assert isinstance(env, Envelope) and env.message == payload
+    assert (env.begin, env.end) == (0, len(frame)) and unpacker.pending == 0
