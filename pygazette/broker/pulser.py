@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from pygazette.broker.journal_runtime import JournalRuntime
-from pygazette.broker.replicated_spool import roll_proposal
+from pygazette.broker.replicated_spool import due_to_roll
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -291,10 +291,11 @@ def flush_pending(journal: Pulsed) -> bool:
 
 
 def flush_due(journal: Pulsed, now: float) -> bool:
-    """Whether the journal's open spool holds content from an earlier flush interval."""
+    """Whether the journal's open spool holds content from an earlier flush interval (or
+    more than its length): without building its fragment, as sweeps ask it of every active
+    journal."""
     rs = journal.rspool
     spec = journal.spec.fragment
     if rs is None or spec.flush_interval.seconds <= 0 or rs.end <= rs.begin:
         return False
-    frag = rs.fragment()
-    return roll_proposal(frag, rs.first_append_time, 0, spec, now) is not frag
+    return due_to_roll(rs.end - rs.begin, rs.first_append_time, spec, now)

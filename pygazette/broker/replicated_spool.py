@@ -129,15 +129,13 @@ def roll_proposal(
     now: float,
 ) -> pb.Fragment:
     """The fragment to propose next: `frag` itself, or an empty one rolled to its end (or to
-    `roll_to`) if it is empty, too long, asked to roll, or from an earlier flush interval."""
+    `roll_to`) if it is empty, asked to roll, or due to (`due_to_roll`)."""
     length = frag.end - frag.begin
-    flush = length == 0 or (spec.length > 0 and length > spec.length)
-    if roll_to and roll_to != frag.begin:
-        flush = True
-    interval = spec.flush_interval.seconds
-    if interval > 0 and first_append_time is not None:
-        if int(first_append_time // interval) != int(now // interval):
-            flush = True
+    flush = (
+        length == 0
+        or bool(roll_to and roll_to != frag.begin)
+        or due_to_roll(length, first_append_time, spec, now)
+    )
     if not flush:
         return frag
     end = roll_to if roll_to else frag.end
@@ -145,6 +143,21 @@ def roll_proposal(
         raise ValueError(f"roll to {end}, before the fragment end {frag.end}")
     return pb.Fragment(
         journal=frag.journal, begin=end, end=end, compression_codec=spec.compression_codec
+    )
+
+
+def due_to_roll(
+    length: int, first_append_time: float | None, spec: pb.JournalSpec.Fragment, now: float
+) -> bool:
+    """Whether a fragment holding `length` bytes, first appended to at `first_append_time`,
+    is due to roll: longer than the spec's length, or from an earlier flush interval."""
+    if spec.length > 0 and length > spec.length:
+        return True
+    interval = spec.flush_interval.seconds
+    return (
+        interval > 0
+        and first_append_time is not None
+        and int(first_append_time // interval) != int(now // interval)
     )
 
 
