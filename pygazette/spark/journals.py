@@ -74,6 +74,14 @@ def _name_labels(journals: tuple[str, ...]) -> list[pb.Label]:
 
 async def write_head(client: JournalClient, journal: str) -> int:
     """The journal's write head: the offset its next append will begin at."""
+    head = await _read_head(client, journal)
+    if head is None:
+        return (await suspended_heads(client, [journal]))[journal]
+    return head
+
+
+async def _read_head(client: JournalClient, journal: str) -> int | None:
+    """The write head a broker reads for the journal; None if it is answered SUSPENDED."""
     call = client.rpc_read(read_request(journal, offset=LATEST, metadata_only=True))
     try:
         resp = await call.read()
@@ -83,7 +91,7 @@ async def write_head(client: JournalClient, journal: str) -> int:
         raise invalid_response("Read", journal, "stream ended without a response")
     check_read_response(journal, resp)
     if resp.status == pb.SUSPENDED:
-        return await suspended_head(client, journal)
+        return None
     if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
         raise error_for_status(
             resp.status, journal, resp.header if resp.HasField("header") else None
@@ -91,19 +99,28 @@ async def write_head(client: JournalClient, journal: str) -> int:
     return int(resp.write_head)
 
 
-async def suspended_head(client: JournalClient, journal: str) -> int:
-    """The write head of a journal answered SUSPENDED: fully suspended, no broker serves it
-    (as no fragment holds content), and it resumes at the offset its spec records."""
+async def suspended_heads(
+    client: JournalClient, journals: list[str], *, absent_ok: frozenset[str] = frozenset()
+) -> dict[str, int]:
+    """The write heads of journals answered SUSPENDED: fully suspended, no broker serves them
+    (as no fragment holds content), and each resumes at the offset its spec records. One List
+    for them all (a List walks every journal of the cluster). A journal of `absent_ok` no
+    longer listed is left out; any other is an error."""
     listed = await list_journals(
-        client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels((journal,))))
+        client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels(tuple(journals))))
     )
-    for j in listed:
-        if j.spec.name == journal:
-            suspend = j.spec.suspend
-            if suspend.level != pb.JournalSpec.Suspend.FULL:
-                raise Suspended(detail=f"{journal} (its spec says it is not fully suspended)")
-            return int(suspend.offset)
-    raise JournalNotFound(detail=journal)
+    specs = {j.spec.name: j.spec for j in listed}
+    out: dict[str, int] = {}
+    for journal in journals:
+        spec = specs.get(journal)
+        if spec is None:
+            if journal in absent_ok:
+                continue
+            raise JournalNotFound(detail=journal)
+        if spec.suspend.level != pb.JournalSpec.Suspend.FULL:
+            raise Suspended(detail=f"{journal} (its spec says it is not fully suspended)")
+        out[journal] = int(spec.suspend.offset)
+    return out
 
 
 async def write_heads(
@@ -113,16 +130,20 @@ async def write_heads(
     just created is listed before its first assignment reaches the broker asked; or one
     deleted since it was listed) is left out; any other such journal is an error."""
 
-    async def head(journal: str) -> int | None:
+    async def head(journal: str) -> int | JournalNotFound | None:
         try:
-            return await write_head(client, journal)
-        except JournalNotFound:
+            return await _read_head(client, journal)
+        except JournalNotFound as exc:
             if journal in absent_ok:
-                return None
+                return exc
             raise
 
     heads = await _gather(head(j) for j in journals)
-    return {j: h for j, h in zip(journals, heads, strict=True) if isinstance(h, int)}
+    out = {j: h for j, h in zip(journals, heads, strict=True) if isinstance(h, int)}
+    suspended = [j for j, h in zip(journals, heads, strict=True) if h is None]
+    if suspended:
+        out.update(await suspended_heads(client, suspended, absent_ok=absent_ok))
+    return {j: out[j] for j in journals if j in out}
 
 
 async def fragments(client: JournalClient, journal: str) -> list[FragmentInfo]:

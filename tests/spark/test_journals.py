@@ -41,7 +41,7 @@ def test_write_heads_leave_out_absent_journals_only_where_allowed(
 
 
 async def test_a_fully_suspended_journal_reads_as_empty_at_its_head(
-    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A journal with no content (never written, or all of it removed by retention) that is
     # suspended (e.g. by --auto-suspend) has no broker: its reads and listings are answered
@@ -56,26 +56,43 @@ async def test_a_fully_suspended_journal_reads_as_empty_at_its_head(
     try:
         url = f"http://127.0.0.1:{brokers[0].port}"
         async with JournalClient(url) as client:
-            idle, used = "spark/suspended/idle", "spark/suspended/used"
-            specs = [journal_spec(j, labels={"topic": "suspended"}) for j in (idle, used)]
+            idles = [f"spark/suspended/idle-{i}" for i in range(3)]
+            idle, used = idles[0], "spark/suspended/used"
+            specs = [journal_spec(j, labels={"topic": "suspended"}) for j in (*idles, used)]
             await apply_journals(
                 client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0) for s in specs]
             )
             await append(client, used, b"one\n")
             deadline = time.monotonic() + 30
-            while not await suspend_journal(client, idle):
-                assert time.monotonic() < deadline, "the journal was never suspended"
-                await asyncio.sleep(0.1)
+            for j in idles:
+                while not await suspend_journal(client, j):
+                    assert time.monotonic() < deadline, "the journal was never suspended"
+                    await asyncio.sleep(0.1)
             (listed,) = await list_journals(client, parse_selector(f"name={idle}"))
             assert listed.spec.suspend.level == pb.JournalSpec.Suspend.FULL
 
+            # The heads of suspended journals come from their specs, all in one List (a List
+            # walks every journal of the cluster: one per suspended journal, every trigger,
+            # grows as their product).
+            lists = []
+            real_list = jn.list_journals
+
+            async def counted(*args: object, **kwargs: object) -> object:
+                lists.append(args)
+                return await real_list(*args, **kwargs)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(jn, "list_journals", counted)
+            heads = await jn.write_heads(client, [*idles, used])
+            assert heads == {**dict.fromkeys(idles, 0), used: 4}
+            assert len(lists) == 1
+            monkeypatch.undo()
             assert await jn.write_heads(client, [idle, used]) == {idle: 0, used: 4}
             assert await jn.all_fragments(client, [idle]) == {idle: []}
             opts = parse_read_options(
                 {"broker": url, "selector": "topic=suspended"}, streaming=False
             )
             ranges, _ = await batch_ranges(client, opts)
-            assert ranges == {idle: (0, 0), used: (0, 4)}
+            assert ranges == {**{j: (0, 0) for j in idles}, used: (0, 4)}
     finally:
         for b in brokers:
             await b.stop(grace=1.0)
