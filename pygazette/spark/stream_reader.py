@@ -108,6 +108,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         self.opts = opts
         self.layout = layout
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end offsets.
+        self._target_revisions: dict[str, int] = {}  # ...of the journals they are offsets of.
         self._heads: dict[str, int] = {}
 
     # Offsets --------------------------------------------------------------------------------
@@ -150,17 +151,19 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def prepareForTriggerAvailableNow(self) -> None:
         opts = self.opts
 
-        async def go(client: JournalClient) -> dict[str, int]:
-            journals = await jn.resolve_journals(client, opts.journals, opts.selector)
-            return await jn.write_heads(client, journals)
+        async def go(client: JournalClient) -> tuple[dict[str, int], dict[str, int]]:
+            revisions = await jn.journal_revisions(client, opts.journals, opts.selector)
+            return await jn.write_heads(client, sorted(revisions)), revisions
 
-        self._target = _sorted(runtime.call(opts.target, go))
+        heads, self._target_revisions = runtime.call(opts.target, go)
+        self._target = _sorted(heads)
         log.info("Trigger.AvailableNow reads up to %s", self._target)
 
     def latestOffset(self, start_offsets: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         opts = self.opts
         budget = self._budget(limit)
         target = self._target
+        target_revisions = self._target_revisions
         start, start_revisions = _split(start_offsets)
 
         async def go(client: JournalClient) -> dict[str, Any]:
@@ -202,6 +205,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     end[j] = head
                     continue
                 if target is not None:
+                    # A journal recreated since the query started (a journal other than the
+                    # one its target offset is of) is not read by it: that offset may fall
+                    # anywhere in the new journal's records.
+                    if target_revisions.get(j, listed_revisions[j]) != listed_revisions[j]:
+                        head = start[j]
                     head = min(head, max(target[j], start[j]))
                 heads[j] = head
                 reading[j] = start[j]

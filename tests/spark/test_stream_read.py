@@ -475,3 +475,48 @@ def test_a_journal_deleted_and_recreated_past_the_offsets_is_data_loss_and_read_
     with pytest.raises(DataLossError, match=rf"data loss in journal {j}: offsets \[0, "):
         reader("true").partitions(anew, end)
     assert values(reader("false"), anew, end) == []
+
+
+def test_trigger_available_now_does_not_read_a_journal_recreated_since_it_started(
+    spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    # Trigger.AvailableNow reads up to the heads of the moment the query starts. A journal
+    # deleted and created again since then is another journal: the old one's head is no
+    # offset of it (it may fall inside a record), so the query does not read it (the next
+    # query does, from where this one leaves it: its beginning).
+    from pygazette.protocol.pb import protocol_pb2 as pb
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.schema import default_schema, layout
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    j = prefix + "reborn-now"
+    create_journals(gz, journal_spec(j))
+    old = json_records(0, 10)
+    append_each(gz, j, [b"".join(old)])
+    opts = parse_read_options(
+        {
+            "broker": spark_broker.url,
+            "journals": j,
+            "framing": "lines",
+            "startingOffsets": "earliest",
+            "failOnDataLoss": "false",
+        },
+        streaming=True,
+    )
+    r = GazetteStreamReader(opts, layout(default_schema(Framing.LINES), Framing.LINES))
+    r.prepareForTriggerAvailableNow()
+    start = r.initialOffset()
+
+    gz.apply_journals([pb.ApplyRequest.Change(delete=j, expect_mod_revision=-1)])
+    wait_for(lambda: not gz.list_journals(f"name={j}"), what="the journal to be deleted")
+    spec = journal_spec(j)
+    spec.fragment.stores[:] = ["file:///recreated-now/"]
+    create_journals(gz, spec)
+    new = json_records(1000, 30, pad=7)  # The old head falls inside a record of these.
+    append_each(gz, j, [b"".join(new)])
+    recreated = gz.list_journals(f"name={j}")[0].create_revision
+
+    anew = r.latestOffset(start, r.getDefaultReadLimit())
+    assert anew == {j: [0, recreated]}
+    assert r.latestOffset(anew, r.getDefaultReadLimit()) == anew
