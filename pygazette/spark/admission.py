@@ -14,7 +14,7 @@ a stream always progresses and no record is ever split.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
-from pygazette.protocol.errors import OffsetNotYetAvailable, Suspended
+from pygazette.protocol.errors import JournalNotFound, OffsetNotYetAvailable, Suspended
 from pygazette.spark import framing as fr
 from pygazette.spark.framing import Framing
 from pygazette.spark.journals import FragmentInfo
@@ -80,20 +80,35 @@ async def admit(
     if budget.unlimited or not any(available.values()):
         return end
     finder = _Boundaries(client, framing, listings)
+    gone: set[str] = set()
+
+    async def boundary(j: str, find: Awaitable[int]) -> int:
+        # A journal deleted since its head was read stays where it was, as one deleted
+        # before (the trigger leaves it out of its heads).
+        try:
+            return await find
+        except JournalNotFound:
+            gone.add(j)
+            return start[j]
+
     if budget.max_bytes is not None:
         shares = split_evenly(budget.max_bytes, available)
         for j, share in shares.items():
             if share < available[j]:
-                end[j] = await finder.last_before(j, start[j], start[j] + share, heads[j])
+                cut = start[j] + share
+                end[j] = await boundary(j, finder.last_before(j, start[j], cut, heads[j]))
     if budget.max_records is not None:
         shares = split_evenly(budget.max_records, available)
         for j, share in shares.items():
-            if end[j] > start[j]:
-                end[j] = await finder.after_records(j, start[j], share, end[j], heads[j])
+            if end[j] > start[j] and j not in gone:
+                find = finder.after_records(j, start[j], share, end[j], heads[j])
+                end[j] = await boundary(j, find)
     if all(end[j] == start[j] for j in start):
         # Nothing fits a share: admit one record of the journal with the most to read.
-        j = max(sorted(available), key=lambda k: available[k])
-        end[j] = await finder.after_records(j, start[j], 1, heads[j], heads[j])
+        left = [k for k in sorted(available) if k not in gone]
+        if left:
+            j = max(left, key=lambda k: available[k])
+            end[j] = await boundary(j, finder.after_records(j, start[j], 1, heads[j], heads[j]))
     return end
 
 

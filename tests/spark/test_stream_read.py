@@ -520,3 +520,53 @@ def test_trigger_available_now_does_not_read_a_journal_recreated_since_it_starte
     anew = r.latestOffset(start, r.getDefaultReadLimit())
     assert anew == {j: [0, recreated]}
     assert r.latestOffset(anew, r.getDefaultReadLimit()) == anew
+
+
+def test_a_journal_deleted_while_a_trigger_admits_its_records_stays_where_it_was(
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under a budget, the trigger reads journals to cut their end offsets at record
+    # boundaries, after it has their heads: a journal deleted in between stays where it was
+    # (as one deleted before its head was asked), and the others advance.
+    from pygazette.protocol.pb import protocol_pb2 as pb
+    from pygazette.spark import stream_reader
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.schema import default_schema, layout
+
+    topic = prefix.strip("/").replace("/", ".")
+    kept, gone = prefix + "kept", prefix + "gone"
+    records = json_records(0, 10)
+    for j in (kept, gone):
+        create_journals(gz, journal_spec(j, labels={"topic": topic}))
+        append_each(gz, j, [b"".join(records)])
+    opts = parse_read_options(
+        {
+            "broker": spark_broker.url,
+            "selector": f"topic={topic}",
+            "framing": "lines",
+            "startingOffsets": "earliest",
+            "maxBytesPerTrigger": str(len(b"".join(records))),  # Half of each journal.
+        },
+        streaming=True,
+    )
+    reader = stream_reader.GazetteStreamReader(
+        opts, layout(default_schema(Framing.LINES), Framing.LINES)
+    )
+    start = reader.initialOffset()
+    heads_before = stream_reader.jn.write_heads
+
+    async def deleted_once_its_head_is_known(*args: Any, **kwargs: Any) -> dict[str, int]:
+        heads = await heads_before(*args, **kwargs)
+        gz.apply_journals([pb.ApplyRequest.Change(delete=gone, expect_mod_revision=-1)])
+        wait_for(lambda: not gz.list_journals(f"name={gone}"), what="the journal to be deleted")
+        return heads
+
+    monkeypatch.setattr(stream_reader.jn, "write_heads", deleted_once_its_head_is_known)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end[gone] == start[gone]
+    assert start[kept][0] < end[kept][0] < len(b"".join(records))
+    assert end[kept][0] in offsets_of(records)
