@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -85,6 +86,9 @@ _GRPC_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.DEADLINE_EXCEEDED: 408,
 }
+# What Go's strconv.ParseInt takes in base 10 (Python's int() takes more: "1_0", " 5", other
+# scripts' digits).
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 
@@ -115,11 +119,12 @@ def parse_read_request(request: web.Request) -> pb.ReadRequest:
     offset, block = 0, False
     for key, value in request.query.items():
         name = key.lower()
+        if name in ("offset", "block") and value == "":
+            continue  # As gorilla/schema decodes it: the field keeps its zero value.
         if name == "offset":
-            try:
-                offset = int(value)
-            except ValueError:
-                raise BadRequest(f"invalid offset {value!r}") from None
+            if not _DECIMAL.fullmatch(value):
+                raise BadRequest(f"invalid offset {value!r}")
+            offset = int(value)
             if not -(1 << 63) <= offset <= MAX_INT64:
                 raise BadRequest(f"invalid offset {value!r}")
         elif name == "block":
