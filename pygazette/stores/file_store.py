@@ -94,18 +94,32 @@ class FileStore(FragmentStore):
         return self._resolve(path)
 
     async def put_file(
-        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+        self,
+        path: str,
+        local: Path,
+        *,
+        content_encoding: str = "",
+        disposable: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         # A file system keeps no Content-Encoding: the file holds the bytes as given.
         abandoned = threading.Event()
         try:
-            await _run(self._put_file, self._resolve(path), local, disposable, abandoned)
+            await _run(
+                self._put_file, self._resolve(path), local, disposable, abandoned, progress
+            )
         except asyncio.CancelledError:
             abandoned.set()  # Its thread goes on (maybe hung), but lands nothing now.
             raise
 
     @staticmethod
-    def _put_file(target: Path, local: Path, disposable: bool, abandoned: threading.Event) -> None:
+    def _put_file(
+        target: Path,
+        local: Path,
+        disposable: bool,
+        abandoned: threading.Event,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -120,15 +134,21 @@ class FileStore(FragmentStore):
                     # batch jobs select fragments persisted in a time window by it.
                     os.utime(tmp)
                     linked = True
+                    if progress is not None:
+                        progress(os.stat(tmp).st_size)
                 except OSError:
                     Path(tmp).unlink(missing_ok=True)
             if not linked:
+                copied = 0
                 with open(tmp, "xb") as out, open(local, "rb") as src:
                     while chunk := src.read(_COPY_CHUNK):
                         # Read after the put was abandoned: `local` may hold other bytes
                         # by now (a spool file reused once a retry persisted it).
                         _check(abandoned, target)
                         out.write(chunk)
+                        copied += len(chunk)
+                        if progress is not None:
+                            progress(copied)
             fd = os.open(tmp, os.O_RDONLY)
             try:
                 os.fsync(fd)

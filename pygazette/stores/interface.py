@@ -14,6 +14,7 @@ imports them, without an import cycle.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,13 @@ class FragmentStore(abc.ABC):
 
     @abc.abstractmethod
     async def put_file(
-        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+        self,
+        path: str,
+        local: Path,
+        *,
+        content_encoding: str = "",
+        disposable: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         """Store the local file's bytes at `path`, atomically (all or nothing).
 
@@ -70,6 +77,10 @@ class FragmentStore(abc.ABC):
         whatever a store's call still does on a thread, it then lands nothing it read from
         `local` after the cancellation, which may be other bytes by then (a spool file
         reused once the retry persisted it). A put that lands anyway read its bytes before.
+
+        `progress`, if given, is called (on any thread) with the number of bytes read from
+        `local` so far as the put goes on: the persister abandons a put that makes none for
+        a while, not one that is merely slow (a large fragment on a slow store).
         """
 
     @abc.abstractmethod

@@ -62,10 +62,17 @@ class _PutSource(io.RawIOBase):
     complete with bytes read since, which may be another's (a spool file reused once a
     retry persisted it). What it read before then was the file's own content."""
 
-    def __init__(self, local: Path, abandoned: threading.Event) -> None:
+    def __init__(
+        self,
+        local: Path,
+        abandoned: threading.Event,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__()
         self._file = open(local, "rb", buffering=0)  # Closed by close().
         self._abandoned = abandoned
+        self._progress = progress
+        self._read = 0
 
     def readable(self) -> bool:
         return True
@@ -83,7 +90,11 @@ class _PutSource(io.RawIOBase):
         n = self._file.readinto(buffer)
         if self._abandoned.is_set():  # Checked after the read: it may have read other bytes.
             raise OSError("put abandoned (cancelled)")
-        return n if n is not None else 0
+        n = n if n is not None else 0
+        if n and self._progress is not None:
+            self._read += n
+            self._progress(self._read)  # Read ahead of the upload by a few parts at most.
+        return n
 
     def close(self) -> None:
         self._file.close()
@@ -131,7 +142,13 @@ class ObjectStore(FragmentStore):
         return StoreError(f"{op} {where}: {describe(exc)}")
 
     async def put_file(
-        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+        self,
+        path: str,
+        local: Path,
+        *,
+        content_encoding: str = "",
+        disposable: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         key = self._key(path)
         attributes: dict[str, str] = dict(self._put_attributes)
@@ -139,15 +156,22 @@ class ObjectStore(FragmentStore):
             attributes["Content-Encoding"] = content_encoding
         abandoned = threading.Event()
         try:
-            await _run(self._put, key, Path(local), attributes or None, abandoned)
+            await _run(self._put, key, Path(local), attributes or None, abandoned, progress)
         except asyncio.CancelledError:
             abandoned.set()  # Its thread goes on (maybe hung), but lands nothing now.
             raise
         except (BaseError, OSError, ValueError) as exc:
             raise self._error("put", key, exc) from exc
 
-    def _put(self, key: str, local: Path, attributes: Any, abandoned: threading.Event) -> None:
-        with _PutSource(local, abandoned) as source:
+    def _put(
+        self,
+        key: str,
+        local: Path,
+        attributes: Any,
+        abandoned: threading.Event,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        with _PutSource(local, abandoned, progress) as source:
             obstore.put(self._store, key, source, attributes=attributes)
 
     async def exists(self, path: str) -> bool:

@@ -12,8 +12,8 @@ file is kept across retries. A fragment already in the store (a restart after th
 before the spool's removal) is not uploaded again. A spool's local files are removed only
 after the store holds the fragment durably; a failed attempt is retried on a backoff that
 is cut short when the store's health check passes again, and the spool stays on disk — and
-readable — meanwhile. Every store call of an attempt has a deadline (a put's grows with its
-size, `put_deadline`): one that hangs (a file store on a hung mount has no timeout of its own,
+readable — meanwhile. Every store call of an attempt has a deadline (a put's is on its
+progress, `put_deadline`: a slow store's put goes on while it reads its file): one that hangs (a file store on a hung mount has no timeout of its own,
 an upload may sit on a dead connection) is abandoned — cancelled, so it lands nothing it reads
 after (`FragmentStore.put_file`) — and the attempt fails as on a store error. A stopped
 replica's spools still waiting here are let go of when a new replica of the journal starts
@@ -71,12 +71,17 @@ MAX_RETRY_SECONDS = 30.0
 _SCRATCH_PREFIX = "persist-"
 # How long a replica leaves its primary to persist a fragment before checking for it.
 REPLICA_PERSIST_DELAY_SECONDS = 5.0
-# Deadlines of an attempt's store calls. Gazette gives a put 5 minutes, whatever its size; here
-# a put has STORE_CALL_DEADLINE_SECONDS plus a second for each PUT_DEADLINE_BYTES_PER_SECOND
-# bytes it uploads (316 s for 512 MiB, Gazette's default fragment length; 60 s for a small
-# one; 35 minutes for 4 GiB), and a listing or existence check STORE_CALL_DEADLINE_SECONDS.
+# Deadlines of an attempt's store calls. A listing or existence check has
+# STORE_CALL_DEADLINE_SECONDS. A put is abandoned once it went that long, plus a second for each
+# PUT_DEADLINE_BYTES_PER_SECOND bytes a store may read ahead of what it sent (obstore's
+# multipart upload reads up to 12 parts of 5 MiB ahead: PUT_READ_AHEAD_BYTES), without
+# progress (reading its file): 60 s for a small put, 92 s of silence for a large one, however
+# long a slow store takes while it keeps reading. A deadline on the whole put (as the size at
+# some rate) abandoned a large fragment on a store slower than that rate at every attempt,
+# each starting over: it never persisted.
 STORE_CALL_DEADLINE_SECONDS = 60.0
 PUT_DEADLINE_BYTES_PER_SECOND = 2 << 20
+PUT_READ_AHEAD_BYTES = 64 << 20
 
 
 class PersistTarget(Protocol):
@@ -372,8 +377,37 @@ class Persister:
                 backoff = min(backoff * 2, MAX_RETRY_SECONDS)
 
     def put_deadline(self, size: int) -> float:
-        """Seconds a put of `size` bytes may take before it is abandoned."""
-        return self.call_deadline + size / self.put_bytes_per_second
+        """Seconds a put of `size` bytes may go without progress before it is abandoned."""
+        return self.call_deadline + min(size, PUT_READ_AHEAD_BYTES) / self.put_bytes_per_second
+
+    async def _put_within(
+        self,
+        size: int,
+        what: str,
+        put: Callable[[Callable[[int], None]], Awaitable[None]],
+    ) -> None:
+        """`put(progress)`, a store's put, abandoned (cancelled) once it made no progress
+        for `put_deadline(size)` seconds: a StoreError then. A put that keeps reading its
+        file goes on, however slow the store (`FragmentStore.put_file`'s `progress`)."""
+        stall = self.put_deadline(size)
+        last = [time.monotonic()]
+
+        def progress(_read: int) -> None:  # Any thread: one assignment.
+            last[0] = time.monotonic()
+
+        task = asyncio.ensure_future(put(progress))
+        try:
+            while (remaining := last[0] + stall - time.monotonic()) > 0:
+                done, _ = await asyncio.wait([task], timeout=remaining)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()  # Abandoned: it lands nothing it reads from now on.
+                await asyncio.wait([task])  # Our own cancellation still propagates.
+                if not task.cancelled():
+                    task.exception()  # Retrieved: the attempt fails as abandoned.
+        raise StoreError(f"{what} timed out after {stall:g}s without progress")
 
     @staticmethod
     async def _within(seconds: float, what: str, call: Awaitable[T]) -> T:
@@ -427,16 +461,26 @@ class Persister:
                 # reads it again, and a spool deleted since may be reused.
                 with spool.open_content_path() as source:
                     size = source.stat().st_size
-                    put = store.put_file(path, source, content_encoding=encoding)
-                    await self._within(self.put_deadline(size), f"put of {path}", put)
+                    await self._put_within(
+                        size,
+                        f"put of {path}",
+                        lambda progress: store.put_file(
+                            path, source, content_encoding=encoding, progress=progress
+                        ),
+                    )
             else:
                 if job.compressed is None:
                     job.compressed = await self._in_pool(self._compress, spool)
                 # Kept for the retry if this put fails or is abandoned (`_finish` removes it).
                 source = job.compressed
                 size = source.stat().st_size
-                put = store.put_file(path, source, content_encoding=encoding, disposable=True)
-                await self._within(self.put_deadline(size), f"put of {path}", put)
+                await self._put_within(
+                    size,
+                    f"put of {path}",
+                    lambda progress: store.put_file(
+                        path, source, content_encoding=encoding, disposable=True, progress=progress
+                    ),
+                )
             self.uploaded_bytes += size
             STORE_PUT_BYTES.labels(job.store, encoding or "identity").inc(size)
         frag.mod_time = int(time.time())

@@ -234,6 +234,72 @@ async def test_a_replica_spool_its_primary_persisted_is_found_by_its_path(
         await persister.stop()
 
 
+class _SlowStore:
+    """A file store on a slow link: a put reads its file `chunk` bytes at a time, `pause`
+    seconds apart (reporting its progress, as the stores do), then stores what it read."""
+
+    def __init__(self, store: FragmentStore, scratch: Path, chunk: int, pause: float) -> None:
+        self.store = store
+        self.scratch = scratch
+        self.chunk = chunk
+        self.pause = pause
+        self.puts = 0
+
+    async def exists(self, path: str) -> bool:
+        return await self.store.exists(path)
+
+    async def put_file(
+        self, path: str, local: Path, *, progress: Any = None, **kwargs: Any
+    ) -> None:
+        self.puts += 1
+        copy = self.scratch / f"upload-{self.puts}"
+        with open(local, "rb") as src, open(copy, "wb") as out:
+            while chunk := src.read(self.chunk):
+                await asyncio.sleep(self.pause)
+                out.write(chunk)
+                if progress is not None:
+                    progress(out.tell())
+        await self.store.put_file(path, copy)
+
+
+async def test_a_slow_put_that_keeps_going_is_not_abandoned(tmp_path: Path) -> None:
+    """A put is abandoned when it stalls, not when it is slow: a large fragment on a store
+    slower than PUT_DEADLINE_BYTES_PER_SECOND was abandoned at its deadline at every attempt,
+    each starting over, and never persisted (the persister never idle, its backlog held)."""
+    (tmp_path / "scratch").mkdir()
+    # 512 KiB at 160 KiB/s: 3.2 s, where a whole put had 0.3 s + 512 KiB / 256 KiB/s = 2.3 s.
+    store = _SlowStore(_file_store(tmp_path), tmp_path / "scratch", 16 << 10, 0.1)
+    persister = _persister(tmp_path, store)  # type: ignore[arg-type]
+    persister.put_bytes_per_second = 256 << 10
+    data = os.urandom(512 << 10)
+    spool = _closed_spool(tmp_path / "spools" / "a%2Fjournal", data)
+    target = _Target()
+    try:
+        persister.enqueue(spool, target)  # type: ignore[arg-type]
+        async with asyncio.timeout(15):
+            await persister.wait_idle()
+        assert store.puts == 1
+        (frag,) = target.persisted
+        assert (tmp_path / "store" / fragment_content_path(frag)).read_bytes() == data
+        assert persister.backlog_bytes(STORE) == 0
+    finally:
+        await persister.stop()
+
+
+async def test_the_stores_report_a_put_s_progress(tmp_path: Path) -> None:
+    source = tmp_path / "spool"
+    source.write_bytes(os.urandom(3 << 20))
+    files: list[int] = []
+    await _file_store(tmp_path).put_file("j/frag", source, progress=files.append)
+    assert files and files[-1] == 3 << 20
+    (tmp_path / "bucket").mkdir()
+    local = obstore.store.LocalStore(str(tmp_path / "bucket"))
+    objects = ObjectStore(parse_store_url("s3://bucket/"), local)  # type: ignore[arg-type]
+    uploaded: list[int] = []
+    await objects.put_file("j/frag", source, progress=uploaded.append)
+    assert uploaded and uploaded[-1] == 3 << 20
+
+
 def _fifo(tmp_path: Path) -> Path:
     """A named pipe: a put reading it blocks until bytes are written into it."""
     path = tmp_path / "fifo"

@@ -87,7 +87,13 @@ class _InterruptedStore:
         return False
 
     async def put_file(
-        self, path: str, local: Path, *, content_encoding: str = "", disposable: bool = False
+        self,
+        path: str,
+        local: Path,
+        *,
+        content_encoding: str = "",
+        disposable: bool = False,
+        progress: object = None,
     ) -> None:
         with open(local, "rb") as f:
             head = f.read(4)
