@@ -13,8 +13,9 @@ before the spool's removal) is not uploaded again. A spool's local files are rem
 after the store holds the fragment durably; a failed attempt is retried on a backoff that
 is cut short when the store's health check passes again, and the spool stays on disk — and
 readable — meanwhile. Every store call of an attempt has a deadline (a put's is on its
-progress, `put_deadline`: a slow store's put goes on while it reads its file): one that hangs (a file store on a hung mount has no timeout of its own,
-an upload may sit on a dead connection) is abandoned — cancelled, so it lands nothing it reads
+progress, `put_deadline`: a slow store's put goes on while it reads its file): one that
+hangs (a file store on a hung mount has no timeout of its own, an upload may sit on a dead
+connection) is abandoned — cancelled, so it lands nothing it reads
 after (`FragmentStore.put_file`) — and the attempt fails as on a store error. A stopped
 replica's spools still waiting here are let go of when a new replica of the journal starts
 (`release`, after an attempt in progress, so within its deadlines): it recovers them from its
