@@ -222,9 +222,16 @@ def plan(
             segs, lost = segments(journal, begin, end, listings.get(journal, []))
         losses.extend(lost)
         bounds = chunk_bounds(begin, end, segs, framing, target, streaming=streaming)
+        first = 0  # Segments are in offset order and chunks too: walk both once.
         for lo, hi in itertools.pairwise(bounds):
-            if hi > lo:
-                chunks.append((hi - lo, chunk_pieces(journal, lo, hi, segs, framing)))
+            if hi <= lo:
+                continue
+            while first < len(segs) and segs[first].end <= lo:
+                first += 1
+            last = first
+            while last < len(segs) and segs[last].begin < hi:
+                last += 1
+            chunks.append((hi - lo, chunk_pieces(journal, lo, hi, segs[first:last], framing)))
     return pack(chunks, target), losses
 
 
