@@ -193,19 +193,28 @@ class DesiredPlan:
         changed: set[str] = set()
         # Items to re-solve → members their replicas must be re-placed from (None: all).
         release: dict[str, set[MemberKey] | None] = {}
-        if touched is None or self.capacity is None or zones != self.zones:
-            for item_id in list(self.by_item):
+        full = touched is None or self.capacity is None or zones != self.zones
+        if full or touched is None:
+            # Every item solved before (short ones may hold no desired assignment).
+            for item_id in list(self.replication):
                 if item_id not in state.item_map:
                     self._drop(item_id, changed)
             release = dict.fromkeys(state.item_map)
         else:
+            freed = False  # Room an item left (deleted, or its replication lowered).
             for item_id in touched:
                 item = state.item_map.get(item_id)
                 if item is None:
                     if item_id in self.replication:
+                        freed = freed or bool(self.by_item.get(item_id))
                         self._drop(item_id, changed)
-                elif self.replication.get(item_id) != item.replication:
+                elif (was := self.replication.get(item_id)) != item.replication:
                     release[item_id] = None
+                    freed = freed or (was is not None and item.replication < was)
+            if freed:
+                # Items short of replicas may take that room, as a full solve gives it.
+                for item_id in self.short:
+                    release.setdefault(item_id, set())
             if capacity != self.capacity:
                 for item_id, off in self._affected_by_members(state, capacity).items():
                     if item_id not in release:
@@ -215,6 +224,39 @@ class DesiredPlan:
         self.capacity, self.zones = capacity, zones
         if not release:
             return changed
+        changed |= self._resolve(state, release, capacity)
+        if not full and self._could_place_more(release, capacity):
+            # Replicas kept where they were block a short item that a full solve places
+            # (a member with room holds it already; a full one it could use holds an
+            # item that could move to that room): re-solve everything, as Gazette does.
+            changed |= self._resolve(state, dict.fromkeys(state.item_map), capacity)
+        return changed
+
+    def _could_place_more(
+        self, released: dict[str, set[MemberKey] | None], capacity: dict[MemberKey, int]
+    ) -> bool:
+        """Whether a released item is left short while members have room, and a member
+        without room that doesn't hold it might make room by moving an item away."""
+        short = [i for i in released if i in self.short]
+        if not short:
+            return False
+        room = {m: c - len(self.holders.get(m, ())) for m, c in capacity.items()}
+        if not any(r > 0 for r in room.values()):
+            return False
+        for item_id in short:
+            held = {(d.zone, d.suffix) for d in self.by_item.get(item_id, ())}
+            if any(r <= 0 and m not in held for m, r in room.items()):
+                return True
+        return False
+
+    def _resolve(
+        self,
+        state: AllocatorState,
+        release: dict[str, set[MemberKey] | None],
+        capacity: dict[MemberKey, int],
+    ) -> set[str]:
+        """Re-solve the released items (each moving off the members given, or any: None);
+        returns those whose desired assignments changed."""
         self.solved_items += len(release)
         old = {item_id: self.by_item.get(item_id, ()) for item_id in release}
         # Replicas not released stay where they are: only the others are solved for.
@@ -233,8 +275,7 @@ class DesiredPlan:
                 for m in keep:
                     self.holders.setdefault(m, set()).add(item_id)
         self._solve(state, sorted(release), capacity, fixed)
-        changed.update(i for i in release if self.by_item.get(i, ()) != old[i])
-        return changed
+        return {i for i in release if self.by_item.get(i, ()) != old[i]}
 
     def _drop(self, item_id: str, changed: set[str]) -> None:
         if self.by_item.get(item_id):
