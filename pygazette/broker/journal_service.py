@@ -406,41 +406,48 @@ class JournalService(pb_grpc.JournalServicer):
         self, request: pb.FragmentsRequest, context: Context
     ) -> pb.FragmentsResponse:  # type: ignore[override]
         await _validate(validate_fragments_request, request, context)
-        header = self.resolver.header()
-        if self.cluster is not None:
-            res = await self._resolve(
-                context,
-                request.journal,
-                may_proxy=not request.do_not_proxy,
-                proxy_header=request.header if request.HasField("header") else None,
-            )
-            if res.status != pb.OK:
-                return pb.FragmentsResponse(status=res.status, header=res.header)
-            if not res.local:
-                forwarded = pb.FragmentsRequest()
-                forwarded.CopyFrom(request)
-                forwarded.header.CopyFrom(res.header)
-                try:
-                    resp: pb.FragmentsResponse = await self._peer_stub(res, context).ListFragments(
-                        forwarded
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    await context.abort(exc.code(), exc.details() or "proxied request failed")
-                    raise  # Not reached: abort raises.
-                return resp
-            replica = res.replica
-            header = res.header
-            invalidated = res.invalidated
-        else:
-            replica = self.resolver.resolve(request.journal)
-            invalidated = None if replica is None else replica.invalidated
-        if replica is None:
-            return pb.FragmentsResponse(
-                status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
-            )
-        failure = await first_listing_or_invalidated(replica, invalidated)
-        if failure is None:  # No listing of a replica that stopped meanwhile ever comes.
-            failure = f"{request.journal} moved or was deleted meanwhile; ask again"
+        while True:
+            header = self.resolver.header()
+            if self.cluster is not None:
+                res = await self._resolve(
+                    context,
+                    request.journal,
+                    may_proxy=not request.do_not_proxy,
+                    proxy_header=request.header if request.HasField("header") else None,
+                )
+                if res.status != pb.OK:
+                    return pb.FragmentsResponse(status=res.status, header=res.header)
+                if not res.local:
+                    forwarded = pb.FragmentsRequest()
+                    forwarded.CopyFrom(request)
+                    forwarded.header.CopyFrom(res.header)
+                    try:
+                        resp: pb.FragmentsResponse = await self._peer_stub(
+                            res, context
+                        ).ListFragments(forwarded)
+                    except grpc.aio.AioRpcError as exc:
+                        await context.abort(exc.code(), exc.details() or "proxied request failed")
+                        raise  # Not reached: abort raises.
+                    return resp
+                replica = res.replica
+                header = res.header
+                invalidated = res.invalidated
+            else:
+                replica = self.resolver.resolve(request.journal)
+                invalidated = None if replica is None else replica.invalidated
+            if replica is None:
+                return pb.FragmentsResponse(
+                    status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
+                )
+            failure = await first_listing_or_invalidated(replica, invalidated)
+            if failure is not None:
+                break
+            # Invalidated first: the replica stopped (no listing of it ever comes), or it goes
+            # on with another spec or other assignments (its listing still comes). Resolve
+            # the journal again: gone, moved, or the same replica to wait on.
+            if not self.resolver.serving:
+                failure = "this broker is shutting down"
+                break
         if failure:
             await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
         # Local spools as readers may see them (in cluster mode, the open one only up to

@@ -132,6 +132,15 @@ async def _ends(pending: Awaitable[Any]) -> Any:
         return exc.code()
 
 
+def _gone(listed: Any) -> None:
+    """A fragment listing of a journal deleted while it waited: JOURNAL_NOT_FOUND (it
+    resolves the journal again), or failed UNAVAILABLE."""
+    if isinstance(listed, pb.FragmentsResponse):
+        assert listed.status == pb.JOURNAL_NOT_FOUND, listed
+    else:
+        assert listed in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND), listed
+
+
 @pytest.fixture
 async def single_node(
     tmp_path: Path,
@@ -264,7 +273,7 @@ async def test_single_node_read_and_listing_end_when_their_journal_is_deleted(
     read = await _ends(reading)
     assert isinstance(read, pb.ReadResponse) and read.status in (pb.OK, pb.JOURNAL_NOT_FOUND)
     assert not read.content and not read.HasField("fragment"), read  # The stream just ended.
-    assert await _ends(listing) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+    _gone(await _ends(listing))
 
 
 @pytest.mark.slow
@@ -281,4 +290,40 @@ async def test_cluster_read_and_listing_end_when_their_journal_is_deleted(
     read = await _ends(reading)
     assert isinstance(read, pb.ReadResponse) and read.status in (pb.OK, pb.JOURNAL_NOT_FOUND)
     assert not read.content and not read.HasField("fragment"), read
-    assert await _ends(listing) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+    _gone(await _ends(listing))
+
+
+@pytest.mark.slow
+async def test_cluster_listing_waits_through_a_spec_change(
+    clustered: Callable[[Listings], Awaitable[tuple[Broker, pb_grpc.JournalStub]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica that goes on serving (its spec edited, so its resolutions are invalidated)
+    still lists its stores: a fragment listing waiting for that goes on waiting, and is
+    answered. It failed UNAVAILABLE ("moved or was deleted meanwhile") at the edit: in a
+    cluster any spec edit (or assignment change) invalidates the replica, e.g. pointing a
+    journal at another store while its store can't be listed."""
+    listings = Listings(monkeypatch, "block")
+
+    async def list_stores(replica: Replica) -> list[pb.Fragment]:
+        await listings.released.wait()
+        return []  # Listed, once released.
+
+    monkeypatch.setattr(Replica, "list_stores", list_stores)
+    broker, stub = await clustered(listings)
+    assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+    listing = await _waiting_append(stub, listings, _list_fragments)
+    invalidated = broker.resolver.replicas[JOURNAL].invalidated
+    again = asyncio.ensure_future(listings.another.wait())  # It waits for the listing anew.
+    edited = journal_spec(JOURNAL, labels={"edited": "yes"})
+    change = pb.ApplyRequest.Change(upsert=edited, expect_mod_revision=-1)
+    assert (await stub.Apply(pb.ApplyRequest(changes=[change]))).status == pb.OK
+    async with asyncio.timeout(BOUND):
+        await invalidated.wait()  # The edit reached the replica.
+    await asyncio.wait([again, listing], return_when=asyncio.FIRST_COMPLETED, timeout=BOUND)
+    again.cancel()
+    assert broker.resolver.replicas[JOURNAL].spec.labels == edited.labels
+    assert not listing.done(), await _ends(listing)
+    listings.released.set()
+    resp = await _ends(listing)
+    assert isinstance(resp, pb.FragmentsResponse) and resp.status == pb.OK, resp
