@@ -87,8 +87,12 @@ def plan_item(
     item: Item,
     current: list[Assignment],
     desired: Sequence[DesiredAssignment],
+    room: int = MAX_TXN_OPS,
 ) -> ItemChanges:
-    """Changes of one item's assignments, within replication and member limits."""
+    """Changes of one item's assignments, within replication and member limits, and at
+    most `room` additions and removals: an item's operations go in one transaction, and
+    etcd takes at most --max-txn-ops compares and operations in one. Additions come first
+    (a new item's primary first); the rest wait for later rounds."""
     want = {(d.zone, d.suffix) for d in desired}
     have = {a.member for a in current}
     next_slot = max((a.slot + 1 for a in current), default=0)
@@ -106,6 +110,13 @@ def plan_item(
     for d in new:
         add.append(AssignmentKey(item.id, d.zone, d.suffix, next_slot))
         next_slot += 1
+    # Additions: only to members with room.
+    fitting = []
+    for a in add:
+        m = state.member_index.get((a.zone, a.suffix))
+        if m is not None and state.member_total[m] < state.effective_limit(m):
+            fitting.append(a)
+    del fitting[room:]
     remove = [a for a in current if a.member not in want]
     keep = [a for a in current if a.member in want]
 
@@ -114,7 +125,7 @@ def plan_item(
     remove.sort(key=lambda a: state.load_ratio(a, state.member_total), reverse=True)
     consistent = sum(1 for a in current if state.decoder.is_consistent(item, a, current))
     limit = 0
-    while consistent >= item.replication and limit < len(remove):
+    while consistent >= item.replication and limit < min(len(remove), room - len(fitting)):
         c = state.decoder.is_consistent(item, remove[limit], current)
         if c and consistent == item.replication:
             break
@@ -138,12 +149,6 @@ def plan_item(
         best = min(range(len(keep)), key=lambda i: rank(keep[i]))
         keep.insert(0, keep.pop(best))
 
-    # Additions: only to members with room.
-    fitting = []
-    for a in add:
-        m = state.member_index.get((a.zone, a.suffix))
-        if m is not None and state.member_total[m] < state.effective_limit(m):
-            fitting.append(a)
     return ItemChanges(fitting, remove, keep)
 
 
@@ -173,13 +178,19 @@ async def converge(
             if not group:
                 stats.settled.add(item_id)
                 continue
-            # Dead assignments: the item is gone. Guard against its re-creation.
-            guards = [Compare(layout.item_key(item_id), 0)] + [unchanged(g.kv) for g in group]
-            await txn.add(guards, [Delete(g.kv.key) for g in group])
+            # Dead assignments: the item is gone. Guard against its re-creation (each part
+            # of a group wider than a transaction guards itself).
+            width = max(1, MAX_TXN_OPS - len(txn.fixed) - 1)
+            for start in range(0, len(group), width):
+                part = group[start : start + width]
+                guards = [Compare(layout.item_key(item_id), 0)] + [unchanged(g.kv) for g in part]
+                await txn.add(guards, [Delete(g.kv.key) for g in part])
             stats.removes += len(group)
             continue
         current = state.assignments_of(item.id)
-        plan = plan_item(state, item, current, by_item.get(item.id, ()))
+        # 2: the compares of the item's key and of a move.
+        room = max(1, MAX_TXN_OPS - len(txn.fixed) - 2)
+        plan = plan_item(state, item, current, by_item.get(item.id, ()), room)
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         for a in plan.add:

@@ -106,3 +106,67 @@ async def test_allocation_follows_members(etcd: EtcdProcess, etcd_root: str) -> 
     finally:
         for m in members:
             await m.close(revoke=True)
+
+
+async def test_an_item_wider_than_a_transaction_converges(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """An item whose changes need more operations than etcd takes in one transaction
+    (--max-txn-ops, 128: a shard of 149 hot standbys over 150 consumers) converges over
+    several rounds, adding and then removing its assignments a transaction's worth at a
+    time. Its group went whole into one transaction, which etcd refused every round (and
+    the items after it in the round never converged)."""
+    from pygazette.allocator.converge import BatchedTxn, converge, unchanged
+    from pygazette.allocator.solver import DesiredPlan
+    from pygazette.allocator.state import AllocatorState
+    from pygazette.keyspace.keyspace import Delete
+
+    layout = KeyLayout(etcd_root)
+    ks = EtcdKeyspace(etcd.url, etcd_root)
+    await ks.open()
+    leader = layout.member_key("a", "leader")
+    try:
+        await ks.txn([], [Put(leader, b"0")])
+        members = [Put(layout.member_key("a", f"m{i:03d}"), b"1") for i in range(150)]
+        for start in range(0, len(members), 100):
+            await ks.txn([], members[start : start + 100])
+        r = await ks.txn(
+            [],
+            [Put(layout.item_key("wide"), b"150"), Put(layout.item_key("zz-narrow"), b"1")],
+        )
+        await ks.wait_for_revision(r.revision, 10)
+
+        async def rounds() -> None:
+            for _ in range(10):
+                state = AllocatorState.extract(ks, layout, TextDecoder(), leader)
+                plan = DesiredPlan()
+                plan.update(state, None)
+                work = state.for_convergence()
+                txn = BatchedTxn(ks, [unchanged(work.members[work.local_member].kv)])
+                await converge(work, plan.by_item, txn)
+                await txn.flush()
+                if txn.revision == 0:
+                    return
+                await ks.wait_for_revision(txn.revision, 10)
+            raise AssertionError("did not converge")
+
+        await rounds()
+        state = AllocatorState.extract(ks, layout, TextDecoder(), leader)
+        assert len(state.assignments_of("wide")) == 149  # zz-narrow holds the 150th member.
+        assert len(state.assignments_of("zz-narrow")) == 1
+        # Its replication drops to 1: 148 removals.
+        r = await ks.txn([], [Put(layout.item_key("wide"), b"1")])
+        await ks.wait_for_revision(r.revision, 10)
+        await rounds()
+        state = AllocatorState.extract(ks, layout, TextDecoder(), leader)
+        assert [a.slot for a in state.assignments_of("wide")] == [0]
+        # Grown again, then deleted: 149 dead assignments go.
+        r = await ks.txn([], [Put(layout.item_key("wide"), b"150")])
+        await ks.wait_for_revision(r.revision, 10)
+        await rounds()
+        r = await ks.txn([], [Delete(layout.item_key("wide"))])
+        await ks.wait_for_revision(r.revision, 10)
+        await rounds()
+        assert ks.range(layout.assign_prefix + "wide#") == []
+    finally:
+        await ks.close()
