@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aetcd.rpc as etcd_rpc
 import pytest
 
 from pygazette.keyspace.etcd import EtcdKeyspace, parse_etcd_url
@@ -157,3 +158,71 @@ async def test_change_listeners_get_each_change(etcd: EtcdProcess, etcd_root: st
         assert [kv.value for kv in changes[1].puts if kv.key == y] == [b"2"]
     finally:
         await ks.close()
+
+
+async def test_a_watch_restarted_past_a_compaction_reloads(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """A watch re-established from a revision etcd compacted meanwhile reloads the mirror:
+    keys deleted while it was down are gone, and the allocator's observed state, rebuilt
+    from the reload and then updated change by change, equals a full extract."""
+    from pygazette.allocator.allocator import ObservedState
+    from pygazette.allocator.state import AllocatorState
+    from pygazette.keyspace.layout import KeyLayout
+    from tests.allocator.test_allocation import TextDecoder
+    from tests.allocator.test_incremental_state import view
+
+    layout = KeyLayout(etcd_root)
+    local = layout.member_key("a", "m0")
+    ks = EtcdKeyspace(etcd.url, etcd_root)
+    writer = EtcdKeyspace(etcd.url, etcd_root)
+    await ks.open()
+    await writer.open()
+    changes: list[KeyChanges] = []
+    try:
+        r = await writer.txn(
+            [],
+            [
+                Put(local, b"5"),
+                Put(layout.item_key("x"), b"1"),
+                Put(layout.assign_prefix + "x#a#m0#0", b""),
+            ],
+        )
+        await ks.wait_for_revision(r.revision, 10)
+        observed = ObservedState(ks, layout, TextDecoder(), local)
+        ks.add_change_listener(changes.append)
+        assert observed.current.local_items
+        task = ks._watch_task
+        assert task is not None
+        task.cancel()
+        await asyncio.wait([task])
+        await writer.txn(
+            [],
+            [
+                Delete(layout.item_key("x")),
+                Delete(layout.assign_prefix + "x#a#m0#0"),
+                Put(layout.item_key("y"), b"1"),
+            ],
+        )
+        r = await writer.txn([], [Put("/elsewhere-" + etcd_root, b"z")])
+        await writer._client.kvstub.Compact(
+            etcd_rpc.CompactionRequest(revision=r.revision, physical=True)
+        )
+        ks._watch_task = asyncio.create_task(ks._watch_loop())
+        async with asyncio.timeout(10):
+            while ks.get(layout.item_key("y")) is None:
+                await ks.wait_for_change(ks.revision)
+        assert ks.get(layout.item_key("x")) is None
+        assert changes and changes[-1].reset
+        assert view(observed.current) == view(
+            AllocatorState.extract(ks, layout, TextDecoder(), local)
+        )
+        assert not observed.current.local_items
+        r = await writer.txn([], [Put(layout.item_key("z"), b"2")])
+        await ks.wait_for_revision(r.revision, 10)
+        assert view(observed.current) == view(
+            AllocatorState.extract(ks, layout, TextDecoder(), local)
+        )
+    finally:
+        await ks.close()
+        await writer.close()
