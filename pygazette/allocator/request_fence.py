@@ -51,7 +51,7 @@ async def pass_request_fence(
         min_revision = max(min_revision, etcd.revision)
     if min_revision > keyspace.revision:
         try:
-            await keyspace.wait_for_revision(min_revision, REVISION_WAIT_SECONDS)
+            await keyspace.wait_for_store_revision(min_revision, REVISION_WAIT_SECONDS)
         except TimeoutError:
             raise ResolveError(
                 f"keyspace didn't reach revision {min_revision} (at {keyspace.revision})"

@@ -331,6 +331,64 @@ class EtcdKeyspace(Keyspace):
         deletes = [key for key in touched if key not in self._kvs]
         await self._notify(KeyChanges(prior, revision, puts, deletes))
 
+    async def wait_for_store_revision(self, revision: int, within: float | None = None) -> None:
+        """Return once the mirror reflects etcd as of `revision`. The mirror's revision is
+        that of the last change under the root: a revision etcd reached through writes
+        elsewhere (another root, another application; Gazette's Headers carry etcd's
+        revision) is never applied. Past a short wait, etcd is asked whether any key under
+        the root changed between the mirror's revision and `revision`; if none did, the
+        mirror is as of `revision` and says so."""
+        if self._revision >= revision:
+            return
+        delay = 0.05
+        async with asyncio.timeout(within):
+            while True:
+                try:
+                    await self.wait_for_revision(revision, delay)
+                    return
+                except TimeoutError:
+                    pass
+                if await self._unchanged_through(revision):
+                    return
+                delay = min(delay * 2, 1.0)
+
+    async def _unchanged_through(self, revision: int) -> bool:
+        """If no key under the root changed after the mirror's revision up to `revision`,
+        advance the mirror to it (True). Two reads at `revision` tell: a key modified after
+        the mirror's revision (a put), and the count of keys (a delete, with no put, changes
+        it). A key both created and deleted in between is missed, as it leaves the mirror
+        as it was."""
+        seen, count = self._revision, len(self._kvs)
+        end = _prefix_end(self._prefix)
+        total = etcd_rpc.RangeRequest(
+            key=self._prefix, range_end=end, revision=revision, count_only=True
+        )
+        # (etcd's count ignores min_mod_revision: it filters the keys it returns.)
+        newer = etcd_rpc.RangeRequest(
+            key=self._prefix,
+            range_end=end,
+            revision=revision,
+            keys_only=True,
+            limit=1,
+            min_mod_revision=seen + 1,
+        )
+        try:
+            resp_total = await self._call(
+                lambda: self._client.kvstub.Range(total, timeout=_RPC_TIMEOUT)
+            )
+            resp_newer = await self._call(
+                lambda: self._client.kvstub.Range(newer, timeout=_RPC_TIMEOUT)
+            )
+        except KeyspaceUnavailable:  # Compacted, a future revision, or etcd unreachable.
+            return False
+        if self._revision >= revision:
+            return True
+        if self._revision != seen or resp_newer.kvs or resp_total.count != count:
+            return False  # The watch brings the changes.
+        self._revision = revision
+        await self._notify(KeyChanges(seen, revision))
+        return True
+
     # Direct reads and leases (membership).
     async def get_remote(self, key: str) -> KeyValue | None:
         """`key` as etcd has it now (not the mirror)."""

@@ -164,6 +164,13 @@ class Keyspace(abc.ABC):
             if not fut.done():
                 fut.cancel()  # Dropped from the heap once its revision is reached.
 
+    async def wait_for_store_revision(self, revision: int, within: float | None = None) -> None:
+        """`wait_for_revision` for a revision of the whole store, such as one a peer's
+        Header names: a store shared with other roots (etcd) may reach it through writes
+        the mirror never sees, and the mirror then stands for it once no key under the
+        root changed up to it."""
+        await self.wait_for_revision(revision, within)
+
     async def wait_until(self, predicate: Callable[[], bool], within: float | None = None) -> None:
         """Return once `predicate()` holds, checking it after each applied change
         (TimeoutError after `within` s)."""

@@ -226,3 +226,63 @@ async def test_a_watch_restarted_past_a_compaction_reloads(
     finally:
         await ks.close()
         await writer.close()
+
+
+async def test_a_store_revision_reached_by_writes_elsewhere_is_reached(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """A revision etcd reached through writes outside the root (Gazette's Headers carry
+    etcd's revision, and brokers and consumers often share an etcd) is reached by the
+    mirror once no key under the root changed up to it; it waited for a change under the
+    root, which may never come (a request fenced on it timed out after 30 s). A change
+    under the root that the watch hasn't brought yet is still waited for."""
+    ks = await _open(etcd, etcd_root)
+    writer = await _open(etcd, etcd_root)
+    try:
+        r1 = await writer.txn([], [Put(etcd_root + "/items/a", b"1")])
+        await ks.wait_for_revision(r1.revision, 10)
+        r2 = await writer.txn([], [Put("/elsewhere" + etcd_root, b"z")])
+        with pytest.raises(TimeoutError):
+            await ks.wait_for_revision(r2.revision, 0.3)  # The mirror's own revision.
+        await ks.wait_for_store_revision(r2.revision, 5)
+        assert ks.revision >= r2.revision
+        # The mirror still follows changes, and a change it hasn't applied is waited for.
+        task = ks._watch_task
+        assert task is not None
+        task.cancel()
+        await asyncio.wait([task])
+        r3 = await writer.txn([], [Delete(etcd_root + "/items/a")])
+        r4 = await writer.txn([], [Put("/elsewhere" + etcd_root, b"y")])
+        with pytest.raises(TimeoutError):
+            await ks.wait_for_store_revision(r4.revision, 0.5)
+        assert ks.get(etcd_root + "/items/a") is not None
+        ks._watch_task = asyncio.create_task(ks._watch_loop())
+        await ks.wait_for_store_revision(r4.revision, 5)
+        assert ks.get(etcd_root + "/items/a") is None and ks.revision >= r3.revision
+        r5 = await writer.txn([], [Put(etcd_root + "/items/b", b"2")])
+        await ks.wait_for_revision(r5.revision, 5)
+        assert ks.get(etcd_root + "/items/b") is not None
+    finally:
+        await ks.close()
+        await writer.close()
+
+
+async def test_a_request_fenced_on_a_store_revision_passes(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """A proxied request whose Header names etcd's revision, reached through writes
+    outside the root, passes the fence promptly."""
+    from pygazette.allocator.request_fence import pass_request_fence
+    from pygazette.protocol.pb import protocol_pb2 as pb
+
+    ks = await _open(etcd, etcd_root)
+    try:
+        r = await ks.txn([], [Put("/elsewhere" + etcd_root, b"z")])
+        header = pb.Header(
+            process_id=pb.ProcessSpec.ID(zone="z", suffix="s"),
+            etcd=pb.Header.Etcd(cluster_id=ks.identity.cluster_id, revision=r.revision),
+        )
+        async with asyncio.timeout(5):
+            await pass_request_fence(ks, pb.ProcessSpec.ID(zone="z", suffix="s"), 0, header)
+    finally:
+        await ks.close()
