@@ -17,6 +17,8 @@ import grpc
 import grpc.aio
 import pytest
 
+from pygazette.auth.client_interceptor import auth_interceptors
+from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.broker import replicate_service
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicate_service import ReplicateAborted
@@ -73,8 +75,10 @@ class UnconfirmedCommits:
 
 
 class InProcessCluster:
-    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str) -> None:
+    def __init__(self, tmp: Path, etcd: EtcdProcess, root: str, *, auth_keys: str = "") -> None:
+        """With `auth_keys`, the brokers authorize (`--auth-keys`) and `stub`s sign."""
         self.tmp, self.etcd, self.root = tmp, etcd, root
+        self.auth_keys = auth_keys
         self.brokers: dict[int, Broker] = {}
         self._channels: dict[int, grpc.aio.Channel] = {}
 
@@ -89,6 +93,7 @@ class InProcessCluster:
                 etcd_url=self.etcd.url,
                 etcd_prefix=self.root,
                 lease_ttl=3.0,
+                auth_keys=self.auth_keys,
             )
         )
         await b.start()
@@ -105,7 +110,10 @@ class InProcessCluster:
     def stub(self, i: int) -> pb_grpc.JournalStub:
         channel = self._channels.get(i)
         if channel is None:
-            channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.brokers[i].port}")
+            auth = KeyedAuth(self.auth_keys) if self.auth_keys else None
+            channel = grpc.aio.insecure_channel(
+                f"127.0.0.1:{self.brokers[i].port}", interceptors=auth_interceptors(auth)
+            )
             self._channels[i] = channel
         return pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
 

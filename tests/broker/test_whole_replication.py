@@ -19,13 +19,11 @@ import grpc
 import grpc.aio
 import pytest
 
-from pygazette.auth.client_interceptor import auth_interceptors
-from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.broker import append_fsm, pulser
 from pygazette.broker.allocation import assignments_advertise, route_of
 from pygazette.broker.peers import Peers
 from pygazette.broker.replica import Replica
-from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.broker.server import Broker
 from pygazette.broker.whole_replication import (
     WholeInDoubt,
     WholeRefused,
@@ -33,7 +31,6 @@ from pygazette.broker.whole_replication import (
     replicate_whole,
 )
 from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec
 from tests.broker.test_append_fsm import JOURNAL, InProcessCluster
 from tests.support.cluster import read_range
@@ -301,36 +298,7 @@ async def test_whole_replication_is_signed_and_authorized(
     (REPLICATE), and the peer takes it."""
     keys = base64.b64encode(b"whole-auth-key".ljust(32, b"w")).decode()
 
-    class AuthCluster(InProcessCluster):
-        async def start(self, i: int) -> Broker:
-            b = Broker(
-                BrokerConfig(
-                    data_dir=self.tmp / f"broker-{i}",
-                    port=0,
-                    file_root=self.tmp / "store",
-                    zone="zone-a" if i % 2 == 0 else "zone-b",
-                    broker_id=f"broker-{i}",
-                    etcd_url=self.etcd.url,
-                    etcd_prefix=self.root,
-                    lease_ttl=3.0,
-                    auth_keys=keys,
-                )
-            )
-            await b.start()
-            self.brokers[i] = b
-            return b
-
-        def stub(self, i: int) -> pb_grpc.JournalStub:
-            channel = self._channels.get(i)
-            if channel is None:
-                auth = KeyedAuth(keys)
-                channel = grpc.aio.insecure_channel(
-                    f"127.0.0.1:{self.brokers[i].port}", interceptors=auth_interceptors(auth)
-                )
-                self._channels[i] = channel
-            return pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
-
-    cluster = AuthCluster(tmp_path, etcd, etcd_root)
+    cluster = InProcessCluster(tmp_path, etcd, etcd_root, auth_keys=keys)
     try:
         for i in range(2):
             await cluster.start(i)
