@@ -68,6 +68,20 @@ async def _idle_journal(
     await _close_pipelines(cluster, monkeypatch)
 
 
+async def _written_then_quiet(
+    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch, data: bytes
+) -> pb.AppendResponse:
+    """The journal written once (`data`), its pipeline closed, and the moment after a whole
+    append over: its next append replicates whole."""
+    await _idle_journal(cluster, monkeypatch)
+    first = await append(cluster.stub(0), JOURNAL, data)
+    assert first.status == pb.OK
+    await _close_pipelines(cluster, monkeypatch)
+    for r in _replicas(cluster):
+        r.replicated_whole_at = float("-inf")
+    return first
+
+
 def _settled(broker: Broker) -> bool:
     """The broker serves the journal, and sees its route advertised by every assignment
     (its pulses are done: a pulse opens a pipeline)."""
@@ -154,12 +168,7 @@ async def test_appends_to_an_idle_journal_replicate_whole_and_agree(
 async def test_a_refused_whole_replication_appends_through_a_pipeline_instead(
     cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _idle_journal(cluster, monkeypatch)
-    first = await append(cluster.stub(0), JOURNAL, b"before\n")
-    assert first.status == pb.OK
-    await _close_pipelines(cluster, monkeypatch)
-    for r in _replicas(cluster):
-        r.replicated_whole_at = float("-inf")
+    first = await _written_then_quiet(cluster, monkeypatch, b"before\n")
     calls = Calls(WholeRefused, before=True)
     monkeypatch.setattr(append_fsm, "replicate_whole", calls)
     resp = await append(cluster.stub(1), JOURNAL, b"refused, then piped\n")
@@ -213,12 +222,7 @@ async def test_a_broker_without_the_method_is_unserved_not_in_doubt() -> None:
 async def test_an_append_whose_whole_replication_is_in_doubt_is_never_written_over(
     cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _idle_journal(cluster, monkeypatch)
-    first = await append(cluster.stub(0), JOURNAL, b"first\n")
-    assert first.status == pb.OK
-    await _close_pipelines(cluster, monkeypatch)
-    for r in _replicas(cluster):
-        r.replicated_whole_at = float("-inf")
+    first = await _written_then_quiet(cluster, monkeypatch, b"first\n")
     # The peer commits (and confirms) the append; its answer is lost on the way back.
     monkeypatch.setattr(append_fsm, "replicate_whole", Calls(WholeInDoubt))
     primary = next(i for i, b in cluster.brokers.items() if b.resolver.replicas[JOURNAL].primary)
@@ -276,12 +280,7 @@ async def test_an_append_failing_its_preconditions_is_checked_again_through_a_pi
 ) -> None:
     """Checked against the primary's spool alone, a failure might be stale (a peer ahead of
     it): the answer comes from a pipeline, which hears from the peer first."""
-    await _idle_journal(cluster, monkeypatch)
-    first = await append(cluster.stub(0), JOURNAL, b"first\n")
-    assert first.status == pb.OK
-    await _close_pipelines(cluster, monkeypatch)
-    for r in _replicas(cluster):
-        r.replicated_whole_at = float("-inf")
+    first = await _written_then_quiet(cluster, monkeypatch, b"first\n")
     calls = Calls()
     monkeypatch.setattr(append_fsm, "replicate_whole", calls)
     resp = await append(cluster.stub(0), JOURNAL, b"x\n", offset=first.commit.end + 1)
