@@ -305,7 +305,7 @@ class Replica:
                         continue
                     spool = cut
             spool.close()
-            self.persister.enqueue(spool, self)
+            self.persister.enqueue(spool, self, recovered=True)
         if recovered:
             # The newest is the open spool again (held in doubt or not: its content beyond
             # the frontier is held back, and a new pipeline cuts it, `ReplicatedSpool`).

@@ -169,16 +169,24 @@ class Persister:
         self._compress_pool.shutdown(wait=False, cancel_futures=True)
 
     # Queueing.
-    def enqueue(self, spool: Spool, target: PersistTarget, *, check_existing: bool = False) -> None:
+    def enqueue(
+        self,
+        spool: Spool,
+        target: PersistTarget,
+        *,
+        check_existing: bool = False,
+        recovered: bool = False,
+    ) -> None:
         """Persist the closed `spool` of `target` to the journal's first store.
 
         With `check_existing` (a replica's spool), wait a little and skip the upload if the
-        store already holds a fragment covering the spool.
+        store already holds a fragment covering the spool. `recovered`: a spool completed
+        before (by an earlier replica, or run, or parked here), not counted completed again.
         """
         stores = list(target.spec.fragment.stores)
         job = _Job(spool, target, stores[0] if stores else "", spool.end - spool.begin)
         job.check_existing = check_existing
-        if job.size:
+        if job.size and not recovered:
             SPOOL_COMPLETED.inc()
         self._jobs_of.setdefault(spool.journal, set()).add(job)
         self._pending += 1
@@ -198,7 +206,9 @@ class Persister:
         """Persist `journal`'s spools kept while it had no store (its spec now names one)."""
         for job in self._parked.pop(journal, []):
             if not job.spool.deleted:
-                self.enqueue(job.spool, job.target, check_existing=job.check_existing)
+                self.enqueue(
+                    job.spool, job.target, check_existing=job.check_existing, recovered=True
+                )
 
     def expedite(self) -> None:
         """Stop delaying replicas' spools (the broker is shutting down)."""

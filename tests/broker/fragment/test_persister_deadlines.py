@@ -19,6 +19,7 @@ import pytest
 from pygazette.broker.fragment import persister as persister_module
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.spool import Spool
+from pygazette.broker.metrics import SPOOL_COMPLETED
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import object_store
@@ -364,3 +365,36 @@ async def test_an_abandoned_object_store_put_lands_nothing(
     # Not abandoned, the same put lands.
     await store.put_file("j/frag", source)
     assert (tmp_path / "bucket" / "j" / "frag").read_bytes() == source.read_bytes()
+
+
+async def test_a_spool_counts_as_completed_once(tmp_path: Path) -> None:
+    """gazette_spool_completed counts a spool when it completes: not again when a new
+    replica recovers it, nor when it is queued again once its journal has a store."""
+    store = _HangingStore(_file_store(tmp_path))
+    persister = _persister(tmp_path, store)
+
+    def completed() -> float:
+        return SPOOL_COMPLETED._value.get()  # type: ignore[attr-defined]
+
+    directory = tmp_path / "spools" / "a%2Fjournal"
+    spool = _closed_spool(directory, b"v" * 100)
+    storeless = _Target()
+    storeless.spec.fragment.ClearField("stores")
+    try:
+        before = completed()
+        persister.enqueue(spool, storeless)  # type: ignore[arg-type]
+        await _until(lambda: JOURNAL in persister._parked)  # No store: kept for later.
+        assert completed() == before + 1
+        storeless.spec.fragment.stores.append(STORE)
+        persister.unpark(JOURNAL)
+        async with asyncio.timeout(10):
+            await persister.wait_idle()
+        assert completed() == before + 1
+        again = _closed_spool(tmp_path / "other" / "a%2Fjournal", b"u" * 100, begin=100)
+        persister.enqueue(again, _Target(), recovered=True)  # type: ignore[arg-type]
+        async with asyncio.timeout(10):
+            await persister.wait_idle()
+        assert completed() == before + 1
+        assert store.puts == 2
+    finally:
+        await persister.stop()
