@@ -176,14 +176,19 @@ class ShardService:
         """Apply the changes in transactions of `max_txn_size` (0: one transaction). If a batch
         fails, earlier batches stay applied (as Gazette's ApplyShardsInBatches)."""
         changes = list(request.changes)
+        applied = 0  # Changes of the batches applied so far.
+        report = ApplyProgress("shard")
+
+        def progress(done: int, total: int) -> None:
+            nonlocal applied
+            applied = done
+            report(done, total)
+
         try:
             if max_txn_size > 0 and len(changes) > max_txn_size:
                 resp = await self._call(
                     self.client.apply_in_batches(
-                        changes,
-                        max_txn_size,
-                        within=RPC_TIMEOUT,
-                        progress=ApplyProgress("shard"),
+                        changes, max_txn_size, within=RPC_TIMEOUT, progress=progress
                     )
                 )
                 assert resp is not None
@@ -193,7 +198,14 @@ class ShardService:
             raise CommandError(
                 f"{exc}: a shard's revision no longer matches (it changed since it was read, "
                 "or a shard to create exists); list the shards again, or use revision: -1"
+                + _stay_applied(applied)
             ) from None
+        except (CommandError, GazetteError) as exc:
+            # A later batch failed: the earlier ones are applied, and must be said to be.
+            if not applied:
+                raise
+            text = exc.format_message() if isinstance(exc, CommandError) else str(exc)
+            raise CommandError(text + _stay_applied(applied)) from exc
 
     async def stat(self, shard: str) -> cpb.StatResponse:
         return await self._call(self.client.stat(shard, within=RPC_TIMEOUT))
@@ -209,6 +221,11 @@ class ShardService:
                 shard_ids, only_failed=only_failed, dry_run=dry_run, within=RPC_TIMEOUT
             )
         )
+
+
+def _stay_applied(applied: int) -> str:
+    """What to add to the error of a failed batch of an apply after `applied` changes."""
+    return f" (the {applied} change(s) before it stay applied)" if applied else ""
 
 
 class Session:

@@ -855,3 +855,26 @@ def test_prune_after_sqlite_compactions_keeps_what_recovery_needs(
         assert dict(conn.execute("SELECT k, n FROM counts").fetchall()) == counts
     finally:
         conn.close()
+
+
+def test_a_failed_batch_says_what_stays_applied(deployment: Deployment, prefix: str) -> None:
+    """A batch of `shards apply` failing after earlier batches applied says that they
+    stay applied (as `journals apply` does), instead of reporting only the failure."""
+    dep = deployment
+    ids = [f"{prefix}-{s}" for s in ("a", "b", "c", "z")]
+    setup_journals(dep, prefix, ids)
+    apply_shards(dep, prefix, f"- id: {prefix}-z\n  disable: true\n")
+    # The second transaction creates <prefix>-z (revision 0) again: it exists.
+    failed = dep.cli(
+        "shards",
+        "apply",
+        "--specs",
+        "-",
+        "--max-txn-size",
+        "3",
+        stdin=shardspace(prefix, *(f"- id: {i}\n  disable: true\n" for i in ids)),
+    )
+    assert failed.returncode != 0
+    line = failed.stderr.splitlines()[-1]  # After any progress lines.
+    assert line.startswith("error: ") and "the 3 change(s) before it stay applied" in line, line
+    assert [s["spec"]["id"] for s in listed(dep, f"test={prefix}")] == ids
