@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import grpc
+import grpc.aio
+
+from pygazette.client.errors import ClientError
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.response_check import check_response, invalid_response
 from pygazette.protocol.errors import error_for_status
@@ -25,6 +29,11 @@ DEFAULT_APPLY_BATCH = 100
 
 # Told after each applied batch: (changes applied so far, all changes).
 ApplyProgress = Callable[[int, int], None]
+
+
+class ApplyIncomplete(ClientError):
+    """A batch of `apply_journals_in_batches` failed as an RPC after earlier batches
+    applied (those stay applied); its cause is the RPC's error."""
 
 
 def as_selector(selector: str | pb.LabelSelector) -> pb.LabelSelector:
@@ -130,9 +139,22 @@ async def apply_journals_in_batches(
     resp: pb.ApplyResponse | None = None
     for start in range(0, max(1, len(all_changes)), size):
         batch = all_changes[start : start + size]
-        resp = await client.rpc_apply(pb.ApplyRequest(changes=batch))
         what = _describe_batch(batch)
-        check_response("Apply", what, validate_apply_response, resp)
+        try:
+            resp = await client.rpc_apply(pb.ApplyRequest(changes=batch))
+            check_response("Apply", what, validate_apply_response, resp)
+        except (grpc.aio.AioRpcError, ClientError) as exc:
+            if not start:
+                raise
+            # The earlier transactions are applied: an error that doesn't say so hides it.
+            reason = (
+                f"{exc.code().name}: {exc.details()}"
+                if isinstance(exc, grpc.aio.AioRpcError)
+                else str(exc)
+            )
+            raise ApplyIncomplete(
+                f"{what}: {reason} (the {start} change(s) before it stay applied)"
+            ) from exc
         if resp.status != pb.OK:
             if start:
                 what += f" (the {start} change(s) before it stay applied)"

@@ -97,3 +97,31 @@ def test_a_failed_batch_says_what_stays_applied(etcd_broker: BrokerProcess) -> N
         and "the 3 change(s) before it stay applied" in line
     )
     assert listed_names(etcd_broker, "prefix=half/") == ["half/a", "half/b", "half/c", "half/z"]
+
+
+def test_a_batch_failing_in_transport_says_what_stays_applied() -> None:
+    """A later batch that fails as an RPC (a broker gone, a bad response) rather than with
+    a status still says that the transactions before it are applied."""
+    from pygazette.protocol.pb import protocol_pb2 as pb
+    from tests.client.fake_broker import FakeBroker, header
+
+    fake = FakeBroker()
+    try:
+        # The first transaction applies; the second RPC fails (nothing more is scripted).
+        fake.journal.apply_responses.append(pb.ApplyResponse(status=pb.OK, header=header()))
+        doc = json.loads(journalspace("fake/", 4))
+        failed = cli(
+            f"http://{fake.address}",
+            "journals",
+            "apply",
+            "--specs",
+            "-",
+            "--max-txn-size",
+            "3",
+            stdin=json.dumps(doc).encode(),
+        )
+    finally:
+        fake.stop()
+    line = failed.stderr.decode().splitlines()[-1]
+    assert failed.returncode != 0 and line.startswith("error: "), failed.stderr
+    assert "the 3 change(s) before it stay applied" in line, line
