@@ -6,7 +6,7 @@ every object the store holds. Query arguments are Gazette's, matched case-insens
 Gazette's decoder matches them, and unknown ones are refused:
 
 - every scheme: `find` and `replace`, which rewrite the first occurrence of `find` in an
-  object's path (`<journal>/<postfix>/<name>`) to `replace`;
+  object's path (`<journal>/<postfix>/<name>`) to `replace` (nothing without `find`);
 - s3 also: `endpoint`, `region`, `profile`, `storageClass`, `SSE`, `SSEKMSKeyId`, `ACL`.
 """
 
@@ -70,6 +70,7 @@ def parse_store_url(url: str) -> StoreURL:
         raise StoreError(f"unsupported fragment store scheme {scheme!r} ({url})")
     by_lower = {name.lower(): name for name in allowed}
     args: dict[str, str] = {}
+    spelled: dict[str, str] = {}  # Canonical name -> the key it was given as.
     for key, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
         name = by_lower.get(key.lower())
         if name is None:
@@ -77,11 +78,16 @@ def parse_store_url(url: str) -> StoreURL:
                 f"fragment store URL {url!r}: unknown query argument {key!r} "
                 f"(a {scheme}:// store takes {', '.join(allowed)})"
             )
-        if name in args:
-            raise StoreError(f"fragment store URL {url!r}: query argument {key!r} is repeated")
-        args[name] = value
-    if args.get("Replace") and not args.get("Find"):
-        raise StoreError(f"fragment store URL {url!r}: replace= needs find=")
+        # A key given again takes its last value, as Gazette's decoder does. Two spellings
+        # of one argument with different values are refused: which Gazette takes depends
+        # on Go's map order.
+        if name in args and spelled[name] != key and args[name] != value:
+            raise StoreError(
+                f"fragment store URL {url!r}: query argument {key!r} is repeated "
+                f"as {spelled[name]!r} with another value"
+            )
+        args[name], spelled[name] = value, key
+    # replace= without find= rewrites nothing (Gazette's RewritePath), and is accepted.
     return StoreURL(
         url=url,
         scheme=scheme,
