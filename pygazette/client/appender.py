@@ -30,6 +30,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.response_check import check_response, invalid_response
 from pygazette.client.retry_reader import backoff
 from pygazette.protocol.errors import (
+    InsufficientJournalBrokers,
     NoJournalPrimaryBroker,
     NotJournalPrimaryBroker,
     error_for_status,
@@ -332,8 +333,11 @@ def _safe_to_retry(exc: BaseException, appender: Appender, source: _Source) -> b
     """Whether the append provably did not commit and its content can be sent again."""
     if not (source.replayable or not source.drawn):
         return False
-    if isinstance(exc, (NotJournalPrimaryBroker, NoJournalPrimaryBroker)):
-        return True  # The broker refused the append: nothing committed.
+    if isinstance(
+        exc, (NotJournalPrimaryBroker, NoJournalPrimaryBroker, InsufficientJournalBrokers)
+    ):
+        return True  # The broker refused the append (as Gazette's Append retries): nothing
+        # committed.
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
         # Without the commit chunk the broker cannot have committed.
         return not appender.commit_sent

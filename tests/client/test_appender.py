@@ -167,6 +167,19 @@ async def test_append_retries_refusals_with_replayable_content(
     assert all(contents(c.requests) == [b"abcdef", b""] for c in fake.journal.append_calls)
 
 
+async def test_append_retries_insufficient_journal_brokers(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    """INSUFFICIENT_JOURNAL_BROKERS refuses an append before anything commits (a journal
+    whose route lacks its replication, as a broker restarts): as Gazette's Append, retried."""
+    fake.journal.append_responses.extend(
+        [refused(pb.INSUFFICIENT_JOURNAL_BROKERS), committed(J, 0, 6)]
+    )
+    resp = await append(fake_client, J, b"abcdef")
+    assert resp.commit.end == 6
+    assert len(fake.journal.append_calls) == 2
+
+
 async def test_append_retries_while_the_broker_is_unreachable() -> None:
     port = free_port()
     retrying = asyncio.Event()
