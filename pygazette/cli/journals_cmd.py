@@ -415,22 +415,29 @@ async def _append_records(
             for journal, group in groups.items():
                 appends.add(journal, b"".join(group))
 
-        async for chunk in _input_chunks(stream):
-            names = partitions.snapshot().journals
-            if not keyed and len(names) == 1:
-                # One journal: whole runs of records go as they are, without per-record work.
-                block = splitter.whole(chunk)
-                if block:
-                    appends.add(names[0].spec.name, block)
-            else:
-                route(splitter.feed(chunk))
-            appends.check()
-        rest = splitter.finish()
-        if rest:
-            log.warning("input ends without a final newline; appending it as it is")
-            route([rest])
-        if key is not None:
-            raise RecordError("input ends with a partition key but no record")
+        try:
+            async for chunk in _input_chunks(stream):
+                names = partitions.snapshot().journals
+                if not keyed and len(names) == 1:
+                    # One journal: whole runs of records go as they are, without per-record
+                    # work.
+                    block = splitter.whole(chunk)
+                    if block:
+                        appends.add(names[0].spec.name, block)
+                else:
+                    route(splitter.feed(chunk))
+                appends.check()
+            rest = splitter.finish()
+            if rest:
+                log.warning("input ends without a final newline; appending it as it is")
+                route([rest])
+            if key is not None:
+                raise RecordError("input ends with a partition key but no record")
+        except RecordError as exc:
+            # The records before the bad one are queued: append them (leaving the service
+            # on this error would abandon them, some committed and some not), and say so.
+            await service.wait_all()
+            raise RecordError(f"{exc}; the records before it were appended") from None
         await service.wait_all()
         return appends.count
 

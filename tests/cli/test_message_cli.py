@@ -291,3 +291,30 @@ def test_record_errors_are_one_line(broker: BrokerProcess) -> None:
     assert "already has a field 'uuid'" in err
     err = one_line_error(cli(broker.url, "attach-uuids", "/nonexistent/file"))
     assert "/nonexistent/file" in err
+
+
+def test_records_before_a_bad_record_are_appended_and_said_to_be(broker: BrokerProcess) -> None:
+    """Input that turns bad midway (a key without its record, a broken frame) fails the
+    command, after appending every record before the bad one: none of them is lost (they
+    were queued, and were abandoned with the service), and the error says so."""
+    setup(broker)
+    records = [b'{"n": %d}\n' % i for i in range(300)]
+    keyed = b"".join(b"k%d\n" % i + r for i, r in enumerate(records)) + b"dangling-key\n"
+    err = one_line_error(
+        cli(
+            broker.url, "journals", "append", "-l", "name=topic/json/p0", "-f", "lines",
+            "-m", "modulo", stdin=keyed,
+        )
+    )
+    assert "partition key but no record" in err and "before it were appended" in err, err
+    assert read_each(broker, "topic/json/p0") == b"".join(records)
+
+    frames = b"".join(encode_fixed_frame(b"payload %d" % i) for i in range(300))
+    err = one_line_error(
+        cli(
+            broker.url, "journals", "append", "-l", "name=topic/fixed/p0", "-f", "fixed",
+            stdin=frames + b"not a frame",
+        )
+    )
+    assert "fixed frame" in err and "before it were appended" in err, err
+    assert read_each(broker, "topic/fixed/p0") == frames
