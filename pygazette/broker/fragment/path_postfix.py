@@ -12,7 +12,8 @@ The template sees what Gazette's sees: `.Spool` (the fragment's `.Journal`, `.Be
 `.FirstAppendTime` in UTC, with `.Format "<Go layout>"`, `.Year`, `.Month`, `.Day`, `.Hour`,
 `.Minute`, `.Second`, `.YearDay`, `.Weekday`, `.Unix`, `.UTC`) and `.JournalSpec` (`.Name`,
 `.Replication`, `.MaxAppendRate`, `.Fragment.Length`, `.Fragment.CompressionCodec`), whose
-fields are also reachable at the top level (`.Name`). Actions are field references, method
+fields are also reachable at the top level (`.Name`, `.FirstAppendTime`, `.Begin`), as
+Go promotes them. Actions are field references, method
 calls, string and number literals, `printf`/`print`, and pipelines into them
 (`{{ .Spool.Begin | printf "%016x" }}`); `{{-`/`-}}` trim spaces and `{{/* */}}` comments.
 
@@ -205,7 +206,16 @@ def template_data(
         "Suspend": Unsupported("a suspension struct"),
     }
     journal_spec = Struct("JournalSpec", spec_fields)
-    root_fields: dict[str, Any] = {k: v for k, v in spec_fields.items() if k != "Fragment"}
+    # Gazette executes the template on struct{Spool; *JournalSpec}: the fields of both are
+    # promoted to the top, where a name found twice at one depth (Fragment) is ambiguous. So
+    # `.FirstAppendTime` and the spool's `.Begin`, `.End`, `.Journal`... are reachable
+    # there (its methods, such as ContentName, are not: Go finds no method on that value).
+    root_fields: dict[str, Any] = {
+        k: v for k, v in fragment_fields.items() if k not in ("ContentName", "ContentLength")
+    }
+    root_fields["FirstAppendTime"] = spool.fields["FirstAppendTime"]
+    root_fields["Registers"] = spool.fields["Registers"]
+    root_fields.update((k, v) for k, v in spec_fields.items() if k != "Fragment")
     root_fields["Fragment"] = Unsupported(
         "ambiguous at the top level (write .Spool.Fragment or .JournalSpec.Fragment)"
     )

@@ -100,6 +100,22 @@ def test_render(template: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ('date={{ .FirstAppendTime.Format "2006-01-02" }}', "date=2024-03-07"),
+        ('{{ .Begin | printf "%016x" }}-{{ .End }}', "0000000000001000-9216"),
+        ("{{ .Journal }}/{{ .CompressionCodec }}", "examples/clicks/part-000/SNAPPY"),
+    ],
+)
+def test_spool_fields_are_promoted_to_the_top_as_in_go(template: str, expected: str) -> None:
+    # Gazette executes the template on struct{Spool; *JournalSpec}: Go promotes the spool's
+    # FirstAppendTime and its fragment's fields, so Gazette renders these (checked with
+    # go.gazette.dev/core v0.103.0); they were refused at Apply.
+    check_template(_spec(template))
+    assert evaluate_path_postfix(_spec(template), FRAG, T.timestamp()) == expected
+
+
+@pytest.mark.parametrize(
     ("template", "message"),
     [
         ("{{ if .Name }}x{{ end }}", "unsupported action 'if'"),
@@ -110,6 +126,8 @@ def test_render(template: str, expected: str) -> None:
         ("{{ .Spool.Nope }}", "can't evaluate field Nope in type Spool"),
         ("{{ .JournalSpec.Labels }}", "is a label set, which has no path form"),
         ("{{ .Spool.Registers }}", "is a label set"),
+        ("{{ .Registers }}", "is a label set"),
+        ("{{ .ContentName }}", "can't evaluate field ContentName in type data"),
         ("{{ .Fragment.Length }}", "ambiguous at the top level"),
         ("{{ .Spool.FirstAppendTime }}", "not a valid path postfix"),  # Spaces and ':'.
         ('{{ .Spool.FirstAppendTime.Format "15:04" }}', "not a valid path postfix"),
