@@ -98,7 +98,13 @@ def plan_retention(
             kept.add(f)
     retained_from = min([f.begin for f in kept] or [head.begin])
     order = {id(f): i for i, f in enumerate(listing)}
-    for f in sorted(expired, key=lambda f: (f.begin - f.end, f.begin, order[id(f)])):
+    # The youngest expired fragments first: a pass planned a little earlier (another broker
+    # of the journal, or the timer and `journals prune`, listing at once) found them young
+    # and may have removed older ones as covered by them, so they are the ones to keep.
+    # Then the largest, which hold the most of what may be needed.
+    for f in sorted(
+        expired, key=lambda f: (-f.mod_time, f.begin - f.end, f.begin, order[id(f)])
+    ):
         if f is head:
             plan.kept.append((f, KEPT_HEAD))
         elif f.end <= retained_from or kept.covers(max(f.begin, retained_from), f.end):

@@ -111,3 +111,50 @@ def test_properties(listing: list[pb.Fragment]) -> None:
     for off in range(start, head_end):
         if before.longest_overlapping(off)[1]:
             assert kept.longest_overlapping(off)[1], (off, spans(plan.remove))
+
+
+def test_two_passes_planned_from_one_listing_leave_no_gap() -> None:
+    # Two brokers serving the journal (or the timer and a `journals prune`) list it at once
+    # and plan at slightly different times. At the earlier one the parts [100, 150) and
+    # [150, 200) are young and the old [100, 200) is removed as covered by them; at the
+    # later one the parts have expired too, and the plan must not keep the old fragment
+    # instead, removing the parts that the earlier plan relied on.
+    listing = [
+        frag(0, 100, 0),
+        frag(100, 200, 5 * HOUR),
+        frag(100, 150, HOUR - 10),
+        frag(150, 200, HOUR - 10),
+        frag(200, 300, 0),
+    ]
+    early, late = plan_retention(listing, HOUR, NOW), plan_retention(listing, HOUR, NOW + 20)
+    assert spans(early.remove) == [(100, 200, "file:///")]
+    removed = {id(f) for f in early.remove + late.remove}
+    remaining = CoverSet([f for f in listing if id(f) not in removed])
+    assert remaining.covers(0, 300), spans(late.remove)
+
+
+# Ages in half hours, so that passes half an hour apart see different fragments expire.
+aged_fragments_st = st.lists(
+    st.tuples(st.integers(0, 30), st.integers(1, 15), st.integers(0, 6)),
+    min_size=1,
+    max_size=10,
+).map(lambda ts: [frag(b, b + n, a * HOUR / 2, f"s/{i % 2}") for i, (b, n, a) in enumerate(ts)])
+
+
+@settings(max_examples=2000, deadline=None)
+@given(listing=aged_fragments_st, later=st.integers(1, 6))
+def test_passes_at_different_times_over_one_listing_leave_no_gap(
+    listing: list[pb.Fragment], later: int
+) -> None:
+    early = plan_retention(listing, HOUR, NOW)
+    late = plan_retention(listing, HOUR, NOW + later * HOUR / 2)
+    removed = {id(f) for f in early.remove + late.remove}
+    remaining = [f for f in listing if id(f) not in removed]
+    kept = CoverSet(sorted(remaining, key=lambda f: (f.begin, -f.end)))
+    late_removed = {id(f) for f in late.remove}
+    late_kept = [f for f in listing if id(f) not in late_removed]
+    start = min(f.begin for f in late_kept)
+    before = CoverSet(sorted(listing, key=lambda f: (f.begin, -f.end)))
+    for off in range(start, max(f.end for f in listing)):
+        if before.longest_overlapping(off)[1]:
+            assert kept.longest_overlapping(off)[1], (off, spans(early.remove), spans(late.remove))
