@@ -6,6 +6,7 @@
   `endpoint` (MinIO, Ceph, a local test server) gets path-style requests, and plain
   `http://` endpoints are allowed. `ACL=` is refused: canned ACLs are not supported by the
   object-store client, and S3 buckets now default to bucket-owner-enforced ownership.
+  An endpoint without a scheme (`host:port`) is HTTPS, as Gazette's AWS SDK reads it.
 - `gs://bucket/prefix/`: Google application default credentials
   (`GOOGLE_APPLICATION_CREDENTIALS`, or obstore's `GOOGLE_SERVICE_ACCOUNT`).
 - `azure://container/prefix/`: shared-key auth from `AZURE_ACCOUNT_NAME` and
@@ -20,6 +21,7 @@ seconds rather than minutes (the persister and the health checker retry on their
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +87,8 @@ def _open_s3(url: StoreURL) -> ObjectStore:
     config: dict[str, Any] = {}
     credential_provider = None
     endpoint = url.arg("Endpoint")
+    if endpoint and not re.match(r"[^:]+://", endpoint):
+        endpoint = "https://" + endpoint  # As Gazette's AWS SDK takes `host[:port]`.
     if endpoint:
         # Bucket-named virtual hosts don't work with explicit endpoints: use path style.
         config["endpoint"] = endpoint

@@ -48,6 +48,18 @@ def test_urls_gazette_accepts_with_repeated_args_or_a_lone_replace() -> None:
     assert u.rewrite("a/x/b") == "a/x/b"
 
 
+async def test_s3_endpoint_without_a_scheme_is_https(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Gazette's AWS SDK adds https:// to an endpoint given as host[:port]; it was taken
+    # for a relative URL, and every request failed ('relative URL without a base').
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    store = open_store("s3://bkt/pre/?endpoint=minio.example:9000&region=r", file_root=tmp_path)
+    url = await store.signed_url("j/0-1-x.raw", 60)
+    assert url.startswith("https://minio.example:9000/bkt/pre/j/0-1-x.raw?")
+
+
 def test_rewrite_replaces_first_occurrence_only() -> None:
     u = parse_store_url("file:///root/?find=/v1/&replace=/old/")
     assert u.rewrite("a/v1/b/v1/c") == "a/old/b/v1/c"
