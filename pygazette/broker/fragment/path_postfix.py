@@ -8,7 +8,7 @@ partitions are laid out:
         hour={{ .Spool.FirstAppendTime.Format "15" }}      (one line, no spaces)
 
 The template sees what Gazette's sees: `.Spool` (the fragment's `.Journal`, `.Begin`, `.End`,
-`.CompressionCodec`, `.BackingStore`, `.ContentName`, `.ContentLength`, and
+`.CompressionCodec`, `.BackingStore`, and
 `.FirstAppendTime` in UTC, with `.Format "<Go layout>"`, `.Year`, `.Month`, `.Day`, `.Hour`,
 `.Minute`, `.Second`, `.YearDay`, `.Weekday`, `.Unix`, `.UTC`) and `.JournalSpec` (`.Name`,
 `.Replication`, `.MaxAppendRate`, `.Fragment.Length`, `.Fragment.CompressionCodec`), whose
@@ -34,7 +34,6 @@ from typing import Any
 
 from pygazette.broker.fragment.go_time_format import DAYS, MONTHS, go_time_format
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.fragment_name import fragment_file_name
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import (
     MAX_JOURNAL_NAME_LEN,
@@ -166,13 +165,11 @@ def template_data(
         "Journal": frag.journal,
         "Begin": frag.begin,
         "End": frag.end,
-        "Sum": Unsupported("a SHA-1 sum struct (use .Spool.ContentName)"),
+        "Sum": Unsupported("a SHA-1 sum struct"),
         "CompressionCodec": _codec(frag.compression_codec),
         "BackingStore": frag.backing_store,
         "ModTime": frag.mod_time,
         "PathPostfix": frag.path_postfix,
-        "ContentName": fragment_file_name(frag),
-        "ContentLength": frag.end - frag.begin,
     }
     spool = Struct(
         "Spool",
@@ -209,10 +206,10 @@ def template_data(
     # Gazette executes the template on struct{Spool; *JournalSpec}: the fields of both are
     # promoted to the top, where a name found twice at one depth (Fragment) is ambiguous. So
     # `.FirstAppendTime` and the spool's `.Begin`, `.End`, `.Journal`... are reachable
-    # there (its methods, such as ContentName, are not: Go finds no method on that value).
-    root_fields: dict[str, Any] = {
-        k: v for k, v in fragment_fields.items() if k not in ("ContentName", "ContentLength")
-    }
+    # there. (The fragment's ContentName and ContentLength are not, here or under .Spool:
+    # they are methods of *Fragment, which Go cannot call on the spool the template is
+    # given by value, so Gazette fails to persist with them.)
+    root_fields: dict[str, Any] = dict(fragment_fields)
     root_fields["FirstAppendTime"] = spool.fields["FirstAppendTime"]
     root_fields["Registers"] = spool.fields["Registers"]
     root_fields.update((k, v) for k, v in spec_fields.items() if k != "Fragment")

@@ -89,7 +89,7 @@ HIVE = (
         ("y={{.Spool.FirstAppendTime.Year}}/m={{.Spool.FirstAppendTime.Month}}", "y=2024/m=March"),
         ('m={{ printf "%02d" .Spool.FirstAppendTime.Month }}', "m=03"),
         ("{{- /* a comment */ -}} static {{- `/raw` }}", "static/raw"),
-        ("{{ .Spool.ContentLength }}/{{ .JournalSpec.Fragment.CompressionCodec }}", "5120/SNAPPY"),
+        ("{{ .Spool.End }}/{{ .JournalSpec.Fragment.CompressionCodec }}", "9216/SNAPPY"),
         ("{{ $.Spool.FirstAppendTime.Unix }}", str(int(T.timestamp()))),
         ('{{ "lit" }}-{{ 7 }}', "lit-7"),
         ("/leading/and/trailing/", "leading/and/trailing"),
@@ -128,6 +128,10 @@ def test_spool_fields_are_promoted_to_the_top_as_in_go(template: str, expected: 
         ("{{ .Spool.Registers }}", "is a label set"),
         ("{{ .Registers }}", "is a label set"),
         ("{{ .ContentName }}", "can't evaluate field ContentName in type data"),
+        # Methods of *Fragment: Gazette's template can't call them on its Spool value.
+        ("{{ .Spool.ContentName }}", "can't evaluate field ContentName in type Spool"),
+        ("{{ .Spool.ContentLength }}", "can't evaluate field ContentLength in type Spool"),
+        ("{{ .Spool.Fragment.ContentName }}", "can't evaluate field ContentName in type Fragment"),
         ("{{ .Fragment.Length }}", "ambiguous at the top level"),
         ("{{ .Spool.FirstAppendTime }}", "not a valid path postfix"),  # Spaces and ':'.
         ('{{ .Spool.FirstAppendTime.Format "15:04" }}', "not a valid path postfix"),
