@@ -34,6 +34,7 @@ from typing import Any
 
 from pygazette.broker.fragment.go_time_format import DAYS, MONTHS, go_time_format
 from pygazette.protocol.errors import ValidationError
+from pygazette.protocol.fragment_name import fragment_file_name
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import (
     MAX_JOURNAL_NAME_LEN,
@@ -157,9 +158,17 @@ def _codec(codec: int) -> GoEnum:
 
 
 def template_data(
-    spec: pb.JournalSpec, frag: pb.Fragment, first_append_time: float | None
+    spec: pb.JournalSpec,
+    frag: pb.Fragment,
+    first_append_time: float | None,
+    *,
+    as_gazette: bool = True,
 ) -> Struct:
-    """What a template sees for persisting fragment `frag` of journal `spec`."""
+    """What a template sees for persisting fragment `frag` of journal `spec`.
+
+    Without `as_gazette`, `.Spool.ContentName` and `.Spool.ContentLength` render too, as
+    they did before Apply refused them, for journals whose specs already use them.
+    """
     first = datetime.fromtimestamp(first_append_time or 0.0, UTC)
     fragment_fields = {
         "Journal": frag.journal,
@@ -171,11 +180,16 @@ def template_data(
         "ModTime": frag.mod_time,
         "PathPostfix": frag.path_postfix,
     }
+    spool_fields, inner_fields = dict(fragment_fields), dict(fragment_fields)
+    if not as_gazette:
+        legacy = {"ContentName": fragment_file_name(frag), "ContentLength": frag.end - frag.begin}
+        spool_fields.update(legacy)
+        inner_fields.update(legacy)
     spool = Struct(
         "Spool",
         {
-            **fragment_fields,
-            "Fragment": Struct("Fragment", dict(fragment_fields)),
+            **spool_fields,
+            "Fragment": Struct("Fragment", inner_fields),
             "FirstAppendTime": _time_struct(first),
             "Registers": Unsupported("a label set"),
         },
@@ -548,7 +562,9 @@ def evaluate_path_postfix(
     template = spec.fragment.path_postfix_template
     if not template:
         return ""
-    rendered = render(template, template_data(spec, frag, first_append_time))
+    # Rendered as it was when applied: specs applied before .Spool.ContentName was refused
+    # keep persisting.
+    rendered = render(template, template_data(spec, frag, first_append_time, as_gazette=False))
     return clean_postfix(rendered, template)
 
 
@@ -558,7 +574,7 @@ _SAMPLE_TIME = datetime(2024, 11, 23, 14, 35, 56, 789000, UTC).timestamp()
 
 
 def check_template(spec: pb.JournalSpec) -> None:
-    """Refuse a spec whose template pygazette cannot render to a valid path."""
+    """Refuse a spec whose template Gazette cannot render, or renders to an invalid path."""
     frag = pb.Fragment(
         journal=spec.name,
         begin=0x1000,
@@ -567,7 +583,10 @@ def check_template(spec: pb.JournalSpec) -> None:
         backing_store=spec.fragment.stores[0] if spec.fragment.stores else "",
     )
     try:
-        evaluate_path_postfix(spec, frag, _SAMPLE_TIME)
+        rendered = render(
+            spec.fragment.path_postfix_template, template_data(spec, frag, _SAMPLE_TIME)
+        )
+        clean_postfix(rendered, spec.fragment.path_postfix_template)
     except TemplateError as exc:
         raise TemplateError(f"Fragment.PathPostfixTemplate: {exc}") from None
 

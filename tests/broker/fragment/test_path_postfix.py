@@ -150,6 +150,15 @@ def test_refused_with_a_clear_error(template: str, message: str) -> None:
     assert "PathPostfixTemplate" in str(err.value)
 
 
+def test_specs_applied_with_content_name_before_it_was_refused_still_persist() -> None:
+    spec = _spec("{{ .Spool.ContentLength }}/{{ .Spool.Fragment.ContentName }}")
+    with pytest.raises(TemplateError):
+        check_template(spec)
+    assert evaluate_path_postfix(spec, FRAG, T.timestamp()) == (
+        "5120/0000000000001000-0000000000002400-0000000000000000000000000000000000000000.sz"
+    )
+
+
 def test_apply_request_check_names_the_journal() -> None:
     req = pb.ApplyRequest()
     req.changes.add(upsert=_spec(HIVE, "a/ok"), expect_mod_revision=-1)
