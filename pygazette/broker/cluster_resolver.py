@@ -265,6 +265,9 @@ class ClusterResolver(Resolver):
             self._endpoints[(kv.key, kv.mod_revision)] = cached
         return cached
 
+    def is_journal(self, name: str) -> bool:
+        return self.observed.current.item(name) is not None
+
     def journal_route(self, state: AllocatorState, journal: str) -> pb.Route:
         """The journal's route in `state`, with its members' endpoints.
 

@@ -160,6 +160,10 @@ class Resolver:
         for replica in replicas:
             await replica.stop(persist=True)
 
+    def is_journal(self, name: str) -> bool:
+        """Whether a journal of that name exists (whether or not it is served here)."""
+        return name in self.replicas
+
     def resolve(self, journal: str) -> Replica | None:
         """The journal's replica; None if there is none, or if the claims of the RPC being
         served don't reach it (then it answers as if the journal doesn't exist). A `;meta`

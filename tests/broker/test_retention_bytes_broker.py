@@ -119,3 +119,36 @@ async def test_apply_rejects_a_bad_bound(tmp_path: Path, bad: str) -> None:
         assert RETENTION_BYTES_LABEL in line and "bounded/bad" in line
     finally:
         broker.stop()
+
+
+async def test_pruning_a_journal_leaves_a_journal_nested_under_its_name_alone(
+    tmp_path: Path,
+) -> None:
+    """A store lists `nest/a/b`'s fragments under `nest/a/`, where they parse as `nest/a`'s
+    with the postfix `b`: pruning `nest/a` must not take them for its own."""
+    broker = BrokerProcess(tmp_path / "data", extra_args=["--retention-interval", "0s"])
+    broker.start()
+    try:
+        outer, inner = "nest/a", "nest/a/b"
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            spec = _bounded(outer, "3KiB")
+            assert (await apply_specs(stub, spec, journal_spec(inner, length=1024))).status == 0
+            await _fill(stub, inner)
+            await _fill(stub, outer)
+        root = broker.file_root
+        inner_files = [p.name for p in (root / inner).iterdir() if p.is_file()]
+        assert len(inner_files) == APPENDS
+        assert "removed 6 fragment(s)" in ok(
+            cli(broker.url, "journals", "prune", "-l", f"name={outer}")
+        ).decode()
+        assert sorted(p.name for p in (root / inner).iterdir() if p.is_file()) == sorted(
+            inner_files
+        )
+        assert len([p for p in (root / outer).iterdir() if p.is_file()]) == 2
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            content, _meta = await read_all(stub, inner)
+            assert len(content) == APPENDS * SIZE
+    finally:
+        broker.stop()
