@@ -170,6 +170,7 @@ class ClusterResolver(Resolver):
                 persister=self.persister,
                 sync=self.sync,
             )
+            replica.is_journal = self.is_journal
             self.replicas[name] = replica
             replica.start_clustered()
             log.info("starting local journal replica", extra={"journal": name, "primary": primary})

@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -41,7 +42,7 @@ from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt, 
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier, run_to_completion
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.fragment_name import parse_fragment_path
+from pygazette.protocol.fragment_name import parse_fragment_path, under_another_journal
 from pygazette.protocol.path_name import path_name
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
@@ -166,6 +167,9 @@ class Replica:
         self.rspool: ReplicatedSpool | None = None
         self.replication: Pipeline | None = None  # The primary's pipeline, if open.
         self.replicated_whole_at = float("-inf")  # Its last append replicated whole.
+        # Whether a journal of a name exists (its resolver's keyspace): a store lists the
+        # files of a journal nested under this one's name too (`list_stores`).
+        self.is_journal: Callable[[str], bool] = lambda _name: False
         self.readable_end: int | None = None
         # Closed spools whose end lies beyond `readable_end` (content in doubt a roll kept:
         # `ReplicatedSpool`), with whether the persister checks the store first: held back
@@ -621,6 +625,8 @@ class Replica:
                     frag = parse_fragment_path(self.name, obj.path)
                 except ValidationError:
                     continue  # Not a fragment file (e.g. a stray file in the store).
+                if under_another_journal(self.name, frag, self.is_journal):
+                    continue  # Another journal's (`a/b/c`'s, listed under `a/b/`).
                 frag.backing_store = url
                 frag.mod_time = obj.mod_time
                 frags.append(frag)

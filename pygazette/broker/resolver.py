@@ -97,6 +97,7 @@ class Resolver:
                     persister=self.persister,
                     sync=self.sync,
                 )
+                replica.is_journal = self.is_journal
                 self.replicas[spec.name] = replica
                 replica.start()
             elif replica.mod_revision != kv.mod_revision:

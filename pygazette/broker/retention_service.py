@@ -39,9 +39,7 @@ class RetentionService(rpb_grpc.RetentionServicer):
                 status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
             )
         try:
-            result = await prune_journal(
-                replica, self.stores, dry_run=request.dry_run, is_journal=self.resolver.is_journal
-            )
+            result = await prune_journal(replica, self.stores, dry_run=request.dry_run)
         except StoreError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"listing fragments: {exc}")
             raise  # Not reached: abort raises.

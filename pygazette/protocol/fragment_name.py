@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from typing import cast
 
 from pygazette.protocol.errors import ValidationError
@@ -32,6 +33,7 @@ __all__ = [
     "sha1sum_is_zero",
     "sha1sum_to_digest",
     "sha1sum_to_hex",
+    "under_another_journal",
 ]
 
 # The extension Gazette gives each codec's fragment files. Note that
@@ -166,6 +168,20 @@ def _parse_hex_int64(text: str, field: str) -> int:
     if value > _MAX_INT64:
         raise ValidationError(f'strconv.ParseInt: parsing "{text}": value out of range', [field])
     return value
+
+
+def under_another_journal(
+    journal: str, frag: pb.Fragment, is_journal: Callable[[str], bool]
+) -> bool:
+    """Whether `frag`, listed under `<journal>/`, lies under another journal named
+    `<journal>/<...>` (`is_journal`): a store lists a nested journal's files (`a/b/c`'s under
+    `a/b/`) as fragments with a postfix (`c`), which are not `journal`'s."""
+    name = journal
+    for part in frag.path_postfix.split("/") if frag.path_postfix else ():
+        name = f"{name}/{part}"
+        if is_journal(name):
+            return True
+    return False
 
 
 def parse_fragment_path(journal: str, relative_path: str) -> pb.Fragment:

@@ -125,7 +125,7 @@ async def test_pruning_a_journal_leaves_a_journal_nested_under_its_name_alone(
     tmp_path: Path,
 ) -> None:
     """A store lists `nest/a/b`'s fragments under `nest/a/`, where they parse as `nest/a`'s
-    with the postfix `b`: pruning `nest/a` must not take them for its own."""
+    with the postfix `b`: neither reads of `nest/a` nor pruning it take them for its own."""
     broker = BrokerProcess(tmp_path / "data", extra_args=["--retention-interval", "0s"])
     broker.start()
     try:
@@ -134,8 +134,19 @@ async def test_pruning_a_journal_leaves_a_journal_nested_under_its_name_alone(
             stub = pb_grpc.JournalStub(channel)
             spec = _bounded(outer, "3KiB")
             assert (await apply_specs(stub, spec, journal_spec(inner, length=1024))).status == 0
-            await _fill(stub, inner)
+            for i in range(APPENDS):  # Other bytes than the outer journal's.
+                assert (await append(stub, inner, bytes([97 + i]) * SIZE)).status == pb.OK
+            await wait_persisted(stub, inner, APPENDS * SIZE)
             await _fill(stub, outer)
+        # Restarted, the broker lists `nest/a`'s stores afresh, `nest/a/b`'s files among them.
+        broker.stop()
+        broker.start()
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            content, _meta = await read_all(stub, outer)
+            assert content == b"".join(bytes([65 + i]) * SIZE for i in range(APPENDS))
+            frags = await stub.ListFragments(pb.FragmentsRequest(journal=outer))
+            assert [f.spec.path_postfix for f in frags.fragments] == [""] * APPENDS
         root = broker.file_root
         inner_files = [p.name for p in (root / inner).iterdir() if p.is_file()]
         assert len(inner_files) == APPENDS

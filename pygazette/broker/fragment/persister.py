@@ -52,7 +52,11 @@ from pygazette.broker.fragment.cover_set import CoverSet
 from pygazette.broker.fragment.path_postfix import TemplateError, evaluate_path_postfix
 from pygazette.broker.metrics import SPOOL_COMPLETED, SPOOL_PERSISTED, STORE_PUT_BYTES
 from pygazette.protocol.errors import ValidationError
-from pygazette.protocol.fragment_name import fragment_content_path, parse_fragment_path
+from pygazette.protocol.fragment_name import (
+    fragment_content_path,
+    parse_fragment_path,
+    under_another_journal,
+)
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import codecs
 from pygazette.stores.store import FragmentStore, StoreError, StoreRegistry
@@ -448,7 +452,9 @@ class Persister:
                 [frag]
                 if exists
                 else await self._within(
-                    self.call_deadline, f"listing {frag.journal}", self._covering(store, frag)
+                    self.call_deadline,
+                    f"listing {frag.journal}",
+                    self._covering(store, frag, getattr(job.target, "is_journal", None)),
                 )
             )
             if covering:
@@ -508,7 +514,9 @@ class Persister:
         )
 
     @staticmethod
-    async def _covering(store: FragmentStore, frag: pb.Fragment) -> list[pb.Fragment]:
+    async def _covering(
+        store: FragmentStore, frag: pb.Fragment, is_journal: Callable[[str], bool] | None = None
+    ) -> list[pb.Fragment]:
         """Fragments in `store` that cover all of `frag` between them, one after another
         (empty if none do): as the fragment index drops a closed spool that a listing
         covers (`FragmentIndex.replace_persisted`), so a replica's spool is not uploaded
@@ -523,6 +531,8 @@ class Persister:
                 other = parse_fragment_path(frag.journal, obj.path)
             except ValidationError:
                 continue
+            if is_journal is not None and under_another_journal(frag.journal, other, is_journal):
+                continue  # A nested journal's (`Replica.list_stores`).
             if other.end > frag.begin and other.begin < frag.end:
                 other.mod_time = obj.mod_time
                 listed.append(other)

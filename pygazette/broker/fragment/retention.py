@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -125,23 +125,11 @@ class PruneResult:
 
 
 async def prune_journal(
-    replica: Replica,
-    stores: StoreRegistry,
-    *,
-    dry_run: bool,
-    now: float | None = None,
-    is_journal: Callable[[str], bool] = lambda _name: False,
+    replica: Replica, stores: StoreRegistry, *, dry_run: bool, now: float | None = None
 ) -> PruneResult:
-    """Apply retention to `replica`'s journal, from a fresh listing of all its stores.
-
-    A store lists the files under `<journal>/`, and so those of a journal nested under its
-    name (`a/b/c` under `a/b`), whose fragments parse as `a/b`'s with the postfix `c`: those
-    lying under a journal `is_journal` knows are another journal's, never pruned as this
-    one's (Gazette's listing takes them as its own, and `gazctl journals prune` removes
-    them)."""
-    listing = [
-        f for f in await replica.list_stores() if not _nested(replica.name, f, is_journal)
-    ]
+    """Apply retention to `replica`'s journal, from a fresh listing of all its stores (which
+    leaves out a journal nested under its name: `Replica.list_stores`)."""
+    listing = await replica.list_stores()
     plan = plan_retention(
         listing,
         retention_seconds(replica.spec),
@@ -168,18 +156,6 @@ async def prune_journal(
         with contextlib.suppress(StoreError):
             await replica.refresh()  # Readers stop seeing what was removed.
     return PruneResult(removed, plan.kept, errors)
-
-
-def _nested(journal: str, frag: pb.Fragment, is_journal: Callable[[str], bool]) -> bool:
-    """Whether `frag`'s postfix places it under another journal named `<journal>/...`."""
-    if not frag.path_postfix:
-        return False
-    name = journal
-    for part in frag.path_postfix.split("/"):
-        name = f"{name}/{part}"
-        if is_journal(name):
-            return True
-    return False
 
 
 class RetentionEnforcer:
@@ -212,9 +188,7 @@ class RetentionEnforcer:
             ):
                 continue
             try:
-                result = await prune_journal(
-                    replica, self.stores, dry_run=False, is_journal=self.resolver.is_journal
-                )
+                result = await prune_journal(replica, self.stores, dry_run=False)
             except StoreError as exc:
                 log.warning(
                     "retention pass failed", extra={"journal": replica.name, "error": str(exc)}
