@@ -598,7 +598,7 @@ class ClusterAppends:
             return None
         if not any(req.content for req in whole):
             return None
-        if self.session is not None and not self.session.lease_alive():
+        if not self._lease_alive():
             return None
         endpoint = route.endpoints[1 - route.primary]
         if self._replicates_streaming_only.get(endpoint, 0.0) > now:
@@ -712,7 +712,7 @@ class ClusterAppends:
             journal=journal.name, begin=begin, end=begin + rs.delta, compression_codec=codec
         )
         commit.sum.CopyFrom(sha1sum_from_digest(rs.pending.sha.digest()))
-        if self.session is not None and not self.session.lease_alive():
+        if not self._lease_alive():
             raise AppendAborted(
                 grpc.StatusCode.UNAVAILABLE, "etcd lease may have expired; refusing to confirm"
             )
@@ -752,11 +752,7 @@ class ClusterAppends:
             # waiting): in doubt, as after a pipeline broke with a self-confirming commit out.
             rs.note_in_doubt(proposal.end, rs.confirmed or 0)
             if isinstance(exc, WholeInDoubt):
-                raise AppendAborted(
-                    grpc.StatusCode.UNKNOWN,
-                    f"replication of {journal.name} failed while the append was being "
-                    f"confirmed; it may or may not have been committed: {exc}",
-                ) from exc
+                raise _in_doubt(journal.name, exc) from exc
             raise
         if len(answers) != 2 or any(a.status != pb.OK for a in answers):
             # The peer stopped at an answer that is not OK and applied nothing after it, the
@@ -866,16 +862,16 @@ class ClusterAppends:
         self.on_pipeline_open(journal)
         return None
 
+    def _lease_alive(self) -> bool:
+        """Whether this broker's etcd lease is surely alive (no session: single member), so
+        that a confirmation may go out (see `pipeline`)."""
+        return self.session is None or self.session.lease_alive()
+
     def _new_pipeline(self, journal: JournalRuntime, res: Resolution) -> Pipeline:
-        session = self.session
-
-        def may_confirm() -> bool:
-            return session is None or session.lease_alive()
-
         return Pipeline(
             _copy_header(res.header),
             self.peers,
-            may_confirm=may_confirm,
+            may_confirm=self._lease_alive,
             on_confirmed=journal.confirm_through,
         )
 
@@ -1221,11 +1217,7 @@ class PendingCommit:
             if pln.confirm_sent >= self.end > self.response.commit.begin:
                 # A confirmation covering it went out: a peer may hold it confirmed, and
                 # the journal may continue from that peer.
-                raise AppendAborted(
-                    grpc.StatusCode.UNKNOWN,
-                    f"replication of {self.journal.name} failed while the append was being "
-                    f"confirmed; it may or may not have been committed: {exc}",
-                ) from exc
+                raise _in_doubt(self.journal.name, exc) from exc
             # Confirmed nowhere: the next pipeline cuts it from every member.
             raise AppendAborted(
                 grpc.StatusCode.UNAVAILABLE, f"replication of {self.journal.name} failed: {exc}"
@@ -1238,6 +1230,16 @@ class PendingCommit:
             if not self.answered.done():
                 self.answered.set_result(None)
         return self.response
+
+
+def _in_doubt(journal: str, exc: BaseException) -> AppendAborted:
+    """An append whose confirmation went out, to a peer that may hold it confirmed, when
+    replication failed: it may or may not have been committed (UNKNOWN)."""
+    return AppendAborted(
+        grpc.StatusCode.UNKNOWN,
+        f"replication of {journal} failed while the append was being confirmed; it may or "
+        f"may not have been committed: {exc}",
+    )
 
 
 def _response(

@@ -71,15 +71,10 @@ async def serve_replicate(
         req: pb.ReplicateRequest | None = first
         is_first = True
         while req is not None:
-            resp = await _apply(replica, req, is_first, pair=pair)
+            resp = await _answer(replica, req, is_first, pair)
             is_first = False
-            if req.acknowledge:
-                assert resp is not None
-                # No Header: Gazette's ReplicateResponse carries one only with WRONG_ROUTE
-                # (its Validate refuses any other).
+            if resp is not None:
                 yield resp
-            elif resp is not None and resp.status != pb.OK:
-                raise _unacknowledged_failure(resp)
             req = await watch.next(it)
     finally:
         watch.close()
@@ -113,14 +108,11 @@ async def serve_replicate_whole(
         for i, req in enumerate(requests):
             if i:
                 watch.check(req)
-            resp = await _apply(replica, req, i == 0, pair=pair)
-            if req.acknowledge:
-                assert resp is not None
+            resp = await _answer(replica, req, i == 0, pair)
+            if resp is not None:
                 out.append(resp)
                 if resp.status != pb.OK:
                     break
-            elif resp is not None and resp.status != pb.OK:
-                raise _unacknowledged_failure(resp)
     finally:
         rs.rollback()
         replica.spool_lock.release()
@@ -158,11 +150,23 @@ async def _take_replica(
             return replica
 
 
-def _unacknowledged_failure(resp: pb.ReplicateResponse) -> ReplicateAborted:
-    return ReplicateAborted(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"no acknowledgement requested, but the proposal failed: {pb.Status.Name(resp.status)}",
-    )
+async def _answer(
+    replica: JournalRuntime, req: pb.ReplicateRequest, is_first: bool, pair: bool
+) -> pb.ReplicateResponse | None:
+    """Apply `req`: its answer if it asks for one (no Header: Gazette's ReplicateResponse
+    carries one only with WRONG_ROUTE, its Validate refuses any other), else None; a
+    proposal failing without asking for an answer ends the stream."""
+    resp = await _apply(replica, req, is_first, pair=pair)
+    if req.acknowledge:
+        assert resp is not None
+        return resp
+    if resp is not None and resp.status != pb.OK:
+        raise ReplicateAborted(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "no acknowledgement requested, but the proposal failed: "
+            f"{pb.Status.Name(resp.status)}",
+        )
+    return None
 
 
 async def _apply(
