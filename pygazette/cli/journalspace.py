@@ -310,7 +310,8 @@ def from_list(journals: Iterable[pb.ListResponse.Journal]) -> Node:
 
 def apply_request(tree: Node) -> pb.ApplyRequest:
     """Flatten a validated tree into changes: an upsert (guarded by the node's revision) or a
-    delete per journal. Each upserted spec must be complete and valid."""
+    delete per journal. Each upserted spec must be complete and valid, and each delete must
+    expect a revision (as gazctl validates the whole request before applying any of it)."""
     flat = copy.deepcopy(tree)
     flat.push_down()
     request = pb.ApplyRequest()
@@ -318,6 +319,11 @@ def apply_request(tree: Node) -> pb.ApplyRequest:
         change = request.changes.add()
         change.expect_mod_revision = node.revision
         if node.delete:
+            if node.revision == 0:
+                raise ValidationError(
+                    f"journal {node.name!r}: a delete needs the journal's current revision "
+                    "(or revision: -1 to delete it regardless)"
+                )
             change.delete = node.name
             continue
         spec = node.spec

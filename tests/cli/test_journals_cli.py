@@ -269,6 +269,25 @@ def test_garbage_yaml_is_one_line_and_applies_nothing(
     assert listed_names(broker) == []
 
 
+def test_a_delete_without_a_revision_is_refused_before_anything_applies(
+    broker: BrokerProcess,
+) -> None:
+    """As gazctl (its ApplyRequest.Validate before any batch): a delete expects the journal's
+    revision or -1. Sent as it was, the broker refused it only in its own batch, after the
+    batches before it had applied."""
+    specs = (
+        "name: del/\nreplication: 1\n"
+        "fragment: {length: 1048576, compression_codec: NONE, refresh_interval: 1m}\n"
+        "children:\n- name: del/one\n- name: del/two\n  delete: true\n"
+    )
+    for args in ([], ["--max-txn-size", "1"], ["--dry-run"]):
+        err = one_line_error(
+            cli(broker.url, "journals", "apply", "--specs", "-", *args, stdin=specs.encode())
+        )
+        assert "del/two" in err and "revision" in err, err
+    assert listed_names(broker, "prefix=del/") == []
+
+
 def test_invalid_selector(broker: BrokerProcess) -> None:
     for command in (["list"], ["read"], ["append"], ["fragments"]):
         err = one_line_error(cli(broker.url, "journals", *command, "-l", "topic in (", stdin=b"x"))
