@@ -190,10 +190,11 @@ class _Zstd:
         data = chunk
         try:
             while data:
+                if self._d.eof:  # Concatenated frames: another begins (maybe at a chunk's
+                    # start, where the one before ended: a decompressobj decodes one frame).
+                    self._d = zstandard.ZstdDecompressor().decompressobj()
                 out.append(self._d.decompress(data))
                 data = self._d.unused_data
-                if data:  # Concatenated frames.
-                    self._d = zstandard.ZstdDecompressor().decompressobj()
         except zstandard.ZstdError as exc:
             raise ValueError(f"corrupt zstd fragment: {exc}") from exc
         return b"".join(out)

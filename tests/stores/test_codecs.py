@@ -91,3 +91,27 @@ def test_compress_file_of_a_short_source_fails(tmp_path: Path) -> None:
             codecs.compress_file(pb.GZIP, fd, 100, out)
     finally:
         os.close(fd)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    parts=st.lists(st.binary(max_size=20_000), min_size=1, max_size=4),
+    cut=st.integers(min_value=1, max_value=30_000),
+    at_frames=st.booleans(),
+    codec=st.sampled_from([pb.GZIP, pb.ZSTANDARD, pb.SNAPPY]),
+)
+def test_concatenated_files_read_as_one_in_any_chunking(
+    parts: list[bytes], cut: int, at_frames: bool, codec: int
+) -> None:
+    """A file of several gzip members, zstd frames or snappy streams one after another reads
+    as their contents joined (as Gazette's readers do: Go's gzip, DataDog zstd and golang/snappy
+    readers all go on past the first), however the file is cut into chunks, including
+    exactly where one ends and the next begins."""
+    files = [codecs.compress(codec, p) for p in parts]
+    if at_frames:
+        chunks = files
+    else:
+        z = b"".join(files)
+        chunks = [z[i : i + cut] for i in range(0, len(z), cut)]
+    d = codecs.new_decompressor(codec)
+    assert b"".join(d.feed(c) for c in chunks) + d.finish() == b"".join(parts)
