@@ -12,8 +12,9 @@ The template sees what Gazette's sees: `.Spool` (the fragment's `.Journal`, `.Be
 `.FirstAppendTime` in UTC, with `.Format "<Go layout>"`, `.Year`, `.Month`, `.Day`, `.Hour`,
 `.Minute`, `.Second`, `.YearDay`, `.Weekday`, `.Unix`, `.UTC`) and `.JournalSpec` (`.Name`,
 `.Replication`, `.MaxAppendRate`, `.Fragment.Length`, `.Fragment.CompressionCodec`), whose
-fields are also reachable at the top level (`.Name`, `.FirstAppendTime`, `.Begin`), as
-Go promotes them. Actions are field references, method
+fields are also reachable at the top level (`.Name`). (The spool's, such as `.FirstAppendTime`,
+are refused there at Apply, as Gazette's JournalSpec.Validate refuses them, though its
+persister would render them.) Actions are field references, method
 calls, string and number literals, `printf`/`print`, and pipelines into them
 (`{{ .Spool.Begin | printf "%016x" }}`); `{{-`/`-}}` trim spaces and `{{/* */}}` comments.
 
@@ -163,11 +164,14 @@ def template_data(
     first_append_time: float | None,
     *,
     as_gazette: bool = True,
+    validating: bool = False,
 ) -> Struct:
     """What a template sees for persisting fragment `frag` of journal `spec`.
 
     Without `as_gazette`, `.Spool.ContentName` and `.Spool.ContentLength` render too, as
     they did before Apply refused them, for journals whose specs already use them.
+    With `validating`, what Gazette's JournalSpec.Validate executes it on instead (see
+    below): the spool's fields are not promoted to the top.
     """
     first = datetime.fromtimestamp(first_append_time or 0.0, UTC)
     fragment_fields = {
@@ -223,9 +227,15 @@ def template_data(
     # there. (The fragment's ContentName and ContentLength are not, here or under .Spool:
     # they are methods of *Fragment, which Go cannot call on the spool the template is
     # given by value, so Gazette fails to persist with them.)
-    root_fields: dict[str, Any] = dict(fragment_fields)
-    root_fields["FirstAppendTime"] = spool.fields["FirstAppendTime"]
-    root_fields["Registers"] = spool.fields["Registers"]
+    # Its JournalSpec.Validate (every Apply, and every spec its brokers decode and its clients
+    # list) executes it on struct{Spool struct{Fragment; FirstAppendTime; Registers};
+    # JournalSpec} instead: Spool is a named field there, so nothing of it is promoted, and
+    # a spec reaching the spool's fields from the top is refused.
+    root_fields: dict[str, Any] = {}
+    if not validating:
+        root_fields.update(fragment_fields)
+        root_fields["FirstAppendTime"] = spool.fields["FirstAppendTime"]
+        root_fields["Registers"] = spool.fields["Registers"]
     root_fields.update((k, v) for k, v in spec_fields.items() if k != "Fragment")
     root_fields["Fragment"] = Unsupported(
         "ambiguous at the top level (write .Spool.Fragment or .JournalSpec.Fragment)"
@@ -584,7 +594,8 @@ def check_template(spec: pb.JournalSpec) -> None:
     )
     try:
         rendered = render(
-            spec.fragment.path_postfix_template, template_data(spec, frag, _SAMPLE_TIME)
+            spec.fragment.path_postfix_template,
+            template_data(spec, frag, _SAMPLE_TIME, validating=True),
         )
         clean_postfix(rendered, spec.fragment.path_postfix_template)
     except TemplateError as exc:
