@@ -159,8 +159,11 @@ async def prune_journal(
 
 
 class RetentionEnforcer:
-    """Prunes every journal this broker serves, every `interval` seconds (0: never): those
-    with a `fragment.retention`, a `pygazette.dev/retention-bytes` label, or both."""
+    """Prunes every journal this broker is the primary of, every `interval` seconds (0:
+    never): those with a `fragment.retention`, a `pygazette.dev/retention-bytes` label, or
+    both. Its other replicas leave the journal to the primary: each pass lists every store of
+    the journal, so a pass on each of R brokers cost R listings and raced to remove the same
+    files. A journal without a primary for a moment waits for the next pass."""
 
     def __init__(self, resolver: Resolver, stores: StoreRegistry, interval: float) -> None:
         self.resolver = resolver
@@ -183,6 +186,8 @@ class RetentionEnforcer:
         total = 0
         for replica in list(self.resolver.replicas.values()):
             spec = replica.spec
+            if replica.clustered and not replica.primary:
+                continue  # The primary's to prune.
             if not spec.fragment.stores or (
                 retention_seconds(spec) <= 0 and retention_bytes(spec) <= 0
             ):
