@@ -361,14 +361,20 @@ async def run_broker(
     ended = asyncio.ensure_future(member.ended())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait([ended, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if stopping.done() and not ended.done():
+        broker.ready_reason = "draining"
+        # Membership may fail while the journals move (the lease lost, the key deleted):
+        # then the broker leaves at once, as Gazette's, not at the end of the drain.
+        draining = asyncio.ensure_future(member.drain())
+        await asyncio.wait([draining, ended], return_when=asyncio.FIRST_COMPLETED)
+        if not draining.done():
+            draining.cancel()
+            await asyncio.wait([draining])
     if ended.done() and ended.exception() is not None:
         stopping.cancel()
         log.error("leaving the cluster", extra={"error": str(ended.exception())})
         await broker.stop(failed=True)
         raise ended.exception()  # type: ignore[misc]
-    if stopping.done():
-        broker.ready_reason = "draining"
-        await member.drain()
     ended.cancel()
     stopping.cancel()
     await broker.stop()
