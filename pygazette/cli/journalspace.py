@@ -385,7 +385,15 @@ def _fragment_from_yaml(value: Any, where: str) -> pb.JournalSpec.Fragment:
         frag.stores.extend(parse_str(s, where, "fragment.stores") for s in stores)
     for name in _FRAGMENT_DURATIONS:
         if obj.get(name) is not None:
-            ns = parse_duration_ns(obj[name], where, f"fragment.{name}", _DURATION_EXAMPLES)
+            # Gazette permits every retention (<= 0 keeps fragments forever), so a listing
+            # may hold a negative one; a negative interval is refused by spec validation.
+            ns = parse_duration_ns(
+                obj[name],
+                where,
+                f"fragment.{name}",
+                _DURATION_EXAMPLES,
+                allow_negative=name == "retention",
+            )
             set_duration_field(frag, name, ns)
     if obj.get("path_postfix_template") is not None:
         frag.path_postfix_template = parse_str(

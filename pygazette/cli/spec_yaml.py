@@ -140,9 +140,11 @@ def parse_bool(value: Any, where: str, key: str) -> bool:
     return value
 
 
-def parse_duration_ns(value: Any, where: str, key: str, examples: str) -> int:
-    """Nanoseconds of a non-negative Go duration (or 0); `examples` ("1s or 100ms") are named
-    when the value is not a string."""
+def parse_duration_ns(
+    value: Any, where: str, key: str, examples: str, *, allow_negative: bool = False
+) -> int:
+    """Nanoseconds of a non-negative Go duration (or 0; a negative one too with
+    `allow_negative`); `examples` ("1s or 100ms") are named when the value is not a string."""
     if isinstance(value, int) and not isinstance(value, bool) and value == 0:
         return 0
     if not isinstance(value, str):
@@ -151,7 +153,7 @@ def parse_duration_ns(value: Any, where: str, key: str, examples: str) -> int:
         ns = parse_duration(value)
     except ValidationError as exc:
         raise field_error(where, f"{key}: {exc}") from None
-    if ns < 0:
+    if ns < 0 and not allow_negative:
         raise field_error(where, f"{key}: negative duration {value!r}")
     return ns
 
