@@ -10,7 +10,8 @@ head. `do_not_proxy` reads of persisted fragments get the fragment URL (a presig
 URL, or a file:// path) and no content; `metadata_only` reads get one metadata response.
 
 Proxied reads of persisted fragments fetch READ_CHUNK ranges from the store and decompress
-them off the event loop. A GZIP_OFFLOAD_DECOMPRESSION fragment is decompressed here when
+them off the event loop, a READ_CHUNK of content at a time (memory stays bounded however
+compressed a fragment is). A GZIP_OFFLOAD_DECOMPRESSION fragment is decompressed here when
 the store hands back gzip bytes (it says so with Content-Encoding, and file stores always
 do), and passed through when the store decompressed it already (GCS transcoding) — where
 Gazette's broker passes it through either way, serving gzip bytes as content from stores
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -315,18 +317,29 @@ async def _fragment_chunks(
                 codec = pb.GZIP if encoding == "gzip" else pb.NONE
             decompressor = codecs.new_decompressor(codec)
         raw_pos += len(raw)
-        try:
-            data = await asyncio.to_thread(decompressor.feed, raw) if raw else decompressor.finish()
-        except ValueError as exc:
-            raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
-        if not raw and not data:
+        if not raw:
+            try:
+                decompressor.finish()
+            except ValueError as exc:
+                raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
             raise StoreError(f"fragment {path} ended at {pos}, before {until}")
-        if pos + len(data) > offset:
-            lo = max(0, offset - pos)
-            hi = min(len(data), until - pos)
-            for i in range(lo, hi, READ_CHUNK):
-                yield data[i : min(hi, i + READ_CHUNK)]
-        pos += len(data)
+        # What `raw` holds is decoded a READ_CHUNK at a time: a few KiB of a highly
+        # compressed fragment may hold all of its content.
+        step = functools.partial(decompressor.feed, raw, READ_CHUNK)
+        while pos < until:
+            try:
+                data = await asyncio.to_thread(step)
+            except ValueError as exc:
+                raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
+            if not data:
+                break  # More of the file is needed.
+            step = functools.partial(decompressor.feed, b"", READ_CHUNK)
+            if pos + len(data) > offset:
+                lo = max(0, offset - pos)
+                hi = min(len(data), until - pos)
+                for i in range(lo, hi, READ_CHUNK):
+                    yield data[i : min(hi, i + READ_CHUNK)]
+            pos += len(data)
 
 
 def _pread_file(path: object, pos: int, n: int) -> bytes:

@@ -118,12 +118,17 @@ class FragmentReader(ByteStream):
         self._buf, self._pos = out, 0
 
     def _pull(self, raw: RawSource) -> tuple[bytes, bool]:
-        """Worker thread: read one raw chunk and decompress it; (content, reached EOF)."""
+        """Worker thread: up to about RAW_CHUNK_SIZE bytes of content, from what was read
+        already or from the next raw chunks; (content, reached EOF). Bounded, however
+        compressed the fragment is (a few KiB of it may hold all of its content)."""
         try:
-            data = raw.read(RAW_CHUNK_SIZE)
-            if data:
-                return self._decompressor.feed(data), False
-            return self._decompressor.finish(), True
+            out = self._decompressor.feed(b"", RAW_CHUNK_SIZE)
+            while not out:
+                data = raw.read(RAW_CHUNK_SIZE)
+                if not data:
+                    return self._decompressor.finish(), True
+                out = self._decompressor.feed(data, RAW_CHUNK_SIZE)
+            return out, False
         except ValueError as exc:
             raise CorruptFragment(f"corrupt fragment {_describe(self.fragment)}: {exc}") from exc
         except OSError as exc:

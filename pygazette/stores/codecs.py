@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import cramjam
 import google_crc32c
@@ -141,68 +141,169 @@ def decompress(codec: int, data: bytes | memoryview) -> bytes:
 
 
 class StreamDecompressor(Protocol):
-    """Incremental decompression: feed compressed chunks, get content back."""
+    """Incremental decompression: feed compressed chunks, get content back.
 
-    def feed(self, chunk: bytes) -> bytes: ...
+    `feed(chunk, limit)` takes `chunk` and returns content decoded from what was fed so far:
+    all of it when `limit` < 0, else at most about `limit` bytes (DECODE_OVERSHOOT more at
+    most, a zstd block), and b"" only once nothing more can be decoded without more input.
+    A reader that must stay bounded feeds a chunk with a limit, then b"" with it until it
+    gets b"" back, and only then the next chunk: a highly compressed fragment (a few KiB of
+    zstd or gzip can hold hundreds of MiB of repeated bytes) never decodes at once.
+    `finish()` ends the input: the rest of the content, or ValueError if it is truncated.
+    """
+
+    def feed(self, chunk: bytes, limit: int = -1) -> bytes: ...
 
     def finish(self) -> bytes: ...
 
 
+# How far past its limit a bounded `feed` may decode: one zstd block (snappy chunks are 64 KiB).
+DECODE_OVERSHOOT = 128 << 10
+
+
 class _Identity:
-    def feed(self, chunk: bytes) -> bytes:
-        return chunk
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes, limit: int = -1) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        if limit < 0 or len(data) <= limit:
+            self._pending = b""
+            return bytes(data)
+        self._pending = data[limit:]
+        return bytes(data[:limit])
 
     def finish(self) -> bytes:
-        return b""
+        return self.feed(b"")
 
 
 class _Gzip:
     def __init__(self) -> None:
         self._d = zlib.decompressobj(31)
+        self._in = b""  # Input the decompressor has not taken yet.
+        self._more = False  # The last call stopped at its limit: output may be pending.
 
-    def feed(self, chunk: bytes) -> bytes:
+    def feed(self, chunk: bytes, limit: int = -1) -> bytes:
+        if chunk:
+            self._in = self._in + chunk if self._in else chunk
         out = []
-        data = chunk
+        n = 0
         try:
-            while data:
-                out.append(self._d.decompress(data))
-                data = self._d.unused_data
-                if data:  # Another gzip member follows (concatenated files are valid gzip).
+            while (self._in or self._more) and (limit < 0 or n < limit):
+                if self._d.eof:
+                    if not self._in:
+                        break
+                    # Another gzip member follows (concatenated files are valid gzip).
                     self._d = zlib.decompressobj(31)
+                want = 0 if limit < 0 else limit - n
+                data = self._d.decompress(self._in, want)
+                self._more = want > 0 and len(data) == want
+                self._in = self._d.unused_data if self._d.eof else self._d.unconsumed_tail
+                out.append(data)
+                n += len(data)
         except zlib.error as exc:
             raise ValueError(f"corrupt gzip fragment: {exc}") from exc
         return b"".join(out)
 
     def finish(self) -> bytes:
+        rest = self.feed(b"")
         if not self._d.eof:
             raise ValueError("truncated gzip fragment")
-        return self._d.flush()
+        return rest
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_SKIPPABLE_MAGIC = 0x184D2A50  # The low 4 bits are free.
+_FRAME, _BLOCK, _CHECKSUM = range(3)  # What the next part of a zstd file is.
 
 
 class _Zstd:
-    def __init__(self) -> None:
-        self._d = zstandard.ZstdDecompressor().decompressobj()
-        self._fed = False
+    """Zstd frames one after another (and skippable frames), decoded a block at a time.
 
-    def feed(self, chunk: bytes) -> bytes:
-        self._fed = self._fed or bool(chunk)
+    The file's frame and block headers are read here, and each frame's decompressor is given
+    input a block at a time (a block holds at most 128 KiB of content), so that a bounded
+    `feed` stops near its limit: zstd's decompressobj has no limit of its own.
+    """
+
+    def __init__(self) -> None:
+        self._d: Any = None  # The decompressobj of the frame being decoded.
+        self._in = b""
+        self._pos = 0  # Of the next byte of `_in` not yet taken.
+        self._next = _FRAME  # What begins at `_pos`, once `_left` is 0.
+        self._left = 0  # Bytes of the current part still to give the decompressor (or skip).
+        self._skipping = False
+        self._checksum = False  # The current frame ends with a checksum.
+
+    def _parse(self, avail: memoryview) -> int:
+        """The length of the part beginning `avail` (0: more bytes needed to tell)."""
+        if self._next == _FRAME:
+            if len(avail) < 4:
+                return 0
+            (magic,) = struct.unpack_from("<I", avail)
+            if magic & 0xFFFFFFF0 == _ZSTD_SKIPPABLE_MAGIC:
+                if len(avail) < 8:
+                    return 0
+                self._skipping = True
+                self._next = _FRAME
+                return 8 + int(struct.unpack_from("<I", avail, 4)[0])
+            if magic != _ZSTD_MAGIC:
+                raise ValueError(f"corrupt zstd fragment: unknown frame magic {magic:#010x}")
+            if len(avail) < 5:
+                return 0
+            fhd = avail[4]
+            single_segment = fhd >> 5 & 1
+            self._checksum = bool(fhd >> 2 & 1)
+            fcs = (single_segment, 2, 4, 8)[fhd >> 6]
+            self._d = zstandard.ZstdDecompressor().decompressobj()
+            self._skipping = False
+            self._next = _BLOCK
+            return 5 + (1 - single_segment) + (0, 1, 2, 4)[fhd & 3] + fcs
+        if self._next == _BLOCK:
+            if len(avail) < 3:
+                return 0
+            header = avail[0] | avail[1] << 8 | avail[2] << 16
+            kind, size = header >> 1 & 3, header >> 3
+            if kind == 3:
+                raise ValueError("corrupt zstd fragment: reserved block type")
+            if header & 1:  # The frame's last block.
+                self._next = _CHECKSUM if self._checksum else _FRAME
+            return 3 + (1 if kind == 1 else size)
+        self._next = _FRAME
+        return 4  # The frame's checksum.
+
+    def feed(self, chunk: bytes, limit: int = -1) -> bytes:
+        if chunk:
+            self._in = self._in[self._pos :] + chunk if self._pos < len(self._in) else chunk
+            self._pos = 0
         out = []
-        data = chunk
+        n = 0
+        view = memoryview(self._in)
         try:
-            while data:
-                if self._d.eof:  # Concatenated frames: another begins (maybe at a chunk's
-                    # start, where the one before ended: a decompressobj decodes one frame).
-                    self._d = zstandard.ZstdDecompressor().decompressobj()
-                out.append(self._d.decompress(data))
-                data = self._d.unused_data
+            while self._pos < len(view) and (limit < 0 or n < limit):
+                if not self._left:
+                    frame_ended = self._next == _FRAME and self._d is not None
+                    if frame_ended and not self._skipping and not self._d.eof:
+                        raise ValueError("corrupt zstd fragment: a frame ends early")
+                    self._left = self._parse(view[self._pos :])
+                    if not self._left:
+                        break  # Its header is not all here yet.
+                take = min(self._left, len(view) - self._pos)
+                if not self._skipping:
+                    data = self._d.decompress(view[self._pos : self._pos + take])
+                    out.append(data)
+                    n += len(data)
+                self._pos += take
+                self._left -= take
         except zstandard.ZstdError as exc:
             raise ValueError(f"corrupt zstd fragment: {exc}") from exc
         return b"".join(out)
 
     def finish(self) -> bytes:
-        if self._fed and not self._d.eof:
+        rest = self.feed(b"")
+        ended = self._next == _FRAME and not self._left and self._pos == len(self._in)
+        if not ended or (self._d is not None and not self._skipping and not self._d.eof):
             raise ValueError("truncated zstd fragment")
-        return b""
+        return rest
 
 
 class _FramedSnappy:
@@ -210,13 +311,19 @@ class _FramedSnappy:
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._pos = 0  # Of the next chunk in `_buf`.
 
-    def feed(self, chunk: bytes) -> bytes:
-        self._buf += chunk
-        out: list[bytes] = []
+    def feed(self, chunk: bytes, limit: int = -1) -> bytes:
         buf = self._buf
-        pos = 0
-        while len(buf) - pos >= 4:
+        if chunk:
+            if self._pos:
+                del buf[: self._pos]
+                self._pos = 0
+            buf += chunk
+        out: list[bytes] = []
+        n = 0
+        pos = self._pos
+        while len(buf) - pos >= 4 and (limit < 0 or n < limit):
             kind = buf[pos]
             length = buf[pos + 1] | buf[pos + 2] << 8 | buf[pos + 3] << 16
             if len(buf) - pos - 4 < length:
@@ -237,16 +344,18 @@ class _FramedSnappy:
                 if _masked_crc32c(data) != want:
                     raise ValueError("corrupt snappy fragment: checksum mismatch")
                 out.append(data)
+                n += len(data)
             elif 0x02 <= kind <= 0x7F:
                 raise ValueError(f"corrupt snappy fragment: reserved chunk type {kind:#x}")
             # 0x80-0xfe: skippable / padding.
-        del buf[:pos]
+        self._pos = pos
         return b"".join(out)
 
     def finish(self) -> bytes:
-        if self._buf:
+        rest = self.feed(b"")
+        if len(self._buf) > self._pos:
             raise ValueError("truncated snappy fragment")
-        return b""
+        return rest
 
 
 def new_decompressor(codec: int) -> StreamDecompressor:

@@ -5,6 +5,8 @@ hand), and, in cluster mode, gaps the primary reads from a peer."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,9 +16,10 @@ import pytest
 from pygazette.broker import read_service
 from pygazette.broker.replica import Replica
 from pygazette.broker.server import Broker, BrokerConfig
-from pygazette.protocol.fragment_name import fragment_content_path
+from pygazette.protocol.fragment_name import fragment_content_path, sha1sum_from_digest
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.stores import codecs
 from tests.broker.fragment_helpers import wait_persisted
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
 from tests.support.cluster import append_once
@@ -79,6 +82,42 @@ async def test_a_long_read_reads_on_past_many_fragments_removed_since_its_listin
             (pb.OK, 14000),  # The open spool.
             (pb.OFFSET_NOT_YET_AVAILABLE, 16000),
         ]
+
+
+@pytest.mark.parametrize("codec", [pb.GZIP, pb.ZSTANDARD, pb.SNAPPY])
+async def test_a_highly_compressed_fragment_is_served_in_bounded_memory(
+    broker: Broker, codec: int
+) -> None:
+    # A fragment another broker persisted (Gazette's default fragment length is 512 MiB):
+    # 64 MiB of repeated lines, a few KiB of gzip or zstd. Each raw chunk read from the store
+    # was decoded at once, so serving it held all 64 MiB (snappy: 21 MiB per 1 MiB read).
+    name = f"read/compressed/{codec}"
+    content = b"0123456789abcdef" * (4 << 20)
+    frag = pb.Fragment(journal=name, begin=0, end=len(content), compression_codec=codec)  # type: ignore[arg-type]
+    frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
+    path = broker.file_root / fragment_content_path(frag)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(codecs.compress(codec, content))
+    digest = hashlib.sha1(content).hexdigest()
+    del content
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        assert (await apply_specs(stub, journal_spec(name, codec=codec))).status == pb.OK
+        replica = broker.resolver.resolve(name)
+        assert replica is not None
+        await replica.refresh()
+        tracemalloc.start()
+        try:
+            served = hashlib.sha1()
+            async for resp in stub.Read(
+                pb.ReadRequest(journal=name, offset=0, end_offset=frag.end), timeout=60
+            ):
+                served.update(resp.content)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert served.hexdigest() == digest
+    assert peak < 12 << 20, f"peak {peak >> 20} MiB while serving"
 
 
 # Gap reads (cluster mode): two brokers, each persisting to `file:///` in its own data

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import http.server
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +68,31 @@ async def test_seeks_to_an_offset_within_the_fragment(tmp_path: Path, codec: int
     async with await open_fragment_url(frag, 500 + 123_457, path.as_uri()) as reader:
         assert reader.offset == 500 + 123_457
         assert await read_all(reader, 1000) == DATA[123_457:]
+
+
+@pytest.mark.parametrize("codec", [pb.GZIP, pb.ZSTANDARD, pb.SNAPPY])
+async def test_a_highly_compressed_fragment_is_read_in_bounded_memory(
+    tmp_path: Path, codec: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 64 MiB of repeated lines, a few KiB of gzip or zstd: each raw chunk read was decoded at
+    # once, so a reader held all of it (snappy: 21 MiB per 1 MiB chunk) before its first read.
+    monkeypatch.setattr(fr, "RAW_CHUNK_SIZE", 1 << 20)
+    content = b"0123456789abcdef" * (4 << 20)
+    path = write(tmp_path, content, codec)
+    frag = fragment(0, len(content), codec)
+    digest = hashlib.sha1(content[100:]).hexdigest()
+    del content
+    tracemalloc.start()
+    try:
+        read = hashlib.sha1()
+        async with await open_fragment_url(frag, 100, path.as_uri()) as reader:
+            while chunk := await reader.read(1 << 20):
+                read.update(chunk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert read.hexdigest() == digest
+    assert peak < 12 << 20, f"peak {peak >> 20} MiB while reading"
 
 
 async def test_offset_at_the_end_reads_nothing(tmp_path: Path) -> None:

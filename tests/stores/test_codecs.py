@@ -115,3 +115,34 @@ def test_concatenated_files_read_as_one_in_any_chunking(
         chunks = [z[i : i + cut] for i in range(0, len(z), cut)]
     d = codecs.new_decompressor(codec)
     assert b"".join(d.feed(c) for c in chunks) + d.finish() == b"".join(parts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    runs=st.lists(
+        st.tuples(st.binary(min_size=1, max_size=50), st.integers(min_value=1, max_value=20_000)),
+        min_size=1,
+        max_size=8,
+    ),
+    cut=st.integers(min_value=1, max_value=100_000),
+    limit=st.integers(min_value=1, max_value=300_000),
+    codec=st.sampled_from(CODECS),
+)
+def test_a_bounded_feed_decodes_near_its_limit(
+    runs: list[tuple[bytes, int]], cut: int, limit: int, codec: int
+) -> None:
+    """Fed with a limit, then with b"" until it returns b"", a decompressor returns all of
+    the content, never more than DECODE_OVERSHOOT past the limit at a time, however
+    compressed (repeated runs) and however the file is cut."""
+    data = b"".join(piece * n for piece, n in runs)
+    z = codecs.compress(codec, data)
+    d = codecs.new_decompressor(codec)
+    out = []
+    for i in range(0, len(z), cut):
+        got = d.feed(z[i : i + cut], limit)
+        while got:
+            assert len(got) <= limit + codecs.DECODE_OVERSHOOT
+            out.append(got)
+            got = d.feed(b"", limit)
+    out.append(d.finish())
+    assert b"".join(out) == data
