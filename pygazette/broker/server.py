@@ -298,8 +298,11 @@ class Broker:
                 f"another broker is using data directory {self.data_dir}"
             ) from None
 
-    async def stop(self, grace: float = 5.0, *, failed: bool = False) -> None:
-        """Stop serving, then persist open spools (bounded by `grace` seconds).
+    async def stop(
+        self, grace: float = 5.0, *, failed: bool = False, persist_within: float | None = None
+    ) -> None:
+        """Stop serving, then persist open spools (bounded by `grace` seconds, or by
+        `persist_within` if longer).
 
         In cluster mode, replicas stop first (so peers' streams end), then the server, and
         the lease is revoked unless the broker `failed` (then its lease is gone already or
@@ -322,7 +325,7 @@ class Broker:
                 await self._server.stop(grace)
             await self.resolver.stop()
         try:
-            async with asyncio.timeout(grace):
+            async with asyncio.timeout(max(grace, persist_within or 0.0)):
                 await self.persister.wait_idle()
         except TimeoutError:
             log.warning("shutdown before every spool persisted; they persist on restart")
@@ -377,4 +380,7 @@ async def run_broker(
         raise ended.exception()  # type: ignore[misc]
     ended.cancel()
     stopping.cancel()
-    await broker.stop()
+    # Spools of journals that moved away may be held nowhere else (a journal of replication
+    # 1, the broker scaled in for good): as Gazette's, wait for them to persist, here for up
+    # to the drain timeout (a store that is out longer leaves them to a restart).
+    await broker.stop(persist_within=config.drain_timeout)

@@ -1,20 +1,26 @@
-"""A broker's lifecycle under failure: draining on SIGTERM while its membership fails."""
+"""A broker's lifecycle under failure: draining on SIGTERM while its membership or its
+store fails."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from pygazette.keyspace.layout import decode_broker_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.broker.rpc_helpers import apply_specs, journal_spec
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, ClusterBroker, append_once, read_range
 from tests.support.etcd_process import EtcdProcess
+from tests.support.s3_server import S3Server
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +68,74 @@ async def test_a_draining_broker_that_loses_its_lease_exits_at_once(tmp_path: Pa
     finally:
         await cluster.close()
         own.kill()
+
+
+@pytest.fixture
+def s3_behind_proxy(s3_server: S3Server) -> Iterator[tuple[TcpProxy, str]]:
+    """A bucket's store URL reaching the S3 server through a proxy the test can cut."""
+    proxy = TcpProxy(s3_server.port)
+    try:
+        yield proxy, s3_server.store_url(s3_server.create_bucket(), endpoint=proxy.endpoint)
+    finally:
+        proxy.close()
+
+
+async def test_a_drained_broker_persists_its_spools_before_it_exits(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, s3_behind_proxy: tuple[TcpProxy, str]
+) -> None:
+    """A journal of replication 1 moves off a broker on SIGTERM (a scale-in): what it was
+    appended until then lies in that broker's spool alone, until persisted. With the store
+    slow to take it (out for a while, here), the broker must not exit before it persisted
+    them, as Gazette's waits for its persister: it may never run again, and the journal's
+    acknowledged appends would be missing from the store and from its new broker."""
+    proxy, store = s3_behind_proxy
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    leaving = cluster.add("zone-a", "broker-a")
+    leaving.extra_args += ["--retention-interval", "0s"]
+    staying = cluster.add("zone-b", "broker-b")
+    staying.extra_args += ["--retention-interval", "0s"]
+    journal = "lifecycle/scaled-in"
+    data = b"".join(f"record {i:04d}\n".encode() for i in range(200))
+    try:
+        await cluster.start(leaving)
+        spec = journal_spec(journal, replication=1, length=1 << 20, stores=[store])
+        assert (await apply_specs(cluster.stub(leaving), spec)).status == pb.OK
+        await cluster.wait_ready([journal], 1)
+        resp = await append_once(cluster.stub(leaving), journal, data)
+        assert resp.status == pb.OK and resp.commit.begin == 0, resp
+        await cluster.start(staying)
+
+        proxy.cut()  # The store is out: the spool can't persist for now.
+        assert leaving.proc is not None
+        leaving.proc.send_signal(signal.SIGTERM)
+        await cluster.wait_for(
+            lambda: cluster.members_of(journal) == [staying] and cluster.ready(journal, 1),
+            "the journal moves to the staying broker",
+        )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = await asyncio.to_thread(leaving.wait_exit, 15.0)
+            raise AssertionError(
+                f"exited ({code}) while its spool was not persisted\n{leaving.log()}"
+            )
+        proxy.restore()
+        assert await asyncio.to_thread(leaving.wait_exit, 60.0) == 0, leaving.log()
+
+        content, head = await _read_retrying(cluster, staying, journal)
+        assert head >= len(data) and content[: len(data)] == data
+    finally:
+        await cluster.close()
+
+
+async def _read_retrying(
+    cluster: Cluster, broker: ClusterBroker, journal: str, within: float = 60.0
+) -> tuple[bytes, int]:
+    """`read_range`, retried as clients retry UNAVAILABLE (the broker's listing of the
+    store, which failed while it was out, is retried on a backoff)."""
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                return await read_range(cluster.stub(broker), journal)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+            await asyncio.sleep(0.5)
