@@ -205,7 +205,8 @@ def _duration_option(ctx: click.Context, param: click.Parameter, value: object) 
     default="60s",
     callback=_duration_option,
     show_default=True,
-    help="On SIGTERM, how long to wait for journals to move to other brokers.",
+    help="On SIGTERM, how long to wait for journals to move to other brokers, and then for "
+    "their spools to persist.",
 )
 @click.option(
     "--auto-suspend",
