@@ -177,7 +177,17 @@ def _request_key(request: pb.AppendRequest) -> bytes | None:
 class _Chain:
     """The ordered appends of one journal, and the lock writers hold while writing."""
 
-    __slots__ = ("err", "finished", "journal", "lock", "owner", "queue", "tail", "waiter")
+    __slots__ = (
+        "cleared",
+        "err",
+        "finished",
+        "journal",
+        "lock",
+        "owner",
+        "queue",
+        "tail",
+        "waiter",
+    )
 
     def __init__(self, journal: str, err: BaseException | None) -> None:
         self.journal = journal
@@ -188,6 +198,9 @@ class _Chain:
         self.waiter: asyncio.Future[None] | None = None  # The dispatcher, waiting for `lock`.
         self.finished = False  # The dispatcher exited; a new chain replaces this one.
         self.err = err
+        # `AppendService.clear_error` was called (under its `_mu`) while the dispatcher ran:
+        # appends it has not failed yet go out, and the failure is not kept.
+        self.cleared = False
 
 
 class AsyncAppend(OpFuture):
@@ -476,9 +489,17 @@ class AppendService:
         return out
 
     def clear_error(self, journal: str) -> BaseException | None:
-        """Forget a journal's terminal error so that it takes appends again; returns it."""
+        """Forget a journal's terminal error so that it takes appends again; returns it.
+
+        Appends queued after the failure that have not failed yet (the journal's dispatcher
+        is still draining them) go out once it is cleared."""
         with self._mu:
-            return self._errs.pop(journal, None)
+            err = self._errs.pop(journal, None)
+            chain = self._chains.get(journal)
+            if chain is not None and not chain.finished and (chain.err or err) is not None:
+                err = err or chain.err
+                chain.cleared = True
+            return err
 
     async def wait_all(self) -> None:
         """Wait for every append queued so far; raise the first failure among them."""
@@ -587,14 +608,17 @@ class AppendService:
         while True:
             await self._lock(chain)
             try:
-                if not chain.queue:
-                    chain.finished = True
-                    with self._mu:
+                with self._mu:
+                    if chain.cleared:  # clear_error: the journal takes appends again.
+                        chain.cleared = False
+                        poison = chain.err = None
+                    if not chain.queue:
+                        chain.finished = True
                         if self._chains.get(chain.journal) is chain:
                             del self._chains[chain.journal]
                         if poison is not None:
                             self._errs[chain.journal] = poison
-                    return
+                        return
                 aa = chain.queue[0]
                 if aa is chain.tail:
                     chain.tail = None  # Later writes go to a new append.

@@ -66,6 +66,10 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         self.write_heads: dict[str, int] = {}
         # Set whenever a Read RPC arrives (waitable from any thread).
         self.read_started = threading.Event()
+        # When set, Append answers only once the event is set (from any thread), and sets
+        # `append_at_gate` as it begins to wait.
+        self.append_gate: threading.Event | None = None
+        self.append_at_gate = threading.Event()
 
     async def Read(
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -100,6 +104,9 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
             copy.CopyFrom(req)
             call.requests.append(copy)
         call.committed = len(call.requests) >= 2 and not call.requests[-1].content
+        if self.append_gate is not None:
+            self.append_at_gate.set()
+            await asyncio.to_thread(self.append_gate.wait)
         if self.append_responses:
             resp = self.append_responses.pop(0)
         else:

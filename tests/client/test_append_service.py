@@ -102,6 +102,28 @@ async def test_terminal_errors_fail_without_retrying_and_poison_the_journal(
     assert [sent(c) for c in calls_of(fake, A)] == [b"one", b"three"]
 
 
+async def test_an_error_cleared_while_the_journal_still_has_appends_queued_stays_cleared(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    fake.journal.append_responses.append(refused(pb.JOURNAL_NOT_FOUND))  # type: ignore[arg-type]
+    gate = fake.journal.append_gate = threading.Event()
+    async with AppendService(fake_client, backoff=no_backoff) as svc:
+        first = svc.append(A, b"one")
+        # Its RPC is out, and waits at the gate.
+        assert await asyncio.to_thread(fake.journal.append_at_gate.wait, 10)
+        aa = svc.start_append(A)  # Queued behind it, held open by its writer.
+        aa.write(b"two")
+        gate.set()
+        with pytest.raises(JournalNotFound):
+            await first
+        # The journal's dispatcher still has `aa` to drain: clearing now must stick.
+        assert isinstance(svc.clear_error(A), JournalNotFound)
+        aa.release()
+        await aa
+        await svc.append(A, b"three")
+    assert [sent(c) for c in calls_of(fake, A)] == [b"one", b"two", b"three"]
+
+
 async def test_a_writer_error_rolls_back_only_its_own_writes(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
