@@ -452,7 +452,7 @@ def _node_from_yaml(obj: Any, where: str) -> Node:
 
 def parse_journalspace(text: str | bytes) -> Node:
     """Parse and validate a journalspace YAML document (one line errors naming the node)."""
-    doc = load_document(text, "journalspace", "a node", loader=yaml.SafeLoader)
+    doc = load_document(text, "journalspace", "a node")  # Strict: a key given twice is refused.
     tree = _node_from_yaml(doc, "root node")
     tree.validate()
     return tree

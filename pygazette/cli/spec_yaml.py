@@ -40,14 +40,18 @@ __all__ = [
 # Loading ---------------------------------------------------------------------------------
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class StrictLoader(yaml.SafeLoader):
     """A SafeLoader that refuses duplicate mapping keys, as Gazette's strict decoding does."""
 
 
 def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # Keys merged in ("<<: *base") may be overridden by the node's own.
         key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
         try:
             duplicate = key in seen
@@ -61,6 +65,7 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any
                 key_node.start_mark,
             )
         seen.add(key)
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node, deep=True)
 
 

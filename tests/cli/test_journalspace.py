@@ -37,7 +37,30 @@ def test_a_listed_negative_retention_applies_back() -> None:
 def test_other_negative_durations_stay_refused(field: str) -> None:
     text = (
         "name: neg/x\nreplication: 1\nfragment: {length: 1048576, compression_codec: NONE, "
-        f"refresh_interval: 1m, {field}: -1h}}\n"
+        f"{field}: -1h}}\n"
     )
     with pytest.raises(ValidationError, match="negative duration"):
         apply_request(parse_journalspace(text))
+
+
+def test_a_key_given_twice_in_a_node_is_refused() -> None:
+    # gazctl decodes strictly (yaml.UnmarshalStrict): "field children already set". Read
+    # leniently, the last of the two won: here the journals of the first 'children' list
+    # (a/bb) were silently left out of the apply.
+    text = (
+        "name: a/\nreplication: 1\n"
+        "fragment: {length: 1048576, compression_codec: NONE, refresh_interval: 1m}\n"
+        "children:\n- name: a/bb\n"
+        "children:\n- name: a/cc\n"
+    )
+    with pytest.raises(ValidationError, match="duplicate key 'children'"):
+        parse_journalspace(text)
+
+
+def test_yaml_merge_keys_still_work() -> None:
+    text = (
+        "name: a/\nfragment: {length: 1048576, compression_codec: NONE, refresh_interval: 1m}\n"
+        "children:\n- &first\n  name: a/bb\n  replication: 2\n- <<: *first\n  name: a/cc\n"
+    )
+    changes = apply_request(parse_journalspace(text)).changes
+    assert [(c.upsert.name, c.upsert.replication) for c in changes] == [("a/bb", 2), ("a/cc", 2)]

@@ -504,3 +504,16 @@ def test_listed_yaml_applies_back_as_the_same_specs(shards: list[cpb.ListRespons
         assert change.expect_mod_revision == original.mod_revision
     # And the hoisted form is stable: listing the applied specs writes the same YAML.
     assert dump_shardspace(from_list(shards)) == text
+
+
+def test_yaml_merge_keys_may_be_overridden() -> None:
+    # gazctl's strict decoding (yaml.UnmarshalStrict) lets a shard's own key override one it
+    # merges in ("<<: *base"), as YAML merges mean; only a key given twice is refused. The
+    # merged 'id' was taken for a duplicate ("found duplicate key 'id'").
+    text = (
+        "shards:\n"
+        "- &base\n  id: shard-a\n  max_txn_duration: 1s\n  sources: [{journal: a/b/c}]\n"
+        "- <<: *base\n  id: shard-b\n"
+    )
+    ids = [c.upsert.id for c in apply_request(parse_shardspace(text)).changes]
+    assert ids == ["shard-a", "shard-b"]
