@@ -14,9 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pygazette.keyspace.keyspace import Delete
 from pygazette.keyspace.layout import decode_broker_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.broker.rpc_helpers import apply_specs, journal_spec
+from tests.broker.test_cluster_faults import Workload
 from tests.support.cluster import Cluster, ClusterBroker, append_once, read_range
 from tests.support.etcd_process import EtcdProcess
 from tests.support.s3_server import S3Server
@@ -139,3 +141,43 @@ async def _read_retrying(
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
             await asyncio.sleep(0.5)
+
+
+async def test_a_broker_whose_member_key_is_deleted_leaves_and_rejoins(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """The primary's member key is deleted (by hand) under appends: as Gazette's, it stops
+    serving and exits non-zero; its journal goes on elsewhere; restarted, it rejoins. Every
+    acknowledged append reads back where its commit said, exactly once."""
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    for i in range(3):
+        cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
+    journal = "lifecycle/keyless"
+    try:
+        await cluster.start()
+        spec = journal_spec(journal, replication=2, length=64 * 1024)
+        assert (await apply_specs(cluster.stub(cluster.brokers[0]), spec)).status == pb.OK
+        await cluster.wait_ready([journal], 2)
+        work = Workload(cluster, journal)
+        work.start()
+        await work.wait_acks(60)
+        primary = cluster.primary_of(journal)
+        assert primary is not None
+        ks = await cluster.observe()
+        deleted_at = time.monotonic()
+        await ks.txn([], [Delete(cluster.layout.member_key(primary.zone, primary.suffix))])
+        code = await asyncio.to_thread(primary.wait_exit, 30.0)
+        assert code != 0, primary.log()
+        await work.wait_ack_after(deleted_at, 45.0)
+        await cluster.wait_for(
+            lambda p=primary: p not in cluster.members_of(journal) and cluster.ready(journal, 2),
+            "the journal goes on without the broker",
+        )
+        await work.wait_acks(40)
+        await asyncio.to_thread(primary.start, 60.0)
+        await cluster.wait_for(lambda p=primary: cluster.is_member(p), "it rejoins")
+        await work.wait_acks(40)
+        await work.finish()
+        await work.verify()
+    finally:
+        await cluster.close()
