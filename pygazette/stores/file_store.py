@@ -66,6 +66,11 @@ def _check(abandoned: threading.Event, target: Path) -> None:
         raise StoreError(f"put of {target} abandoned (cancelled)")
 
 
+def _unless_gone(exc: OSError) -> None:
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
+
+
 class FileStore(FragmentStore):
     def __init__(self, url: StoreURL, root: Path) -> None:
         super().__init__(url.url)
@@ -195,7 +200,11 @@ class FileStore(FragmentStore):
             return []
         out = []
         try:
-            walk = list(os.walk(top))
+            # A directory that cannot be read fails the listing, as Gazette's (its Walk's
+            # error): os.walk would leave it out, and a listing without some of a journal's
+            # fragments has readers jump over their offsets (e.g. a postfix directory
+            # Gazette made 0750 as another user). One removed meanwhile is just gone.
+            walk = list(os.walk(top, onerror=_unless_gone))
         except OSError as exc:
             raise StoreError(f"listing {top} failed: {exc}") from exc
         for dirpath, _dirs, files in walk:
@@ -207,6 +216,8 @@ class FileStore(FragmentStore):
                     st = full.stat()
                 except FileNotFoundError:
                     continue
+                except OSError as exc:
+                    raise StoreError(f"listing {top} failed: {exc}") from exc
                 rel = full.relative_to(top).as_posix()
                 out.append(StoredFile(path=rel, size=st.st_size, mod_time=int(st.st_mtime)))
         return out

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +38,58 @@ def test_put_and_list(tmp_path: Path) -> None:
 
     assert asyncio.run(run()) == ["frag.raw"]
     assert (tmp_path / "root" / "s" / "journal" / "frag.raw").read_bytes() == b"content"
+
+
+async def test_a_directory_that_cannot_be_read_fails_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Gazette's file store makes directories 0750 (files 0600): a broker sharing the store as
+    # another user may not read them. Such a directory was left out of the listing, so the
+    # journal's index lacked its fragments and reads jumped over their offsets (from 0, to
+    # the first fragment listed). As Gazette's listing, it fails instead. (Tests run as root,
+    # which reads any directory: scandir refuses this one as it would another user.)
+    root = tmp_path / "root"
+    store = FileStore(parse_store_url("file:///"), root)
+    src = tmp_path / "src"
+    src.write_bytes(b"content")
+    await store.put_file("journal/early/0000000000000000-0000000000000007-aa.raw", src)
+    await store.put_file("journal/late/0000000000000007-000000000000000e-bb.raw", src)
+    unreadable = root / "journal" / "early"
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if Path(path) == unreadable:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(StoreError, match="Permission denied"):
+        await store.list_files("journal/")
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert sorted(f.path for f in await store.list_files("journal/")) == [
+        "early/0000000000000000-0000000000000007-aa.raw",
+        "late/0000000000000007-000000000000000e-bb.raw",
+    ]
+
+
+async def test_a_directory_removed_while_listing_is_just_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    store = FileStore(parse_store_url("file:///"), root)
+    src = tmp_path / "src"
+    src.write_bytes(b"content")
+    await store.put_file("journal/gone/0000000000000000-0000000000000007-aa.raw", src)
+    await store.put_file("journal/kept/0000000000000007-000000000000000e-bb.raw", src)
+    gone = root / "journal" / "gone"
+    scandir = os.scandir
+
+    def removed(path: Any = ".") -> Any:
+        if Path(path) == gone:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", removed)
+    assert [f.path for f in await store.list_files("journal/")] == [
+        "kept/0000000000000007-000000000000000e-bb.raw"
+    ]
