@@ -171,13 +171,23 @@ class JournalService(pb_grpc.JournalServicer):
         await _validate(check_apply_request, request, context)  # Templates we can render.
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
-        for change in request.changes:
+        changed: dict[str, int] = {}  # Journal -> index of its change.
+        for i, change in enumerate(request.changes):
+            name = change.upsert.name if change.HasField("upsert") else change.delete
+            if (first := changed.setdefault(name, i)) != i:
+                # One etcd transaction holds one operation per key ("duplicate key given in txn
+                # request"), so Gazette's Apply fails whole; the embedded keyspace would apply
+                # both in turn.
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Changes[{i}]: journal {name} is in more than one change of the request "
+                    f"(also Changes[{first}]; at most one per journal)",
+                )
             if not (
                 journal_permitted(change.upsert)
                 if change.HasField("upsert")
                 else journal_name_permitted(change.delete)
             ):
-                name = change.upsert.name if change.HasField("upsert") else change.delete
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"not authorized to {name}")
             if change.HasField("upsert"):
                 key = self._journal_key(change.upsert.name)
@@ -196,12 +206,16 @@ class JournalService(pb_grpc.JournalServicer):
                 isinstance(cause, grpc.aio.AioRpcError)
                 and cause.code() == grpc.StatusCode.INVALID_ARGUMENT
             ):
-                # etcd refused the transaction itself: more operations than its
-                # --max-txn-ops (128 by default). Retrying can't help; smaller batches do.
+                # etcd refused the transaction itself. Retrying can't help; if it holds more
+                # operations than etcd's --max-txn-ops (128 by default), smaller batches do.
+                advice = (
+                    ": apply fewer changes per transaction (--max-txn-size)"
+                    if "too many operations" in (cause.details() or "")
+                    else ""
+                )
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{cause.details()} ({len(ops)} changes in one transaction): apply fewer "
-                    "changes per transaction (--max-txn-size)",
+                    f"{cause.details()} ({len(ops)} changes in one transaction){advice}",
                 )
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # Not reached: abort raises.

@@ -228,17 +228,24 @@ class ShardService(cpb_grpc.ShardServicer):
         await _validate(validate_shard_apply_request, request, context)
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
-        for change in request.changes:
+        changed: dict[str, int] = {}  # Shard -> index of its change.
+        for i, change in enumerate(request.changes):
+            shard = change.upsert.id if change.HasField("upsert") else change.delete
+            if (first := changed.setdefault(shard, i)) != i:
+                # One etcd transaction holds one operation per key ("duplicate key given in
+                # txn request"), so Gazette's Apply fails whole.
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Changes[{i}]: shard {shard} is in more than one change of the request "
+                    f"(also Changes[{first}]; at most one per shard)",
+                )
             # Upserts are authorized on the shard's labels, deletes on its id alone.
             if not labels_permitted(
                 shard_label_set_ext(change.upsert)
                 if change.HasField("upsert")
                 else _id_labels(change.delete)
             ):
-                shard_id = change.upsert.id if change.HasField("upsert") else change.delete
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED, f"not authorized to {shard_id}"
-                )
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"not authorized to {shard}")
             if change.HasField("upsert"):
                 key = self.layout.item_key(change.upsert.id)
                 value = canonical_shard_spec(change.upsert).SerializeToString(deterministic=True)

@@ -109,6 +109,28 @@ async def test_apply_rejects_bad_specs_atomically(stub: pb_grpc.JournalStub) -> 
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_apply_refuses_two_changes_of_one_journal(stub: pb_grpc.JournalStub) -> None:
+    # Gazette's Apply is one etcd transaction, which refuses two operations on one key
+    # ("duplicate key given in txn request"): a create and a delete of one journal, or two
+    # creates of it, fail whole. The embedded keyspace applied them in turn (OK: created and
+    # deleted, or created "twice" though each expected it not to exist).
+    Change = pb.ApplyRequest.Change
+    for changes in (
+        [
+            Change(upsert=journal_spec("svc/twice/a")),
+            Change(delete="svc/twice/a", expect_mod_revision=-1),
+        ],
+        [Change(upsert=journal_spec("svc/twice/b")), Change(upsert=journal_spec("svc/twice/b"))],
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Apply(pb.ApplyRequest(changes=changes))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "svc/twice/" in (err.value.details() or "")
+        assert "more than one change" in (err.value.details() or "")
+    listing = await list_once(stub, pb.ListRequest(selector=parse_selector("prefix=svc/twice/")))
+    assert list(listing.journals) == []
+
+
 async def test_append_and_read(stub: pb_grpc.JournalStub) -> None:
     await apply_specs(stub, journal_spec("svc/rw"))
     r1 = await append(stub, "svc/rw", b"hello, ", b"world\n")

@@ -245,6 +245,17 @@ async def test_apply_and_list_reject_bad_requests(proc: Proc) -> None:
                 'Labels cannot include label "id"',
             ),
             (
+                # One etcd transaction holds one operation per key: Gazette's Apply fails
+                # whole. It was refused as UNAVAILABLE ("executing etcd transaction: ...
+                # duplicate key given in txn request"), a failure to retry.
+                lambda: stub.Apply(
+                    cpb.ApplyRequest(
+                        changes=[upsert(shard_spec("shard-000")), delete("shard-000", -1)]
+                    )
+                ),
+                "Changes[1]: shard shard-000 is in more than one change of the request",
+            ),
+            (
                 lambda: stub.List(
                     cpb.ListRequest(
                         selector=pb.LabelSelector(
