@@ -44,7 +44,6 @@ from pygazette.consumer.resolver import (
 )
 from pygazette.consumer.shard_client import ShardPeers
 from pygazette.keyspace.keyspace import (
-    MAX_TXN_OPS,
     Compare,
     Delete,
     Keyspace,
@@ -264,12 +263,6 @@ class ShardService(cpb_grpc.ShardServicer):
                 ops.append(Delete(key))
             if change.expect_mod_revision != -1:  # -1 skips the revision check.
                 compares.append(Compare(key, change.expect_mod_revision))
-        if len(ops) > MAX_TXN_OPS or len(compares) > MAX_TXN_OPS:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"too many changes for one etcd transaction ({len(ops)} operations; at most "
-                f"{MAX_TXN_OPS}): apply them in batches",
-            )
         header = self.resolver.header()
         result = await self._txn(compares, ops, context)
         if result.revision > 0:
@@ -348,12 +341,6 @@ class ShardService(cpb_grpc.ShardServicer):
                     resp.shards.append(shard)
         if request.dry_run or not ops:
             return resp
-        if len(ops) > MAX_TXN_OPS:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"too many assignments for one etcd transaction ({len(ops)}; at most "
-                f"{MAX_TXN_OPS}): unassign fewer shards at a time",
-            )
         result = await self._txn(compares, ops, context)
         if not result.succeeded:
             resp.status = cpb.ETCD_TRANSACTION_FAILED
@@ -368,9 +355,28 @@ class ShardService(cpb_grpc.ShardServicer):
         return found is None or labels_permitted(shard_label_set_ext(found[0]))
 
     async def _txn(self, compares: list[Compare], ops: list[Put | Delete], context: Context) -> Any:
+        """One transaction of `ops`, whose size is etcd's to judge (as Gazette's: an etcd run
+        with a larger --max-txn-ops takes more)."""
         try:
             return await self.keyspace.txn(compares, ops)
         except KeyspaceUnavailable as exc:
+            cause = exc.__cause__
+            if (
+                isinstance(cause, grpc.aio.AioRpcError)
+                and cause.code() == grpc.StatusCode.INVALID_ARGUMENT
+            ):
+                # etcd refused the transaction itself: retrying can't help.
+                details = cause.details() or ""
+                advice = (
+                    f": {len(ops)} operations are more than etcd's --max-txn-ops; apply them "
+                    "in batches"
+                    if "too many operations" in details
+                    else ""
+                )
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"executing etcd transaction: {details}{advice}",
+                )
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"executing etcd transaction: {exc}")
             raise  # Not reached: abort raises.
 

@@ -9,6 +9,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -538,3 +539,37 @@ async def test_stat_is_proxied_to_the_primary(etcd: EtcdProcess, root: str) -> N
     finally:
         await p2.close()
         await p1.close()
+
+
+async def test_apply_holds_as_many_changes_as_etcd_allows(
+    etcd: EtcdProcess, root: str, tmp_path: Path
+) -> None:
+    # As Gazette's, the consumer applies a request in one etcd transaction and leaves its size
+    # to etcd: refused by a default etcd (--max-txn-ops 128) as INVALID_ARGUMENT saying to
+    # batch, and applied whole by one configured for more. The consumer refused more than 128
+    # changes itself, whatever its etcd allowed.
+    changes = [upsert(shard_spec(f"many-{i:03d}", disable=True)) for i in range(200)]
+    p = await start_proc(etcd, root, "consumer-1", allocate=False)
+    try:
+        async with ShardClient(p.endpoint) as c:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.apply(changes)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "too many operations" in (err.value.details() or "")
+        assert "batches" in (err.value.details() or "")
+    finally:
+        await p.close()
+
+    roomy = EtcdProcess(tmp_path / "roomy-etcd", extra_args=["--max-txn-ops=512"])
+    roomy.start()
+    try:
+        p = await start_proc(roomy, root, "consumer-1", allocate=False)
+        try:
+            async with ShardClient(p.endpoint) as c:
+                await c.apply(changes)
+                listed = await c.list_all(pb.LabelSelector())
+            assert [s.spec.id for s in listed.shards] == [f"many-{i:03d}" for i in range(200)]
+        finally:
+            await p.close()
+    finally:
+        roomy.stop()

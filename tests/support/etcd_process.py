@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from pygazette.auth.tls import ClientTLS, client_ssl_context
@@ -33,9 +34,12 @@ def etcd_binary() -> str | None:
 
 
 class EtcdProcess:
-    def __init__(self, data_dir: Path, *, tls: TLSMaterial | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, tls: TLSMaterial | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
         self.data_dir = data_dir
         self.tls = tls
+        self.extra_args = list(extra_args)  # More etcd flags, e.g. --max-txn-ops=512.
         self._client_port = ServerPort()
         self._peer_port = ServerPort()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -105,6 +109,7 @@ class EtcdProcess:
             # Small, busy test clusters: don't let a slow fsync elect a new term.
             "--heartbeat-interval=200",
             "--election-timeout=2000",
+            *self.extra_args,
         ]
         context: ssl.SSLContext | None = None
         if self.tls is not None:
