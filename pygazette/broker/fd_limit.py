@@ -4,7 +4,8 @@ A broker holds a few files per journal with traffic (its open spool's content an
 a socket per client and peer stream; at thousands of journals that passes the usual soft
 limit of 1,024 open files, and appends then fail with EMFILE. As Go's runtime does for
 Gazette's broker (since Go 1.19), `pygazette serve` raises the soft limit to the hard limit
-at start.
+at start. `pygazette consumer serve` does too: playing a shard's recovery log holds a file
+open per live file of its store until playback completes.
 """
 
 from __future__ import annotations

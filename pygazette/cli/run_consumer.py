@@ -230,6 +230,12 @@ def _serve(app: Application, app_name: str, **kw: Any) -> None:
         raise click.UsageError("--broker-* TLS files need an https:// --broker URL")
     if config.etcd_tls is not None and not config.etcd_url.startswith("https://"):
         raise click.UsageError("--etcd-* TLS files need an https:// --etcd URL")
+    # Playing a recovery log holds a file open per live file of the store (as Gazette's
+    # player does), and RocksDB keeps its tables open: raise the soft open-file limit to the
+    # hard one, as Go's runtime does for Gazette's consumers.
+    from pygazette.broker.fd_limit import raise_open_file_limit
+
+    raise_open_file_limit()
     try:
         asyncio.run(run_consumer(config, _consumer_http))
     except (ConsumerFailed, KeyspaceUnavailable, OSError, TLSConfigError) as exc:
