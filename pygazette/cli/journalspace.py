@@ -60,7 +60,11 @@ from pygazette.protocol.labels import (
     union_label_sets,
 )
 from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.protocol.validation import validate_journal_name, validate_journal_spec
+from pygazette.protocol.validation import (
+    validate_journal_name,
+    validate_journal_spec,
+    validate_journal_spec_durations,
+)
 
 # Spec algebra ----------------------------------------------------------------------------
 #
@@ -329,6 +333,7 @@ def apply_request(tree: Node) -> pb.ApplyRequest:
         spec = node.spec
         try:
             validate_journal_spec(spec)
+            validate_journal_spec_durations(spec)  # As the broker's Apply checks them.
         except ValidationError as exc:
             raise ValidationError(f"journal {node.name!r}: {exc}") from None
         change.upsert.CopyFrom(spec)

@@ -28,6 +28,7 @@ from pygazette.protocol.validation import (
     TOKEN_SYMBOLS,
     go_path_clean,
     validate_apply_change,
+    validate_go_duration,
     validate_header,
     validate_journal_name,
     validate_label_selector,
@@ -360,8 +361,23 @@ def validate_shard_list_response(resp: cpb.ListResponse) -> None:
             raise err.extend(f"Shards[{i}]") from None
 
 
+def _validate_applied_spec(spec: cpb.ShardSpec) -> None:
+    validate_shard_spec(spec)
+    # Durations Gazette can decode (see validation.validate_go_duration): not part of
+    # validate_shard_spec, so that a spec stored before this check stays readable here.
+    for field, name in (
+        ("max_txn_duration", "MaxTxnDuration"),
+        ("min_txn_duration", "MinTxnDuration"),
+    ):
+        if spec.HasField(field):
+            try:
+                validate_go_duration(getattr(spec, field))
+            except ValidationError as err:
+                raise err.extend(name) from None
+
+
 def _validate_change(change: cpb.ApplyRequest.Change) -> None:
-    validate_apply_change(change, validate_shard_spec, validate_shard_id)
+    validate_apply_change(change, _validate_applied_spec, validate_shard_id)
     if not change.HasField("primary_hints"):
         return
     if not change.HasField("upsert"):

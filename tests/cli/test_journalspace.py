@@ -64,3 +64,15 @@ def test_yaml_merge_keys_still_work() -> None:
     )
     changes = apply_request(parse_journalspace(text)).changes
     assert [(c.upsert.name, c.upsert.replication) for c in changes] == [("a/bb", 2), ("a/cc", 2)]
+
+
+def test_a_duration_gazette_cannot_decode_is_refused_before_anything_applies() -> None:
+    # A Go time.Duration spans about 292 years: gazctl refuses a longer one when it reads
+    # the YAML, and a Gazette broker or client cannot decode a spec holding one.
+    text = (
+        "name: a/\nreplication: 1\n"
+        "fragment: {length: 1048576, compression_codec: NONE, refresh_interval: 1m}\n"
+        "children:\n- name: a/bb\n- name: a/cc\n  fragment: {retention: 3000000h}\n"
+    )
+    with pytest.raises(ValidationError, match=r"journal 'a/cc': Fragment\.Retention: .*292 years"):
+        apply_request(parse_journalspace(text))

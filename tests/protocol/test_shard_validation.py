@@ -500,6 +500,30 @@ def test_apply_request_cases() -> None:
     validate_shard_apply_request(req)
 
 
+@pytest.mark.parametrize(
+    ("field", "seconds", "nanos", "expect"),
+    [
+        # Go time.Durations on Gazette's side: one it can't convert fails the decode of the
+        # whole message (a stored spec is dropped by Gazette consumers, gazctl's List fails).
+        ("max_txn_duration", 0, 1_500_000_000, "nanos out of range"),
+        ("max_txn_duration", 2, -1, "seconds and nanos have different signs"),
+        ("min_txn_duration", 10**10, 0, "out of range for a Go time.Duration"),
+        ("max_txn_duration", 9223372036, 854775807, ""),
+    ],
+)
+def test_apply_request_durations_gazette_can_decode(
+    field: str, seconds: int, nanos: int, expect: str
+) -> None:
+    spec = valid_spec()
+    getattr(spec, field).CopyFrom(Duration(seconds=seconds, nanos=nanos))
+    req = cpb.ApplyRequest(changes=[cpb.ApplyRequest.Change(upsert=spec, expect_mod_revision=-1)])
+    if not expect:
+        validate_shard_apply_request(req)
+        return
+    name = "".join(part.capitalize() for part in field.split("_"))
+    fails(validate_shard_apply_request, req, rf"Changes\[0\]\.Upsert\.{name}: .*{expect}.*")
+
+
 def test_apply_response_cases() -> None:
     resp = cpb.ApplyResponse(status=UNKNOWN_STATUS, header=bad_header())
     fails(validate_shard_apply_response, resp, r"Status: invalid status \(9101\)")

@@ -828,6 +828,37 @@ def test_apply_request_cases() -> None:
     v.validate_apply_request(req)
 
 
+@pytest.mark.parametrize(
+    ("field", "seconds", "nanos", "expect"),
+    [
+        # Gazette's spec fields are Go time.Durations (gogoproto stdduration): one it can't
+        # convert fails the decode of the whole message (checked with go.gazette.dev/core
+        # v0.103.0). Stored by pygazette, such a spec was dropped by Gazette brokers and
+        # failed gazctl's whole List.
+        ("refresh_interval", 0, 2_000_000_000, "nanos out of range"),
+        ("refresh_interval", 61, -5, "seconds and nanos have different signs"),
+        ("flush_interval", 3600, 1_000_000_000, "nanos out of range"),
+        ("retention", 10**10, 0, "out of range for a Go time.Duration"),
+        ("retention", 9223372036, 854775808, "out of range for a Go time.Duration"),
+        ("retention", -9223372036, -854775809, "out of range for a Go time.Duration"),
+        ("retention", 9223372036, 854775807, ""),
+        ("retention", -9223372036, -854775808, ""),
+    ],
+)
+def test_apply_request_durations_gazette_can_decode(
+    field: str, seconds: int, nanos: int, expect: str
+) -> None:
+    spec = minimal_spec()
+    getattr(spec.fragment, field).CopyFrom(Duration(seconds=seconds, nanos=nanos))
+    req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=-1)])
+    if not expect:
+        v.validate_apply_request(req)
+        return
+    name = "".join(part.capitalize() for part in field.split("_"))
+    err = fails(v.validate_apply_request, req)
+    assert err.startswith(f"Changes[0].Upsert.Fragment.{name}: ") and expect in err, err
+
+
 def test_fragments_request_and_response() -> None:
     req = pb.FragmentsRequest(
         header=bad_header(),
