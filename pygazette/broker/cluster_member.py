@@ -315,6 +315,9 @@ class ClusterMember:
                 # No spools (and none will come: not served here): its frontier is of no
                 # more use, and a journal of that name served here later starts afresh.
                 self.frontiers.forget(name)
+                # Nor its directory (forgotten first: a directory left is swept again).
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
                 continue
             foreign = _foreign_files(directory)
             if foreign:

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pygazette.broker.replica import spool_directory
 from pygazette.keyspace.keyspace import Delete
 from pygazette.keyspace.layout import decode_broker_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -179,5 +180,34 @@ async def test_a_broker_whose_member_key_is_deleted_leaves_and_rejoins(
         await work.wait_acks(40)
         await work.finish()
         await work.verify()
+    finally:
+        await cluster.close()
+
+
+async def test_no_spool_directory_is_left_of_a_journal_gone_from_the_broker(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """A journal deleted (or moved away) leaves no directory in the broker's spool root
+    once its spools persisted: one was kept, empty, for every journal the broker ever
+    held, and every start listed them all again."""
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    broker = cluster.add("zone-a", "broker-a")
+    names = [f"lifecycle/gone-{i}" for i in range(3)]
+    try:
+        await cluster.start()
+        specs = [journal_spec(n, replication=1) for n in names]
+        assert (await apply_specs(cluster.stub(broker), *specs)).status == pb.OK
+        await cluster.wait_ready(names, 1)
+        for n in names:
+            assert (await append_once(cluster.stub(broker), n, b"record\n")).status == pb.OK
+        spools = broker.data_dir / "spools"
+        directories = [spool_directory(spools, n) for n in names]
+        assert all(d.is_dir() for d in directories)
+        deletes = [pb.ApplyRequest.Change(delete=n, expect_mod_revision=-1) for n in names]
+        resp = await cluster.stub(broker).Apply(pb.ApplyRequest(changes=deletes))
+        assert resp.status == pb.OK
+        async with asyncio.timeout(60):  # A sweep runs every 10 s.
+            while any(d.exists() for d in directories):  # noqa: ASYNC110 (polls files)
+                await asyncio.sleep(0.5)
     finally:
         await cluster.close()
