@@ -73,6 +73,12 @@ StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
     _construct_mapping,  # type: ignore[arg-type]
 )
+# A plain '=' resolves to YAML 1.1's 'value' tag, which SafeLoader cannot construct; it is a
+# valid label value, which gazctl writes plain.
+StrictLoader.add_constructor(
+    "tag:yaml.org,2002:value",
+    lambda loader, node: loader.construct_scalar(node),  # type: ignore[arg-type]
+)
 
 
 def load_document(

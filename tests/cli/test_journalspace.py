@@ -76,3 +76,15 @@ def test_a_duration_gazette_cannot_decode_is_refused_before_anything_applies() -
     )
     with pytest.raises(ValidationError, match=r"journal 'a/cc': Fragment\.Retention: .*292 years"):
         apply_request(parse_journalspace(text))
+
+
+def test_a_label_value_of_a_lone_equals_sign_is_read() -> None:
+    # '=' is a valid label value, and gazctl writes it plain ("value: ="), where YAML 1.1
+    # resolves it to the 'value' tag: PyYAML's loader had no constructor for it and refused
+    # the whole document ("could not determine a constructor").
+    text = (
+        "name: a/bb\nreplication: 1\nlabels:\n- name: ab\n  value: =\n"
+        "fragment: {length: 1048576, compression_codec: NONE, refresh_interval: 1m}\n"
+    )
+    (change,) = apply_request(parse_journalspace(text)).changes
+    assert [(x.name, x.value) for x in change.upsert.labels.labels] == [("ab", "=")]
