@@ -164,14 +164,16 @@ DECODE_OVERSHOOT = 128 << 10
 class _Identity:
     def __init__(self) -> None:
         self._pending = b""
+        self._pos = 0  # Of the first byte of `_pending` not returned yet.
 
     def feed(self, chunk: bytes, limit: int = -1) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        if limit < 0 or len(data) <= limit:
-            self._pending = b""
-            return bytes(data)
-        self._pending = data[limit:]
-        return bytes(data[:limit])
+        if chunk:
+            rest = self._pending[self._pos :] if self._pos < len(self._pending) else b""
+            self._pending, self._pos = rest + chunk if rest else chunk, 0
+        end = len(self._pending) if limit < 0 else min(len(self._pending), self._pos + limit)
+        out = self._pending[self._pos : end]
+        self._pos = end
+        return bytes(out)
 
     def finish(self) -> bytes:
         return self.feed(b"")
