@@ -82,5 +82,10 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
             return iter(())  # Spark's stand-in partition when the plan is empty.
         opts = self.opts
         return read_partition(
-            opts.target, partition, self.layout, opts.fail_on_data_loss, opts.file_root
+            opts.target,
+            partition,
+            self.layout,
+            opts.fail_on_data_loss,
+            opts.file_root,
+            opts.committed_reads(streaming=False),
         )

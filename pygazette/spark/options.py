@@ -17,10 +17,13 @@ from pygazette.auth.configured import authorizer_from
 from pygazette.auth.tls import ClientTLS, TLSConfigError, check_client
 from pygazette.client.channel import channel_target
 from pygazette.client.journal_client import broker_address_from_env
+from pygazette.message.csv_framing import CSVFraming
+from pygazette.message.json_framing import JSONFraming
 from pygazette.protocol.errors import GazetteError, ValidationError
 from pygazette.protocol.selector import format_selector, parse_selector
 from pygazette.protocol.validation import validate_journal_name
 from pygazette.spark.framing import Framing
+from pygazette.spark.read_committed import DEFAULT_WAIT_SECONDS, CommittedReads
 from pygazette.spark.runtime import BrokerAuth, BrokerTarget
 
 EARLIEST = -2
@@ -47,6 +50,9 @@ READ_OPTIONS = (
     "failOnDataLoss",
     "minPartitions",
     "fileRoot",
+    "readCommitted",
+    "uuidField",
+    "readCommittedWaitSeconds",
     *TLS_OPTIONS,
     *AUTH_OPTIONS,
 )
@@ -105,11 +111,26 @@ class ReadOptions:
     file_root: str | None = None
     tls: ClientTLS | None = None  # tlsCAFile, tlsCertFile, tlsKeyFile.
     auth: BrokerAuth = field(default_factory=lambda: BrokerAuth(), repr=False)
+    # readCommitted: rows of committed messages only (`pygazette.spark.read_committed`), whose
+    # UUID is JSON field `uuid_field` (matched as Go matches field names) or a CSV record's
+    # first column; a stream waits up to `read_committed_wait_seconds` for a decision.
+    read_committed: bool = False
+    uuid_field: str = "uuid"
+    read_committed_wait_seconds: float = DEFAULT_WAIT_SECONDS
 
     @property
     def target(self) -> BrokerTarget:
         """The broker with its TLS material, as `runtime` calls take it."""
         return BrokerTarget(self.broker, self.tls, self.auth)
+
+    def committed_reads(self, *, streaming: bool) -> CommittedReads | None:
+        """How partitions read committed messages (None: every record is a row)."""
+        if not self.read_committed:
+            return None
+        framing = (
+            JSONFraming(self.uuid_field) if self.framing is Framing.JSON else CSVFraming()
+        )
+        return CommittedReads(framing, streaming, self.read_committed_wait_seconds)
 
 
 @dataclass(frozen=True)
@@ -352,8 +373,40 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
                     f"(option journals is {','.join(journals)})"
                 )
 
+    read_committed = _bool("readCommitted", opts.get("readCommitted", "false"))
+    if read_committed and framing not in (Framing.JSON, Framing.CSV):
+        raise OptionError(
+            f"option readCommitted needs messages with UUIDs: framing json or csv, not "
+            f"{framing.value}"
+        )
+    if "uuidField" in opts:
+        if not read_committed or framing is not Framing.JSON:
+            raise OptionError(
+                "option uuidField names the JSON field of a message's UUID: it applies to "
+                "readCommitted reads of framing json"
+            )
+        if not opts["uuidField"].strip():
+            raise OptionError("option uuidField must not be empty")
+    wait_seconds = DEFAULT_WAIT_SECONDS
+    if "readCommittedWaitSeconds" in opts:
+        if not read_committed or streaming is False:
+            raise OptionError("option readCommittedWaitSeconds applies to readCommitted streams")
+        text = opts["readCommittedWaitSeconds"].strip()
+        try:
+            wait_seconds = float(text)
+        except ValueError:
+            wait_seconds = -1.0
+        if not 0 < wait_seconds < float("inf"):
+            raise OptionError(
+                f"option readCommittedWaitSeconds must be a positive number of seconds, "
+                f"not {text!r}"
+            )
+
     broker = _broker(opts)
     return ReadOptions(
+        read_committed=read_committed,
+        uuid_field=opts.get("uuidField", "uuid").strip(),
+        read_committed_wait_seconds=wait_seconds,
         broker=broker,
         journals=journals,
         selector=selector,

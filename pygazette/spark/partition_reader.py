@@ -37,6 +37,7 @@ from pygazette.spark import framing as fr
 from pygazette.spark import runtime
 from pygazette.spark.framing import Framing, RecordError, RecordSpans
 from pygazette.spark.planning import DataLoss, GazettePartition, JournalDeleted, Piece
+from pygazette.spark.read_committed import CommittedReads, TransactionResolver, uuid_parts
 from pygazette.spark.schema import FRAGMENT_MOD_TIME, JOURNAL, OFFSET, VALUE, Layout
 
 if TYPE_CHECKING:
@@ -135,13 +136,30 @@ def read_partition(
     layout: Layout,
     fail_on_data_loss: bool,
     file_root: str | None = None,
+    committed: CommittedReads | None = None,
 ) -> Iterator[pa.RecordBatch]:
+    """The partition's rows. With `committed`, those of committed messages only: the pieces of
+    one journal range share a `TransactionResolver`, and after the range's last piece the
+    reader reads ahead until each message it owns is decided (`read_committed`)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(layout.schema, timezone="UTC")
     data_schema = to_arrow_schema(layout.data, timezone="UTC") if layout.has_data else None
+    resolver: TransactionResolver | None = None
+    decoder: PieceDecoder | None = None
     for piece in partition.pieces:
-        decoder = PieceDecoder(piece, layout, arrow_schema, data_schema)
+        if committed is not None and (
+            decoder is None
+            or resolver is None
+            or piece.journal != resolver.journal
+            or piece.own_begin != decoder.piece.own_end
+        ):
+            if decoder is not None and resolver is not None:
+                yield from _decide_owned(broker, decoder, resolver, committed, fail_on_data_loss)
+            resolver = TransactionResolver(piece.journal)
+        decoder = PieceDecoder(
+            piece, layout, arrow_schema, data_schema, resolver=resolver, committed=committed
+        )
         items = runtime.iterate(
             broker, functools.partial(piece_bytes, piece=piece, file_root=file_root)
         )
@@ -158,6 +176,108 @@ def read_partition(
                 yield from decoder.finish()
         finally:
             items.close()
+    if committed is not None and decoder is not None and resolver is not None:
+        yield from _decide_owned(broker, decoder, resolver, committed, fail_on_data_loss)
+
+
+class ReadCommittedTimeout(GazetteError):
+    """A stream's read-committed partition waited too long for a transaction's ACK."""
+
+
+def _decide_owned(
+    broker: runtime.Broker,
+    decoder: PieceDecoder,
+    resolver: TransactionResolver,
+    committed: CommittedReads,
+    fail_on_data_loss: bool,
+) -> Iterator[pa.RecordBatch]:
+    """Read the journal on from the end of the last piece's records until every message the
+    partition owns is decided, feeding what is read to `resolver`; then the rows committed."""
+    if resolver.pending_owned:
+        items = runtime.iterate(
+            broker,
+            functools.partial(
+                _envelopes_after,
+                journal=resolver.journal,
+                offset=decoder.next_record_at,
+                committed=committed,
+            ),
+        )
+        try:
+            for item in items:
+                if isinstance(item, DataLoss):
+                    data_loss(item, fail_on_data_loss)
+                    continue
+                for offset, producer, clock, flags in item:
+                    resolver.add(offset, None, producer, clock, flags)
+                if not resolver.pending_owned:
+                    break
+        except TimeoutError:
+            oldest = resolver.oldest_pending()
+            where = (
+                f" (the oldest begins at offset {oldest[0]}, producer {oldest[1].hex()})"
+                if oldest
+                else ""
+            )
+            raise ReadCommittedTimeout(
+                f"journal {resolver.journal}: {resolver.pending_owned} message(s) of open "
+                f"transactions{where} were not committed or rolled back within "
+                f"{committed.wait_seconds:g} s; a stream reading committed messages waits "
+                "for their ACK (raise readCommittedWaitSeconds, or read without readCommitted)"
+            ) from None
+        finally:
+            items.close()
+    left = resolver.abandon() if resolver.pending_owned else 0
+    if left:
+        log.info(
+            "%s: left out %d message(s) of transactions still open at the write head",
+            resolver.journal,
+            left,
+        )
+    yield from decoder.committed_rows()
+
+
+async def _envelopes_after(
+    client: JournalClient, *, journal: str, offset: int, committed: CommittedReads
+) -> AsyncIterator[list[tuple[int, bytes, int, int]] | DataLoss]:
+    """(offset, producer, clock, flags) of the journal's messages from `offset` (a record
+    boundary), a list per read chunk: up to the write head for a batch read; for a stream,
+    blocking for new appends, within `committed.wait_seconds` in all."""
+    import asyncio
+
+    framing = committed.framing
+    rr = RetryReader(client, journal, offset=offset, block=committed.wait)
+    pending = b""
+    pos = offset
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + committed.wait_seconds
+    try:
+        while True:
+            try:
+                if committed.wait:  # Time spent waiting for content, not handing it over.
+                    chunk = await asyncio.wait_for(rr.read(), max(0.0, deadline - loop.time()))
+                else:
+                    chunk = await rr.read()
+            except OffsetJump as jump:
+                yield DataLoss(journal, jump.requested, jump.offset)
+                pending, pos = b"", rr.offset
+                continue
+            except (OffsetNotYetAvailable, Suspended, JournalNotFound):
+                return  # At the head (or nothing more to read): undecided stays so.
+            if not chunk:
+                return
+            pending += chunk
+            frames, used = framing.split(pending)
+            out: list[tuple[int, bytes, int, int]] = []
+            for payload in frames:
+                if not framing.is_blank(payload):
+                    out.append((pos, *uuid_parts(framing, payload)))
+                pos += len(payload) + framing.overhead
+            pending = pending[used:]
+            if out:
+                yield out
+    finally:
+        await rr.aclose()
 
 
 class PieceDecoder:
@@ -169,13 +289,21 @@ class PieceDecoder:
         layout: Layout,
         arrow_schema: pa.Schema,
         data_schema: pa.Schema | None,
+        *,
+        resolver: TransactionResolver | None = None,
+        committed: CommittedReads | None = None,
     ) -> None:
         self.piece = piece
         self.layout = layout
         self.framing = layout.framing
         self.arrow_schema = arrow_schema
         self.data_schema = data_schema
+        self.resolver = resolver if committed is not None else None
+        self.committed = committed
         self.done = False
+        # Where the first record after the owned ones begins, once known (read-committed
+        # reads read ahead from there).
+        self.next_record_at = piece.own_end
         self._chunks: list[bytes] = []
         self._size = 0
         self._base = piece.scan_from  # Journal offset of the first pending byte.
@@ -295,6 +423,10 @@ class PieceDecoder:
         hi = int(np.searchsorted(begins, own_end, side="left"))
         if hi < len(spans) or (spans.consumed and self._base + spans.consumed >= own_end):
             self.done = True
+        if hi > lo or hi < len(spans):
+            self.next_record_at = (
+                int(begins[hi]) if hi < len(spans) else self._base + spans.consumed
+            )
         owned = spans.select(lo, hi)
         if len(owned):
             yield from self._records(buf, owned)
@@ -319,19 +451,12 @@ class PieceDecoder:
                 spans = spans.mask(~blank)
             if not len(spans):
                 return
+            if self.resolver is not None:
+                self._resolve(buf, spans)
+                yield from self.committed_rows()
+                return
             offsets = spans.starts + self._base
-            assert self.data_schema is not None
-            if framing is Framing.JSON:
-                table = fr.parse_json(buf, spans, self.data_schema, describe=self._describe)
-            else:
-                table = fr.parse_csv(
-                    buf,
-                    spans,
-                    [f.name for f in self.data_schema],
-                    self.data_schema,
-                    describe=self._describe,
-                )
-            yield self._batch(offsets, table=table)
+            yield self._batch(offsets, table=self._parse(buf, spans))
             return
         offsets = spans.starts + self._base
         value: pa.Array | None = None
@@ -346,6 +471,52 @@ class PieceDecoder:
                         "read column value as binary"
                     ) from None
         yield self._batch(offsets, value=value)
+
+    def _parse(self, buf: bytes, spans: RecordSpans) -> pa.Table:
+        """The data columns of JSON or CSV records."""
+        assert self.data_schema is not None
+        if self.framing is Framing.JSON:
+            return fr.parse_json(buf, spans, self.data_schema, describe=self._describe)
+        return fr.parse_csv(
+            buf,
+            spans,
+            [f.name for f in self.data_schema],
+            self.data_schema,
+            describe=self._describe,
+        )
+
+    # Read committed --------------------------------------------------------------------------
+
+    def _resolve(self, buf: bytes, spans: RecordSpans) -> None:
+        """Feed the owned records to the resolver, with their payloads (kept until decided)."""
+        assert self.resolver is not None and self.committed is not None
+        framing = self.committed.framing
+        add = self.resolver.add
+        base = self._base
+        for start, vs, ve in zip(
+            spans.starts.tolist(),
+            spans.value_starts.tolist(),
+            spans.value_ends.tolist(),
+            strict=True,
+        ):
+            payload = buf[vs:ve]
+            add(base + start, payload, *uuid_parts(framing, payload))
+
+    def committed_rows(self) -> Iterator[pa.RecordBatch]:
+        """A record batch of the rows the resolver committed since the last call."""
+        if self.resolver is None:
+            return
+        rows = self.resolver.take()
+        if not rows:
+            return
+        n = len(rows)
+        buf = b"\n".join(payload for _, payload in rows) + b"\n"
+        lengths = np.fromiter((len(p) + 1 for _, p in rows), dtype=np.int64, count=n)
+        starts = np.zeros(n, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        spans = RecordSpans(starts, starts, starts + lengths - 1, len(buf))
+        offsets = np.fromiter((offset for offset, _ in rows), dtype=np.int64, count=n)
+        yield self._batch(offsets, table=self._parse(buf, spans) if self.data_schema else None)
 
     # Batches ---------------------------------------------------------------------------------
 

@@ -286,7 +286,12 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             return iter(())
         opts = self.opts
         return read_partition(
-            opts.target, partition, self.layout, opts.fail_on_data_loss, opts.file_root
+            opts.target,
+            partition,
+            self.layout,
+            opts.fail_on_data_loss,
+            opts.file_root,
+            opts.committed_reads(streaming=True),
         )
 
     def stop(self) -> None:

@@ -80,6 +80,31 @@ def test_defaults_follow_the_kafka_source() -> None:
         ({"journals": "in/b", "broker": "ftp://x"}, True, "unsupported broker address"),
         ({"journals": "in/b", "fileRoot": "data/fragments"}, False, "fileRoot must be the abs"),
         ({"journals": "in/b", "fileRoot": " "}, True, "fileRoot must be the absolute path"),
+        ({"journals": "in/b", "readCommitted": "true"}, False, "framing json or csv, not raw"),
+        ({"journals": "in/b", "framing": "json", "readCommitted": "maybe"}, False, "true or"),
+        ({"journals": "in/b", "framing": "json", "uuidField": "id"}, False, "applies to read"),
+        (
+            {"journals": "in/b", "framing": "csv", "readCommitted": "1", "uuidField": "id"},
+            False,
+            "framing json",
+        ),
+        (
+            {"journals": "in/b", "framing": "json", "readCommitted": "1", "uuidField": " "},
+            False,
+            "must not be empty",
+        ),
+        (
+            {"journals": "in/b", "framing": "json", "readCommitted": "1"}
+            | {"readCommittedWaitSeconds": "5"},
+            False,
+            "applies to readCommitted streams",
+        ),
+        (
+            {"journals": "in/b", "framing": "json", "readCommitted": "1"}
+            | {"readCommittedWaitSeconds": "soon"},
+            True,
+            "positive number of seconds",
+        ),
     ],
 )
 def test_bad_read_options_are_clear_errors(
@@ -87,6 +112,18 @@ def test_bad_read_options_are_clear_errors(
 ) -> None:
     with pytest.raises(OptionError, match=message):
         parse_read_options(options, streaming=streaming)
+
+
+def test_read_committed_options() -> None:
+    opts = parse_read_options(
+        {"journals": "in/b", "framing": "json", "readCommitted": "true", "uuidField": "UUID"},
+        streaming=True,
+    )
+    committed = opts.committed_reads(streaming=True)
+    assert committed is not None and committed.wait and committed.wait_seconds == 60
+    assert committed.framing.uuid_field == "UUID"  # type: ignore[attr-defined]
+    plain = parse_read_options({"journals": "in/b", "framing": "csv"}, streaming=False)
+    assert plain.committed_reads(streaming=False) is None
 
 
 def test_write_options() -> None:

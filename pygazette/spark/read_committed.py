@@ -1,0 +1,169 @@
+"""Read-committed reads (option `readCommitted`): the rows of committed messages only.
+
+Journals written exactly once (Gazette's and pygazette's transactional publishers, consumers'
+outputs) hold messages of transactions that may still be open or were rolled back, and ACK
+messages that commit them. A reader that wants what was committed decides each message by its
+UUID as Gazette's sequencer does (`pygazette.message.sequencer`, whose rules this module applies
+to one journal's records in order):
+
+- a record without a UUID commits at once;
+- an OUTSIDE_TXN message commits at once, unless its clock is not above its producer's last
+  acknowledged clock (a duplicate); it ends any open transaction of its producer;
+- a CONTINUE_TXN message waits for its producer's next ACK_TXN (a clock not above the largest
+  its producer has pending is a duplicate, dropped);
+- an ACK_TXN commits its producer's waiting messages of clocks up to its own and drops those
+  above; one whose clock is not above the last acknowledged one rolls them all back. ACKs are
+  never rows.
+
+A Spark partition owns the records that begin in its ranges. A message it owns is decided by
+a later record, possibly one owned by the next partition or appended after the micro-batch was
+planned: the partition reads ahead past its ranges (those records feed the decisions; they
+are not its rows) until every message it owns is decided. A batch read reads ahead up to the
+write head and leaves out what is still undecided there (not committed when it was read). A
+stream waits for the decision, up to `readCommittedWaitSeconds`, as a read-committed consumer
+waits for a transaction's ACK: a message cannot be left to a later micro-batch, which begins
+after it.
+
+Unlike the sequencer of a consumer, which resumes from checkpointed producer states, a
+partition starts without history: a producer is first seen in it, and a duplicate whose first
+copy lies before the partition's first range is not recognised as one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from pygazette.message.framing import Framing as MessageFraming
+from pygazette.message.framing import MessageDecodeError
+from pygazette.message.uuid import ACK_TXN, CONTINUE_TXN, parse_uuid_text
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WAIT_SECONDS = 60.0
+_NO_UUID = (b"", 0, 0)
+
+
+def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int]:
+    """(producer, clock, flags) of a record's message; clock 0 when it has no UUID, or when it
+    does not decode (the row's own parsing reports that, as without readCommitted)."""
+    try:
+        text = framing.get_uuid(framing.unmarshal(payload))
+        if text is None:
+            return _NO_UUID
+        return parse_uuid_text(text)
+    except (MessageDecodeError, ValueError):
+        return _NO_UUID
+
+
+@dataclass(slots=True)
+class _Producer:
+    min_clock: int  # Its last acknowledged clock: smaller or equal clocks are duplicates.
+    max_clock: int  # The largest clock of its pending messages (min_clock if none).
+    pending: list[tuple[int, bytes | None, int]] = field(default_factory=list)
+    owned: int = 0  # Pending messages that are rows of this partition.
+
+
+class TransactionResolver:
+    """Decides one journal's messages, fed in journal order (see the module docstring)."""
+
+    def __init__(self, journal: str) -> None:
+        self.journal = journal
+        self.committed: list[tuple[int, bytes]] = []  # (offset, payload) rows, to take.
+        self.pending_owned = 0  # Owned messages not yet decided.
+        self.rolled_back = 0  # Owned messages dropped by a rollback (or left undecided).
+        self._producers: dict[bytes, _Producer] = {}
+
+    def add(
+        self, offset: int, payload: bytes | None, producer: bytes, clock: int, flags: int
+    ) -> None:
+        """Feed the next record of the journal: an owned one with its `payload`, or one read
+        ahead (payload None) that only decides earlier ones."""
+        if clock == 0:
+            if payload is not None:
+                self.committed.append((offset, payload))
+            return
+        p = self._producers.get(producer)
+        if p is None:
+            p = self._producers[producer] = _Producer(clock - 1, clock - 1)
+        if flags == CONTINUE_TXN:
+            if clock <= p.max_clock:
+                return  # Acknowledged already, or not above what is pending: a duplicate.
+            p.pending.append((offset, payload, clock))
+            p.max_clock = clock
+            if payload is not None:
+                p.owned += 1
+                self.pending_owned += 1
+        elif flags == ACK_TXN:
+            if clock <= p.min_clock:
+                self._drop(p)  # A rollback.
+            else:
+                self._commit(p, clock)
+            p.min_clock = p.max_clock = clock
+        else:  # OUTSIDE_TXN (and unknown flags, as the sequencer takes them).
+            if clock <= p.min_clock:
+                return  # A duplicate.
+            if p.pending:
+                log.warning(
+                    "OUTSIDE_TXN message follows a pending CONTINUE_TXN in %s at %d: the "
+                    "pending messages are dropped",
+                    self.journal,
+                    offset,
+                )
+                self._drop(p)
+            if payload is not None:
+                self.committed.append((offset, payload))
+            p.min_clock = p.max_clock = clock
+
+    def take(self) -> list[tuple[int, bytes]]:
+        """The owned rows committed since the last take, in the order they committed."""
+        out, self.committed = self.committed, []
+        return out
+
+    def abandon(self) -> int:
+        """Leave out every owned message still undecided; returns how many."""
+        left = self.pending_owned
+        for p in self._producers.values():
+            self._drop(p)
+        self.rolled_back -= left  # Not rolled back: undecided.
+        return left
+
+    def oldest_pending(self) -> tuple[int, bytes] | None:
+        """(offset, producer) of the earliest owned message still undecided."""
+        best: tuple[int, bytes] | None = None
+        for producer, p in self._producers.items():
+            for offset, payload, _clock in p.pending:
+                if payload is not None:
+                    if best is None or offset < best[0]:
+                        best = (offset, producer)
+                    break
+        return best
+
+    def _commit(self, p: _Producer, clock: int) -> None:
+        for offset, payload, c in p.pending:
+            if payload is None:
+                continue
+            if c <= clock:
+                self.committed.append((offset, payload))
+            else:
+                self.rolled_back += 1
+        self.pending_owned -= p.owned
+        p.pending.clear()
+        p.owned = 0
+
+    def _drop(self, p: _Producer) -> None:
+        self.rolled_back += p.owned
+        self.pending_owned -= p.owned
+        p.pending.clear()
+        p.owned = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedReads:
+    """How a partition reads committed messages: the message framing whose UUIDs decide them,
+    and whether it waits for undecided ones (streams) or leaves them out at the write head
+    (batch reads)."""
+
+    framing: MessageFraming
+    wait: bool
+    wait_seconds: float = DEFAULT_WAIT_SECONDS

@@ -1,0 +1,289 @@
+"""TransactionResolver (option readCommitted): Gazette's sequencing rules, one journal at a time,
+checked against the message layer's Sequencer, and with owned and read-ahead records."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql import DataFrame, SparkSession
+
+from pygazette.client import SyncJournalClient
+from pygazette.message.envelope import Envelope
+from pygazette.message.json_framing import JSONFraming
+from pygazette.message.sequencer import Sequencer
+from pygazette.message.uuid import ACK_TXN, CONTINUE_TXN, OUTSIDE_TXN, UUIDFormatter
+from pygazette.spark.read_committed import TransactionResolver, uuid_parts
+from tests.spark.test_batch_read import reader
+from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import append_each
+from tests.support.spark_session import create_journals, journal_spec
+
+J = "a/journal"
+P1, P2, P3 = b"\x01" * 6, b"\x02" * 6, b"\x03" * 6
+
+# (producer, clock, flags); clock 0 is a record without a UUID.
+messages = st.lists(
+    st.tuples(
+        st.sampled_from([P1, P2, P3]),
+        st.integers(min_value=0, max_value=12),
+        st.sampled_from([OUTSIDE_TXN, CONTINUE_TXN, ACK_TXN]),
+    ),
+    max_size=60,
+)
+
+
+def _sequenced(msgs: list[tuple[bytes, int, int]]) -> list[int]:
+    """Offsets of the non-ACK messages the Sequencer delivers, in order."""
+    seq = Sequencer(buffer=4096)
+    envs = [
+        Envelope(J, i, i + 1, None, p if c else bytes(6), c, f if c else 0)
+        for i, (p, c, f) in enumerate(msgs)
+    ]
+    out: list[Envelope] = []
+    assert seq.sequence(envs, 0, out) == len(envs)
+    return [e.begin for e in out if not (e.clock and e.flags == ACK_TXN)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages)
+def test_rows_are_the_messages_the_sequencer_delivers(msgs: list[tuple[bytes, int, int]]) -> None:
+    r = TransactionResolver(J)
+    for i, (p, c, f) in enumerate(msgs):
+        r.add(i, b"%d" % i, p, c, f)
+    assert [offset for offset, _payload in r.take()] == _sequenced(msgs)
+    assert r.pending_owned == sum(1 for p in r._producers.values() for x in p.pending)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.integers(min_value=0, max_value=60))
+def test_records_read_ahead_decide_owned_ones_and_are_not_rows(
+    msgs: list[tuple[bytes, int, int]], owned: int
+) -> None:
+    r = TransactionResolver(J)
+    for i, (p, c, f) in enumerate(msgs):
+        r.add(i, b"%d" % i if i < owned else None, p, c, f)
+    assert [o for o, _ in r.take()] == [o for o in _sequenced(msgs) if o < owned]
+
+
+def test_a_transaction_commits_at_its_ack_and_rolls_back_at_an_older_one() -> None:
+    r = TransactionResolver(J)
+    r.add(0, b"a", P1, 5, CONTINUE_TXN)
+    r.add(1, b"b", P1, 6, CONTINUE_TXN)
+    r.add(2, b"x", P2, 3, OUTSIDE_TXN)  # Another producer flows meanwhile.
+    assert r.take() == [(2, b"x")] and r.pending_owned == 2
+    r.add(3, None, P1, 6, ACK_TXN)  # Read ahead: decides, is not a row.
+    assert r.take() == [(0, b"a"), (1, b"b")] and r.pending_owned == 0
+    r.add(4, b"c", P1, 7, CONTINUE_TXN)
+    r.add(5, b"d", P1, 8, CONTINUE_TXN)
+    r.add(6, b"ack", P1, 6, ACK_TXN)  # A recovered producer's older ACK: a rollback.
+    assert r.take() == [] and r.rolled_back == 2
+    r.add(7, b"e", P1, 7, CONTINUE_TXN)  # Re-sent after the rollback, and acknowledged.
+    assert r.oldest_pending() == (7, P1)
+    r.add(8, b"ack", P1, 9, ACK_TXN)
+    assert r.take() == [(7, b"e")]
+    r.add(9, b"f", P1, 10, CONTINUE_TXN)
+    assert r.abandon() == 1 and r.pending_owned == 0 and r.rolled_back == 2
+
+
+def test_uuids_of_records() -> None:
+    framing = JSONFraming()
+    text = UUIDFormatter(P1).format(42, CONTINUE_TXN)
+    assert uuid_parts(framing, b'{"uuid": "%s", "n": 1}' % text.encode()) == (
+        P1,
+        42,
+        CONTINUE_TXN,
+    )
+    # Go's field name matches whatever its case, as Go's encoding/json.
+    assert uuid_parts(framing, b'{"UUID": "%s"}' % text.encode())[1] == 42
+    assert uuid_parts(framing, b'{"n": 1}')[1] == 0  # No UUID: commits at once.
+    assert uuid_parts(framing, b"not json")[1] == 0  # Parsing the row reports it.
+    assert uuid_parts(framing, b'{"uuid": "not-a-uuid"}')[1] == 0
+
+
+# Against a real broker and Spark local[2] --------------------------------------------------
+
+
+def _message(fmt: UUIDFormatter, clock: int, flags: int, n: int, key: str = "uuid") -> bytes:
+    return orjson.dumps({key: fmt.format(clock, flags), "n": n}) + b"\n"
+
+
+def _ack(fmt: UUIDFormatter, clock: int) -> bytes:
+    return orjson.dumps({"uuid": fmt.format(clock, ACK_TXN)}) + b"\n"
+
+
+def _transactions() -> tuple[list[bytes], set[int]]:
+    """Appends of three producers' messages, and the `n` of those that are committed.
+
+    A commits a transaction of 60 messages spread over many appends (its ACK lies in a later
+    partition than its first messages) and leaves a second one open at the head; B publishes
+    outside transactions, with Go's field name "UUID"; C's transaction is rolled back by an
+    ACK of an older clock; a record without a UUID commits at once.
+    """
+    a, b, c = UUIDFormatter(P1), UUIDFormatter(P2), UUIDFormatter(P3)
+    appends: list[bytes] = []
+    committed: set[int] = set()
+    n = 0
+    for i in range(60):
+        rec = _message(a, 1 + i, CONTINUE_TXN, n)
+        committed.add(n)
+        n += 1
+        out = _message(b, 1000 + i, OUTSIDE_TXN, n, key="UUID")
+        committed.add(n)
+        n += 1
+        roll = _message(c, 100 + i, CONTINUE_TXN, n) if i < 20 else b""
+        n += 1
+        appends.append(rec + out + roll)
+    appends.append(_ack(c, 99) + b'{"n": %d}\n' % n)  # C rolls back; no UUID commits.
+    committed.add(n)
+    n += 1
+    appends.append(_ack(a, 60))
+    for i in range(10):  # A's next transaction: open at the head.
+        appends.append(_message(a, 61 + i, CONTINUE_TXN, n))
+        n += 1
+    return appends, committed
+
+
+def test_a_batch_read_has_the_committed_messages_only(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    j = prefix + "txns"
+    create_journals(gz, journal_spec(j, fragment_length=1024))
+    appends, committed = _transactions()
+    append_each(gz, j, appends)
+    schema = "n long, offset long"
+    every = reader(spark, spark_broker, journals=j, framing="json").schema
+    assert "uuid" in every.fieldNames()  # Inferred: messages and ACKs hold it.
+
+    for parts in ("1", "5"):
+        df = (
+            spark.read.format("gazette")
+            .schema(schema)
+            .option("broker", spark_broker.url)
+            .options(journals=j, framing="json", readCommitted="true", minPartitions=parts)
+            .load()
+        )
+        if parts == "5":
+            assert df.rdd.getNumPartitions() >= 5
+        rows = df.collect()
+        assert sorted(r.n for r in rows) == sorted(committed), parts
+        assert len({r.offset for r in rows}) == len(rows)
+
+    # Without the option, every record is a row: ACKs (n null), rolled back and open ones.
+    raw = reader(spark, spark_broker, journals=j, framing="json").collect()
+    assert len(raw) == sum(a.count(b"\n") for a in appends)
+
+    # A's open transaction commits once its ACK is appended.
+    gz.append(j, _ack(UUIDFormatter(P1), 70))
+    later = (
+        spark.read.format("gazette")
+        .schema(schema)
+        .option("broker", spark_broker.url)
+        .options(journals=j, framing="json", readCommitted="true")
+        .load()
+        .collect()
+    )
+    assert len(later) == len(committed) + 10
+
+
+def test_a_stream_waits_for_the_ack_of_an_open_transaction(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    j = prefix + "txn-stream"
+    create_journals(gz, journal_spec(j, fragment_length=1024))
+    a = UUIDFormatter(P1)
+    append_each(gz, j, [_message(a, 1, CONTINUE_TXN, 0), _message(a, 2, CONTINUE_TXN, 1)])
+    got: list[int] = []
+
+    def batch(df: DataFrame, _batch_id: int) -> None:
+        got.extend(r.n for r in df.collect())
+
+    df = (
+        spark.readStream.format("gazette")
+        .schema("n long")
+        .option("broker", spark_broker.url)
+        .options(journals=j, framing="json", readCommitted="true", startingOffsets="earliest")
+        .load()
+    )
+    query = (
+        df.writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        # The micro-batch is planned before the ACK exists: its task waits for it, then has
+        # both rows.
+        deadline = time.monotonic() + 120
+        while not (query.status["isTriggerActive"] and query.status["isDataAvailable"]):
+            assert query.isActive and time.monotonic() < deadline, query.status
+            time.sleep(0.05)
+        ack_at = gz.append(j, _ack(a, 2) + _message(a, 3, CONTINUE_TXN, 2)).commit.begin
+        query.awaitTermination(timeout=120)
+        assert not query.isActive and query.exception() is None
+        end = query.recentProgress[0]["sources"][0]["endOffset"]
+        end = json.loads(end) if isinstance(end, str) else end
+        offset = end[j][0] if isinstance(end[j], list) else end[j]
+        assert offset == ack_at  # The micro-batch ended before the ACK.
+    finally:
+        query.stop()
+    assert sorted(got) == [0, 1]
+
+    # A transaction never acknowledged fails the stream after readCommittedWaitSeconds.
+    failing = (
+        spark.readStream.format("gazette")
+        .schema("n long")
+        .option("broker", spark_broker.url)
+        .options(
+            journals=j,
+            framing="json",
+            readCommitted="true",
+            readCommittedWaitSeconds="2",
+            startingOffsets="earliest",
+        )
+        .load()
+    )
+    query = (
+        failing.writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint-2"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="not committed or rolled back within 2 s"):
+        query.awaitTermination(timeout=120)
+
+
+def test_csv_records_carry_their_uuid_in_the_first_column(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    j = prefix + "txn-csv"
+    create_journals(gz, journal_spec(j, fragment_length=1024))
+    a, b = UUIDFormatter(P1), UUIDFormatter(P2)
+    rows = [
+        f"{a.format(1, CONTINUE_TXN)},1\n",
+        f"{b.format(5, CONTINUE_TXN)},2\n",  # Rolled back below.
+        f'{a.format(2, CONTINUE_TXN)},"3"\n',
+        f"{a.format(2, ACK_TXN)},\n",
+        f"{b.format(4, ACK_TXN)},\n",
+        ",4\n",  # No UUID.
+        f"{b.format(6, OUTSIDE_TXN)},5\n",
+    ]
+    append_each(gz, j, [r.encode() for r in rows])
+    got = (
+        spark.read.format("gazette")
+        .schema("uuid string, n long")
+        .option("broker", spark_broker.url)
+        .options(journals=j, framing="csv", readCommitted="true")
+        .load()
+        .collect()
+    )
+    assert sorted(r.n for r in got) == [1, 3, 4, 5]
