@@ -520,12 +520,17 @@ class ShardReplica:
     async def _store_hints_periodically(self) -> None:
         recorder = self.recorder
         assert recorder is not None
+        stored: rpb.FSMHints | None = None  # The hints this task last stored.
         while True:
             await asyncio.sleep(self.ctx.hints_interval)
             try:
-                await store_recorded_hints(
-                    self.ctx.keyspace, self._spec, recorder.build_hints(), self._assignment
-                )
+                hints = recorder.build_hints()
+                if hints == stored:
+                    continue  # Unchanged: an idle shard leaves the keyspace quiet.
+                if await store_recorded_hints(
+                    self.ctx.keyspace, self._spec, hints, self._assignment
+                ):
+                    stored = hints
             except Exception as exc:
                 log.warning(
                     "cannot store recorded hints (will retry)",

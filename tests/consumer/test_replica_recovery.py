@@ -25,9 +25,9 @@ from grpc.aio import AioRpcError, Metadata
 from pygazette.client import JournalClient, apply_journals
 from pygazette.client.append_service import DependencyFailed
 from pygazette.client.list_apply import list_journals
-from pygazette.consumer.hints import encode_hints
+from pygazette.consumer.hints import decode_hints, encode_hints
 from pygazette.consumer.metrics import RECOVERIES
-from pygazette.consumer.recoverylog import RecorderFailed
+from pygazette.consumer.recoverylog import Recorder, RecorderFailed
 from pygazette.consumer.replica import ConsumerContext, ShardReplica
 from pygazette.consumer.transaction import LeaseLost
 from pygazette.consumer.transient_failure import is_transient
@@ -400,5 +400,62 @@ async def test_a_cancelled_error_the_application_raises_fails_the_shard(
         await Inputs(client).publish(10)
         await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.FAILED, within=20)
         assert any("CancelledError" in e for e in replica.status.errors), replica.status
+    finally:
+        await replica.stop()
+
+
+async def test_an_idle_primary_does_not_rewrite_its_hints(
+    tmp_path: Path, client: JournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A primary stores its recorded hints every hints interval, but only when they changed:
+    an idle shard leaves the keyspace quiet (each write is an etcd revision, history etcd
+    keeps until compaction: thousands of idle shards rewrote their hints every 5 s)."""
+    built = 0
+    idle = asyncio.Event()  # Set once the hints were built 10 times (over 10 intervals).
+    build_hints = Recorder.build_hints
+
+    def counting(rec: Recorder) -> rpb.FSMHints:
+        nonlocal built
+        built += 1
+        if built >= 10:
+            idle.set()
+        return build_hints(rec)
+
+    monkeypatch.setattr(Recorder, "build_hints", counting)
+    h = _Harness(tmp_path, client)
+    h.ctx.hints_interval = 0.05
+    spec = shard_spec(standbys=0)
+    assignment = KeyValue(f"/assignments/{SHARD}#local#0", b"", 1, 1)
+    await h.ks.txn([], [Put(assignment.key, b"")])
+    assignment = h.ks.get(assignment.key)
+    assert assignment is not None
+    key = hint_primary_key(spec)
+
+    def stored() -> rpb.FSMHints | None:
+        kv = h.ks.get(key)
+        return None if kv is None else decode_hints(kv.value)
+
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        inputs = Inputs(client)
+        await h.wait(lambda: replica.is_primary)
+        await inputs.publish(50)
+        await committed_outputs(client, inputs.sent, 60)
+        recorder = replica.recorder
+        assert recorder is not None
+        # Its hints of everything committed are stored...
+        await h.ks.wait_until(lambda: stored() == build_hints(recorder), 30)
+        kv = h.ks.get(key)
+        assert kv is not None
+        # ...and not stored again while nothing changes.
+        built = 0
+        idle.clear()
+        await asyncio.wait_for(idle.wait(), 30)
+        assert h.ks.get(key) == kv
+        # A change is stored at the next interval.
+        await inputs.publish(10)
+        await committed_outputs(client, inputs.sent, 60)
+        await h.ks.wait_until(lambda: stored() == build_hints(recorder), 30)
     finally:
         await replica.stop()
