@@ -73,6 +73,22 @@ StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
     _construct_mapping,  # type: ignore[arg-type]
 )
+
+
+class YamlInt(int):
+    """An integer read from YAML, with the text it was written as ("007", "0x1f"): read into a
+    string field (a label value, a name), it is that text, as gazctl reads it."""
+
+    text: str
+
+
+def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int:
+    out = YamlInt(loader.construct_yaml_int(node))  # type: ignore[no-untyped-call]
+    out.text = str(node.value)
+    return out
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)  # type: ignore[arg-type]
 # A plain '=' resolves to YAML 1.1's 'value' tag, which SafeLoader cannot construct; it is a
 # valid label value, which gazctl writes plain.
 StrictLoader.add_constructor(
@@ -133,13 +149,15 @@ def parse_int(
         raise field_error(where, f"{key}: expected an integer, got {value!r}")
     if lo is not None and hi is not None and not lo <= value <= hi:
         raise field_error(where, f"{key}: {value} is out of range [{lo}, {hi}]")
-    return value
+    return int(value)
 
 
 def parse_str(value: Any, where: str, key: str) -> str:
-    """A string; an integer is taken as its decimal digits."""
+    """A string; an integer is taken as written (its decimal digits if not read from YAML)."""
     if isinstance(value, str):
         return value
+    if isinstance(value, YamlInt):
+        return value.text
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise field_error(where, f"{key}: expected a string, got {value!r}")

@@ -88,3 +88,17 @@ def test_a_label_value_of_a_lone_equals_sign_is_read() -> None:
     )
     (change,) = apply_request(parse_journalspace(text)).changes
     assert [(x.name, x.value) for x in change.upsert.labels.labels] == [("ab", "=")]
+
+
+@pytest.mark.parametrize("written", ["007", "0x1f", "1_000", "+5", "0b11", "00"])
+def test_a_label_value_written_as_a_number_is_its_text(written: str) -> None:
+    # gazctl reads a plain scalar into a string field as written. PyYAML resolved these to
+    # ints, and the value became their decimal form ('007' -> '7', '0x1f' -> '31'): labels
+    # silently other than written.
+    text = (
+        f"name: a/bb\nreplication: 1\nlabels:\n- name: ab\n  value: {written}\n"
+        "fragment: {length: 0x100000, compression_codec: NONE, refresh_interval: 1m}\n"
+    )
+    (change,) = apply_request(parse_journalspace(text)).changes
+    assert [(x.name, x.value) for x in change.upsert.labels.labels] == [("ab", written)]
+    assert change.upsert.fragment.length == 1 << 20  # An integer field reads it as YAML does.
