@@ -578,9 +578,11 @@ def evaluate_path_postfix(
     return clean_postfix(rendered, template)
 
 
-# A sample spool for checking templates at Apply: a time whose every field differs, so that
-# any layout exercises its digits.
+# Sample spools for checking templates at Apply: a time whose every field differs, so that
+# any layout exercises its digits; and one whose fields are single digits, where space-padded
+# layouts ("_2", "__2") render spaces.
 _SAMPLE_TIME = datetime(2024, 11, 23, 14, 35, 56, 789000, UTC).timestamp()
+_SAMPLE_TIMES = (_SAMPLE_TIME, datetime(2024, 1, 2, 3, 4, 5, 6, UTC).timestamp())
 
 
 def check_template(spec: pb.JournalSpec) -> None:
@@ -593,11 +595,12 @@ def check_template(spec: pb.JournalSpec) -> None:
         backing_store=spec.fragment.stores[0] if spec.fragment.stores else "",
     )
     try:
-        rendered = render(
-            spec.fragment.path_postfix_template,
-            template_data(spec, frag, _SAMPLE_TIME, validating=True),
-        )
-        clean_postfix(rendered, spec.fragment.path_postfix_template)
+        for sample in _SAMPLE_TIMES:
+            rendered = render(
+                spec.fragment.path_postfix_template,
+                template_data(spec, frag, sample, validating=True),
+            )
+            clean_postfix(rendered, spec.fragment.path_postfix_template)
     except TemplateError as exc:
         raise TemplateError(f"Fragment.PathPostfixTemplate: {exc}") from None
 

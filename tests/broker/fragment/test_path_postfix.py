@@ -157,6 +157,21 @@ def test_refused_with_a_clear_error(template: str, message: str) -> None:
     assert "PathPostfixTemplate" in str(err.value)
 
 
+@pytest.mark.parametrize("layout", ["_2", "__2", "Jan _2", "2006-01-_2"])
+def test_layouts_rendering_spaces_on_some_days_are_refused(layout: str) -> None:
+    # Space-padded day ("_2") and day of year ("__2") render a space only early in a month or
+    # year: checked on one sample day (November 23rd) alone they passed at Apply, and the
+    # journal then failed to persist its spools on January 1st to 9th ("not a valid path
+    # postfix"), which pile up on the broker's disk. Gazette would write a path its own
+    # listing refuses.
+    template = f'd={{{{ .Spool.FirstAppendTime.Format "{layout}" }}}}'
+    with pytest.raises(TemplateError, match="not a valid path postfix"):
+        check_template(_spec(template))
+    early = datetime(2024, 1, 3, tzinfo=UTC).timestamp()
+    with pytest.raises(TemplateError):
+        evaluate_path_postfix(_spec(template), FRAG, early)
+
+
 def test_specs_applied_with_content_name_before_it_was_refused_still_persist() -> None:
     spec = _spec("{{ .Spool.ContentLength }}/{{ .Spool.Fragment.ContentName }}")
     with pytest.raises(TemplateError):
