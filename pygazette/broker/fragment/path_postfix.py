@@ -158,6 +158,15 @@ def _codec(codec: int) -> GoEnum:
     return GoEnum(codec, pb.CompressionCodec.Name(codec))
 
 
+def _flags(flags: int) -> GoEnum:
+    """JournalSpec_Flag, which Go prints by its name (its String method)."""
+    try:
+        name = pb.JournalSpec.Flag.Name(flags)
+    except ValueError:
+        name = str(flags)  # Go's proto.EnumName of an unknown value.
+    return GoEnum(flags, name)
+
+
 def template_data(
     spec: pb.JournalSpec,
     frag: pb.Fragment,
@@ -216,7 +225,7 @@ def template_data(
         "Labels": Unsupported("a label set"),
         "LabelSet": Unsupported("a label set"),
         "Fragment": spec_fragment,
-        "Flags": spec.flags,
+        "Flags": _flags(spec.flags),
         "MaxAppendRate": spec.max_append_rate,
         "Suspend": Unsupported("a suspension struct"),
     }

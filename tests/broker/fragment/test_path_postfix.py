@@ -172,6 +172,24 @@ def test_layouts_rendering_spaces_on_some_days_are_refused(layout: str) -> None:
         evaluate_path_postfix(_spec(template), FRAG, early)
 
 
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{{ .Flags }}", "O_RDWR"),
+        ("{{ .JournalSpec.Flags }}", "O_RDWR"),
+        ('{{ printf "%d" .Flags }}', "4"),
+    ],
+)
+def test_flags_render_by_name_as_in_go(template: str, expected: str) -> None:
+    # JournalSpec_Flag has a String() method: Go's template prints its name (checked with
+    # go.gazette.dev/core v0.103.0), where the number was written, so that fragments of such
+    # a journal were persisted under another path than Gazette's.
+    spec = _spec(template)
+    spec.flags = pb.JournalSpec.O_RDWR
+    check_template(spec)
+    assert evaluate_path_postfix(spec, FRAG, T.timestamp()) == expected
+
+
 def test_specs_applied_with_content_name_before_it_was_refused_still_persist() -> None:
     spec = _spec("{{ .Spool.ContentLength }}/{{ .Spool.Fragment.ContentName }}")
     with pytest.raises(TemplateError):
