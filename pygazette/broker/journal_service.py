@@ -118,7 +118,9 @@ class JournalService(pb_grpc.JournalServicer):
                     try:
                         spec = decoded(kv)
                     except KeyDecodeError:
-                        spec = None  # Listed as it is, if it parses at all (as before).
+                        # Not a journal of the keyspace (not valid, or not its key's), as in
+                        # Gazette's: listed, it would make the whole listing invalid.
+                        continue
                 if spec is None:
                     spec = pb.JournalSpec()
                     try:

@@ -11,6 +11,11 @@ import grpc
 import pytest
 
 from pygazette.broker.server import Broker, BrokerConfig
+from pygazette.client.journal_client import JournalClient
+from pygazette.client.list_apply import list_journals
+from pygazette.keyspace.etcd import EtcdKeyspace
+from pygazette.keyspace.keyspace import Put
+from pygazette.keyspace.layout import KeyLayout
 from pygazette.protocol.fragment_name import (
     fragment_content_path,
     fragment_file_name,
@@ -21,10 +26,12 @@ from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import parse_selector
+from pygazette.protocol.validation import validate_list_response
 from pygazette.stores import codecs
 from tests.broker.fragment_helpers import wait_persisted
 from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once, read_all
 from tests.support.broker_process import BrokerProcess
+from tests.support.etcd_process import EtcdProcess
 
 
 @pytest.fixture(scope="module")
@@ -506,3 +513,48 @@ async def test_wrong_append_offset_comes_first(stub: pb_grpc.JournalStub) -> Non
     await append(stub, "svc/offsets", b"abc")
     assert (await append(stub, "svc/offsets", b"x", offset=1)).status == pb.WRONG_APPEND_OFFSET
     assert (await append(stub, "svc/offsets", b"x", offset=3)).status == pb.OK
+
+
+async def test_list_leaves_out_a_stored_spec_that_is_not_valid(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # A spec in etcd that fails validation (written by hand, by another tool or version) is
+    # not an item of Gazette's keyspace: its List leaves it out (and logs it). Listed, it made
+    # every listing invalid by Gazette's rules (ListResponse.Validate), so that gazctl's and
+    # pygazette's own clients failed to list any journal at all.
+    broker = Broker(
+        BrokerConfig(
+            data_dir=tmp_path / "data",
+            port=0,
+            file_root=tmp_path / "store",
+            zone="zone-a",
+            broker_id="broker-0",
+            etcd_url=etcd.url,
+            etcd_prefix=etcd_root,
+            lease_ttl=3.0,
+        )
+    )
+    await broker.start()
+    ks = EtcdKeyspace(etcd.url, etcd_root)
+    await ks.open()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            assert (await apply_specs(stub, journal_spec("svc/valid/a"))).status == pb.OK
+            bad = canonical_journal_spec(journal_spec("svc/valid/b"))
+            bad.replication = 9
+            result = await ks.txn(
+                [], [Put(KeyLayout(etcd_root).item_key("svc/valid/b"), bad.SerializeToString())]
+            )
+            await ks.wait_for_revision(result.revision)
+            listed = await list_once(
+                stub, pb.ListRequest(selector=parse_selector("prefix=svc/valid/"))
+            )
+            assert [j.spec.name for j in listed.journals] == ["svc/valid/a"]
+            validate_list_response(listed)
+            async with JournalClient(f"http://127.0.0.1:{broker.port}") as client:
+                names = [j.spec.name for j in await list_journals(client, "prefix=svc/")]
+            assert names == ["svc/valid/a"]
+    finally:
+        await ks.close()
+        await broker.stop(grace=1.0)
