@@ -4,6 +4,8 @@ Fault kinds, as issue 14 lists them:
 
 - `kill`: kill -9 a broker, or the primary of a summer shard; restart it on its data
   directory a moment later.
+- `sigterm`: stop a broker gracefully (SIGTERM: it drains its journals to the others and
+  exits 0), and restart it on its data directory a moment later.
 - `sigstop`: SIGSTOP a broker or a summer past its lease, then SIGCONT it.
 - `etcd_restart`: stop etcd (SIGTERM or SIGKILL) and start it again on its data directory.
 - `partition`: cut a broker off from its peers for a while, through the proxies they reach
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +51,7 @@ def _exits_within(proc: BrokerProcess, seconds: float) -> int | None:
     return None
 
 
-KINDS = ("kill", "sigstop", "etcd_restart", "partition", "store_outage")
+KINDS = ("kill", "sigterm", "sigstop", "etcd_restart", "partition", "store_outage")
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ def _action(name: str, kind: str, occupies: set[str], blocked_by: set[str]) -> A
 ACTIONS = (
     _action("kill_broker", "kill", {"broker", "broker_restart"}, {"broker", "store"}),
     _action("kill_consumer", "kill", {"consumer"}, {"consumer"}),
+    _action("sigterm_broker", "sigterm", {"broker", "broker_restart"}, {"broker", "store"}),
     _action("sigstop_broker", "sigstop", {"broker", "broker_restart"}, {"broker", "store"}),
     _action("sigstop_consumer", "sigstop", {"consumer"}, {"consumer"}),
     _action("etcd_restart", "etcd_restart", {"etcd"}, {"etcd"}),
@@ -218,6 +222,32 @@ class FaultSchedule:
         b = self._pick_broker()
         lb = self.cc.broker_lb
         return await self._down_and_up(b.suffix, b, lambda up: lb.mark(b.port, up=up), freeze=False)
+
+    async def _sigterm_broker(self) -> dict[str, Any]:
+        """A graceful restart: SIGTERM, the exit waited for (it must exit 0), a restart."""
+        b = self._pick_broker()
+        lb = self.cc.broker_lb
+        self.supervisor.held.add(b.suffix)
+        lb.mark(b.port, up=False)
+        try:
+            delay = self.rng.uniform(*self.timing.restart_delay)
+            self.log(fault="sigterm", target=b.suffix, phase="start", restart_after=round(delay, 2))
+            t0 = time.monotonic()
+            assert b.proc is not None
+            b.proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(_exits_within, b, 120.0)
+            exited_s = round(time.monotonic() - t0, 2)
+            if code is None:
+                b.kill()
+                raise AssertionError(f"{b.suffix} did not exit within 120 s of SIGTERM")
+            if code != 0:
+                raise AssertionError(f"{b.suffix} exited {code} on SIGTERM")
+            await asyncio.sleep(delay)
+            await asyncio.to_thread(start_with_retries, b)
+            return {"target": b.suffix, "exited_s": exited_s}
+        finally:
+            lb.mark(b.port, up=True)
+            self.supervisor.held.discard(b.suffix)
 
     async def _sigstop_broker(self) -> dict[str, Any]:
         b = self._pick_broker()

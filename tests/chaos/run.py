@@ -204,6 +204,8 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
         "head_regressions": heads.regressions,
         "heads_behind_acks": heads.behind_acks,
         "unexpected_exits": [{k: v for k, v in e.items() if k != "log"} for e in supervisor.exits],
+        # A broker stopped with SIGTERM must drain and exit 0, in time.
+        "graceful_exit_failures": [e for e in schedule.errors if e["fault"] == "sigterm_broker"],
         "max_unavailability_s": {
             j: round(record.max_gap.get(j, 0.0), 1)
             for j in [*CHUNK_JOURNALS, FINAL_SUMS_JOURNAL, *LEDGER_JOURNALS]
@@ -217,6 +219,7 @@ async def _run(cfg: ChaosConfig, cc: ChaosCluster, work: Path, setup_s: float) -
         and report["chunker_failed_rounds"] == 0
         and report["head_regressions"] == 0
         and report["heads_behind_acks"] == 0
+        and not report["graceful_exit_failures"]
         and not record.anomalies
         and drained
         and report["streams_verified"] == report["streams"] > 0
