@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 
 
 async def batch_ranges(
-    client: JournalClient, opts: ReadOptions
+    client: JournalClient, opts: ReadOptions, heads_out: dict[str, int] | None = None
 ) -> tuple[dict[str, tuple[int, int]], dict[str, list[jn.FragmentInfo]]]:
-    """Each journal's [start, end) and fragment listing."""
+    """Each journal's [start, end) and fragment listing (and its write head, to `heads_out`)."""
     journals = await jn.resolve_journals(client, opts.journals, opts.selector)
     heads = await jn.write_heads(client, journals)
+    if heads_out is not None:
+        heads_out.update(heads)
     listings = await jn.all_fragments(client, journals)  # After the heads: covers them.
     ranges: dict[str, tuple[int, int]] = {}
     for j in journals:
@@ -59,7 +61,8 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
 
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
-        ranges, listings = runtime.call(opts.target, lambda c: batch_ranges(c, opts))
+        heads: dict[str, int] = {}
+        ranges, listings = runtime.call(opts.target, lambda c: batch_ranges(c, opts, heads))
         parts, losses = plan(
             ranges,
             listings,
@@ -69,6 +72,12 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
         )
         for loss in losses:
             data_loss(loss, opts.fail_on_data_loss)
+        if opts.read_committed:
+            # Messages are decided against the journals as planned, by every partition alike:
+            # one that read ahead to a later head could commit its part of a transaction whose
+            # other part another partition, reading earlier, left out as still open.
+            for part in parts:
+                part.decide_through = {p.journal: heads[p.journal] for p in part.pieces}
         log.info(
             "planned %d partitions over %d journals (%d bytes)",
             len(parts),

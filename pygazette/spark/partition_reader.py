@@ -155,7 +155,9 @@ def read_partition(
             or piece.own_begin != decoder.piece.own_end
         ):
             if decoder is not None and resolver is not None:
-                yield from _decide_owned(broker, decoder, resolver, committed, fail_on_data_loss)
+                yield from _decide_owned(
+                    broker, decoder, resolver, committed, fail_on_data_loss, partition
+                )
             resolver = TransactionResolver(piece.journal)
         decoder = PieceDecoder(
             piece, layout, arrow_schema, data_schema, resolver=resolver, committed=committed
@@ -177,7 +179,9 @@ def read_partition(
         finally:
             items.close()
     if committed is not None and decoder is not None and resolver is not None:
-        yield from _decide_owned(broker, decoder, resolver, committed, fail_on_data_loss)
+        yield from _decide_owned(
+            broker, decoder, resolver, committed, fail_on_data_loss, partition
+        )
 
 
 class ReadCommittedTimeout(GazetteError):
@@ -190,10 +194,13 @@ def _decide_owned(
     resolver: TransactionResolver,
     committed: CommittedReads,
     fail_on_data_loss: bool,
+    partition: GazettePartition,
 ) -> Iterator[pa.RecordBatch]:
     """Read the journal on from the end of the last piece's records until every message the
-    partition owns is decided, feeding what is read to `resolver`; then the rows committed."""
-    if resolver.pending_owned:
+    partition owns is decided, feeding what is read to `resolver`; then the rows committed.
+    A batch read reads ahead up to the head its plan saw (`decide_through`), if it has one."""
+    end = partition.decide_through.get(resolver.journal, 0)
+    if resolver.pending_owned and (not end or decoder.next_record_at < end):
         items = runtime.iterate(
             broker,
             functools.partial(
@@ -201,6 +208,7 @@ def _decide_owned(
                 journal=resolver.journal,
                 offset=decoder.next_record_at,
                 committed=committed,
+                end=end,
             ),
         )
         try:
@@ -238,15 +246,20 @@ def _decide_owned(
 
 
 async def _envelopes_after(
-    client: JournalClient, *, journal: str, offset: int, committed: CommittedReads
+    client: JournalClient,
+    *,
+    journal: str,
+    offset: int,
+    committed: CommittedReads,
+    end: int = 0,
 ) -> AsyncIterator[list[tuple[int, bytes, int, int]] | DataLoss]:
     """(offset, producer, clock, flags) of the journal's messages from `offset` (a record
-    boundary), a list per read chunk: up to the write head for a batch read; for a stream,
-    blocking for new appends, within `committed.wait_seconds` in all."""
+    boundary), a list per read chunk: up to `end` (if not 0) or the write head for a batch
+    read; for a stream, blocking for new appends, within `committed.wait_seconds` in all."""
     import asyncio
 
     framing = committed.framing
-    rr = RetryReader(client, journal, offset=offset, block=committed.wait)
+    rr = RetryReader(client, journal, offset=offset, end_offset=end, block=committed.wait)
     pending = b""
     pos = offset
     loop = asyncio.get_running_loop()

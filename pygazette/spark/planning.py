@@ -88,10 +88,16 @@ class JournalDeleted(DataLoss):
 
 
 class GazettePartition(InputPartition):  # type: ignore[misc]
-    """One Spark input partition: pieces read in order by one task."""
+    """One Spark input partition: pieces read in order by one task.
+
+    `decide_through` (read-committed batch reads): the write head of each journal when the
+    read was planned. A partition reads ahead no further to decide the messages it owns, so
+    every partition (and a retried task) decides them against the same journal content.
+    """
 
     def __init__(self, pieces: list[Piece]) -> None:
         self.pieces = pieces
+        self.decide_through: dict[str, int] = {}
 
     @property
     def size(self) -> int:

@@ -19,7 +19,8 @@ A Spark partition owns the records that begin in its ranges. A message it owns i
 a later record, possibly one owned by the next partition or appended after the micro-batch was
 planned: the partition reads ahead past its ranges (those records feed the decisions; they
 are not its rows) until every message it owns is decided. A batch read reads ahead up to the
-write head and leaves out what is still undecided there (not committed when it was read). A
+write head it was planned at (`GazettePartition.decide_through`: all its partitions decide
+alike) and leaves out what is still undecided there (not committed when it was planned). A
 stream waits for the decision, up to `readCommittedWaitSeconds`, as a read-committed consumer
 waits for a transaction's ACK: a message cannot be left to a later micro-batch, which begins
 after it.

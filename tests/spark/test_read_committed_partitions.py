@@ -1,0 +1,84 @@
+"""Read-committed partitions against a real broker, without Spark: what partitions decide
+together (batch reads planned at one write head) and the metadata of the rows they commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+from pygazette.client import SyncJournalClient
+from pygazette.message.uuid import ACK_TXN, CONTINUE_TXN, UUIDFormatter
+from pygazette.spark.batch_reader import GazetteBatchReader
+from pygazette.spark.framing import Framing
+from pygazette.spark.options import parse_read_options
+from pygazette.spark.planning import GazettePartition
+from pygazette.spark.schema import layout
+from tests.support.broker_process import BrokerProcess
+from tests.support.journal_data import append_each
+from tests.support.spark_session import create_journals, journal_spec
+
+J = "committed/journal"
+P1, P2 = b"\x01" * 6, b"\x02" * 6
+SCHEMA = StructType(
+    [
+        StructField("n", LongType()),
+        StructField("offset", LongType()),
+        StructField("fragment_mod_time", TimestampType()),
+    ]
+)
+
+
+@pytest.fixture
+def gz(broker: BrokerProcess) -> Iterator[SyncJournalClient]:
+    with SyncJournalClient(broker.url) as client:
+        yield client
+
+
+def _message(fmt: UUIDFormatter, clock: int, flags: int, n: int, pad: int = 0) -> bytes:
+    return orjson.dumps({"uuid": fmt.format(clock, flags), "n": n, "pad": "x" * pad}) + b"\n"
+
+
+def _batch_reader(broker: BrokerProcess, **options: str) -> GazetteBatchReader:
+    opts = parse_read_options(
+        {
+            "broker": broker.url,
+            "journals": J,
+            "framing": "json",
+            "readCommitted": "true",
+            **options,
+        },
+        streaming=False,
+    )
+    return GazetteBatchReader(opts, layout(SCHEMA, Framing.JSON))
+
+
+def _rows(reader: GazetteBatchReader, part: GazettePartition) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for batch in reader.read(part):
+        out.extend(batch.to_pylist())
+    return out
+
+
+def test_partitions_decide_a_transaction_at_the_head_they_were_planned_at(
+    broker: BrokerProcess, gz: SyncJournalClient
+) -> None:
+    """A transaction spanning two partitions, whose ACK is appended after the read was planned
+    and between the two partitions' tasks: both leave it out (it was open at the head the
+    read was planned at), rather than the later one committing its half of it."""
+    create_journals(gz, journal_spec(J))
+    a = UUIDFormatter(P1)
+    append_each(gz, J, [_message(a, 1 + i, CONTINUE_TXN, i, pad=100) for i in range(40)])
+    reader = _batch_reader(broker, minPartitions="2")
+    parts = [p for p in reader.partitions() if isinstance(p, GazettePartition)]
+    assert len(parts) == 2
+    first = _rows(reader, parts[0])
+    gz.append(J, _message(a, 40, ACK_TXN, -1))  # Commits all 40, after planning.
+    second = _rows(reader, parts[1])
+    assert first == []
+    assert second == []
+    # A read planned after the ACK has them all.
+    again = _batch_reader(broker, minPartitions="2")
+    assert sorted(r["n"] for p in again.partitions() for r in _rows(again, p)) == list(range(40))
