@@ -171,12 +171,27 @@ async def store_recorded_hints(
     return result.succeeded
 
 
-async def store_recovered_hints(ks: Keyspace, spec: cpb.ShardSpec, hints: rpb.FSMHints) -> bool:
+async def store_recovered_hints(
+    ks: Keyspace,
+    spec: cpb.ShardSpec,
+    hints: rpb.FSMHints,
+    assignment: KeyValue | None = None,
+) -> bool | None:
     """Rotate `hints` (verified by a completed recovery) into the backup keys: backup.0
-    takes them, backup.1 takes backup.0's former value, and so on."""
+    takes them, backup.1 takes backup.0's former value, and so on.
+
+    With `assignment`, only while that assignment still exists, as Gazette guards it: a
+    replica deposed while it recovered must not push its hints over the newer ones its
+    successor may have rotated in since. Returns True once stored, False if the backup keys
+    or the assignment changed meanwhile (try again), None if the assignment is gone."""
     fetched = await fetch_hints(ks, spec)
     backups = fetched[1:]
     compares: list[Compare] = []
+    if assignment is not None:
+        current = await _get_kv(ks, assignment.key)
+        if current is None or current.create_revision != assignment.create_revision:
+            return None
+        compares.append(Compare(assignment.key, current.mod_revision))
     ops: list[Put] = []
     value: bytes | None = encode_hints(hints)
     for key, kv, _hints in backups:

@@ -402,11 +402,35 @@ class ShardReplica:
         offsets, states = checkpoint_sources(cp)
         await self.progress_state.advance(offsets, {})
         if self.recorder is not None:
-            await store_recovered_hints(ctx.keyspace, self._spec, self.recorder.build_hints())
+            await self._store_recovered_hints(self.recorder.build_hints())
         await self._set_status(cpb.ReplicaStatus.PRIMARY)
         self._serving.set()
         log.info("shard is primary", extra={"shard": self.id, "log": log_name})
         await self._run_primary(store, cp, offsets, states)
+
+    async def _store_recovered_hints(self, hints: rpb.FSMHints) -> None:
+        """Rotate the hints of the recovered store into the backup keys while this replica's
+        assignment holds, retrying a lost race (a concurrent rotation, or a status update of
+        the assignment) as Gazette does. A replica deposed meanwhile leaves them alone: its
+        successor's may be newer (and the resolver stops it)."""
+        attempt = 0
+        while not self._stopping.is_set():
+            stored = await store_recovered_hints(
+                self.ctx.keyspace, self._spec, hints, self._assignment
+            )
+            if stored:
+                return
+            if stored is None:
+                log.warning(
+                    "not storing recovered hints: the shard's assignment is gone",
+                    extra={"shard": self.id, "assignment": self._assignment.key},
+                )
+                return
+            delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * (2 ** min(attempt, 16)))
+            attempt += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
 
     async def _recover(self, log_name: str) -> Recorder | None:
         from pygazette.consumer.recoverylog import Author, Player, Recorder

@@ -32,7 +32,7 @@ from pygazette.consumer.replica import ConsumerContext, ShardReplica
 from pygazette.consumer.transaction import LeaseLost
 from pygazette.consumer.transient_failure import is_transient
 from pygazette.keyspace.embedded import EmbeddedKeyspace
-from pygazette.keyspace.keyspace import KeyspaceUnavailable, KeyValue, Put
+from pygazette.keyspace.keyspace import Delete, KeyspaceUnavailable, KeyValue, Put
 from pygazette.message.framing import MessageDecodeError
 from pygazette.message.reader import ReadCommitted
 from pygazette.protocol.errors import FragmentStoreUnhealthy
@@ -40,7 +40,7 @@ from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import recoverylog_pb2 as rpb
-from pygazette.protocol.shard_validation import hint_primary_key
+from pygazette.protocol.shard_validation import hint_backup_keys, hint_primary_key
 from tests.consumer.apps import Counter
 from tests.consumer.test_consumer_cluster import (
     LOGS,
@@ -457,5 +457,52 @@ async def test_an_idle_primary_does_not_rewrite_its_hints(
         await inputs.publish(10)
         await committed_outputs(client, inputs.sent, 60)
         await h.ks.wait_until(lambda: stored() == build_hints(recorder), 30)
+    finally:
+        await replica.stop()
+
+
+class _SlowToOpen(Counter):
+    """Counts; opening its store waits until `proceed` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opening = asyncio.Event()
+        self.proceed = asyncio.Event()
+
+    async def new_store(self, shard: Any, recorder: Any) -> Any:
+        self.opening.set()
+        await self.proceed.wait()
+        return super().new_store(shard, recorder)
+
+
+async def test_a_replica_deposed_while_it_recovered_leaves_the_backup_hints_alone(
+    tmp_path: Path, client: JournalClient
+) -> None:
+    """As Gazette's storeRecoveredHints, the rotation of recovered hints into the backup keys
+    is guarded by the replica's assignment: a replica deposed while it recovered (its
+    successor may have recovered and rotated its own, newer hints since) doesn't push its
+    older hints over them."""
+    h = _Harness(tmp_path, client)
+    app = _SlowToOpen()
+    h.ctx.app = app
+    spec = shard_spec(standbys=0)
+    await h.ks.txn([], [Put(f"/assignments/{SHARD}#local#0", b"")])
+    assignment = h.ks.get(f"/assignments/{SHARD}#local#0")
+    assert assignment is not None
+    backup_keys = hint_backup_keys(spec)
+
+    replica = ShardReplica(h.ctx, spec, assignment, h.report)
+    replica.update(spec, assignment, 0, [])
+    try:
+        async with asyncio.timeout(60):
+            await app.opening.wait()  # Recovered from the log: opening its store.
+        # Deposed meanwhile; its successor recovered and rotated in its newer hints.
+        newer = rpb.FSMHints(log=f"{LOGS}/{SHARD}")
+        newer.properties.add(path="/IDENTITY", content="the successor's")
+        await h.ks.txn([], [Delete(assignment.key), Put(backup_keys[0], encode_hints(newer))])
+        before = [h.ks.get(k) for k in backup_keys]
+        app.proceed.set()
+        await h.wait(lambda: replica.is_primary)  # Until the resolver stops it.
+        assert [h.ks.get(k) for k in backup_keys] == before
     finally:
         await replica.stop()
