@@ -211,3 +211,68 @@ async def test_no_spool_directory_is_left_of_a_journal_gone_from_the_broker(
                 await asyncio.sleep(0.5)
     finally:
         await cluster.close()
+
+
+@pytest.mark.parametrize("how", ["blackhole", "cut"])
+async def test_a_broker_cut_off_from_etcd_alone_leaves_and_rejoins(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, how: str
+) -> None:
+    """The allocator's leader (the oldest broker) loses etcd while its peers keep it, under
+    appends: etcd's answers are lost (`blackhole`: its requests still land, keep-alives
+    included) or its connections refused (`cut`). It must stop serving and exit non-zero
+    once its lease may have expired; the others go on without it; restarted with etcd
+    back, it rejoins. No acknowledged append is lost, no refused one surfaces."""
+    proxy = TcpProxy(etcd.client_port)
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    for i in range(3):
+        cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
+    cut_off = cluster.brokers[0]
+    base = cut_off.command
+
+    def via_proxy(port: int) -> list[str]:
+        return [*base(port), "--etcd", proxy.url]  # The last --etcd wins.
+
+    cut_off.command = via_proxy  # type: ignore[method-assign]
+    journals = [f"lifecycle/cut-{i}" for i in range(3)]
+    try:
+        await cluster.start()
+        specs = [journal_spec(j, replication=2, length=64 * 1024) for j in journals]
+        assert (await apply_specs(cluster.stub(cluster.brokers[1]), *specs)).status == pb.OK
+        await cluster.wait_ready(journals, 2)
+        works = [Workload(cluster, j) for j in journals]
+        for w in works:
+            w.start(writers=2, readers=1)
+        for w in works:
+            await w.wait_acks(30)
+        if how == "blackhole":
+            proxy.blackhole()
+        else:
+            proxy.cut()
+        cut_at = time.monotonic()
+        code = await asyncio.to_thread(cut_off.wait_exit, 45.0)
+        assert code != 0, cut_off.log()
+        for w in works:
+            await w.wait_ack_after(cut_at, 45.0)
+        await cluster.wait_for(
+            lambda: all(
+                cut_off not in cluster.members_of(j) and cluster.ready(j, 2) for j in journals
+            ),
+            "the journals go on without the broker",
+        )
+        for w in works:
+            await w.wait_acks(20)
+        if how == "blackhole":
+            proxy.reset()  # Forwards normally again.
+        else:
+            proxy.restore()
+        await asyncio.to_thread(cut_off.start, 60.0)
+        await cluster.wait_for(lambda: cluster.is_member(cut_off), "it rejoins")
+        for w in works:
+            await w.wait_acks(20)
+        for w in works:
+            await w.finish()
+        for w in works:
+            await w.verify()
+    finally:
+        await cluster.close()
+        proxy.close()
