@@ -11,6 +11,7 @@ Rules follow Gazette v0.103 (broker/protocol validator.go and the
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 import unicodedata
 import urllib.parse
@@ -343,6 +344,55 @@ class _GoURL(NamedTuple):
     path: str
 
 
+# ASCII characters Go's net/url takes in a host (its encodeHost set); others must not appear,
+# and only non-ASCII bytes may be %-escaped (or %25, in an IPv6 zone).
+_HOST_CHARS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!\"$&'()*+,-.:;<=>[]_~"
+)
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _host_problem(host: str) -> str:
+    """Why Go's net/url refuses `host` (url.parseHost), or ""."""
+    address, port = host, ""
+    bracket = host.rfind("[")
+    if bracket > 0:
+        return "invalid IP-literal"
+    if bracket == 0:
+        close = host.rfind("]")
+        if close < 0:
+            return "missing ']' in host"
+        address, port = host[1:close], host[close + 1 :]
+    elif (colon := host.rfind(":")) >= 0:
+        port = host[colon:]
+    if port and not (port[0] == ":" and all("0" <= c <= "9" for c in port[1:])):
+        return f'invalid port "{port}" after host'
+    zone = address.find("%25") if bracket == 0 else -1
+    checked = address if zone < 0 else address[:zone]
+    i = 0
+    while i < len(checked):
+        c = checked[i]
+        if c == "%":
+            escape = checked[i : i + 3]
+            if len(escape) < 3 or not _HEX.issuperset(escape[1:]):
+                return f'invalid URL escape "{escape}"'
+            if int(escape[1], 16) < 8 and escape != "%25":
+                return f'invalid URL escape "{escape}"'
+            i += 3
+            continue
+        if c.isascii() and c not in _HOST_CHARS:
+            return f'invalid character "{c}" in host name'
+        i += 1
+    if bracket == 0:
+        try:
+            ip = ipaddress.ip_address(urllib.parse.unquote(checked))
+        except ValueError:
+            return f"invalid host: {checked!r} is not an IP address"
+        if ip.version == 4:
+            return "invalid IP-literal"
+    return ""
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse_url(text: str) -> _GoURL:
     """Parse `text` as Go's net/url does (enough for validation). Memoized: the same few
@@ -366,11 +416,9 @@ def _parse_url(text: str) -> _GoURL:
         authority, slash, tail = rest[2:].partition("/")
         rest = slash + tail
         host = authority.rsplit("@", 1)[-1]
-        hostname, _, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-        if hostname and port and not port.isdigit():
-            raise ValidationError(f'parse "{text}": invalid port ":{port}" after host')
-        if _BAD_ESCAPE.search(host):
-            raise ValidationError(f'parse "{text}": invalid URL escape')
+        problem = _host_problem(host)
+        if problem:
+            raise ValidationError(f'parse "{text}": {problem}')
     if _BAD_ESCAPE.search(rest):
         raise ValidationError(f'parse "{text}": invalid URL escape')
     return _GoURL(scheme, host, urllib.parse.unquote(rest))

@@ -208,6 +208,19 @@ def test_journal_names_remembered_only_when_valid() -> None:
             'parse "s3://bucket/\x7f/": net/url: invalid control character in URL',
         ),
         ("s3://bucket/%zz/", 'parse "s3://bucket/%zz/": invalid URL escape'),
+        # Hosts as Go's net/url parses them (go.gazette.dev/core v0.103.0's Validate refuses
+        # these): no space or other character outside RFC 3986's host set, and %-escapes
+        # only of non-ASCII bytes.
+        ("s3://my bucket/", 'parse "s3://my bucket/": invalid character " " in host name'),
+        ("gs://b%20c/p/", 'parse "gs://b%20c/p/": invalid URL escape "%20"'),
+        ("s3://%41/", 'parse "s3://%41/": invalid URL escape "%41"'),
+        ("s3://a{b}/", 'parse "s3://a{b}/": invalid character "{" in host name'),
+        ("s3://a[b]/", 'parse "s3://a[b]/": invalid IP-literal'),
+        ("s3://b%C3%BCcket/", ""),
+        ("s3://bücket/", ""),
+        ("s3://my-bucket_1.x~/p/", ""),
+        ("s3://user@bucket:9000/p/", ""),
+        ("s3://[::1]:9000/p/", ""),
     ],
 )
 def test_fragment_stores(store: str, expect: str) -> None:
