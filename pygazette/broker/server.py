@@ -318,12 +318,12 @@ class Broker:
             if self._server is not None:
                 await self._server.stop(grace)
             await self.member.leave(graceful=not failed)
-            self.persister.expedite()
         else:
             self.resolver.stop_serving()
             if self._server is not None:
                 await self._server.stop(grace)
             await self.resolver.stop()
+        self.persister.exit()  # Spools a store refuses go to the next store (as Gazette's).
         try:
             async with asyncio.timeout(max(grace, persist_within or 0.0)):
                 await self.persister.wait_idle()

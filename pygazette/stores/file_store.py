@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
+    StoreAuthError,
     StoredFile,
     StoreError,
     StoreNotFound,
@@ -64,6 +65,12 @@ _COPY_CHUNK = 1 << 20
 def _check(abandoned: threading.Event, target: Path) -> None:
     if abandoned.is_set():
         raise StoreError(f"put of {target} abandoned (cancelled)")
+
+
+def _failed(what: str, exc: OSError) -> StoreError:
+    """`what` failed with `exc`: a StoreAuthError if the file system refused permission."""
+    cls = StoreAuthError if isinstance(exc, PermissionError) else StoreError
+    return cls(f"{what}: {exc}")
 
 
 def _unless_gone(exc: OSError) -> None:
@@ -128,7 +135,7 @@ class FileStore(FragmentStore):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot write under {target.parent}: {exc}") from exc
+            raise _failed(f"cannot write under {target.parent}", exc) from exc
         tmp = str(target.parent / f"{_PUT_PREFIX}{uuid.uuid4().hex}")
         try:
             linked = False
@@ -168,13 +175,17 @@ class FileStore(FragmentStore):
                 os.close(dir_fd)
         except OSError as exc:
             Path(tmp).unlink(missing_ok=True)
-            raise StoreError(f"writing {target} failed: {exc}") from exc
+            raise _failed(f"writing {target} failed", exc) from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
 
     async def exists(self, path: str) -> bool:
-        return await _run(self._resolve(path).is_file)
+        full = self._resolve(path)
+        try:
+            return await _run(full.is_file)
+        except OSError as exc:
+            raise _failed(f"checking {full} failed", exc) from exc
 
     async def read(self, path: str, *, start: int = 0, length: int = -1) -> ObjectRange:
         return await _run(self._read, self._resolve(path), start, length)
@@ -227,7 +238,7 @@ class FileStore(FragmentStore):
         try:
             await _run(full.unlink, missing_ok=True)
         except OSError as exc:
-            raise StoreError(f"removing {full} failed: {exc}") from exc
+            raise _failed(f"removing {full} failed", exc) from exc
 
     async def signed_url(self, path: str, ttl_seconds: float) -> str:
         """`file:///<path under the file root>`, relative to the root, exactly as Gazette signs.

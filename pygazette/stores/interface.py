@@ -27,6 +27,12 @@ class StoreNotFound(StoreError):
     """The object does not exist."""
 
 
+class StoreAuthError(StoreError):
+    """The store refused for want of authorization: permission denied, unauthenticated, or
+    no such bucket (Gazette's `Store.IsAuthError`). A broker exiting persists its spools to
+    the journal's next store instead (`Persister.exit`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StoredFile:
     """One object of a listing: its path relative to the listed prefix, size and mod time."""

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import obstore
-from obstore.exceptions import BaseError
+from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
 
 from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
+    StoreAuthError,
     StoredFile,
     StoreError,
     StoreNotFound,
@@ -137,6 +138,8 @@ class ObjectStore(FragmentStore):
     def _error(self, op: str, key: str, exc: BaseException) -> StoreError:
         # The store URL without its query (endpoint, region, ...), then the object's key.
         where = f"{self.url.split('?', 1)[0]}{key}"
+        if _refused(exc):
+            return StoreAuthError(f"{op} {where}: {describe(exc)}")
         if isinstance(exc, FileNotFoundError):
             return StoreNotFound(f"{op} {where}: not found")
         return StoreError(f"{op} {where}: {describe(exc)}")
@@ -247,6 +250,16 @@ class ObjectStore(FragmentStore):
 
     def local_path(self, path: str) -> Path | None:
         return None
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the store refused for want of authorization, as Gazette's S3, GCS and Azure
+    stores' IsAuthError tell: denied, unauthenticated, or no such bucket or container (which
+    obstore reports as an object not found)."""
+    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
+        return True
+    text = str(exc)
+    return any(code in text for code in ("NoSuchBucket", "AccessDenied", "ContainerNotFound"))
 
 
 def _past_end(exc: BaseException) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
+    StoreAuthError,
     StoredFile,
     StoreError,
     StoreNotFound,
@@ -22,6 +23,7 @@ from pygazette.stores.interface import (
 __all__ = [
     "FragmentStore",
     "ObjectRange",
+    "StoreAuthError",
     "StoreError",
     "StoreNotFound",
     "StoreRegistry",

@@ -9,8 +9,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
-from pygazette.stores.store import StoreError, StoreNotFound, open_store
+from pygazette.stores import object_store
+from pygazette.stores.store import StoreAuthError, StoreError, StoreNotFound, open_store
 from pygazette.stores.store_health import HEALTH_CHECK_PATH, run_check
 from tests.support.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 from tests.support.tcp_proxy import TcpProxy
@@ -96,6 +98,24 @@ async def test_missing_bucket_fails_the_health_check(s3_server: S3Server, tmp_pa
     store = _open(s3_server.store_url("no-such-bucket-here"), tmp_path)
     with pytest.raises(StoreError, match="health check PUT failed"):
         await run_check(store)
+
+
+async def test_a_missing_bucket_or_denied_request_is_an_auth_error(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    # As Gazette's S3 store's IsAuthError (NoSuchBucket, AccessDenied, 403): an exiting
+    # broker persists to the journal's next store what such a store refuses. obstore
+    # reports the missing bucket of a put as an object not found.
+    store = _open(s3_server.store_url("no-such-bucket-either"), tmp_path)
+    local = tmp_path / "f"
+    local.write_bytes(b"x")
+    with pytest.raises(StoreAuthError):
+        await store.put_file("j/0-1-x.raw", local)
+    denied = object_store.ObjectStore.__new__(object_store.ObjectStore)
+    denied.url = "s3://bucket/"
+    for exc in (PermissionDeniedError("403 Forbidden"), UnauthenticatedError("401")):
+        assert isinstance(denied._error("put", "j/x", exc), StoreAuthError)
+    assert type(denied._error("get", "j/x", FileNotFoundError("gone"))) is StoreNotFound
 
 
 async def test_unreachable_endpoint_fails_fast(s3_server: S3Server, tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ file is kept across retries. A fragment already in the store (a restart after th
 before the spool's removal) is not uploaded again. A spool's local files are removed only
 after the store holds the fragment durably; a failed attempt is retried on a backoff that
 is cut short when the store's health check passes again, and the spool stays on disk — and
-readable — meanwhile. Every store call of an attempt has a deadline (a put's is on its
+readable — meanwhile. Once the broker exits (`exit`), a spool its store refuses for want of
+authorization (`StoreAuthError`) goes to the journal's next store, as Gazette's broker does.
+Every store call of an attempt has a deadline (a put's is on its
 progress, `put_deadline`: a slow store's put goes on while it reads its file): one that
 hangs (a file store on a hung mount has no timeout of its own, an upload may sit on a dead
 connection) is abandoned — cancelled, so it lands nothing it reads
@@ -59,7 +61,7 @@ from pygazette.protocol.fragment_name import (
 )
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import codecs
-from pygazette.stores.store import FragmentStore, StoreError, StoreRegistry
+from pygazette.stores.store import FragmentStore, StoreAuthError, StoreError, StoreRegistry
 from pygazette.stores.store_health import FIRST_CHECK_PENDING, StoreHealthMonitor
 
 if TYPE_CHECKING:
@@ -147,6 +149,8 @@ class Persister:
         self.persisted_count = 0
         self.persisted_bytes = 0
         self.uploaded_bytes = 0
+        self.exiting = False  # The broker is exiting (`exit`).
+        self._exited = asyncio.Event()
 
     def start(self) -> None:
         """Clear compression leftovers of an earlier run (spools themselves are recovered)."""
@@ -220,6 +224,44 @@ class Persister:
             handle.cancel()
             self._put(job)
         self._delayed.clear()
+
+    def exit(self) -> None:
+        """The broker is exiting: stop delaying replicas' spools, and persist a spool whose
+        store refuses it for want of authorization (`StoreAuthError`: permission denied, no
+        such bucket) to its journal's next store, as Gazette's broker does once it exits,
+        rather than leave it on this broker's disk, which may not outlive the broker (a
+        replica of a journal of replication 1 holds its only copy). Jobs waiting to retry
+        try again now."""
+        self.exiting = True
+        self._exited.set()
+        self.expedite()
+
+    def _fallback(self, job: _Job, stores: list[str], exc: BaseException) -> str | None:
+        """The store to move `job` to after `exc`, if the broker is exiting and its store
+        refused it for want of authorization: the journal's next store (Gazette's Persist
+        with isExiting)."""
+        if not self.exiting or not isinstance(exc, StoreAuthError) or job.store not in stores:
+            return None
+        later = stores[stores.index(job.store) + 1 :]
+        return later[0] if later else None
+
+    async def _wait_to_retry(self, job: _Job, backoff: float) -> None:
+        """Until the store's next health check (at most `backoff` seconds), or the broker
+        begins to exit (a job may then move to another store, `_fallback`)."""
+        health = self.health.get(job.store)
+        health.check_soon()
+        if self.exiting:
+            await health.wait_change(backoff)
+            return
+        waits = [
+            asyncio.ensure_future(health.wait_change(backoff)),
+            asyncio.ensure_future(self._exited.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _put(self, job: _Job) -> None:
         if job.finished:
@@ -363,8 +405,8 @@ class Persister:
                     _Job(spool, job.target, "", job.size, check_existing=job.check_existing)
                 )
                 return None
-            if stores[0] != job.store:
-                return stores[0]
+            if stores[0] != job.store and not (self.exiting and job.store in stores):
+                return stores[0]  # Not where it was moved on exiting (`_fallback`).
             # Seen by `release`, which must not let go of the spool while it is persisted.
             attempt = job.attempt = asyncio.get_running_loop().create_future()
             try:
@@ -382,13 +424,18 @@ class Persister:
                 if spool.deleted:
                     return None
                 self._last_error[job.store] = str(exc)
+                fallback = self._fallback(job, stores, exc)
+                if fallback is not None:
+                    log.warning(
+                        "persist refused while exiting; persisting to the journal's next store",
+                        extra={"journal": spool.journal, "begin": spool.begin, "error": str(exc)},
+                    )
+                    return fallback
                 log.warning(
                     "persist failed; will retry",
                     extra={"journal": spool.journal, "begin": spool.begin, "error": str(exc)},
                 )
-                health = self.health.get(job.store)
-                health.check_soon()
-                await health.wait_change(backoff)
+                await self._wait_to_retry(job, backoff)
                 backoff = min(backoff * 2, MAX_RETRY_SECONDS)
 
     def put_deadline(self, size: int) -> float:
