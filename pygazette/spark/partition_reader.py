@@ -147,6 +147,7 @@ def read_partition(
     data_schema = to_arrow_schema(layout.data, timezone="UTC") if layout.has_data else None
     resolver: TransactionResolver | None = None
     decoder: PieceDecoder | None = None
+    range_pieces: list[Piece] = []  # The resolver's pieces, so far: its rows' fragments.
     for piece in partition.pieces:
         if committed is not None and (
             decoder is None
@@ -159,8 +160,16 @@ def read_partition(
                     broker, decoder, resolver, committed, fail_on_data_loss, partition
                 )
             resolver = TransactionResolver(piece.journal)
+            range_pieces = []
+        range_pieces.append(piece)
         decoder = PieceDecoder(
-            piece, layout, arrow_schema, data_schema, resolver=resolver, committed=committed
+            piece,
+            layout,
+            arrow_schema,
+            data_schema,
+            resolver=resolver,
+            committed=committed,
+            range_pieces=range_pieces,
         )
         items = runtime.iterate(
             broker, functools.partial(piece_bytes, piece=piece, file_root=file_root)
@@ -305,8 +314,12 @@ class PieceDecoder:
         *,
         resolver: TransactionResolver | None = None,
         committed: CommittedReads | None = None,
+        range_pieces: list[Piece] | None = None,
     ) -> None:
         self.piece = piece
+        # Read committed: the pieces sharing `resolver` (this one last), in offset order. A
+        # row it commits may be a record of an earlier one (another fragment).
+        self.range_pieces = range_pieces or [piece]
         self.layout = layout
         self.framing = layout.framing
         self.arrow_schema = arrow_schema
@@ -529,7 +542,18 @@ class PieceDecoder:
         np.cumsum(lengths[:-1], out=starts[1:])
         spans = RecordSpans(starts, starts, starts + lengths - 1, len(buf))
         offsets = np.fromiter((offset for offset, _ in rows), dtype=np.int64, count=n)
-        yield self._batch(offsets, table=self._parse(buf, spans) if self.data_schema else None)
+        mod_times = None
+        if any(FRAGMENT_MOD_TIME == f.name for f in self.arrow_schema):
+            # Each row's own fragment: the piece of the range its record begins in.
+            begins = np.asarray([p.own_begin for p in self.range_pieces], dtype=np.int64)
+            times = np.asarray([p.mod_time for p in self.range_pieces], dtype=np.int64)
+            at = np.searchsorted(begins, offsets, side="right") - 1
+            mod_times = times[np.clip(at, 0, len(times) - 1)]
+        yield self._batch(
+            offsets,
+            table=self._parse(buf, spans) if self.data_schema else None,
+            mod_times=mod_times,
+        )
 
     # Batches ---------------------------------------------------------------------------------
 
@@ -539,6 +563,7 @@ class PieceDecoder:
         *,
         value: pa.Array | None = None,
         table: pa.Table | None = None,
+        mod_times: np.ndarray[Any, np.dtype[np.int64]] | None = None,
     ) -> pa.RecordBatch:
         import pyarrow as pa
 
@@ -552,7 +577,10 @@ class PieceDecoder:
                 columns.append(pa.array(offsets, type=pa.int64()))
             elif name == FRAGMENT_MOD_TIME:
                 mod_time = self.piece.mod_time
-                if mod_time:
+                if mod_times is not None:  # Unix seconds, 0 for none (a broker's spool).
+                    micros = mod_times * 1_000_000
+                    columns.append(pa.array(micros, type=field.type, mask=mod_times == 0))
+                elif mod_time:
                     columns.append(
                         pa.array(np.full(n, mod_time * 1_000_000, dtype=np.int64), type=field.type)
                     )

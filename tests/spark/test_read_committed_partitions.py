@@ -17,7 +17,7 @@ from pygazette.spark.options import parse_read_options
 from pygazette.spark.planning import GazettePartition
 from pygazette.spark.schema import layout
 from tests.support.broker_process import BrokerProcess
-from tests.support.journal_data import append_each
+from tests.support.journal_data import append_each, wait_persisted
 from tests.support.spark_session import create_journals, journal_spec
 
 J = "committed/journal"
@@ -82,3 +82,26 @@ def test_partitions_decide_a_transaction_at_the_head_they_were_planned_at(
     # A read planned after the ACK has them all.
     again = _batch_reader(broker, minPartitions="2")
     assert sorted(r["n"] for p in again.partitions() for r in _rows(again, p)) == list(range(40))
+
+
+def test_a_row_committed_in_a_later_fragment_has_its_own_fragments_mod_time(
+    broker: BrokerProcess, gz: SyncJournalClient
+) -> None:
+    """A transaction's messages in a persisted fragment, its ACK in the broker's spool (no
+    modification time): the rows are those of the persisted fragment, with its time."""
+    create_journals(gz, journal_spec(J, fragment_length=1024))
+    a, b = UUIDFormatter(P1), UUIDFormatter(P2)
+    appends = [_message(a, 1 + i, CONTINUE_TXN, i, pad=300) for i in range(6)]
+    appends.append(_message(b, 1, ACK_TXN, -2, pad=1024))  # Fills the spool: it rolls next.
+    appends.append(_message(a, 6, ACK_TXN, -1))  # In the new spool.
+    ack_at = append_each(gz, J, appends)[-1]
+    wait_persisted(gz, J, ack_at)
+
+    def mod_times(**options: str) -> dict[int, object]:
+        reader = _batch_reader(broker, **options)
+        rows = [r for p in reader.partitions() for r in _rows(reader, p)]
+        return {r["offset"]: r["fragment_mod_time"] for r in rows if r["n"] >= 0}  # type: ignore[misc]
+
+    every = mod_times(readCommitted="false")
+    assert len(every) == 6 and None not in every.values()  # Persisted, every one.
+    assert mod_times() == every
