@@ -61,7 +61,7 @@ def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int
 class _Producer:
     min_clock: int  # Its last acknowledged clock: smaller or equal clocks are duplicates.
     max_clock: int  # The largest clock of its pending messages (min_clock if none).
-    pending: list[tuple[int, bytes | None, int]] = field(default_factory=list)
+    pending: list[tuple[int, bytes, int]] = field(default_factory=list)  # Owned ones only.
     owned: int = 0  # Pending messages that are rows of this partition.
 
 
@@ -90,9 +90,11 @@ class TransactionResolver:
         if flags == CONTINUE_TXN:
             if clock <= p.max_clock:
                 return  # Acknowledged already, or not above what is pending: a duplicate.
-            p.pending.append((offset, payload, clock))
             p.max_clock = clock
             if payload is not None:
+                # Only owned ones are kept: a read-ahead may pass any number of other
+                # messages (of other partitions, or appended since) before their ACKs.
+                p.pending.append((offset, payload, clock))
                 p.owned += 1
                 self.pending_owned += 1
         elif flags == ACK_TXN:
@@ -104,7 +106,7 @@ class TransactionResolver:
         else:  # OUTSIDE_TXN (and unknown flags, as the sequencer takes them).
             if clock <= p.min_clock:
                 return  # A duplicate.
-            if p.pending:
+            if p.max_clock > p.min_clock:  # Pending messages, owned or not.
                 log.warning(
                     "OUTSIDE_TXN message follows a pending CONTINUE_TXN in %s at %d: the "
                     "pending messages are dropped",
@@ -133,17 +135,14 @@ class TransactionResolver:
         """(offset, producer) of the earliest owned message still undecided."""
         best: tuple[int, bytes] | None = None
         for producer, p in self._producers.items():
-            for offset, payload, _clock in p.pending:
-                if payload is not None:
-                    if best is None or offset < best[0]:
-                        best = (offset, producer)
-                    break
+            if p.pending:
+                offset = p.pending[0][0]
+                if best is None or offset < best[0]:
+                    best = (offset, producer)
         return best
 
     def _commit(self, p: _Producer, clock: int) -> None:
         for offset, payload, c in p.pending:
-            if payload is None:
-                continue
             if c <= clock:
                 self.committed.append((offset, payload))
             else:

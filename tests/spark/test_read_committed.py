@@ -71,6 +71,20 @@ def test_records_read_ahead_decide_owned_ones_and_are_not_rows(
     assert [o for o, _ in r.take()] == [o for o in _sequenced(msgs) if o < owned]
 
 
+def test_records_read_ahead_are_not_kept() -> None:
+    """A read-ahead passes other transactions' messages (of later partitions, appended since)
+    until the owned ones are decided: it keeps none of them."""
+    r = TransactionResolver(J)
+    r.add(0, b"a", P1, 5, CONTINUE_TXN)
+    for i in range(1, 10_001):
+        r.add(i, None, P2, i, CONTINUE_TXN)  # Another producer's open transaction.
+        r.add(i, None, P3, i, CONTINUE_TXN)
+    assert sum(len(p.pending) for p in r._producers.values()) == 1
+    r.add(10_002, None, P2, 10_000, ACK_TXN)
+    r.add(10_003, None, P1, 5, ACK_TXN)
+    assert r.take() == [(0, b"a")] and r.pending_owned == 0
+
+
 def test_a_transaction_commits_at_its_ack_and_rolls_back_at_an_older_one() -> None:
     r = TransactionResolver(J)
     r.add(0, b"a", P1, 5, CONTINUE_TXN)
