@@ -45,9 +45,10 @@ from pygazette.keyspace.layout import KeyDecodeError
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.gazette_encoding import canonical_journal_spec
+from pygazette.protocol.labels import label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
-from pygazette.protocol.selector import journal_matcher
+from pygazette.protocol.selector import journal_matcher, rewrite_prefix_meta_label
 from pygazette.protocol.validation import (
     journal_spec_flags_allow_read,
     validate_apply_request,
@@ -103,6 +104,10 @@ class JournalService(pb_grpc.JournalServicer):
         if request.HasField("watch_resume"):
             min_revision = request.watch_resume.etcd.revision + 1
         last: tuple[int, int, tuple[bytes, ...]] = (-1, -1, ())
+        # As Gazette's: a selector including one name (or name prefix) is answered from the
+        # journals whose names begin with it (keys are in name order), not all of them.
+        names = label_values(rewrite_prefix_meta_label(request.selector).include, "name")
+        name_prefix = names[0] if len(names) == 1 else ""
         while True:
             if min_revision > ks.revision:
                 await ks.wait_for_revision(min_revision)
@@ -112,7 +117,7 @@ class JournalService(pb_grpc.JournalServicer):
             selected = journal_matcher(request.selector)  # Prepared once per snapshot.
             # Specs as the allocator decoded them (one parse per spec revision, shared).
             decoded = self.cluster.resolver.decoder.journal_spec if self.cluster else None
-            for kv in ks.range(self._journals_prefix()):
+            for kv in ks.range(self._journals_prefix() + name_prefix):
                 spec: pb.JournalSpec | None = None
                 if decoded is not None:
                     try:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from pygazette.broker import journal_service
 from pygazette.broker.server import Broker, BrokerConfig
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import list_journals
@@ -557,4 +558,47 @@ async def test_list_leaves_out_a_stored_spec_that_is_not_valid(
             assert names == ["svc/valid/a"]
     finally:
         await ks.close()
+        await broker.stop(grace=1.0)
+
+
+async def test_list_of_one_name_examines_only_journals_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As Gazette's List: a selector including one "name" (or one name prefix, or "prefix")
+    # value is answered from the journals whose names begin with it, not by matching every
+    # journal: looking one journal up (get_journal, every source of 'shards apply') cost a
+    # pass over all of them (52 ms per List at 20,000 journals, growing with their number).
+    examined: list[str] = []
+    real = journal_service.journal_matcher
+
+    def counting(sel: pb.LabelSelector) -> Callable[[pb.JournalSpec], bool]:
+        matches = real(sel)
+
+        def counted(spec: pb.JournalSpec) -> bool:
+            examined.append(spec.name)
+            return matches(spec)
+
+        return counted
+
+    monkeypatch.setattr(journal_service, "journal_matcher", counting)
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data", port=0))
+    await broker.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)
+            names = [f"one/{d}/j-{i:02d}" for d in ("a", "b") for i in range(20)]
+            assert (await apply_specs(stub, *map(journal_spec, names))).status == pb.OK
+            for selector, want, most in (
+                ("name=one/a/j-07", ["one/a/j-07"], 1),
+                ("name:prefix=one/b/j-1", [f"one/b/j-1{i}" for i in range(10)], 10),
+                ("prefix=one/a/", names[:20], 20),
+                ("name=one/a/j-07,name!=one/a/j-07", [], 1),
+                # Gazette narrows on one value only.
+                ("name in (one/a/j-01, one/b/j-02)", ["one/a/j-01", "one/b/j-02"], 40),
+            ):
+                examined.clear()
+                listed = await list_once(stub, pb.ListRequest(selector=parse_selector(selector)))
+                assert [j.spec.name for j in listed.journals] == want, selector
+                assert len(examined) == most, (selector, examined)
+    finally:
         await broker.stop(grace=1.0)
