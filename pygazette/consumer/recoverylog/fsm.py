@@ -347,10 +347,16 @@ class FSM:
         if path in self.properties:
             raise PropertyExists(path)
         fnode = op.seq_no
-        if self._fnode_index < len(self._hinted_fnodes):
-            if self._hinted_fnodes[self._fnode_index] != fnode:
-                return False  # Deleted before the hints were built.
-            self._fnode_index += 1
+        fnodes, at = self._hinted_fnodes, self._fnode_index
+        if at < len(fnodes) or self._segment_index < len(self._hinted_segments):
+            # Replaying hinted history: only hinted fnodes were live when the hints were
+            # built. Another one was deleted before, maybe by ops of a stretch that replay
+            # jumps over: tracked, it would come back, and its later ops fail to apply
+            # (stalling the FSM). So too after the last hinted fnode's creation, while hinted
+            # segments remain (Gazette's FSM tracks those: its player resurrects them).
+            if at >= len(fnodes) or fnodes[at] != fnode:
+                return False
+            self._fnode_index = at + 1
         node = FnodeState(links={path})
         node.segments = self._extend(node.segments, op)
         self.live_nodes[fnode] = node

@@ -320,6 +320,47 @@ async def test_recovery_from_hints_reads_only_live_segments(
     assert tree(tmp_path / "full") == tree(tmp_path / "hinted")
 
 
+async def test_a_file_dead_when_hints_were_built_is_not_played_back(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    """Hints name the files live when they were built; the player replays only the stretches
+    of log holding them, and jumps over the rest. A file created inside a replayed stretch
+    after the last hinted file's creation was dead when the hints were built: it must not be
+    tracked, as the ops that renamed and removed it may lie in a stretch jumped over. It was:
+    the file came back, and its removal, replayed after the hints, failed to apply and
+    stalled the FSM, so that every later op (here a committed write) was lost."""
+    log = await new_log(client)
+    first = await take_over(client, rpb.FSMHints(log=log), tmp_path / "first")
+    f = Files(first)
+    f.create("keep", b"kept")
+    f.create("doomed", b"removed by the next primary")
+    f.rename("keep", "kept")  # Extends kept's stretch past doomed's creation.
+    await first.commit()
+
+    second = await take_over(client, first.build_hints(), tmp_path / "second")
+    f = Files(second)
+    f.rename("doomed", "moved")  # Jumped over: no live file's op.
+    await second.commit()
+    f.write("kept", 0, b"KEPT")
+    f.remove("moved")  # After the last hinted stretch.
+    await second.commit()
+    hints = second.build_hints()  # As a primary stores them.
+    f.write("kept", 4, b", and written after the hints")
+    await second.commit()
+
+    expect = {"kept": b"KEPT, and written after the hints"}
+    assert tree(second.root) == expect
+    await play_to_head(client, hints, tmp_path / "hinted")
+    assert tree(tmp_path / "hinted") == expect
+    # And a primary taking over from those hints continues from the right state.
+    third = await take_over(client, hints, tmp_path / "third")
+    assert tree(third.root) == expect
+    assert (third.fsm.next_seq_no, third.fsm.links) == (
+        second.fsm.next_seq_no + 1,  # After its hand-off no-op.
+        second.fsm.links,
+    )
+
+
 async def test_player_skips_garbage_and_foreign_ops(client: JournalClient, tmp_path: Path) -> None:
     log = await new_log(client)
     await append(client, log, b"irrelevant preceding content")
