@@ -2,8 +2,9 @@
 
 A primary shard needs each source journal's spec once, to pick the journal's framing (as
 Gazette's ReadUncommittedIter fetches it). Thousands of shards starting at once, many
-reading the same journals, would each ask a broker to List one journal — and a broker's
-List walks every journal it knows, whatever the selector. Here the journals asked for at
+reading the same journals, would each ask a broker to List one journal — a List RPC each,
+and a selector of several names walks every journal the broker knows (a broker narrows its
+List only to one name). Here the journals asked for at
 the same time are looked up together: one List per `batch` names (a selector including
 each name: `name in (a, b, ...)`, which Gazette's brokers answer the same way), by at most
 `lookups` Lists in flight; each journal is looked up once however many shards ask, and its
