@@ -11,7 +11,11 @@ pulsed:
 - when its assignments change while this broker is its primary (`request`);
 - again, RETRY_SECONDS later, when a pulse failed (e.g. a peer hasn't started its replica),
   or its write of the route into the assignments did (that write is not awaited: see
-  `append_fsm.ClusterAppends._advertise_later`);
+  `append_fsm.ClusterAppends._advertise_later`); a pulse that fails again waits twice as
+  long each time, up to MAX_RETRY_SECONDS (Gazette's pulse interval), until it succeeds or
+  the journal's assignments change: a journal that can't take appends until an operator
+  acts (INDEX_HAS_GREATER_OFFSET: every broker of its last appends was lost) or whose
+  store can't be listed costs a pulse a minute, not one a second;
 - when its open spool holds content from an earlier flush interval (found by the sweep), so
   an idle journal's last appends still persist on time.
 
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CONCURRENCY = 8
 RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 60.0
 SWEEP_SECONDS = 10.0
 PIPELINE_IDLE_SECONDS = 60.0
 AUTO_SUSPEND_IDLE_SECONDS = 15 * 60.0
@@ -89,6 +94,7 @@ class Pulser:
         self._active: dict[str, Pulsed] = {}  # Journals the sweep watches (see `opened`).
         self._pending: dict[str, Pulsed] = {}  # In request order.
         self._retry: dict[str, tuple[float, Pulsed]] = {}
+        self._failures: dict[str, int] = {}  # Pulses failed in a row, by journal.
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.pulses = 0  # Pulses run (for tests and metrics).
@@ -112,7 +118,12 @@ class Pulser:
         self._tasks = []
 
     def request(self, journal: Pulsed) -> None:
-        """Pulse `journal` soon (once, however often it is asked before its turn)."""
+        """Pulse `journal` soon (once, however often it is asked before its turn): its
+        assignments changed, so a pulse that kept failing may succeed now."""
+        self._failures.pop(journal.name, None)
+        self._enqueue(journal)
+
+    def _enqueue(self, journal: Pulsed) -> None:
         self._retry.pop(journal.name, None)
         self._pending[journal.name] = journal
         self._ready.set()
@@ -212,6 +223,7 @@ class Pulser:
             name = next(iter(self._pending))
             journal = self._pending.pop(name)
             if not journal.primary or journal.stopping:
+                self._failures.pop(name, None)
                 continue
             self.pulses += 1
             try:
@@ -223,8 +235,13 @@ class Pulser:
                     "journal pulse failed (will retry)", extra={"journal": name, "error": str(exc)}
                 )
                 done = False
-            if not done and journal.primary and not journal.stopping:
-                self._retry.setdefault(name, (time.monotonic() + RETRY_SECONDS, journal))
+            if done or not journal.primary or journal.stopping:
+                self._failures.pop(name, None)
+                continue
+            failures = self._failures.get(name, 0)
+            self._failures[name] = failures + 1
+            delay = min(RETRY_SECONDS * 2 ** min(failures, 16), MAX_RETRY_SECONDS)
+            self._retry.setdefault(name, (time.monotonic() + delay, journal))
 
     async def _sweep_loop(self) -> None:
         next_sweep = time.monotonic() + SWEEP_SECONDS
@@ -261,7 +278,7 @@ class Pulser:
                 self._not_before.pop(name, None)  # Its last answer is of no more use.
                 continue
             if flush_due(journal, wall):
-                self.request(journal)
+                self._enqueue(journal)  # (A pulse failing meanwhile keeps backing off.)
             pln = journal.replication
             if pln is None:
                 if not flush_pending(journal):

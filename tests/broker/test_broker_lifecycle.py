@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -18,8 +21,10 @@ from pygazette.broker.replica import spool_directory
 from pygazette.keyspace.keyspace import Delete
 from pygazette.keyspace.layout import decode_broker_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import apply_specs, journal_spec
 from tests.broker.test_cluster_faults import Workload
+from tests.support.broker_process import BrokerProcess
 from tests.support.cluster import Cluster, ClusterBroker, append_once, read_range
 from tests.support.etcd_process import EtcdProcess
 from tests.support.s3_server import S3Server
@@ -276,3 +281,77 @@ async def test_a_broker_cut_off_from_etcd_alone_leaves_and_rejoins(
     finally:
         await cluster.close()
         proxy.close()
+
+
+def _failed_pulses(log: str) -> list[float]:
+    """When each failed pulse of the broker's log was logged (Unix seconds)."""
+    return [
+        datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        for m in re.finditer(r"time=(\S+) .*journal pulse failed.*INDEX_HAS_GREATER_OFFSET", log)
+    ]
+
+
+async def test_a_journal_that_lost_every_broker_is_pulsed_less_and_less(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """The only broker of a journal of replication 1 is killed with content it never
+    persisted: the broker it moves to refuses appends (INDEX_HAS_GREATER_OFFSET) until an
+    operator resets its head, and so fails every pulse. Failed pulses back off (up to a
+    minute, Gazette's pulse interval) instead of running, and logging, every second for as
+    long as the journal stays so."""
+    store = tmp_path / "store"
+    store.mkdir()
+
+    def broker(name: str) -> BrokerProcess:
+        return BrokerProcess(
+            tmp_path / name,
+            extra_args=[
+                *etcd.client_flags,
+                *("--etcd-prefix", etcd_root, "--id", name, "--lease-ttl", "2s"),
+                *("--file-root", str(store)),
+            ],
+            env={"PYGAZETTE_LOG_LEVEL": "info"},
+        )
+
+    journal = "lifecycle/lost"
+    spec = journal_spec(journal, replication=1, length=1 << 20)
+    spec.fragment.refresh_interval.seconds = 1
+    first = broker("broker-a")
+    await asyncio.to_thread(first.start)
+    try:
+        channel = grpc.aio.insecure_channel(first.address)
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        assert (await apply_specs(stub, spec)).status == pb.OK
+        async with asyncio.timeout(60):
+            while True:
+                if (await append_once(stub, journal, b"abc\n")).status == pb.OK:
+                    break
+                await asyncio.sleep(0.2)  # Until the journal has its broker.
+        # The second append rolls the first's spool: [0, 4) is persisted, [4, 8) only spooled.
+        assert (await append_once(stub, journal, b"def\n")).status == pb.OK
+        async with asyncio.timeout(30):
+            while not any(p.name.startswith(f"{0:016x}-{4:016x}-") for p in store.rglob("*")):  # noqa: ASYNC110 (polls files)
+                await asyncio.sleep(0.1)
+        await channel.close()
+    finally:
+        first.kill()  # Its spool, with [4, 8), is lost with it.
+
+    second = broker("broker-b")
+    await asyncio.to_thread(second.start)
+    try:
+        async with grpc.aio.insecure_channel(second.address) as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            async with asyncio.timeout(60):
+                while True:
+                    with contextlib.suppress(grpc.aio.AioRpcError):  # Proxied to the dead.
+                        resp = await append_once(stub, journal, b"x\n")
+                        if resp.status == pb.INDEX_HAS_GREATER_OFFSET:
+                            break
+                    await asyncio.sleep(0.2)  # Until the journal moved to this broker.
+        async with asyncio.timeout(60):
+            while len(failed := _failed_pulses(second.log_path.read_text())) < 5:  # noqa: ASYNC110 (polls its log)
+                await asyncio.sleep(0.2)
+        gaps = [round(b - a, 1) for a, b in itertools.pairwise(failed)]
+        assert gaps[3] >= 5.0, f"failed pulses every {gaps} s"
+    finally:
+        second.stop()
