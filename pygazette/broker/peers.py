@@ -21,6 +21,7 @@ from pygazette.auth.client_interceptor import auth_interceptors
 from pygazette.auth.tls import ClientTLS, channel_credentials
 from pygazette.protocol.pb import peer_pb2_grpc as ppb_grpc
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.pb import retention_pb2_grpc as rpb_grpc
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -70,6 +71,10 @@ class Peers:
             stub = ppb_grpc.PeerJournalStub(self._channel(endpoint))  # type: ignore[no-untyped-call]
             self._peer_stubs[endpoint] = stub
         return stub
+
+    def retention_stub(self, endpoint: str) -> rpb_grpc.RetentionStub:
+        """The peer's `pygazette.Retention` service (pygazette brokers only)."""
+        return rpb_grpc.RetentionStub(self._channel(endpoint))  # type: ignore[no-untyped-call]
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)

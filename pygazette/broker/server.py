@@ -284,8 +284,13 @@ class Broker:
         rpb_grpc.add_RetentionServicer_to_server(  # type: ignore[no-untyped-call]
             RetentionService(self.resolver, self.stores), self._server
         )
+        member = self.member
         self.retention = RetentionEnforcer(
-            self.resolver, self.stores, self.config.retention_interval
+            self.resolver,
+            self.stores,
+            self.config.retention_interval,
+            peers=member.peers if member is not None else None,
+            endpoint_of=member.resolver.endpoint_of if member is not None else None,
         )
 
     def _lock_data_dir(self) -> None:

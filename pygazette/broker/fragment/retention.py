@@ -35,23 +35,31 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
 
 from pygazette.broker.fragment.cover_set import CoverSet
 from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import retention_pb2 as rpb
 from pygazette.protocol.retention_bytes import retention_bytes
 from pygazette.stores.store import StoreError, StoreRegistry
 
 if TYPE_CHECKING:
+    from pygazette.broker.peers import Peers
     from pygazette.broker.replica import Replica
     from pygazette.broker.resolver import Resolver
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ENFORCE_INTERVAL_SECONDS = 15 * 60.0
+# How long a peer is believed to be (or not be) a Gazette broker, and how long it is asked.
+PROBE_TTL_SECONDS = 10 * 60.0
+PROBE_TIMEOUT_SECONDS = 10.0
 
 KEPT_HEAD = "holds the journal's last persisted offsets (its write head)"
 KEPT_GAP = "only copy of offsets that retained fragments follow; removing it would leave a gap"
@@ -163,12 +171,28 @@ class RetentionEnforcer:
     never): those with a `fragment.retention`, a `pygazette.dev/retention-bytes` label, or
     both. Its other replicas leave the journal to the primary: each pass lists every store of
     the journal, so a pass on each of R brokers cost R listings and raced to remove the same
-    files. A journal without a primary for a moment waits for the next pass."""
+    files. A journal without a primary for a moment waits for the next pass.
 
-    def __init__(self, resolver: Resolver, stores: StoreRegistry, interval: float) -> None:
+    Unless the primary is a Gazette broker (brokers of both may share a cluster): Gazette's
+    brokers never prune, so this broker's replica does, as before (with `peers`: it asks the
+    primary's Retention service, which a Gazette broker answers UNIMPLEMENTED)."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        stores: StoreRegistry,
+        interval: float,
+        *,
+        peers: Peers | None = None,
+        endpoint_of: Callable[[str, str], str] | None = None,
+    ) -> None:
         self.resolver = resolver
         self.stores = stores
         self.interval = interval
+        self.peers = peers
+        self.endpoint_of = endpoint_of  # A member's (zone, suffix) endpoint.
+        # Endpoint -> (whether it is a Gazette broker, until when that is believed).
+        self._gazette: dict[str, tuple[bool, float]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -186,12 +210,13 @@ class RetentionEnforcer:
         total = 0
         for replica in list(self.resolver.replicas.values()):
             spec = replica.spec
-            if replica.clustered and not replica.primary:
-                continue  # The primary's to prune.
             if not spec.fragment.stores or (
                 retention_seconds(spec) <= 0 and retention_bytes(spec) <= 0
             ):
                 continue
+            if replica.clustered and not replica.primary:
+                if not await self._primary_is_gazette(replica):
+                    continue  # The primary's to prune.
             try:
                 result = await prune_journal(replica, self.stores, dry_run=False)
             except StoreError as exc:
@@ -203,6 +228,41 @@ class RetentionEnforcer:
             for error in result.errors:
                 log.warning("retention could not remove a fragment", extra={"error": error})
         return total
+
+    async def _primary_is_gazette(self, replica: Replica) -> bool:
+        """Whether the journal's primary is a Gazette broker (False if unknown)."""
+        if self.peers is None or self.endpoint_of is None:
+            return False
+        primary = next((a for a in replica.assignments if a.slot == 0), None)
+        if primary is None:
+            return False
+        endpoint = self.endpoint_of(primary.zone, primary.suffix)
+        if not endpoint:
+            return False
+        now = time.monotonic()
+        known = self._gazette.get(endpoint)
+        if known is not None and known[1] > now:
+            return known[0]
+        try:
+            # An invalid request: a pygazette broker refuses it (INVALID_ARGUMENT), having
+            # done nothing; a Gazette broker does not serve the method at all.
+            await self.peers.retention_stub(endpoint).Prune(
+                rpb.PruneRequest(journal=""), timeout=PROBE_TIMEOUT_SECONDS
+            )
+            gazette = False
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return False  # Unreachable for now: ask again at the next pass.
+            gazette = exc.code() == grpc.StatusCode.UNIMPLEMENTED
+        if len(self._gazette) > 1024:
+            self._gazette.clear()
+        self._gazette[endpoint] = (gazette, now + PROBE_TTL_SECONDS)
+        if gazette:
+            log.info(
+                "pruning a journal whose primary is a Gazette broker",
+                extra={"journal": replica.name, "primary": endpoint},
+            )
+        return gazette
 
     async def _loop(self) -> None:
         while True:
