@@ -27,6 +27,7 @@ from pygazette.broker.fragment.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS
 from pygazette.broker.heap_tuning import tune_gc, tune_heap_for_large_messages
 from pygazette.broker.server import (
     DEFAULT_MIN_APPEND_RATE,
+    BrokerAlreadyRunning,
     BrokerConfig,
     default_broker_id,
     run_broker,
@@ -39,6 +40,7 @@ from pygazette.cli.tls_flags import (
     server_tls_flags,
     server_tls_from_flags,
 )
+from pygazette.keyspace.embedded import KeyspaceFileError
 from pygazette.keyspace.etcd import etcd_url_is_tls, parse_etcd_url
 from pygazette.keyspace.keyspace import DEFAULT_ROOT, KeyspaceUnavailable
 from pygazette.protocol.errors import ValidationError
@@ -328,3 +330,7 @@ def serve(
         raise click.ClickException(str(exc)) from None
     except TLSConfigError as exc:
         raise click.ClickException(f"TLS: {exc}") from None
+    except (BrokerAlreadyRunning, KeyspaceFileError) as exc:
+        # Another broker (perhaps the one this restarts, still exiting) holds the data
+        # directory; or its single-node keyspace file is damaged.
+        raise click.ClickException(str(exc)) from None

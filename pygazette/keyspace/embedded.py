@@ -31,6 +31,10 @@ from pygazette.keyspace.keyspace import (
 _FORMAT = "pygazette-embedded-keyspace-v1"
 
 
+class KeyspaceFileError(RuntimeError):
+    """The keyspace file exists but can't be read as one (damaged, or not ours)."""
+
+
 class EmbeddedKeyspace(Keyspace):
     def __init__(self, path: Path | None) -> None:
         super().__init__()
@@ -145,4 +149,4 @@ class EmbeddedKeyspace(Keyspace):
                 for e in doc["keys"]
             }
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RuntimeError(f"cannot load keyspace {self.path}: {exc}") from exc
+            raise KeyspaceFileError(f"cannot load keyspace {self.path}: {exc}") from exc

@@ -343,3 +343,32 @@ def test_serve_auto_suspend_needs_a_cluster(tmp_path: Path) -> None:
         cli("http://127.0.0.1:1", "serve", "--auto-suspend", "--data-dir", str(tmp_path))
     )
     assert "--auto-suspend needs --etcd" in err
+
+
+def test_serve_on_a_data_directory_in_use_is_a_one_line_error(
+    tmp_path: Path, broker: BrokerProcess
+) -> None:
+    """A second broker on a running broker's data directory (a supervisor restarting one
+    that is still persisting its spools, say) is refused in one line, not a traceback."""
+    err = _serve_error(
+        cli(broker.url, "serve", "--port", "0", "--data-dir", str(broker.data_dir), timeout=60)
+    )
+    assert "another broker is using data directory" in err
+
+
+def test_serve_on_a_damaged_keyspace_file_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "keyspace.json").write_text("{not json")
+    err = _serve_error(
+        cli("http://127.0.0.1:1", "serve", "--port", "0", "--data-dir", str(tmp_path))
+    )
+    assert "cannot load keyspace" in err
+
+
+def _serve_error(proc: subprocess.CompletedProcess[bytes]) -> str:
+    """A failed `serve`'s error: one `error: ...` line, after what it announced starting."""
+    assert proc.returncode != 0, proc.stdout
+    stderr = proc.stderr.decode()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr and lines[-1].startswith("error: "), stderr
+    assert [line for line in lines if not line.startswith("pygazette broker ")] == lines[-1:]
+    return lines[-1]
