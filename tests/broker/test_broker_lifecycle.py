@@ -18,6 +18,8 @@ import grpc
 import pytest
 
 from pygazette.broker.replica import spool_directory
+from pygazette.client.journal_client import JournalClient
+from pygazette.client.retry_reader import RetryReader
 from pygazette.keyspace.keyspace import Delete
 from pygazette.keyspace.layout import decode_broker_spec
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -355,3 +357,69 @@ async def test_a_journal_that_lost_every_broker_is_pulsed_less_and_less(
         assert gaps[3] >= 5.0, f"failed pulses every {gaps} s"
     finally:
         second.stop()
+
+
+async def test_blocking_reads_follow_their_journal_as_its_brokers_move(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """Blocking reads (through two brokers, one of them the primary) stay open while the
+    journal's brokers move under appends: its primary stops gracefully (its journal moves),
+    then another broker is killed -9 and restarted. Each reader reads every byte once, in
+    order, without a gap: what the journal holds once the appends are done."""
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    for i in range(4):
+        cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
+    journal = "lifecycle/followed"
+    clients: list[JournalClient] = []
+    readers: list[RetryReader] = []
+    try:
+        await cluster.start()
+        spec = journal_spec(journal, replication=2, length=32 * 1024)
+        assert (await apply_specs(cluster.stub(cluster.brokers[0]), spec)).status == pb.OK
+        await cluster.wait_ready([journal], 2)
+        primary = cluster.primary_of(journal)
+        assert primary is not None
+        other = next(b for b in cluster.brokers if b not in cluster.members_of(journal))
+        read: list[bytearray] = []
+        for b in (primary, other):
+            client = JournalClient(b.address)
+            clients.append(client)
+            readers.append(RetryReader(client, journal, offset=0, block=True))
+            read.append(bytearray())
+
+        async def follow(reader: RetryReader, into: bytearray) -> None:
+            while True:
+                into += await reader.read(1 << 16)
+
+        followers = [asyncio.create_task(follow(r, d)) for r, d in zip(readers, read, strict=True)]
+        work = Workload(cluster, journal)
+        work.start(writers=3, readers=0)
+        await work.wait_acks(50)
+        await asyncio.to_thread(primary.stop, 60.0)  # SIGTERM: the journal moves.
+        assert primary.proc is not None and primary.proc.returncode == 0, primary.log()
+        await cluster.wait_ready([journal], 2)
+        await work.wait_acks(50)
+        victim = next(b for b in cluster.members_of(journal) if b is not other)
+        victim.kill()
+        await work.wait_acks(30, within=90)
+        await asyncio.to_thread(victim.start, 60.0)
+        await asyncio.to_thread(primary.start, 60.0)
+        await cluster.wait_ready([journal], 2)
+        await work.wait_acks(30)
+        await work.finish()
+        await work.verify()
+        content, head = await read_range(cluster.stub(other), journal)
+        async with asyncio.timeout(60):
+            while any(len(d) < head for d in read):  # noqa: ASYNC110 (the readers fill them)
+                await asyncio.sleep(0.1)
+        for f in followers:
+            f.cancel()
+        await asyncio.wait(followers)
+        for d in read:
+            assert bytes(d[:head]) == content, f"read {len(d)} bytes, differing from the journal"
+    finally:
+        for r in readers:
+            r.cancel()
+        for c in clients:
+            await c.close()
+        await cluster.close()
