@@ -357,9 +357,15 @@ _FRAGMENT_KEYS = (
 _DURATION_EXAMPLES = "5m or 1h30m"
 
 
-def _enum(value: Any, enum: Any, where: str, key: str) -> int:
+# The ranges of the spec's protobuf integer fields (beyond them, setting one raises).
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_UINT32 = (0, (1 << 32) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _enum(value: Any, enum: Any, where: str, key: str, bounds: tuple[int, int] = _INT32) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return parse_int(value, where, key, *bounds)
     if isinstance(value, str):
         try:
             return int(enum.Value(value))
@@ -376,7 +382,7 @@ def _fragment_from_yaml(value: Any, where: str) -> pb.JournalSpec.Fragment:
     obj = parse_mapping(value, where, "fragment")
     check_keys(obj, _FRAGMENT_KEYS, where, "fragment")
     if obj.get("length") is not None:
-        frag.length = parse_int(obj["length"], where, "fragment.length")
+        frag.length = parse_int(obj["length"], where, "fragment.length", *_INT64)
     if obj.get("compression_codec") is not None:
         frag.compression_codec = _enum(  # type: ignore[assignment]
             obj["compression_codec"], pb.CompressionCodec, where, "fragment.compression_codec"
@@ -418,15 +424,15 @@ def _node_from_yaml(obj: Any, where: str) -> Node:
     check_keys(obj, _SPEC_KEYS + _NODE_KEYS, here, "node")
 
     if obj.get("replication") is not None:
-        spec.replication = parse_int(obj["replication"], here, "replication")
+        spec.replication = parse_int(obj["replication"], here, "replication", *_INT32)
     _set_labels(spec, parse_labels(obj.get("labels"), here))
     frag = _fragment_from_yaml(obj.get("fragment"), here)
     if frag.ListFields():
         spec.fragment.CopyFrom(frag)
     if obj.get("flags") is not None:
-        spec.flags = _enum(obj["flags"], pb.JournalSpec.Flag, here, "flags")
+        spec.flags = _enum(obj["flags"], pb.JournalSpec.Flag, here, "flags", _UINT32)
     if obj.get("max_append_rate") is not None:
-        spec.max_append_rate = parse_int(obj["max_append_rate"], here, "max_append_rate")
+        spec.max_append_rate = parse_int(obj["max_append_rate"], here, "max_append_rate", *_INT64)
     if obj.get("suspend") is not None:
         sus = parse_mapping(obj["suspend"], here, "suspend")
         check_keys(sus, ("level", "offset"), here, "suspend")
@@ -435,7 +441,7 @@ def _node_from_yaml(obj: Any, where: str) -> Node:
                 sus["level"], pb.JournalSpec.Suspend.Level, here, "suspend.level"
             )
         if sus.get("offset") is not None:
-            spec.suspend.offset = parse_int(sus["offset"], here, "suspend.offset")
+            spec.suspend.offset = parse_int(sus["offset"], here, "suspend.offset", *_INT64)
 
     node = Node(spec=_tidy(spec))
     if obj.get("comment") is not None:
@@ -443,7 +449,7 @@ def _node_from_yaml(obj: Any, where: str) -> Node:
     if obj.get("delete") is not None:
         node.delete = parse_bool(obj["delete"], here, "delete")
     if obj.get("revision") is not None:
-        node.revision = parse_int(obj["revision"], here, "revision")
+        node.revision = parse_int(obj["revision"], here, "revision", *_INT64)
         if node.revision < -1:
             raise field_error(here, f"revision: expected -1 or more, got {node.revision}")
     children = obj.get("children")

@@ -102,3 +102,25 @@ def test_a_label_value_written_as_a_number_is_its_text(written: str) -> None:
     (change,) = apply_request(parse_journalspace(text)).changes
     assert [(x.name, x.value) for x in change.upsert.labels.labels] == [("ab", written)]
     assert change.upsert.fragment.length == 1 << 20  # An integer field reads it as YAML does.
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("flags: -1", "flags: -1 is out of range"),
+        ("flags: 4294967296", "flags: 4294967296 is out of range"),
+        ("replication: 99999999999", "replication: 99999999999 is out of range"),
+        ("max_append_rate: 99999999999999999999", "max_append_rate: .* is out of range"),
+        ("suspend: {level: 99999999999}", "suspend.level: .* is out of range"),
+        ("suspend: {offset: -99999999999999999999}", "suspend.offset: .* is out of range"),
+        ("revision: 99999999999999999999", "revision: .* is out of range"),
+        ("fragment: {compression_codec: -99999999999}", "fragment.compression_codec: .* is out"),
+        ("fragment: {length: 99999999999999999999}", "fragment.length: .* is out of range"),
+    ],
+)
+def test_a_number_beyond_its_field_is_a_one_line_error(field: str, message: str) -> None:
+    # Set into the spec's protobuf field, it raised ValueError ('Value out of range'): a
+    # traceback rather than an error naming the node and field.
+    text = f"name: a/bb\n{field}\n"
+    with pytest.raises(ValidationError, match=f"node 'a/bb': {message}"):
+        parse_journalspace(text)
