@@ -364,6 +364,9 @@ class PieceDecoder:
         self._chunks, self._size = [], 0
         self._base = offset
         self._resync = False  # Content after a hole begins a fragment: a record boundary.
+        # Nothing from `offset` on was decoded yet (a read-ahead re-reading the hole would
+        # report it again).
+        self.next_record_at = offset
         if offset >= self.piece.own_end:
             self.done = True
 

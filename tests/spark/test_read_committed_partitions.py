@@ -105,3 +105,32 @@ def test_a_row_committed_in_a_later_fragment_has_its_own_fragments_mod_time(
     every = mod_times(readCommitted="false")
     assert len(every) == 6 and None not in every.values()  # Persisted, every one.
     assert mod_times() == every
+
+
+def test_read_ahead_begins_after_a_data_loss_that_ends_the_piece() -> None:
+    """Bytes lost up to past the piece's end: what follows them begins the read-ahead (the
+    hole was reported once; reading ahead from before it would report it again)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from pygazette.message.json_framing import JSONFraming
+    from pygazette.spark.partition_reader import PieceDecoder
+    from pygazette.spark.planning import Piece
+    from pygazette.spark.read_committed import CommittedReads, TransactionResolver
+
+    lay = layout(SCHEMA, Framing.JSON)
+    data = StructType([f for f in SCHEMA.fields if f.name == "n"])
+    piece = Piece(J, 0, 1000, 0, 2000, False, None)
+    resolver = TransactionResolver(J)
+    decoder = PieceDecoder(
+        piece,
+        lay,
+        to_arrow_schema(SCHEMA, timezone="UTC"),
+        to_arrow_schema(data, timezone="UTC"),
+        resolver=resolver,
+        committed=CommittedReads(JSONFraming("uuid"), wait=False),
+    )
+    first = _message(UUIDFormatter(P1), 1, CONTINUE_TXN, 0)
+    assert list(decoder.feed(0, first + b'{"uuid": "cut sh')) == []
+    assert list(decoder.skip_to(1500)) == []  # Lost: [len(first) + ..., 1500).
+    assert decoder.done and resolver.pending_owned == 1
+    assert decoder.next_record_at == 1500
