@@ -423,3 +423,46 @@ async def test_blocking_reads_follow_their_journal_as_its_brokers_move(
         for c in clients:
             await c.close()
         await cluster.close()
+
+
+async def test_a_whole_cluster_stopped_at_once_exits_promptly_and_keeps_every_append(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """Every broker gets SIGTERM at once (a cluster shut down): none can take the others'
+    journals, so each leaves without waiting out its drain timeout, and exits 0. Started
+    again on the same data directories, they serve every acknowledged append."""
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    for i in range(3):
+        cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
+    for b in cluster.brokers:
+        b.extra_args += ["--drain-timeout", "120s"]
+    journals = {f"lifecycle/all-{r}-{i}": r for r in (1, 2) for i in range(3)}
+    try:
+        await cluster.start()
+        specs = [journal_spec(j, replication=r, length=4096) for j, r in journals.items()]
+        assert (await apply_specs(cluster.stub(cluster.brokers[0]), *specs)).status == pb.OK
+        for r in (1, 2):
+            await cluster.wait_ready([j for j, jr in journals.items() if jr == r], r)
+        acked: dict[str, bytes] = {}
+        for n, j in enumerate(journals):
+            data = b"".join(f"{j} record {k}\n".encode() for k in range(50 + n))
+            resp = await append_once(cluster.stub(cluster.brokers[n % 3]), j, data)
+            assert resp.status == pb.OK and resp.commit.begin == 0, resp
+            acked[j] = data
+        for b in cluster.brokers:
+            assert b.proc is not None
+            b.proc.send_signal(signal.SIGTERM)
+        for b in cluster.brokers:
+            try:
+                code = await asyncio.to_thread(b.wait_exit, 60.0)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{b.member_key} still draining\n{b.log()}") from None
+            assert code == 0, b.log()
+        await cluster.start()
+        for r in (1, 2):
+            await cluster.wait_ready([j for j, jr in journals.items() if jr == r], r)
+        for j, data in acked.items():
+            content, head = await _read_retrying(cluster, cluster.brokers[0], j)
+            assert content == data and head == len(data), j
+    finally:
+        await cluster.close()
