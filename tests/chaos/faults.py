@@ -77,7 +77,14 @@ def _action(name: str, kind: str, occupies: set[str], blocked_by: set[str]) -> A
 ACTIONS = (
     _action("kill_broker", "kill", {"broker", "broker_restart"}, {"broker", "store"}),
     _action("kill_consumer", "kill", {"consumer"}, {"consumer"}),
-    _action("sigterm_broker", "sigterm", {"broker", "broker_restart"}, {"broker", "store"}),
+    # Not while etcd restarts: a drain that outlasts the lease fails (as it must), which would
+    # be taken for a broker failing its graceful exit.
+    _action(
+        "sigterm_broker",
+        "sigterm",
+        {"broker", "broker_restart", "etcd"},
+        {"broker", "store", "etcd"},
+    ),
     _action("sigstop_broker", "sigstop", {"broker", "broker_restart"}, {"broker", "store"}),
     _action("sigstop_consumer", "sigstop", {"consumer"}, {"consumer"}),
     _action("etcd_restart", "etcd_restart", {"etcd"}, {"etcd"}),
