@@ -30,7 +30,7 @@ from pygazette.client.list_apply import (
     list_all,
     list_journals,
 )
-from pygazette.protocol.errors import error_for_status
+from pygazette.protocol.errors import GazetteError, error_for_status
 from pygazette.protocol.go_duration import parse_duration
 from pygazette.protocol.labels import label_value, label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -231,7 +231,7 @@ def edit_cmd(ctx: click.Context, selector: str, max_txn_size: int, broker: str |
     from collections.abc import Coroutine
 
     from pygazette.cli.journalspace import apply_request, parse_journalspace
-    from pygazette.cli.spec_editor import edit_retry_loop
+    from pygazette.cli.spec_editor import PartlyApplied, edit_retry_loop
 
     sel = _selector(selector)
     applied_revision: list[int] = []
@@ -250,7 +250,18 @@ def edit_cmd(ctx: click.Context, selector: str, max_txn_size: int, broker: str |
 
         def apply(text: str) -> None:
             request = apply_request(parse_journalspace(text))
-            resp = call(apply_journals_in_batches(client, request, max_txn_size))
+            applied = 0  # Changes of the transactions applied so far.
+
+            def progress(done: int, _total: int) -> None:
+                nonlocal applied
+                applied = done
+
+            try:
+                resp = call(apply_journals_in_batches(client, request, max_txn_size, progress))
+            except GazetteError as exc:
+                if applied:  # Its message says what stays applied.
+                    raise PartlyApplied(str(exc)) from exc
+                raise
             applied_revision.append(resp.header.etcd.revision)
 
         # The editor and the loop block: run them off the event loop, which serves the RPCs.

@@ -42,7 +42,7 @@ from pygazette.cli.shardspace import (
     from_list,
     parse_shardspace,
 )
-from pygazette.cli.spec_editor import edit_retry_loop
+from pygazette.cli.spec_editor import PartlyApplied, edit_retry_loop
 from pygazette.client.channel import channel_target
 from pygazette.client.errors import ProtocolViolation
 from pygazette.client.fragments import list_all_fragments
@@ -195,17 +195,19 @@ class ShardService:
                 return resp
             return await self._call(self.client.apply(changes, within=RPC_TIMEOUT))
         except ShardEtcdTransactionFailed as exc:
-            raise CommandError(
+            text = (
                 f"{exc}: a shard's revision no longer matches (it changed since it was read, "
                 "or a shard to create exists); list the shards again, or use revision: -1"
-                + _stay_applied(applied)
-            ) from None
+            )
+            if applied:  # PartlyApplied: an edit is not reopened as if nothing applied.
+                raise PartlyApplied(text + _stay_applied(applied)) from None
+            raise CommandError(text) from None
         except (CommandError, GazetteError) as exc:
             # A later batch failed: the earlier ones are applied, and must be said to be.
             if not applied:
                 raise
             text = exc.format_message() if isinstance(exc, CommandError) else str(exc)
-            raise CommandError(text + _stay_applied(applied)) from exc
+            raise PartlyApplied(text + _stay_applied(applied)) from exc
 
     async def stat(self, shard: str) -> cpb.StatResponse:
         return await self._call(self.client.stat(shard, within=RPC_TIMEOUT))

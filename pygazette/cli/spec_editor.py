@@ -2,8 +2,9 @@
 
 The selected specs' YAML goes into a temporary file opened in $GAZ_EDITOR, else $EDITOR, else
 vi. When the editor exits with changes they are applied; if that fails, the file reopens
-with the error above the user's edits. An empty or unchanged file cancels; edits that were
-not applied are left in the file, which is named on stderr.
+with the error above the user's edits (unless part of them applied: see `PartlyApplied`). An
+empty or unchanged file cancels; edits that were not applied are left in the file, which is
+named on stderr.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ EDIT_HEADER = (
     "#⚙ If there is an error validating and applying this file, it will be reopened.\n"
     "#⚙\n"
 )
+
+
+class PartlyApplied(click.ClickException):
+    """An apply that failed after some of its transactions applied: the edits no longer apply
+    as they are (the applied specs' revisions changed), so the edit ends with this error
+    (saying what stayed applied) rather than reopening under "No changes were applied"."""
 
 
 def _retry_header(message: str) -> str:
@@ -132,6 +139,8 @@ def edit_retry_loop(
                 return False
             try:
                 apply(user_edits)
+            except PartlyApplied:
+                raise  # The edits are kept in the file, which is named.
             except (click.ClickException, GazetteError) as exc:
                 is_retry = True
                 retry_message = (

@@ -73,3 +73,46 @@ def test_edit_applies_the_edited_specs(broker: BrokerProcess, tmp_path: Path) ->
 
     nothing = one_line_error(cli(broker.url, "journals", "edit", "-l", "name=examples/none"))
     assert "examples/none" in nothing
+
+
+def test_an_edit_applied_in_part_is_not_reopened(broker: BrokerProcess, tmp_path: Path) -> None:
+    """An edit applied in several transactions, of which a later one fails: the earlier ones
+    stay applied, so the edits no longer apply as they are (their revisions are stale). It
+    was reopened under "No changes were applied", and saved unchanged it was cancelled with
+    exit status 0. Now the command fails, saying what stayed applied, and keeps the edits."""
+    names = [f"part/j-{c}" for c in "abcd"]
+    specs = "".join(f"- name: {n}\n" for n in names)
+    base = (
+        "name: part/\nreplication: 1\nfragment: {length: 1048576, compression_codec: NONE, "
+        "refresh_interval: 1m0s}\nchildren:\n"
+    )
+    ok(cli(broker.url, "journals", "apply", "--specs", "-", stdin=(base + specs).encode()))
+    # While the editor is open, part/j-d changes (another operator).
+    other = tmp_path / "other.yaml"
+    other.write_text(base + "- name: part/j-d\n  max_append_rate: 1000\n  revision: -1\n")
+    concurrent = f"{sys.executable} -m pygazette.cli.main journals apply --specs {other}"
+    script = tmp_path / "editor.py"
+    script.write_text(EDITOR)
+    state = tmp_path / "edit-state.json"
+    steps = [
+        {
+            "do": "run-then-replace",
+            "cmd": concurrent,
+            "old": "replication: 1",
+            "new": "replication: 2",
+        }
+    ]
+    env = {
+        "GAZ_EDITOR": f"{sys.executable} {script}",
+        "EDIT_STATE": str(state),
+        "EDIT_STEPS": json.dumps(steps),
+        "TMPDIR": str(tmp_path),
+    }
+    proc = cli(broker.url, "journals", "edit", "-l", "prefix=part/", "--max-txn-size", "2", env=env)
+    assert proc.returncode != 0, proc.stderr
+    assert len(json.loads(state.read_text())) == 1  # Not reopened.
+    err = proc.stderr.decode()
+    assert "ETCD_TRANSACTION_FAILED" in err and "the 2 change(s) before it stay applied" in err
+    assert "Last edits saved to" in err
+    listed = json.loads(ok(cli(broker.url, "journals", "list", "-l", "prefix=part/", "-o", "json")))
+    assert [j["spec"]["replication"] for j in listed["journals"]] == [2, 2, 1, 1]

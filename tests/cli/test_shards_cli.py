@@ -878,3 +878,47 @@ def test_a_failed_batch_says_what_stays_applied(deployment: Deployment, prefix: 
     line = failed.stderr.splitlines()[-1]  # After any progress lines.
     assert line.startswith("error: ") and "the 3 change(s) before it stay applied" in line, line
     assert [s["spec"]["id"] for s in listed(dep, f"test={prefix}")] == ids
+
+
+def test_an_edit_applied_in_part_is_not_reopened(
+    deployment: Deployment, prefix: str, tmp_path: Path
+) -> None:
+    """A later transaction of an edit failing after earlier ones applied: the edits no longer
+    apply as they are, so the edit ends saying what stayed applied (it was reopened under "No
+    changes were applied"), and keeps the edits in their file."""
+    dep = deployment
+    ids = [f"{prefix}-p{i}" for i in range(4)]
+    setup_journals(dep, prefix, ids)
+    apply_shards(dep, prefix, *(f"- id: {i}\n" for i in ids))
+    concurrent = tmp_path / "concurrent.yaml"
+    concurrent.write_text(
+        shardspace(prefix, f"- id: {ids[-1]}\n  revision: -1\n").replace("100ms", "3s")
+    )
+    cli = (
+        f"BROKER_ADDRESS={dep.broker_url} CONSUMER_ADDRESS={dep.consumer_url} "
+        f"{sys.executable} -m pygazette.cli.main shards apply --specs {concurrent} >/dev/null"
+    )
+    script = tmp_path / "editor.py"
+    script.write_text(EDITOR)
+    state = tmp_path / "edit-state.json"
+    steps = [{"do": "run-then-replace", "cmd": cli, "old": "100ms", "new": "5s"}]
+    proc = dep.cli(
+        "shards",
+        "edit",
+        "-l",
+        f"test={prefix}",
+        "--max-txn-size",
+        "2",
+        env={
+            "GAZ_EDITOR": f"{sys.executable} {script}",
+            "EDIT_STATE": str(state),
+            "EDIT_STEPS": json.dumps(steps),
+            "TMPDIR": str(tmp_path),
+        },
+    )
+    assert proc.returncode != 0, proc.stderr
+    assert len(json.loads(state.read_text())) == 1  # Not reopened.
+    assert "the 2 change(s) before it stay applied" in proc.stderr, proc.stderr
+    assert "Last edits saved to" in proc.stderr
+    durations = [s["spec"]["max_txn_duration"] for s in listed(dep, f"test={prefix}")]
+    assert durations == ["5s", "5s", "0.100s", "3s"]
