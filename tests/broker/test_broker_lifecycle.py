@@ -466,3 +466,52 @@ async def test_a_whole_cluster_stopped_at_once_exits_promptly_and_keeps_every_ap
             assert content == data and head == len(data), j
     finally:
         await cluster.close()
+
+
+async def test_appends_go_on_while_a_broker_is_briefly_cut_off_from_etcd(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """etcd unreachable from one broker for less than its lease (10 s): it stays a member,
+    keeps its journals and takes appends meanwhile (its lease is surely alive: confirmations
+    may go out), and follows the keyspace again once etcd is back."""
+    proxy = TcpProxy(etcd.client_port)
+    cluster = Cluster(tmp_path, etcd, etcd_root, lease_ttl="10s")
+    for i in range(3):
+        cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
+    cut_off = cluster.brokers[0]
+    base = cut_off.command
+
+    def via_proxy(port: int) -> list[str]:
+        return [*base(port), "--etcd", proxy.url]
+
+    cut_off.command = via_proxy  # type: ignore[method-assign]
+    journal = "lifecycle/brief"
+    try:
+        await cluster.start()
+        spec = journal_spec(journal, replication=3, length=64 * 1024)
+        assert (await apply_specs(cluster.stub(cluster.brokers[1]), spec)).status == pb.OK
+        await cluster.wait_ready([journal], 3)
+        work = Workload(cluster, journal)
+        work.start(writers=3, readers=1)
+        await work.wait_acks(30)
+        proxy.cut()
+        async with asyncio.timeout(9):  # A keep-alive every third of the lease.
+            while "lease keep-alive failed" not in cut_off.log():  # noqa: ASYNC110 (its log)
+                await asyncio.sleep(0.1)
+        await work.wait_ack_after(time.monotonic(), 4.0)  # Its lease may have 6 s left.
+        assert cut_off.running(), cut_off.log()
+        proxy.restore()
+        assert cut_off.running() and cluster.is_member(cut_off), cut_off.log()
+        # It follows the keyspace again: a new journal is served through it.
+        other = journal_spec("lifecycle/brief-after", replication=3)
+        assert (await apply_specs(cluster.stub(cluster.brokers[1]), other)).status == pb.OK
+        await cluster.wait_ready([other.name], 3)
+        resp = await append_once(cluster.stub(cut_off), other.name, b"after\n", within=30)
+        assert resp.status == pb.OK, resp
+        await work.wait_acks(30)
+        await work.finish()
+        await work.verify()
+        assert "cannot keep the etcd lease alive" not in cut_off.log(), cut_off.log()
+    finally:
+        await cluster.close()
+        proxy.close()
