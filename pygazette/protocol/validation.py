@@ -635,6 +635,9 @@ def _enum_name(enum: Any, value: int) -> str:
         return str(value)
 
 
+_GO_SPACE = (" ", "\t", "\r", "\n")  # What text/template takes as a trim marker's space.
+
+
 def _validate_postfix_template(template: str) -> None:
     """Approximates Go's text/template parse of a path postfix template.
 
@@ -644,6 +647,21 @@ def _validate_postfix_template(template: str) -> None:
     """
     rest = template
     while (start := rest.find("{{")) != -1:
+        body = start + 2
+        if rest[body : body + 1] == "-" and rest[body + 1 : body + 2] in _GO_SPACE:
+            body += 2  # A left trim marker.
+        if rest.startswith("/*", body):
+            # A comment runs to "*/", then closes at once ("}}", or " -}}").
+            close = rest.find("*/", body + 2)
+            if close == -1:
+                raise ValidationError("template: postfix:1: unclosed comment")
+            after = close + 2
+            if rest[after : after + 1] in _GO_SPACE and rest.startswith("-}}", after + 1):
+                after += 2
+            if not rest.startswith("}}", after):
+                raise ValidationError("template: postfix:1: comment ends before closing delimiter")
+            rest = rest[after + 2 :]
+            continue
         end = rest.find("}}", start + 2)
         if end == -1:
             raise ValidationError("template: postfix:1: unclosed action")

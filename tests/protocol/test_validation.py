@@ -230,6 +230,29 @@ def test_fragment_stores(store: str, expect: str) -> None:
         v.validate_fragment_store(store)
 
 
+@pytest.mark.parametrize(
+    ("template", "expect"),
+    [
+        # Comments may hold anything up to their "*/}}" (Go's text/template lexer): Gazette
+        # accepts these, and a listing holding one was refused whole by pygazette's client.
+        ("a{{/* }} */}}b", ""),
+        ("{{/* {{ }} */}}", ""),
+        ("{{/* }}{{ }} */}}", ""),
+        ("{{- /* x }} */ -}}/{{ .Name }}", ""),
+        ("{{/* x */}}{{ }}", "missing value for command"),
+        ("{{/* x }}", "unclosed comment"),
+        ("{{/* x */ }}", "comment ends before closing delimiter"),
+    ],
+)
+def test_postfix_template_comments(template: str, expect: str) -> None:
+    spec = minimal_spec()
+    spec.fragment.path_postfix_template = template
+    if expect:
+        assert expect in fails(v.validate_journal_spec, spec)
+    else:
+        v.validate_journal_spec(spec)
+
+
 def good_spec() -> pb.JournalSpec:
     return pb.JournalSpec(
         name="a/journal",
