@@ -314,14 +314,37 @@ def parse_template(template: str) -> list[_Node]:
                 nodes.append(template[pos:])
             return nodes
         text = template[pos:start]
-        inner_start = start + 2
+        inner_start = comment_start = start + 2
         if template[inner_start : inner_start + 1] == "-" and template[
             inner_start + 1 : inner_start + 2
         ] in (" ", "\t", "\n", "\r"):
             text = text.rstrip(" \t\r\n")
             inner_start += 1
+            comment_start += 2  # After the marker and its space.
         if text:
             nodes.append(text)
+        if template.startswith("/*", comment_start):
+            # A comment, as Go's lexer reads one: it runs to "*/" (whatever it holds, "}}"
+            # included), which the closing delimiter must follow at once (or " -}}").
+            close = template.find("*/", comment_start + 2)
+            if close == -1:
+                raise TemplateError(f"template: postfix: unclosed comment in {template[start:]}")
+            pos = close + 2
+            trim = template[pos : pos + 1] in (" ", "\t", "\n", "\r") and template.startswith(
+                "-}}", pos + 1
+            )
+            if trim:
+                pos += 2
+            if not template.startswith("}}", pos):
+                raise TemplateError(
+                    "template: postfix: comment ends before closing delimiter in "
+                    f"{template[start : pos + 2]}"
+                )
+            pos += 2
+            if trim:
+                rest = template[pos:]
+                pos += len(rest) - len(rest.lstrip(" \t\r\n"))
+            continue
         end = _find_close(template, inner_start)
         inner = template[inner_start:end]
         pos = end + 2
@@ -331,10 +354,8 @@ def parse_template(template: str) -> list[_Node]:
             pos += len(rest) - len(rest.lstrip(" \t\r\n"))
         source = "{{" + template[start + 2 : end] + "}}"
         body = inner.strip()
-        if body.startswith("/*"):
-            if not body.endswith("*/"):
-                raise TemplateError(f"template: postfix: unclosed comment in {source}")
-            continue
+        if body.startswith("/*"):  # Not at once after the delimiter: not a comment, in Go.
+            raise TemplateError(f'template: postfix: unexpected "/" in command in {source}')
         nodes.append(_Action(source, _parse_pipeline(body, source)))
 
 

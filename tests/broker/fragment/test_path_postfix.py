@@ -190,6 +190,36 @@ def test_flags_render_by_name_as_in_go(template: str, expected: str) -> None:
     assert evaluate_path_postfix(spec, FRAG, T.timestamp()) == expected
 
 
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        # A comment runs to its "*/", whatever it holds ("}}" included), as Go's lexer reads
+        # it; such templates were refused at Apply and failed to persist ("unclosed comment"),
+        # though Gazette renders them (checked with go.gazette.dev/core v0.103.0).
+        ("a{{/* }} */}}b", "ab"),
+        ("{{/* {{ }} */}}x", "x"),
+        ("{{- /* x }} */ -}}/{{ .Name }}", "examples/clicks/part-000"),
+        ("a {{- /* x */ -}} b", "ab"),
+    ],
+)
+def test_comments_read_as_in_go(template: str, expected: str) -> None:
+    check_template(_spec(template))
+    assert evaluate_path_postfix(_spec(template), FRAG, T.timestamp()) == expected
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("{{/* x }}", "unclosed comment"),
+        ("{{/* x */ }}", "comment ends before closing delimiter"),
+        ("{{ /* x */ }}", 'unexpected "/" in command'),  # Not at once after "{{": not one.
+    ],
+)
+def test_comments_refused_as_in_go(template: str, message: str) -> None:
+    with pytest.raises(TemplateError, match=message):
+        check_template(_spec(template))
+
+
 def test_specs_applied_with_content_name_before_it_was_refused_still_persist() -> None:
     spec = _spec("{{ .Spool.ContentLength }}/{{ .Spool.Fragment.ContentName }}")
     with pytest.raises(TemplateError):
