@@ -132,6 +132,11 @@ class ShardReplica:
             ctx.data_dir / SHARDS_DIR / f"{path_name(spec.id)}-{assignment.create_revision}"
         ).absolute()
         self.progress_state = Progress()
+        # Every source starts read through 0, until its checkpoint or a transaction says
+        # more (Gazette's newShard): Stat answers every source, so `gazctl shards list
+        # --lag` shows the lag of one not read yet.
+        for src in spec.sources:
+            self.progress_state.read_through[src.journal] = 0
         self.store: Store | None = None
         self.recorder: Recorder | None = None
 

@@ -43,7 +43,7 @@ import pytest
 import yaml
 from google.protobuf import json_format, text_format
 
-from pygazette.client import JournalClient, apply_journals, list_all_fragments
+from pygazette.client import JournalClient, append, apply_journals, list_all_fragments
 from pygazette.client.append_service import AppendService
 from pygazette.client.reader import Reader
 from pygazette.consumer.json_file_store import decode_document
@@ -541,6 +541,26 @@ async def test_edit(cluster: Cluster) -> None:
     assert {r["ID"]: r["TIER"] for r in rows} == {"counter-000": "<none>", "counter-001": "bronze"}
     # The shards kept running throughout.
     await cluster.wait_serving(*SHARDS)
+
+
+async def test_lag_of_sources_not_read_yet(cluster: Cluster) -> None:
+    """`--lag` names every source of a shard, as against Gazette's consumers (whose Stat
+    answers each source from the shard's start, at 0 until read): here in-a has nothing,
+    and in-b only a message still incomplete (no newline), which no transaction has read."""
+    cluster.add_consumer()
+    await cluster.gazctl("apply", "--specs", str(cluster.shardspace()))
+    await cluster.wait_serving(*SHARDS)
+    async with JournalClient(cluster.broker.url) as client:
+        await append(client, "shards/in-b", b'{"key": "k')
+
+    rows = parse_table((await cluster.gazctl("list", "--lag")).stdout)
+    assert {r["ID"]: r["LAG"] for r in rows} == {
+        "counter-000": "shards/in-a:0",
+        "counter-001": "shards/in-b:10",
+    }
+    async with ShardClient(cluster.consumer_url) as shards:
+        stat = await shards.stat("counter-001", {}, within=WAIT)
+    assert dict(stat.read_through) == {"shards/in-b": 0}
 
 
 async def test_unassign(cluster: Cluster) -> None:
