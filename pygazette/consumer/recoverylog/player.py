@@ -433,7 +433,9 @@ class Player:
                 ) from None
 
             if handoff and op is not None and op.author == handoff:
-                if state is not _State.READ_HANDOFF:
+                # Read back after injecting it; or, reading on to try again, a copy of a no-op
+                # that lost the race, appended twice by a retry whose first attempt committed.
+                if state not in (_State.READ_HANDOFF, _State.INJECT_HANDOFF):
                     raise PlayerError(f"read an op of hand-off author {handoff} in {state}")
                 if applied:
                     # Our no-op sequenced: the log is ours from here on.

@@ -282,6 +282,43 @@ async def test_handoff_retries_after_losing_a_race(
     assert fsm.next_seq_no == rec.fsm.next_seq_no + 2
 
 
+async def test_handoff_after_losing_a_race_with_a_retried_noop(
+    client: JournalClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The no-op loses a race (as above), and its append was retried, its first attempt
+    having committed (a response lost to a broker restart): the log holds the no-op twice.
+    Reading on to the head to try again, the player meets the duplicate (of its own author,
+    not sequenced) and must go on, not fail the hand-off."""
+    log = await new_log(client)
+    rec = await take_over(client, rpb.FSMHints(log=log), tmp_path / "rec", Author(77))
+    Files(rec).create("a", b"aaa")
+    await rec.commit()
+
+    real_append = player_module.append_to_log
+    raced: list[int] = []
+
+    async def racing_then_retried(client: JournalClient, journal: str, data: Any, **kw: Any) -> Any:
+        if kw.get("union_registers") is None or raced:
+            return await real_append(client, journal, data, **kw)
+        # Another (unfenced) writer's op, sequenced where the no-op would go.
+        op = rpb.RecordedOp(seq_no=rec.fsm.next_seq_no, checksum=rec.fsm.next_checksum, author=77)
+        resp = await append(client, log, encode_fixed_frame(op.SerializeToString()))
+        raced.append(resp.commit.begin)
+        await real_append(client, journal, data, **kw)  # Committed; its response lost.
+        return await real_append(client, journal, data, **kw)  # The retry.
+
+    monkeypatch.setattr(player_module, "append_to_log", racing_then_retried)
+    player = Player(client, rec.build_hints(), tmp_path / "new")
+    player.inject_handoff(88)
+    fsm = await asyncio.wait_for(player.play(), 30)
+    assert raced
+    handoffs = [at for at, op in await read_ops(client, log) if op.author == 88]
+    assert len(handoffs) == 3  # Two copies mis-sequenced, then one applied.
+    assert fsm.read_through > handoffs[2]
+    assert tree(tmp_path / "new") == {"a": b"aaa"}
+    assert fsm.next_seq_no == rec.fsm.next_seq_no + 2
+
+
 async def test_recovery_from_hints_reads_only_live_segments(
     client: JournalClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
