@@ -438,6 +438,11 @@ class JournalService(pb_grpc.JournalServicer):
                 )
                 if res.status != pb.OK:
                     return pb.FragmentsResponse(status=res.status, header=res.header)
+                assert res.spec is not None
+                if not journal_spec_flags_allow_read(res.spec):
+                    # As Gazette's: the fragments of a journal that may not be read are not
+                    # listed either (they would name its content's URLs).
+                    return pb.FragmentsResponse(status=pb.NOT_ALLOWED, header=res.header)
                 if not res.local:
                     forwarded = pb.FragmentsRequest()
                     forwarded.CopyFrom(request)
@@ -460,6 +465,8 @@ class JournalService(pb_grpc.JournalServicer):
                 return pb.FragmentsResponse(
                     status=pb.JOURNAL_NOT_FOUND, header=self.resolver.header(routed=False)
                 )
+            if not journal_spec_flags_allow_read(replica.spec):
+                return pb.FragmentsResponse(status=pb.NOT_ALLOWED, header=header)
             failure = await first_listing_or_invalidated(replica, invalidated)
             if failure is not None:
                 break

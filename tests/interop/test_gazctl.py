@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.interop.conftest import BROKER_ID
 from tests.interop.scenario import record_content
 from tests.support.broker_process import BrokerProcess
-from tests.support.gazette_process import GazetteBinaries, GazetteBroker
+from tests.support.gazette_process import EtcdServer, GazetteBinaries, GazetteBroker
 
 JOURNALSPACE = """
 name: ctl/
@@ -285,3 +287,59 @@ def test_gazctl_sessions_match(
         "list bad selector",
         "append unknown",
     }
+
+
+WRITE_ONLY = """
+name: ctl/write-only
+replication: 1
+flags: O_WRONLY
+fragment:
+  length: 1024
+  compression_codec: NONE
+  stores:
+  - file:///
+  refresh_interval: 1s
+"""
+
+
+def test_fragments_of_a_journal_that_may_not_be_read(
+    binaries: GazetteBinaries,
+    pygazette: BrokerProcess,
+    gazette: GazetteBroker,
+    etcd: EtcdServer,
+    tmp_path: Path,
+) -> None:
+    """`journals fragments` of an O_WRONLY journal fails NOT_ALLOWED, as reads of it do (its
+    fragments would name its content's URLs), on Gazette's broker and on pygazette's, alone
+    or on etcd."""
+    clustered = BrokerProcess(
+        tmp_path / "clustered" / "data",
+        extra_args=[
+            *("--id", BROKER_ID, "--zone", "local", "--etcd", etcd.url),
+            *("--etcd-prefix", f"/write-only-{uuid.uuid4().hex[:8]}"),
+        ],
+    )
+    clustered.data_dir.parent.mkdir(parents=True)
+    clustered.start()
+    try:
+        outcomes = []
+        for name, url in [
+            ("gazette", gazette.url),
+            ("pygazette", pygazette.url),
+            ("pygazette on etcd", clustered.url),
+        ]:
+            s = session(binaries.gazctl, url, tmp_path, tmp_path / name)
+            specs = s.work / "journalspace.yaml"
+            specs.write_text(WRITE_ONLY)
+            assert s.run("journals", "apply", "--specs", str(specs)).returncode == 0
+            wait_assigned(s)
+            s.step("append", "journals", "append", "-l", "name=ctl/write-only", stdin=b"x\n")
+            s.step("fragments", "journals", "fragments", "-l", "name=ctl/write-only")
+            outcomes.append((name, s.steps))
+    finally:
+        clustered.kill()
+    (_, gazettes), *others = outcomes
+    assert [step["exit"] for _, step in gazettes] == [0, 1]  # type: ignore[index]
+    assert "NOT_ALLOWED" in gazettes[1][1]["stderr"]  # type: ignore[index]
+    for name, steps in others:
+        assert steps == gazettes, name
