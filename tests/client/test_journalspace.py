@@ -173,6 +173,7 @@ children:
   children:
   - name: shared/bbb/x
     labels: [{name: tier, value: silver}]
+    revision: 5
   - name: shared/bbb/y
     delete: false
     revision: 7
@@ -193,6 +194,7 @@ children:
     assert a111.upsert.labels == label_set({"team": "data", "tier": "gold"})
     assert a111.expect_mod_revision == 0
     assert bx.delete == "shared/bbb/x" and not bx.HasField("upsert")
+    assert bx.expect_mod_revision == 5  # A delete names its revision (gazctl's rule).
     assert by.upsert.replication == 2
     assert by.expect_mod_revision == 7
     assert by.upsert.labels == label_set({"team": "data", "tier": "gold"})
