@@ -103,7 +103,7 @@ class JournalService(pb_grpc.JournalServicer):
         min_revision = 0
         if request.HasField("watch_resume"):
             min_revision = request.watch_resume.etcd.revision + 1
-        last: tuple[int, int, tuple[bytes, ...]] = (-1, -1, ())
+        last: tuple[int, int] = (-1, -1)
         # As Gazette's: a selector including one name (or name prefix) is answered from the
         # journals whose names begin with it (keys are in name order), not all of them.
         names = label_values(rewrite_prefix_meta_label(request.selector).include, "name")
@@ -134,18 +134,17 @@ class JournalService(pb_grpc.JournalServicer):
                         continue
                 if selected(spec) and journal_permitted(spec, rewrite_prefix=True):
                     matched.append((spec, kv.mod_revision, kv.create_revision))
-            routes = self._routes([spec.name for spec, _, _ in matched])
             if request.watch:
-                # Unchanged specs (count and max mod revision) and routes: an unchanged
-                # snapshot, not sent again.
-                current = (
-                    len(matched),
-                    max((rev for _, rev, _ in matched), default=-1),
-                    tuple(r.SerializeToString(deterministic=True) for r in routes),
-                )
+                # As Gazette's: a new snapshot only when the matching specs changed (their
+                # count or greatest mod revision), not when routes alone did. Watchers
+                # (WatchedList: gazctl's reads and appends, publishers' mappings) follow the
+                # journal set; a route change (a broker joining or leaving moves every
+                # journal's) must not push every matching journal to each of them again.
+                current = (len(matched), max((rev for _, rev, _ in matched), default=-1))
                 if current == last:
                     continue
                 last = current
+            routes = self._routes([spec.name for spec, _, _ in matched])
             resp = pb.ListResponse(status=pb.OK, header=header)
             for (spec, rev, created), route in zip(matched, routes, strict=True):
                 if len(resp.journals) == LIST_CHUNK:

@@ -7,13 +7,21 @@ revisions, process ids and times are masked.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
+from pygazette.protocol.labels import label_set
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.selector import parse_selector
 from tests.interop.conftest import BROKER_ID
 from tests.interop.scenario import record_content
 from tests.support.broker_process import BrokerProcess
@@ -343,3 +351,90 @@ def test_fragments_of_a_journal_that_may_not_be_read(
     assert "NOT_ALLOWED" in gazettes[1][1]["stderr"]  # type: ignore[index]
     for name, steps in others:
         assert steps == gazettes, name
+
+
+async def _watched_snapshots(url: str, prefix: str) -> list[list[tuple[str, str]]]:
+    """Snapshots of a List watch of `prefix` (journal names and their `version` label)
+    while a journal is created, assigned a route, and then relabeled."""
+
+    def spec(version: str) -> pb.JournalSpec:
+        labels = label_set({"version": version})
+        out = pb.JournalSpec(name=f"{prefix}one", replication=1, labels=labels)
+        out.fragment.length = 1024
+        out.fragment.refresh_interval.seconds = 1
+        out.fragment.compression_codec = pb.NONE
+        return out
+
+    snapshots: list[list[tuple[str, str]]] = []
+    arrived = asyncio.Event()
+    async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        selector = parse_selector(f"prefix={prefix}")
+        stream = stub.List(pb.ListRequest(selector=selector, watch=True))
+
+        async def collect() -> None:
+            # A snapshot: a first response (its status and header), more journals, and a
+            # response without journals, its end.
+            pending: list[tuple[str, str]] | None = None
+            async for resp in stream:
+                journals = [(j.spec.name, j.spec.labels.labels[0].value) for j in resp.journals]
+                if pending is None:
+                    pending = journals
+                elif journals:
+                    pending += journals
+                else:
+                    snapshots.append(pending)
+                    pending = None
+                    arrived.set()
+
+        async def until(cond: Callable[[], bool]) -> None:
+            async with asyncio.timeout(TIMEOUT):
+                while not cond():
+                    arrived.clear()
+                    await arrived.wait()
+
+        async def assigned() -> int:
+            """The journal's mod revision once it has a primary (else 0)."""
+            async for resp in stub.List(pb.ListRequest(selector=selector)):
+                for j in resp.journals:
+                    if j.route.primary == 0:
+                        return int(j.mod_revision)
+            return 0
+
+        task = asyncio.create_task(collect())
+        try:
+            await until(lambda: len(snapshots) == 1)
+            change = pb.ApplyRequest.Change(upsert=spec("1"), expect_mod_revision=0)
+            assert (await stub.Apply(pb.ApplyRequest(changes=[change]))).status == pb.OK
+            async with asyncio.timeout(TIMEOUT):
+                while not (revision := await assigned()):  # noqa: ASYNC110 (polls List)
+                    await asyncio.sleep(0.05)
+            change = pb.ApplyRequest.Change(upsert=spec("2"), expect_mod_revision=revision)
+            assert (await stub.Apply(pb.ApplyRequest(changes=[change]))).status == pb.OK
+            await until(lambda: bool(snapshots) and snapshots[-1] == [(f"{prefix}one", "2")])
+        finally:
+            task.cancel()
+    return snapshots
+
+
+def test_a_watch_sends_a_snapshot_per_spec_change_not_per_route_change(
+    pygazette: BrokerProcess, gazette: GazetteBroker, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """`gazctl journals list --watch` (and every WatchedList: gazctl's reads, publishers'
+    mappings) gets a new snapshot when a matching spec changes, as from Gazette's broker,
+    not again when only a route does (here: the new journal's assignment)."""
+    clustered = BrokerProcess(
+        tmp_path / "clustered" / "data",
+        extra_args=[
+            *("--id", BROKER_ID, "--zone", "local", "--etcd", etcd.url),
+            *("--etcd-prefix", f"/watch-{uuid.uuid4().hex[:8]}"),
+        ],
+    )
+    clustered.data_dir.parent.mkdir(parents=True)
+    clustered.start()
+    try:
+        expected = [[], [("watch/one", "1")], [("watch/one", "2")]]
+        for url in (gazette.url, clustered.url, pygazette.url):
+            assert asyncio.run(_watched_snapshots(url, "watch/")) == expected, url
+    finally:
+        clustered.kill()
