@@ -328,7 +328,19 @@ async def settle_shards(
     deadline = time.monotonic() + within
     out: dict[str, dict[str, int]] = {}
     async with ShardClient(consumer) as shards:
-        for shard in await shards.list_shards(within=within):
+        attempt = 0
+        while True:
+            try:
+                listed = await shards.list_shards(within=max(0.1, deadline - time.monotonic()))
+                break
+            except Exception as exc:
+                # The consumer asked may be restarting (its process killed or frozen).
+                if not _transient_stat_error(exc) or time.monotonic() >= deadline:
+                    raise RuntimeError(f"listing shards at {consumer}: {exc!r}") from exc
+                log.info("shard list (will retry)", extra={"consumer": consumer})
+                await asyncio.sleep(backoff(attempt))
+                attempt += 1
+        for shard in listed:
             read_through = {
                 src.journal: published[src.journal]
                 for src in shard.spec.sources
@@ -349,7 +361,10 @@ async def settle_shards(
                     # The primary may be handing off (stopped, not yet assigned, or its
                     # process gone): ask again until the deadline, as for a sum.
                     if not _transient_stat_error(exc) or time.monotonic() >= deadline:
-                        raise
+                        raise RuntimeError(
+                            f"shard {shard.spec.id} did not read through {read_through} "
+                            f"within {within:g} s: {exc!r}"
+                        ) from exc
                     log.info("shard stat (will retry)", extra={"shard": shard.spec.id})
                     await asyncio.sleep(backoff(attempt))
                     attempt += 1
