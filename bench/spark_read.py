@@ -19,6 +19,13 @@ same schema (see bench/spark_kafka.py for exactly what is measured).
     python bench/spark_read.py --vs-kafka [--quick] [--records N] [--runs N] [--partitions N]
     python bench/spark_read.py --cluster [--quick] [--records N] [--runs N]
 
+With ``--read-committed``, instead: batch reads of transactional records (JSON with a
+``uuid`` field; each transaction of ``--txn`` messages ends with its ACK) with option
+``readCommitted``, beside the same read without it (every record, ACKs included) in the same
+run: what deciding each message by its UUID costs.
+
+    python bench/spark_read.py --read-committed [--quick] [--records N] [--runs N] [--txn N]
+
 With ``--cluster``, instead: batch reads on a standalone Spark cluster (a master and two
 one-core workers on loopback, tests/support/spark_cluster.py), by an application allowed one
 executor core (one worker) and then two (both workers), rows/s of each, the gazette source
@@ -304,6 +311,14 @@ def main() -> None:
         action="store_true",
         help="instead: batch reads on a standalone cluster with one worker, then two",
     )
+    parser.add_argument(
+        "--read-committed",
+        action="store_true",
+        help="instead: batch reads with option readCommitted beside reads without it",
+    )
+    parser.add_argument(
+        "--txn", type=int, default=100, help="--read-committed: messages per transaction"
+    )
     args = parser.parse_args()
     rows = args.records or (200_000 if args.quick else 1_000_000)
     runs = args.runs or (2 if args.quick else 3)
@@ -311,6 +326,8 @@ def main() -> None:
         sys.exit(main_vs_kafka(rows, runs, args.partitions))
     if args.cluster:
         sys.exit(main_cluster(rows, runs))
+    if args.read_committed:
+        sys.exit(main_read_committed(rows, runs, args.txn))
 
     with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-") as tmp:
         scratch = Path(tmp)
@@ -343,6 +360,91 @@ def main() -> None:
             spark.stop()
             broker.stop()
     print(json.dumps(result, indent=2))
+
+
+def transactional_blocks(rows: int, txn: int, step: int = 50_000) -> list[bytes]:
+    """`rows` records as messages of one producer, in transactions of `txn` messages each
+    followed by its ACK (a line holding only the UUID)."""
+    from pygazette.message.uuid import ACK_TXN, CONTINUE_TXN, UUIDFormatter
+
+    fmt = UUIDFormatter(b"\x01\x02\x03\x04\x05\x06")
+    pages = ["/", "/docs", "/pricing", "/blog"]
+    blocks: list[bytes] = []
+    lines: list[bytes] = []
+    for i in range(rows):
+        uuid = fmt.format(i + 1, CONTINUE_TXN).encode()
+        lines.append(
+            b'{"uuid":"%s","id":%d,"user":"user-%03d","page":"%s","ms":%d,"ok":%s}\n'
+            % (uuid, i, i % 997, pages[i % 4].encode(), i % 1000, b"true" if i % 3 else b"false")
+        )
+        if (i + 1) % txn == 0 or i + 1 == rows:
+            lines.append(b'{"uuid":"%s"}\n' % fmt.format(i + 1, ACK_TXN).encode())
+        if len(lines) >= step:
+            blocks.append(b"".join(lines))
+            lines = []
+    if lines:
+        blocks.append(b"".join(lines))
+    return blocks
+
+
+def main_read_committed(rows: int, runs: int, txn: int) -> int:
+    """Batch reads with readCommitted beside reads without it; one JSON document."""
+    with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-rc-") as tmp:
+        scratch = Path(tmp)
+        broker = Broker(scratch / "data")
+        journal = "bench/spark/transactions"
+        broker.start()
+        with SyncJournalClient(broker.url) as client:
+            create(client, spec(journal))
+            for block in transactional_blocks(rows, txn):
+                client.append(journal, block)
+        broker.stop()  # Persists the last spool: every record is in a fragment file.
+        broker.start()
+        file_root = str(scratch / "data" / "fragments")
+        acks = -(-rows // txn)
+        spark = session(scratch)
+        try:
+
+            def read(committed: bool) -> DataFrame:
+                return (
+                    spark.read.format("gazette")
+                    .schema(SCHEMA)
+                    .option("broker", broker.url)
+                    .option("journals", journal)
+                    .option("framing", "json")
+                    .option("fileRoot", file_root)
+                    .option("readCommitted", str(committed).lower())
+                    .load()
+                )
+
+            committed, every = read(True), read(False)
+            assert committed.count() == rows and every.count() == rows + acks
+            noop(committed)
+            noop(every)  # Warm both up.
+            t_committed, t_every = [], []
+            for _ in range(runs):  # Interleaved, so both see the same machine load.
+                t_committed.append(timed(lambda: noop(committed)))
+                t_every.append(timed(lambda: noop(every)))
+        finally:
+            spark.stop()
+            broker.stop()
+    committed_rps = rows / min(t_committed)
+    every_rps = (rows + acks) / min(t_every)
+    print(
+        json.dumps(
+            {
+                "benchmark": "spark_read --read-committed",
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "data": {"messages": rows, "transaction_messages": txn, "acks": acks},
+                "baseline": "the same journal read without readCommitted, same run",
+                "read_committed_rows_per_s": round(committed_rps),
+                "every_record_rows_per_s": round(every_rps),
+                "ratio": round(committed_rps / every_rps, 3),
+            },
+            indent=2,
+        )
+    )
+    return 0
 
 
 def main_cluster(rows: int, runs: int) -> int:
