@@ -35,8 +35,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import orjson
+
 from pygazette.message.framing import Framing as MessageFraming
 from pygazette.message.framing import MessageDecodeError
+from pygazette.message.json_framing import JSONFraming
 from pygazette.message.uuid import ACK_TXN, CONTINUE_TXN, parse_uuid_text
 
 log = logging.getLogger(__name__)
@@ -49,11 +52,18 @@ def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int
     """(producer, clock, flags) of a record's message; clock 0 when it has no UUID, or when it
     does not decode (the row's own parsing reports that, as without readCommitted)."""
     try:
-        text = framing.get_uuid(framing.unmarshal(payload))
+        if type(framing) is JSONFraming and framing.decode is None:
+            # JSONFraming's own reading, inline (as its `envelopes`): one call per record.
+            msg = orjson.loads(payload)
+            text = msg.get(framing.uuid_field) if type(msg) is dict else None
+            if type(text) is not str or not text:
+                text = framing.get_uuid(msg)  # Another case of the name; or refused.
+        else:
+            text = framing.get_uuid(framing.unmarshal(payload))
         if text is None:
             return _NO_UUID
         return parse_uuid_text(text)
-    except (MessageDecodeError, ValueError):
+    except (MessageDecodeError, ValueError):  # orjson's decode error is a ValueError.
         return _NO_UUID
 
 

@@ -118,6 +118,8 @@ def test_uuids_of_records() -> None:
     assert uuid_parts(framing, b'{"n": 1}')[1] == 0  # No UUID: commits at once.
     assert uuid_parts(framing, b"not json")[1] == 0  # Parsing the row reports it.
     assert uuid_parts(framing, b'{"uuid": "not-a-uuid"}')[1] == 0
+    assert uuid_parts(framing, b'{"uuid": 5}')[1] == 0  # Not a string: as no UUID.
+    assert uuid_parts(framing, b'[1, 2]')[1] == 0
 
 
 # Against a real broker and Spark local[2] --------------------------------------------------
