@@ -255,11 +255,15 @@ class ObjectStore(FragmentStore):
 def _refused(exc: BaseException) -> bool:
     """Whether the store refused for want of authorization, as Gazette's S3, GCS and Azure
     stores' IsAuthError tell: denied, unauthenticated, or no such bucket or container (which
-    obstore reports as an object not found)."""
+    obstore reports as an object not found). The code is read as the answer's error code
+    (<Code>...</Code>), not anywhere in the message, which names the object's key."""
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return True
     text = str(exc)
-    return any(code in text for code in ("NoSuchBucket", "AccessDenied", "ContainerNotFound"))
+    return any(
+        f"<Code>{code}</Code>" in text
+        for code in ("NoSuchBucket", "AccessDenied", "ContainerNotFound")
+    )
 
 
 def _past_end(exc: BaseException) -> bool:

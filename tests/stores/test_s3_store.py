@@ -118,6 +118,19 @@ async def test_a_missing_bucket_or_denied_request_is_an_auth_error(
     assert type(denied._error("get", "j/x", FileNotFoundError("gone"))) is StoreNotFound
 
 
+async def test_a_missing_object_whose_key_names_an_auth_error_code_is_not_found(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    # The error codes are read from the store's answer (<Code>...</Code>), not from anywhere
+    # in the message, which names the key: a fragment of a journal 'logs/AccessDenied' gone
+    # from the store (retention) is not found (a read refreshes its index and goes on), not
+    # a refusal.
+    store = _open(s3_server.store_url(s3_server.create_bucket()), tmp_path)
+    for name in ("AccessDenied", "NoSuchBucket", "ContainerNotFound"):
+        with pytest.raises(StoreNotFound):
+            await store.read(f"logs/{name}/0000000000000000-0000000000000001-x.raw")
+
+
 async def test_unreachable_endpoint_fails_fast(s3_server: S3Server, tmp_path: Path) -> None:
     bucket = s3_server.create_bucket()
     proxy = TcpProxy(s3_server.port)
