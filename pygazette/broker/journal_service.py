@@ -51,6 +51,7 @@ from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.selector import journal_matcher, rewrite_prefix_meta_label
 from pygazette.protocol.validation import (
     journal_spec_flags_allow_read,
+    repeated_change,
     validate_apply_request,
     validate_fragment_store_health_request,
     validate_fragments_request,
@@ -175,20 +176,12 @@ class JournalService(pb_grpc.JournalServicer):
     async def Apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_apply_request, request, context)
         await _validate(check_apply_request, request, context)  # Templates we can render.
+        names = [c.upsert.name if c.HasField("upsert") else c.delete for c in request.changes]
+        if problem := repeated_change("journal", names):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
-        changed: dict[str, int] = {}  # Journal -> index of its change.
-        for i, change in enumerate(request.changes):
-            name = change.upsert.name if change.HasField("upsert") else change.delete
-            if (first := changed.setdefault(name, i)) != i:
-                # One etcd transaction holds one operation per key ("duplicate key given in txn
-                # request"), so Gazette's Apply fails whole; the embedded keyspace would apply
-                # both in turn.
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Changes[{i}]: journal {name} is in more than one change of the request "
-                    f"(also Changes[{first}]; at most one per journal)",
-                )
+        for change, name in zip(request.changes, names, strict=True):
             if not (
                 journal_permitted(change.upsert)
                 if change.HasField("upsert")
@@ -250,12 +243,7 @@ class JournalService(pb_grpc.JournalServicer):
         self, request: pb.ReadRequest, context: Context
     ) -> AsyncIterator[pb.ReadResponse]:
         assert self.cluster is not None
-        res = await self._resolve(
-            context,
-            request.journal,
-            may_proxy=not request.do_not_proxy,
-            proxy_header=request.header if request.HasField("header") else None,
-        )
+        res = await self._resolve(context, request)
         if res.status != pb.OK:
             yield pb.ReadResponse(status=res.status, header=res.header)
             return
@@ -345,14 +333,10 @@ class JournalService(pb_grpc.JournalServicer):
         return read
 
     async def _resolve(
-        self,
-        context: Context,
-        journal: str,
-        *,
-        may_proxy: bool,
-        proxy_header: pb.Header | None,
+        self, context: Context, request: pb.ReadRequest | pb.FragmentsRequest
     ) -> Resolution:
-        """Resolve a read: to the primary (or, with do_not_proxy, this member).
+        """Resolve a read (or a listing of fragments): to the primary (or, with do_not_proxy,
+        this member).
 
         Reads are served by a journal's primary, so the head readers see never moves back
         (see `cluster_resolver`). While a journal has members but no primary (the allocator
@@ -360,11 +344,13 @@ class JournalService(pb_grpc.JournalServicer):
         """
         assert self.cluster is not None
         resolver = self.cluster.resolver
+        may_proxy = not request.do_not_proxy
+        proxy_header = request.header if request.HasField("header") else None
         deadline = time.monotonic() + NO_PRIMARY_WAIT_SECONDS
         try:
             while True:
                 res = await resolver.resolve_journal(
-                    journal,
+                    request.journal,
                     require_primary=False,
                     may_proxy=may_proxy,
                     prefer_primary=True,
@@ -429,12 +415,7 @@ class JournalService(pb_grpc.JournalServicer):
         while True:
             header = self.resolver.header()
             if self.cluster is not None:
-                res = await self._resolve(
-                    context,
-                    request.journal,
-                    may_proxy=not request.do_not_proxy,
-                    proxy_header=request.header if request.HasField("header") else None,
-                )
+                res = await self._resolve(context, request)
                 if res.status != pb.OK:
                     return pb.FragmentsResponse(status=res.status, header=res.header)
                 assert res.spec is not None

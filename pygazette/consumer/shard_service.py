@@ -68,6 +68,7 @@ from pygazette.protocol.shard_validation import (
     validate_stat_request,
     validate_unassign_request,
 )
+from pygazette.protocol.validation import repeated_change
 
 log = logging.getLogger(__name__)
 
@@ -225,19 +226,12 @@ class ShardService(cpb_grpc.ShardServicer):
     # Apply.
     async def Apply(self, request: cpb.ApplyRequest, context: Context) -> cpb.ApplyResponse:  # type: ignore[override]
         await _validate(validate_shard_apply_request, request, context)
+        shards = [c.upsert.id if c.HasField("upsert") else c.delete for c in request.changes]
+        if problem := repeated_change("shard", shards):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
-        changed: dict[str, int] = {}  # Shard -> index of its change.
-        for i, change in enumerate(request.changes):
-            shard = change.upsert.id if change.HasField("upsert") else change.delete
-            if (first := changed.setdefault(shard, i)) != i:
-                # One etcd transaction holds one operation per key ("duplicate key given in
-                # txn request"), so Gazette's Apply fails whole.
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Changes[{i}]: shard {shard} is in more than one change of the request "
-                    f"(also Changes[{first}]; at most one per shard)",
-                )
+        for change, shard in zip(request.changes, shards, strict=True):
             # Upserts are authorized on the shard's labels, deletes on its id alone.
             if not labels_permitted(
                 shard_label_set_ext(change.upsert)

@@ -343,11 +343,9 @@ class EtcdKeyspace(Keyspace):
         delay = 0.05
         async with asyncio.timeout(within):
             while True:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await self.wait_for_revision(revision, delay)
                     return
-                except TimeoutError:
-                    pass
                 if await self._unchanged_through(revision):
                     return
                 delay = min(delay * 2, 1.0)

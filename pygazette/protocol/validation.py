@@ -15,7 +15,7 @@ import ipaddress
 import re
 import unicodedata
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from google.protobuf import duration_pb2
@@ -159,6 +159,21 @@ def _ascii_token(symbols: str) -> re.Pattern[str]:
     """ASCII tokens over `symbols`: among ASCII characters, Unicode's letters and numbers
     are exactly A-Z, a-z and 0-9, so this matches what the per-character check accepts."""
     return re.compile("[A-Za-z0-9" + re.escape(symbols) + "]*")
+
+
+def repeated_change(kind: str, names: Iterable[str]) -> str:
+    """Why an Apply request that names one journal or shard (`kind`) in two changes fails
+    ("" if none does): one etcd transaction holds one operation per key ("duplicate key
+    given in txn request"), so Gazette's Apply fails whole; the embedded keyspace would
+    apply both in turn."""
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if (j := first.setdefault(name, i)) != i:
+            return (
+                f"Changes[{i}]: {kind} {name} is in more than one change of the request "
+                f"(also Changes[{j}]; at most one per {kind})"
+            )
+    return ""
 
 
 def validate_token(value: str, field: str, symbols: str, min_len: int, max_len: int) -> None:
