@@ -25,11 +25,15 @@ def test_serve_raises_the_soft_open_file_limit(tmp_path: Path) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(256, hard)
 
-    def lower() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
-
+    # util-linux's prlimit sets the limit and execs serve (same pid). Not preexec_fn: it
+    # makes CPython fork a worker that may have gRPC threads running, and such a child
+    # can crash before it execs.
+    limit = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     proc = subprocess.Popen(
         [
+            "prlimit",
+            f"--nofile={low}:{limit}",
+            "--",
             sys.executable,
             "-m",
             "pygazette.cli.main",
@@ -39,7 +43,6 @@ def test_serve_raises_the_soft_open_file_limit(tmp_path: Path) -> None:
             "--data-dir",
             str(tmp_path / "data"),
         ],
-        preexec_fn=lower,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

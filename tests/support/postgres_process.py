@@ -80,11 +80,25 @@ class PostgresProcess:
     def dsn(self) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
-    def _uid_gid(self) -> tuple[int | None, int | None, list[int] | None]:
-        """(user, group, extra_groups) for subprocess: the server user's, or ours."""
+    def _as_server_user(self, argv: list[str]) -> list[str]:
+        """`argv` run as the server user, through util-linux's `setpriv` when we are root.
+
+        Not subprocess's `user=`/`group=`: with those, CPython forks instead of vforking,
+        and a fork of a test worker that has gRPC threads running can crash the child
+        before it execs (gRPC's fork handlers are skipped while other threads call into
+        gRPC; CI saw initdb die with SIGSEGV and an epoll error). `setpriv` is exec'd like
+        any other program and changes user itself.
+        """
         if self.user is None:
-            return None, None, None
-        return self.user.pw_uid, self.user.pw_gid, []
+            return argv
+        return [
+            "setpriv",
+            f"--reuid={self.user.pw_uid}",
+            f"--regid={self.user.pw_gid}",
+            "--clear-groups",
+            "--",
+            *argv,
+        ]
 
     def start(self, timeout: float = 60.0) -> None:
         try:
@@ -98,24 +112,22 @@ class PostgresProcess:
         if self.user is not None:
             os.chown(self.base, self.user.pw_uid, self.user.pw_gid)
         env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
-        uid, gid, groups = self._uid_gid()
         initdb = subprocess.run(
-            [
-                str(self.bin_dir / "initdb"),
-                "-D",
-                str(self.data_dir),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--no-sync",
-            ],
+            self._as_server_user(
+                [
+                    str(self.bin_dir / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-sync",
+                ]
+            ),
             cwd=self.base,
             env=env,
             capture_output=True,
-            user=uid,
-            group=gid,
-            extra_groups=groups,
         )
         if initdb.returncode != 0:
             raise RuntimeError(
@@ -125,42 +137,40 @@ class PostgresProcess:
 
     def _run(self, timeout: float) -> None:
         env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
-        uid, gid, groups = self._uid_gid()
         port = self._port.peek()
         offset = log_size(self.log_path)  # This start's output begins here.
         log = open(self.log_path, "ab")
         if self.user is not None:
             os.chown(self.log_path, self.user.pw_uid, self.user.pw_gid)
         self.proc = subprocess.Popen(
-            [
-                str(self.bin_dir / "postgres"),
-                "-D",
-                str(self.data_dir),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-k",
-                str(self.base),
-                # A throwaway server: no durability, small footprint.
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-                "-c",
-                "shared_buffers=16MB",
-                "-c",
-                "max_connections=40",
-            ],
+            self._as_server_user(
+                [
+                    str(self.bin_dir / "postgres"),
+                    "-D",
+                    str(self.data_dir),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-k",
+                    str(self.base),
+                    # A throwaway server: no durability, small footprint.
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "shared_buffers=16MB",
+                    "-c",
+                    "max_connections=40",
+                ]
+            ),
             cwd=self.base,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            user=uid,
-            group=gid,
-            extra_groups=groups,
         )
         log.close()
         try:
