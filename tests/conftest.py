@@ -7,6 +7,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+
+# Before anything imports grpc: a test worker runs gRPC threads (in-process servers, clients,
+# Spark's loop) and forks children (PySpark's Java gateway through preexec_fn, servers started
+# as another user). With gRPC's fork support on (its default), a fork while other threads are
+# in a call skips gRPC's fork handlers and the child can crash in gRPC's poller before it execs
+# (CI saw initdb die of SIGSEGV). grpc.aio does not support fork anyway; children only exec.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
