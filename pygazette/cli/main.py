@@ -24,6 +24,12 @@ from collections.abc import Sequence
 
 import click
 
+# Before grpc loads (subcommands import it lazily): brokers and consumers are grpc.aio
+# processes, which gRPC's fork support does not cover, and an application a consumer runs may
+# fork children that exec (subprocess with preexec_fn). With fork support on, such a child
+# can crash in gRPC's poller before it execs (tests/support/test_fork_safety.py).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from pygazette.auth.configured import AUTH_KEYS_ENV, AUTH_TOKEN_ENV, authorizer_from
 from pygazette.cli.client_settings import CliState
 from pygazette.cli.lazy_group import LazyCommand, LazyGroup
