@@ -139,6 +139,10 @@ def _reduce(a: Segment, b: Segment) -> Segment:
     return replace(a, first_offset=first_offset, last_seq_no=last_seq_no, last_offset=last_offset)
 
 
+def _first_seq_no(segment: Segment) -> int:
+    return segment.first_seq_no
+
+
 class SegmentSet(Sequence[Segment]):
     """Ordered, non-overlapping segments (see the module docstring)."""
 
@@ -157,8 +161,9 @@ class SegmentSet(Sequence[Segment]):
         """
         segment.validate()
         segs = self._segments
-        keys = [s.first_seq_no for s in segs]
-        begin = bisect.bisect_left(keys, segment.first_seq_no)
+        # Searched by key, not through a list of every segment's key: hints add each of
+        # their segments in turn, so that list made parsing hints quadratic in their files.
+        begin = bisect.bisect_left(segs, segment.first_seq_no, key=_first_seq_no)
 
         # At most one preceding segment can reduce with `segment` (starts strictly increase).
         if begin > 0:

@@ -247,3 +247,33 @@ def test_intersection_checks() -> None:
         model().intersect(A, 10, 5)
     with pytest.raises(ValueError):
         model().intersect(B, 0, 5)
+
+
+def test_hints_of_many_files_parse_in_linear_time() -> None:
+    """Hints add each file's segments to one set in turn: 80,000 files (disjoint segments of
+    alternating authors) take about half a CPU second, where an add that listed every
+    segment's key (quadratic in the files) took about 30."""
+    import time
+
+    from pygazette.consumer.recoverylog import FSM
+    from pygazette.protocol.pb import recoverylog_pb2 as rpb
+
+    hints = rpb.FSMHints(log=A)
+    for i in range(80_000):
+        seq = 1 + 2 * i
+        hints.live_nodes.add(
+            fnode=seq,
+            segments=[
+                rpb.Segment(
+                    author=1 + i % 2,
+                    first_seq_no=seq,
+                    last_seq_no=seq,
+                    first_offset=10 * i,
+                    last_offset=10 * i + 10,
+                )
+            ],
+        )
+    began = time.process_time()
+    fsm = FSM.from_hints(hints)
+    assert time.process_time() - began < 5.0
+    assert len(fsm.hinted_segments) == 80_000
