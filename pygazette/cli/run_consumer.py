@@ -37,10 +37,13 @@ from pygazette.consumer.runner import (
     ConsumerFailed,
     ConsumerProcess,
     SideServer,
+    default_member_id,
     run_consumer,
 )
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.go_duration import parse_seconds
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import validate_process_id
 
 __all__ = ["load_app", "run", "serve"]
 
@@ -199,6 +202,13 @@ def _serve(app: Application, app_name: str, **kw: Any) -> None:
     from pygazette.keyspace.keyspace import KeyspaceUnavailable
 
     configure_from_options(kw.get("log_level"), kw.get("log_format") or "text")
+    # Gazette's rules for a member's ID (a suffix of 4 to 128 token characters, ...): a process
+    # registered under an ID its peers cannot decode would be dropped from its own group.
+    member_id = kw["member_id"] or default_member_id(kw["port"])
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=kw["zone"], suffix=member_id))
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid --zone/--id: {exc}") from None
     prefix = kw["etcd_prefix"] or f"{DEFAULT_CONSUMER_PREFIX}/{app_name}"
     config = ConsumerConfig(
         app=app,

@@ -103,11 +103,16 @@ class ConsumerConfig:
     auth_keys: str = ""
 
 
+def default_member_id(port: int) -> str:
+    """A process's member ID (its ProcessSpec.ID suffix) when none is given."""
+    return f"{socket.gethostname()}-{port}"
+
+
 class ConsumerProcess:
     def __init__(self, config: ConsumerConfig) -> None:
         self.config = config
         if not config.id:
-            config.id = f"{socket.gethostname()}-{config.port}"
+            config.id = default_member_id(config.port)
         scheme = "https" if config.tls is not None else "http"
         self.endpoint = config.advertise or f"{scheme}://{config.host}:{config.port}"
         self.spec = cpb.ConsumerSpec(shard_limit=config.shard_limit)
