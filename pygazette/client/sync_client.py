@@ -8,9 +8,10 @@ its own. Methods may be called from any thread except the facade's own loop thre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -26,11 +27,18 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 T = TypeVar("T")
 
 
+class SyncClientClosed(RuntimeError):
+    """The SyncJournalClient was closed (before or while the call ran)."""
+
+
 class _LoopThread:
     """An asyncio event loop running forever on a daemon thread."""
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        # Set (under _lock) once `stop` began: nothing is scheduled on the loop after.
+        self.closing = False
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -43,22 +51,54 @@ class _LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("SyncJournalClient called from its own event loop thread")
-        if self.loop.is_closed():
-            coro.close()
-            raise RuntimeError("SyncJournalClient is closed")
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._lock:
+            if self.closing:
+                coro.close()
+                raise SyncClientClosed("SyncJournalClient is closed")
+            future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
+        except CancelledError:
+            if self.closing:  # `stop` cancelled it: the client was closed meanwhile.
+                raise SyncClientClosed("SyncJournalClient was closed") from None
+            raise
         except BaseException:
             future.cancel()  # Interrupted (KeyboardInterrupt, timeout): stop the coroutine too.
             raise
 
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
+    def stop(self, last: Coroutine[Any, Any, None] | None = None) -> None:
+        """Cancel what still runs on the loop (callers waiting on it get RuntimeError), run
+        `last`, then stop and close the loop."""
+        with self._lock:
+            if self.closing:
+                if last is not None:
+                    last.close()
+                return
+            self.closing = True
+        try:
+            asyncio.run_coroutine_threadsafe(_shut_down(last), self.loop).result()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+
+async def _shut_down(last: Coroutine[Any, Any, None] | None) -> None:
+    """Cancel every other task of the running loop, wait (briefly) for them to end, then
+    run `last`."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=_STOP_TIMEOUT_SECONDS)
+    await asyncio.get_running_loop().shutdown_asyncgens()  # E.g. reads stopped between chunks.
+    if last is not None:
+        await last
+
+
+# How long closing a SyncJournalClient waits for its cancelled tasks to end.
+_STOP_TIMEOUT_SECONDS = 5.0
 
 
 async def _new_client(address: str, options: dict[str, Any]) -> JournalClient:
@@ -263,22 +303,24 @@ class SyncJournalClient:
                     return
                 yield chunk
         finally:
-            if not self._loop.loop.is_closed():
-                self._run(agen.aclose())
+            if not self._loop.closing:
+                with contextlib.suppress(SyncClientClosed):  # Closed meanwhile: it ends too.
+                    self._run(agen.aclose())
 
     # Lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close append services (after their queued appends), the channel, and the
         background loop. Idempotent."""
-        if self._loop.loop.is_closed():
+        if self._loop.closing:
             return
         try:
             for service in list(self._services):
                 self.close_append_service(service)
-            self._run(self.client.close())
         finally:
-            self._loop.stop()
+            # Reads and other calls still running in other threads end (RuntimeError there)
+            # before the channel closes and the loop stops: none is left waiting for ever.
+            self._loop.stop(self.client.close())
 
     def __enter__(self) -> SyncJournalClient:
         return self

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from pygazette.client import ProtocolViolation, SyncJournalClient
+from pygazette.client.sync_client import SyncClientClosed
 from pygazette.protocol.errors import JournalNotFound, WrongAppendOffset
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.client.fake_broker import (
@@ -121,4 +122,31 @@ def test_close_is_idempotent(fake: FakeBroker) -> None:
     client.close()
     client.close()
     with pytest.raises(RuntimeError, match="closed"):
+        client.list_journals()
+
+
+def test_close_ends_a_read_blocked_in_another_thread(fake: FakeBroker) -> None:
+    """A thread blocked in a read of a client that another thread closes gets an error: it
+    was left waiting for ever on the stopped loop (or got a bare CancelledError)."""
+    fake.journal.read_scripts.append([metadata(0, begin=0, end=3), content(0, b"abc"), Hang()])
+    client = SyncJournalClient(fake.address)
+    first = threading.Event()
+    outcome: list[object] = []
+
+    def reader() -> None:
+        try:
+            for _ in client.read(J, block=True):
+                first.set()
+            outcome.append("end")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    assert first.wait(10)
+    client.close()
+    thread.join(10)
+    assert not thread.is_alive(), "the reading thread still waits on the closed client"
+    assert len(outcome) == 1 and isinstance(outcome[0], SyncClientClosed), outcome
+    with pytest.raises(SyncClientClosed):
         client.list_journals()
