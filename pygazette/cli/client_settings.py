@@ -46,6 +46,21 @@ class ClientSettings:
         )
         return explained or details
 
+    @staticmethod
+    def unimplemented(address: str, details: str, *, consumer: bool = False) -> str:
+        """`details` of an UNIMPLEMENTED RPC to `address`, explained when the server lacks the
+        whole service: a consumer given as the broker, or a broker as the consumer. Python's
+        gRPC answers 'Method not found!' for any method it does not serve, Go's 'unknown
+        service <name>' (a Gazette broker without pygazette's own services is not the case)."""
+        service, role, flag = (
+            ("consumer.Shard", "consumer", "--consumer URL or $CONSUMER_ADDRESS")
+            if consumer
+            else ("protocol.Journal", "broker", "--broker URL or $BROKER_ADDRESS")
+        )
+        if details != "Method not found!" and details != f"unknown service {service}":
+            return details
+        return f"{details} ({address} serves no {service}: not a {role}? {flag} names one)"
+
     def journal_client(self, address: str) -> JournalClient:
         """A client of the broker at `address`."""
         from pygazette.client.journal_client import JournalClient

@@ -135,6 +135,8 @@ def run_with_client(broker: str, fn: Callable[[JournalClient], Awaitable[T]]) ->
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             details = client_settings().unavailable(broker, details)
             raise CommandError(f"broker unavailable at {broker}: {details}") from None
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            details = client_settings().unimplemented(broker, details)
         raise CommandError(f"{exc.code().name}: {details}") from None
 
 

@@ -138,6 +138,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError, what: str, address: str) -> CommandErr
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
         details = client_settings().unavailable(address, details, consumer=what == "consumer")
         return CommandError(f"{what} unavailable at {address}: {details}")
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        details = client_settings().unimplemented(address, details, consumer=what == "consumer")
     return CommandError(f"{what} at {address}: {exc.code().name}: {details}")
 
 

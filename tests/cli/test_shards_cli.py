@@ -799,6 +799,23 @@ def test_errors_are_one_line(deployment: Deployment, prefix: str, tmp_path: Path
     assert "unavailable at http://127.0.0.1:1" in broker_down
 
 
+def test_a_broker_for_a_consumer_or_back_is_named_as_such(deployment: Deployment) -> None:
+    """A newcomer's likeliest slip: the broker's address where the consumer's goes (both
+    default to port 8080), or the other way round. The server answers UNIMPLEMENTED 'Method
+    not found!'; the error says which service it lacks and which flag names the right one."""
+    dep = deployment
+    as_consumer = one_line_error(dep.cli("shards", "list", "--consumer", dep.broker_url))
+    assert as_consumer == (
+        f"error: consumer at {dep.broker_url}: UNIMPLEMENTED: Method not found! ({dep.broker_url}"
+        " serves no consumer.Shard: not a consumer? --consumer URL or $CONSUMER_ADDRESS names one)"
+    )
+    as_broker = one_line_error(dep.cli("--broker", dep.consumer_url, "journals", "list"))
+    assert as_broker == (
+        f"error: UNIMPLEMENTED: Method not found! ({dep.consumer_url} serves no"
+        " protocol.Journal: not a broker? --broker URL or $BROKER_ADDRESS names one)"
+    )
+
+
 def test_prune_after_sqlite_compactions_keeps_what_recovery_needs(
     deployment: Deployment, prefix: str, tmp_path: Path
 ) -> None:
