@@ -131,15 +131,27 @@ async def _get_kv(ks: Keyspace, key: str) -> KeyValue | None:
     return ks.get(key)
 
 
+async def _get_kvs(ks: Keyspace, keys: list[str]) -> list[KeyValue | None]:
+    """`keys` as the store has them now, all at one revision."""
+    get_remote_many = getattr(ks, "get_remote_many", None)
+    if get_remote_many is not None:
+        kvs: list[KeyValue | None] = await get_remote_many(keys)
+        return kvs
+    return [ks.get(key) for key in keys]  # The embedded keyspace: no await in between.
+
+
 async def fetch_hints(
     ks: Keyspace, spec: cpb.ShardSpec
 ) -> list[tuple[str, KeyValue | None, rpb.FSMHints | None]]:
-    """(key, key/value, hints) of the primary hints key, then of each backup key."""
-    out: list[tuple[str, KeyValue | None, rpb.FSMHints | None]] = []
-    for key in [hint_primary_key(spec), *hint_backup_keys(spec)]:
-        kv = await _get_kv(ks, key)
-        out.append((key, kv, decode_hints(kv.value) if kv is not None and kv.value else None))
-    return out
+    """(key, key/value, hints) of the primary hints key, then of each backup key, read in
+    one transaction as Gazette's fetchHints reads them: read one by one, a rotation of the
+    backup keys between two reads answered a mix of before and after."""
+    keys = [hint_primary_key(spec), *hint_backup_keys(spec)]
+    kvs = await _get_kvs(ks, keys)
+    return [
+        (key, kv, decode_hints(kv.value) if kv is not None and kv.value else None)
+        for key, kv in zip(keys, kvs, strict=True)
+    ]
 
 
 def pick_first_hints(

@@ -394,6 +394,21 @@ class EtcdKeyspace(Keyspace):
         resp = await self._call(lambda: self._client.kvstub.Range(request, timeout=_RPC_TIMEOUT))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
+    async def get_remote_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
+        """Each of `keys` as etcd has it now, all at one revision (one transaction)."""
+        request = etcd_rpc.TxnRequest(
+            success=[
+                etcd_rpc.RequestOp(request_range=etcd_rpc.RangeRequest(key=key.encode()))
+                for key in keys
+            ]
+        )
+        resp = await self._call(lambda: self._client.kvstub.Txn(request, timeout=_RPC_TIMEOUT))
+        out: list[KeyValue | None] = []
+        for op in resp.responses:
+            kvs = op.response_range.kvs
+            out.append(_kv(kvs[0]) if kvs else None)
+        return out
+
     async def grant_lease(self, ttl_seconds: int) -> int:
         request = etcd_rpc.LeaseGrantRequest(TTL=ttl_seconds)
         resp = await self._call(

@@ -17,7 +17,7 @@ import pytest
 
 from pygazette.allocator.allocator import Allocator, MemberKeyMissing, ObservedState
 from pygazette.allocator.session import MemberSession
-from pygazette.consumer.hints import encode_hints
+from pygazette.consumer.hints import encode_hints, store_recovered_hints
 from pygazette.consumer.key_space import ShardDecoder
 from pygazette.consumer.resolver import ShardResolver
 from pygazette.consumer.shard_client import (
@@ -372,6 +372,50 @@ async def test_get_hints(proc: Proc, client: ShardClient, root: str) -> None:
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "hints.Log other/log != ShardSpec.RecoveryLog" in (err.value.details() or "")
     await proc.ks.txn([], [Delete(f"{hint_prefix}/shard-000.backup.0")])
+
+
+async def test_get_hints_reads_every_key_at_one_revision(
+    etcd: EtcdProcess, proc: Proc, client: ShardClient, root: str
+) -> None:
+    """GetHints reads the primary and backup keys in one etcd transaction, as Gazette's
+    fetchHints does: a rotation of recovered hints (backup.0 -> backup.1 -> backup.2, one
+    transaction) committed between separate reads of the keys answered a mix no revision
+    held (one set twice, the newest missing), and `shards prune`, which keeps only the
+    fragments some hints of the response need, could remove those of the missing one."""
+    hint_prefix = root.replace("/consumers/app", "/hints")
+    log = "recovery/logs/shard-000"
+    spec = shard_spec(
+        "shard-000", recovery_log_prefix="recovery/logs", hint_prefix=hint_prefix, hint_backups=3
+    )
+    await client.apply([upsert(spec)])
+    rotator = EtcdKeyspace(etcd.url, root)
+    await rotator.open()
+    stop = asyncio.Event()
+
+    async def rotate() -> None:
+        author = 0
+        while not stop.is_set():
+            author += 1
+            assert await store_recovered_hints(rotator, spec, _hints(log, author))
+
+    rotating = asyncio.create_task(rotate())
+    try:
+        torn = []
+        for _ in range(100):
+            resp = await client.get_hints("shard-000")
+            authors = [
+                h.hints.live_nodes[0].segments[0].author
+                for h in resp.backup_hints
+                if h.HasField("hints")
+            ]
+            # Each revision holds backups of consecutive rotations, newest first.
+            if authors and authors != list(range(authors[0], authors[0] - len(authors), -1)):
+                torn.append(authors)
+        assert not torn, f"backup hints of no one revision: {torn[:5]}"
+    finally:
+        stop.set()
+        await rotating
+        await rotator.close()
 
 
 # Unassign.
