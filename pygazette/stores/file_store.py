@@ -118,7 +118,13 @@ class FileStore(FragmentStore):
         abandoned = threading.Event()
         try:
             await _run(
-                self._put_file, self._resolve(path), local, disposable, abandoned, progress
+                self._put_file,
+                self.base,
+                self._resolve(path),
+                local,
+                disposable,
+                abandoned,
+                progress,
             )
         except asyncio.CancelledError:
             abandoned.set()  # Its thread goes on (maybe hung), but lands nothing now.
@@ -126,12 +132,22 @@ class FileStore(FragmentStore):
 
     @staticmethod
     def _put_file(
+        base: Path,
         target: Path,
         local: Path,
         disposable: bool,
         abandoned: threading.Event,
         progress: Callable[[int], None] | None = None,
     ) -> None:
+        # As Gazette's file store: the store's own directory must exist; only the
+        # directories below it are made. A missing one is most likely a volume that is not
+        # mounted, and writing there would put fragments where no reader looks. Refused as
+        # Gazette refuses it (an authorization-class error: the store is unhealthy, and a
+        # broker persists to the journal's next store, or keeps the spool, until it is back).
+        if not os.path.isdir(base):
+            raise StoreAuthError(
+                f"file store directory {base} does not exist (is its volume mounted?)"
+            )
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

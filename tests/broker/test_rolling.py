@@ -164,6 +164,7 @@ async def test_persister_moves_jobs_to_the_current_first_store(harness: Harness)
     moved = pb.JournalSpec()
     moved.CopyFrom(spec)
     moved.fragment.stores[:] = ["file:///fixed/"]
+    (harness.root / "fragments" / "fixed").mkdir()  # A store's directory must exist.
     r.update_spec(moved, 2)
     await _until(lambda: harness.persister.persisted_count == 1)
     assert harness.persister.backlog_bytes(broken) == 0

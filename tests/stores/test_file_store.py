@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pygazette.stores.file_store import FileStore
-from pygazette.stores.store import StoreError
+from pygazette.stores.store import StoreAuthError, StoreError
 from pygazette.stores.store_url import parse_store_url
 
 
@@ -28,6 +28,7 @@ async def test_signed_urls_are_relative_to_the_file_root(tmp_path: Path) -> None
 
 
 def test_put_and_list(tmp_path: Path) -> None:
+    (tmp_path / "root" / "s").mkdir(parents=True)
     store = FileStore(parse_store_url("file:///s/"), tmp_path / "root")
     src = tmp_path / "src"
     src.write_bytes(b"content")
@@ -40,6 +41,26 @@ def test_put_and_list(tmp_path: Path) -> None:
     assert (tmp_path / "root" / "s" / "journal" / "frag.raw").read_bytes() == b"content"
 
 
+async def test_a_missing_store_directory_refuses_puts_until_it_exists(tmp_path: Path) -> None:
+    # As Gazette's file store: the store's directory (root + prefix) must exist, and only
+    # directories below it are made. Missing, it is most likely an unmounted volume: writing
+    # there would hide fragments from every reader of the real one. An authorization-class
+    # error, so the store is unhealthy and the persister turns to the journal's next store.
+    root = tmp_path / "root"
+    root.mkdir()
+    store = FileStore(parse_store_url("file:///mnt/fragments/"), root)
+    src = tmp_path / "src"
+    src.write_bytes(b"content")
+    with pytest.raises(StoreAuthError, match="does not exist"):
+        await store.put_file("journal/frag.raw", src)
+    assert not (root / "mnt").exists()  # Nothing made, nothing written.
+    assert await store.list_files("journal/") == []  # Listing a missing store is empty.
+
+    (root / "mnt" / "fragments").mkdir(parents=True)  # Mounted.
+    await store.put_file("journal/frag.raw", src)
+    assert (root / "mnt" / "fragments" / "journal" / "frag.raw").read_bytes() == b"content"
+
+
 async def test_a_directory_that_cannot_be_read_fails_the_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -49,6 +70,7 @@ async def test_a_directory_that_cannot_be_read_fails_the_listing(
     # the first fragment listed). As Gazette's listing, it fails instead. (Tests run as root,
     # which reads any directory: scandir refuses this one as it would another user.)
     root = tmp_path / "root"
+    root.mkdir()
     store = FileStore(parse_store_url("file:///"), root)
     src = tmp_path / "src"
     src.write_bytes(b"content")
@@ -76,6 +98,7 @@ async def test_a_directory_removed_while_listing_is_just_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "root"
+    root.mkdir()
     store = FileStore(parse_store_url("file:///"), root)
     src = tmp_path / "src"
     src.write_bytes(b"content")

@@ -18,6 +18,8 @@ class _Clock:
 
 async def test_idle_stores_are_swept_and_asking_again_starts_afresh(tmp_path: Path) -> None:
     registry = StoreRegistry(tmp_path / "root")
+    for name in ("idle", "busy"):
+        (tmp_path / "root" / name).mkdir(parents=True)
     clock = _Clock()
     monitor = StoreHealthMonitor(registry, clock=clock)
     try:

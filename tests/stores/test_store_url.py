@@ -72,6 +72,7 @@ async def test_file_store_with_find_replace(tmp_path: Path) -> None:
     assert isinstance(store, FileStore)
     local = tmp_path / "src"
     local.write_bytes(b"content")
+    (tmp_path / "data").mkdir()  # The store's directory (Gazette's file store requires it).
     await store.put_file("foo/bar/v1/j/0-1-x.raw", local)
     assert (tmp_path / "data/foo/old/j/0-1-x.raw").read_bytes() == b"content"
     assert [f.path for f in await store.list_files("foo/bar/v1/j/")] == ["0-1-x.raw"]

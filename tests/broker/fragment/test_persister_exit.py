@@ -44,7 +44,7 @@ async def test_a_file_store_without_permission_is_an_auth_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "root"
-    root.mkdir()
+    (root / "denied").mkdir(parents=True)  # The store's directory exists; below it, refused.
     _deny_writes_under(root / "denied", monkeypatch)
     src = tmp_path / "src"
     src.write_bytes(b"content")
@@ -57,6 +57,9 @@ async def test_an_exiting_broker_persists_what_its_store_refuses_to_the_next_sto
 ) -> None:
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data", port=0, retention_interval=0))
     await broker.start()
+    fallback = broker.file_root / "fallback"
+    for store in (broker.file_root / "denied", fallback):
+        store.mkdir()  # Both stores' directories exist (Gazette's file store requires it).
     _deny_writes_under(broker.file_root / "denied", monkeypatch)
     stopped = False
     try:
@@ -72,8 +75,7 @@ async def test_an_exiting_broker_persists_what_its_store_refuses_to_the_next_sto
             assert time.monotonic() < deadline, "no persist was attempted"
             await asyncio.sleep(0.01)
         assert "Permission denied" in persister._last_error[DENIED]
-        fallback = broker.file_root / "fallback"
-        assert not fallback.exists()  # Running, it waits for its first store.
+        assert not (fallback / JOURNAL).exists()  # Running, it waits for its first store.
 
         stopped = True
         await broker.stop(grace=10.0)
