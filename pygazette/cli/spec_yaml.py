@@ -9,6 +9,7 @@ Durations are Go durations ("5m", "1h30m", "100ms") in YAML, protobuf Durations 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -144,7 +145,14 @@ def type_name(value: Any) -> str:
 def parse_int(
     value: Any, where: str, key: str, lo: int | None = None, hi: int | None = None
 ) -> int:
-    """An integer, within `[lo, hi]` if those are given."""
+    """An integer, within `[lo, hi]` if those are given.
+
+    A float that is a whole number (`2.0`, `1e3`) is that integer, as gazctl reads it. One
+    that is not (`2.5`) is refused: gazctl would silently truncate it to 2."""
+    if isinstance(value, float) and math.isfinite(value):
+        if not value.is_integer():
+            raise field_error(where, f"{key}: expected an integer, got {value!r}")
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise field_error(where, f"{key}: expected an integer, got {value!r}")
     if lo is not None and hi is not None and not lo <= value <= hi:

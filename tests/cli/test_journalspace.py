@@ -124,3 +124,20 @@ def test_a_number_beyond_its_field_is_a_one_line_error(field: str, message: str)
     text = f"name: a/bb\n{field}\n"
     with pytest.raises(ValidationError, match=f"node 'a/bb': {message}"):
         parse_journalspace(text)
+
+
+@pytest.mark.parametrize(("written", "value"), [("2.0", 2), ("3.0e+0", 3), ("0x2", 2)])
+def test_an_integer_written_as_gazctl_reads_it_is_taken(written: str, value: int) -> None:
+    # gazctl (YAML v2) reads a whole float into an integer field; it was refused here.
+    text = (
+        f"name: a/bb\nreplication: {written}\n"
+        "fragment: {length: 1024, compression_codec: NONE, refresh_interval: 1m}\n"
+    )
+    (change,) = apply_request(parse_journalspace(text)).changes
+    assert change.upsert.replication == value
+
+
+def test_a_fractional_number_for_an_integer_is_refused() -> None:
+    # gazctl would truncate it to 2 without a word.
+    with pytest.raises(ValidationError, match="node 'a/bb': replication: expected an integer"):
+        parse_journalspace("name: a/bb\nreplication: 2.5\n")

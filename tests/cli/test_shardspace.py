@@ -278,6 +278,9 @@ def test_deleted_shards_need_no_complete_spec() -> None:
         ),
         ("shards:\n- id: abcd\n  min_txn_duration: -1s\n", "min_txn_duration: negative duration"),
         ("shards:\n- id: abcd\n  hot_standbys: two\n", "hot_standbys: expected an integer"),
+        # gazctl truncates 2.5 to 2; refused here (a whole number such as 2.0 is taken).
+        ("shards:\n- id: abcd\n  hot_standbys: 2.5\n", "hot_standbys: expected an integer"),
+        ("shards:\n- id: abcd\n  hot_standbys: .nan\n", "hot_standbys: expected an integer"),
         ("shards:\n- id: abcd\n  hot_standbys: -1\n", r"hot_standbys: -1 is out of range"),
         (
             "shards:\n- id: abcd\n  ring_buffer_size: 4294967296\n",
