@@ -24,9 +24,11 @@ a transaction close (nothing is ready) while the readers still have content to d
 that the next transaction pipelines with its commit, as Gazette's message-at-a-time loop
 does.
 
-A batch may be empty: a read that began a producer's transaction (uncommitted messages)
-without committing anything is queued as such, with the sequencer's `begun` and
-`newest_open`, so that a transaction knows it awaits an ACK (Gazette's wait-for-ACK).
+A batch may be empty: a read that committed nothing is queued as such, with its read-through
+offset and the sequencer's `begun` and `newest_open`: one that began a producer's
+transaction (uncommitted messages), so that a transaction knows it awaits an ACK (Gazette's
+wait-for-ACK); one of only duplicates or rolled-back messages, so that the shard's progress
+covers them (Gazette's txnRead).
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class SourceReaders:
         async with reader:
             while True:
                 try:
-                    batch = await reader.next_batch(self.batch_messages, wake_on_begin=True)
+                    batch = await reader.next_batch(self.batch_messages, wake_on_read=True)
                 except StopAsyncIteration:
                     await self._put(SourceBatch(journal, ended=True))
                     return

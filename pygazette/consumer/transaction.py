@@ -200,8 +200,10 @@ class Transactions:
                     await self._complete(prev)
                     continue
                 if not batch.envelopes and batch.error is None and not batch.ended:
-                    # Only a transaction begun upstream: nothing to begin one here with.
+                    # Only a transaction begun upstream, or duplicates or rolled-back
+                    # messages: nothing to begin one here with.
                     await self._consume(batch)
+                    await self._read_through_idle(batch, prev)
                     continue
                 committed = await self._transaction(batch, prev, stop_wait)
                 if committed is None:
@@ -257,6 +259,23 @@ class Transactions:
         await self.progress.advance(
             prev.read_through, publish_at, messages=prev.messages, nbytes=prev.nbytes
         )
+
+    async def _read_through_idle(self, batch: SourceBatch, prev: _Committed) -> None:
+        """Progress of a read which began no transaction here, as Gazette's txnRead reports
+        it: with a transaction still committing, its progress (not its checkpoint) extends
+        to the read; else the shard's progress does at once. Otherwise a Stat asking to read
+        through a duplicate (a retried append's second copy, a recovered ACK appended again)
+        would wait for the next message that begins a transaction, for ever on a quiet
+        source. Not while a producer's transaction in the journal awaits its ACK: its
+        messages are read, but not consumed yet."""
+        if batch.newest_open:
+            return
+        journal, offset = batch.journal, batch.read_through
+        if not prev.completed:
+            if offset > prev.read_through.get(journal, -1):
+                prev.read_through[journal] = offset
+        else:
+            await self.progress.advance({journal: offset}, {})
 
     def _check(self, batch: SourceBatch) -> None:
         if batch.error is not None:

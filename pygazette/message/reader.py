@@ -248,18 +248,21 @@ class ReadCommitted:
             await self._fill()
         return ready.popleft()
 
-    async def next_batch(self, limit: int = 0, *, wake_on_begin: bool = False) -> list[Envelope]:
+    async def next_batch(self, limit: int = 0, *, wake_on_read: bool = False) -> list[Envelope]:
         """The committed messages sequenced from the next read (at least one). With
         `limit`, at most `limit` of the read's messages are sequenced per call (the rest wait
         for the next calls), so that the sequencer's `checkpoint()` after each call is
-        exactly as of the batch returned, however large the reads. With `wake_on_begin`, a
-        read that begins a producer's transaction without committing anything returns an
-        empty batch (the reader can then know it awaits an ACK)."""
+        exactly as of the batch returned, however large the reads. With `wake_on_read`, a
+        read that commits nothing yet is read through returns an empty batch: it begins or
+        extends a producer's transaction (the reader can then know it awaits an ACK), or
+        holds only duplicates or rolled-back messages (the reader can then know it read
+        through them)."""
         ready = self._ready
+        seq, journal = self.sequencer, self.journal
         while not ready:
-            begun = self.sequencer.begun
+            read_through = seq.offsets.get(journal)
             await self._fill(limit)
-            if wake_on_begin and not ready and self.sequencer.begun != begun:
+            if wake_on_read and not ready and seq.offsets.get(journal) != read_through:
                 return []
         batch = list(ready)
         ready.clear()

@@ -13,6 +13,8 @@ import pytest
 
 from pygazette.client import JournalClient, apply_journals
 from pygazette.client.append_service import AppendService
+from pygazette.client.appender import append
+from pygazette.client.reader import Reader
 from pygazette.consumer.checkpoint import checkpoint_sources
 from pygazette.consumer.memory_store import MemoryStore
 from pygazette.consumer.progress import Progress
@@ -204,3 +206,41 @@ async def test_min_txn_duration_batches_messages(client: JournalClient) -> None:
     await run_until(client, app, store, heads, Progress(), shard_spec(min_ms=300, max_ms=2000))
     assert app.txns <= 2
     assert sum(store.committed_state["counts"].values()) == 400
+
+
+async def test_progress_covers_a_duplicate_read_while_idle(client: JournalClient) -> None:
+    """A read of only a duplicate (here: a retried append's second copy) begins no
+    transaction, yet the shard has read through it: its progress says so at once, as
+    Gazette's does (txnRead signals progress when idle), so that a Stat asking to read
+    through the duplicate's end answers rather than wait for the next real message (for
+    ever, on a quiet source)."""
+    heads = await publish_inputs(client, 20)
+    src = SOURCES[0]
+    async with Reader(client, src, offset=0, end_offset=heads[src]) as reader:
+        first = (await reader.read()).split(b"\n", 1)[0] + b"\n"
+
+    spec, store, progress = shard_spec(), MemoryStore({"counts": {}}), Progress()
+    shard = FakeShard(spec, client)
+    app = Counter()
+    cp = await store.restore_checkpoint(shard)
+    offsets, states = checkpoint_sources(cp)
+    framing = framing_for(NDJSON)
+    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
+    service = AppendService(client)
+    txns = Transactions(shard, app, store, service, Publisher(service), readers, progress)
+    readers.start()
+    run = asyncio.ensure_future(txns.run(cp))
+    try:
+        await asyncio.wait_for(progress.wait_for(heads, None), 30)
+        seen = app.seen
+        duplicate = await append(client, src, [first])  # The first message, again.
+        end = duplicate.commit.end
+        await asyncio.wait_for(progress.wait_for({src: end}, None), 10)
+        assert app.seen == seen  # Not consumed again.
+        assert progress.read_through[src] == end
+    finally:
+        shard.stopping.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(run, 30)
+        await readers.close()
+        await service.close(cancel=True)
