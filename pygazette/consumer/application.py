@@ -18,7 +18,8 @@ Optional:
   messages (default: the framing of the journal's `content-type` label).
 - `begin_txn(shard, store)`: a transaction begins (its first message is ready).
 - `finish_txn(shard, store, error)`: the transaction was handed to the store to commit (or
-  failed with `error`).
+  failed with `error`; a transaction abandoned because the shard stops gets a
+  CancelledError). Every `begin_txn` is followed by one `finish_txn`, as Gazette pairs them.
 
 Raising from any callback fails the shard (its ReplicaStatus becomes FAILED with the
 error); nothing of the failed transaction is committed.

@@ -319,14 +319,39 @@ class Transactions:
     async def _transaction(
         self, first: SourceBatch, prev: _Committed, stop_wait: asyncio.Future[Any]
     ) -> _Committed | None:
-        spec = self.shard.spec
-        min_dur = spec.min_txn_duration.ToTimedelta().total_seconds()
-        max_dur = spec.max_txn_duration.ToTimedelta().total_seconds() or 1.0
         began = time.monotonic()
         self._check(first)
         begin_txn = getattr(self.app, "begin_txn", None)
         if begin_txn is not None:
             await maybe_await(begin_txn(self.shard, self.store))
+        # From here every outcome reaches finish_txn, as Gazette pairs BeginTxn with
+        # FinishedTxn: an application holding a semaphore shared by its shards from one
+        # to the other (as Gazette suggests) would otherwise keep it for ever.
+        try:
+            consumed = await self._consume_until_closed(first, began, prev, stop_wait)
+        except BaseException as exc:
+            await self._finish_failed(exc)
+            raise
+        if consumed is None:
+            # Abandoned (the shard stops): nothing of it is committed.
+            await self._finish_failed(asyncio.CancelledError("the shard stopped"))
+            return None
+        committed = await self._commit(*consumed)
+        TXN_SECONDS.observe(time.monotonic() - began)
+        return committed
+
+    async def _consume_until_closed(
+        self,
+        first: SourceBatch,
+        began: float,
+        prev: _Committed,
+        stop_wait: asyncio.Future[Any],
+    ) -> tuple[int, int] | None:
+        """Consume batches until the transaction may close (see the module docstring);
+        returns the messages and bytes consumed, or None if the shard stops first."""
+        spec = self.shard.spec
+        min_dur = spec.min_txn_duration.ToTimedelta().total_seconds()
+        max_dur = spec.max_txn_duration.ToTimedelta().total_seconds() or 1.0
         messages, nbytes = await self._consume(first)
         prev_done = False
         while True:
@@ -337,7 +362,7 @@ class Transactions:
             if now >= began + max_dur:
                 break
             if self.shard.stopping.is_set():
-                return None  # Abandon: nothing of it is committed.
+                return None
             if prev_done and now >= began + min_dur and not self._awaits_ack():
                 # Only batches ready right now keep the transaction open.
                 batch = self._ready()
@@ -356,9 +381,14 @@ class Transactions:
             nbytes += b
         if not prev_done:
             await self._complete(prev)  # Stalled: the previous commit is slow.
-        committed = await self._commit(messages, nbytes)
-        TXN_SECONDS.observe(time.monotonic() - began)
-        return committed
+        return messages, nbytes
+
+    async def _finish_failed(self, error: BaseException) -> None:
+        """Tell the application its transaction failed before it was handed to the store."""
+        finish = getattr(self.app, "finish_txn", None)
+        if finish is not None:
+            with contextlib.suppress(Exception):
+                await maybe_await(finish(self.shard, self.store, error))
 
     async def _commit(self, messages: int, nbytes: int) -> _Committed:
         app, shard, store, publisher = self.app, self.shard, self.store, self.publisher
@@ -379,9 +409,7 @@ class Transactions:
                 for intent in intents
             ]
         except BaseException as exc:
-            if finish is not None:
-                with contextlib.suppress(Exception):
-                    await maybe_await(finish(shard, store, exc))
+            await self._finish_failed(exc)
             raise
         if finish is not None:
             await maybe_await(finish(shard, store, None))

@@ -244,3 +244,85 @@ async def test_progress_covers_a_duplicate_read_while_idle(client: JournalClient
             await asyncio.wait_for(run, 30)
         await readers.close()
         await service.close(cancel=True)
+
+
+class Paired(Counter):
+    """Holds a semaphore shared with other shards from begin_txn to finish_txn, as Gazette
+    suggests BeginFinisher be used to bound concurrent transactions."""
+
+    def __init__(self, semaphore: asyncio.Semaphore, fail_at: int = -1) -> None:
+        super().__init__(fail_at)
+        self.semaphore = semaphore
+        self.finished: list[BaseException | None] = []
+        self.consuming = asyncio.Event()
+        self.proceed = asyncio.Event()
+        self.proceed.set()
+
+    async def begin_txn(self, shard: Any, store: Any) -> None:
+        await self.semaphore.acquire()
+
+    async def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Publisher) -> None:
+        self.consuming.set()
+        await self.proceed.wait()
+        super().consume_message(shard, store, env, pub)
+
+    def finish_txn(self, shard: Any, store: Any, error: BaseException | None) -> None:
+        self.finished.append(error)
+        self.semaphore.release()
+
+
+async def test_finish_txn_follows_a_transaction_that_failed_consuming(
+    client: JournalClient,
+) -> None:
+    """Every begin_txn is paired with a finish_txn (Gazette's BeginFinisher contract), also
+    when the transaction fails before it commits: else a semaphore taken in begin_txn is
+    never given back, and every other shard of the process waits on it for ever."""
+    heads = await publish_inputs(client, 50)
+    semaphore = asyncio.Semaphore(1)
+    app = Paired(semaphore, fail_at=10)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        await run_until(client, app, MemoryStore({"counts": {}}), heads, Progress(), shard_spec())
+    assert app.finished and isinstance(app.finished[-1], RuntimeError)
+    # Another shard of the process still gets to run its transactions.
+    other = Paired(semaphore)
+    await asyncio.wait_for(
+        run_until(client, other, MemoryStore({"counts": {}}), heads, Progress(), shard_spec()),
+        60,
+    )
+    assert other.seen == 100
+
+
+async def test_finish_txn_follows_a_transaction_abandoned_by_a_stop(
+    client: JournalClient,
+) -> None:
+    """A shard stopped with a transaction open abandons it (nothing of it commits), and
+    still tells the application the transaction finished."""
+    await publish_inputs(client, 5)
+    semaphore = asyncio.Semaphore(1)
+    app = Paired(semaphore)
+    app.proceed.clear()
+    spec = shard_spec(min_ms=10_000, max_ms=20_000)  # The transaction stays open.
+    store = MemoryStore({"counts": {}})
+    shard = FakeShard(spec, client)
+    cp = await store.restore_checkpoint(shard)
+    offsets, states = checkpoint_sources(cp)
+    framing = framing_for(NDJSON)
+    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
+    service = AppendService(client)
+    txns = Transactions(shard, app, store, service, Publisher(service), readers, Progress())
+    readers.start()
+    run = asyncio.ensure_future(txns.run(cp))
+    try:
+        await asyncio.wait_for(app.consuming.wait(), 30)
+        shard.stopping.set()
+        app.proceed.set()
+        await asyncio.wait_for(run, 30)
+    finally:
+        run.cancel()
+        with contextlib.suppress(BaseException):
+            await run
+        await readers.close()
+        await service.close(cancel=True)
+    assert len(app.finished) == 1 and app.finished[0] is not None
+    assert store.committed_state["counts"] == {}  # Abandoned: nothing committed.
+    assert not semaphore.locked()
