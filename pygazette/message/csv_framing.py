@@ -147,6 +147,7 @@ class CSVFraming(Framing):
 
     content_type = CONTENT_TYPE_CSV
     overhead = len(LINE_DELIMITER)
+    frame_terminator = LINE_DELIMITER
     blank_lead = CARRIAGE_RETURN
 
     def marshal(self, msg: Any) -> bytes:

@@ -95,6 +95,9 @@ class Framing(ABC):
     # returns payloads without it): an unpacker then finds a long message's end by looking
     # for it in new content only, without joining the held bytes first.
     line_delimiter: ClassVar[bytes | None] = None
+    # Set where every frame ends with this delimiter, though it may also occur within one (a
+    # quoted CSV field spanning lines): content without it completes no frame.
+    frame_terminator: ClassVar[bytes | None] = None
 
     # Writing ------------------------------------------------------------------------------
 

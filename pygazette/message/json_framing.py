@@ -42,6 +42,7 @@ class JSONFraming(Framing):
     overhead = len(LINE_DELIMITER)
     blank_lead = JSON_WHITESPACE
     line_delimiter = LINE_DELIMITER
+    frame_terminator = LINE_DELIMITER
 
     def __init__(
         self,

@@ -268,8 +268,14 @@ async def _envelopes_after(
     import asyncio
 
     framing = committed.framing
+    terminator = framing.frame_terminator
     rr = RetryReader(client, journal, offset=offset, end_offset=end, block=committed.wait)
-    pending = b""
+    # Chunks of a record not complete yet, joined and split only once a chunk may complete
+    # it (it holds the framing's terminator, or the frame's known size is here): re-splitting
+    # all of it at every chunk was quadratic in a long record.
+    held: list[bytes] = []
+    held_size = 0
+    need = 0
     pos = offset
     loop = asyncio.get_running_loop()
     deadline = loop.time() + committed.wait_seconds
@@ -282,20 +288,31 @@ async def _envelopes_after(
                     chunk = await rr.read()
             except OffsetJump as jump:
                 yield DataLoss(journal, jump.requested, jump.offset)
-                pending, pos = b"", rr.offset
+                held, held_size, need, pos = [], 0, 0, rr.offset
                 continue
             except (OffsetNotYetAvailable, Suspended, JournalNotFound):
                 return  # At the head (or nothing more to read): undecided stays so.
             if not chunk:
                 return
-            pending += chunk
+            if held:
+                if (terminator is not None and terminator not in chunk) or (
+                    held_size + len(chunk) < need
+                ):
+                    held.append(chunk)
+                    held_size += len(chunk)
+                    continue
+                pending = b"".join([*held, chunk])
+            else:
+                pending = chunk
             frames, used = framing.split(pending)
             out: list[tuple[int, bytes, int, int]] = []
             for payload in frames:
                 if not framing.is_blank(payload):
                     out.append((pos, *uuid_parts(framing, payload)))
                 pos += len(payload) + framing.overhead
-            pending = pending[used:]
+            rest = pending[used:]
+            held, held_size = ([rest], len(rest)) if rest else ([], 0)
+            need = (framing.frame_size(rest) or 0) if rest else 0
             if out:
                 yield out
     finally:

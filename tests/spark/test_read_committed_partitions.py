@@ -134,3 +134,46 @@ def test_read_ahead_begins_after_a_data_loss_that_ends_the_piece() -> None:
     assert list(decoder.skip_to(1500)) == []  # Lost: [len(first) + ..., 1500).
     assert decoder.done and resolver.pending_owned == 1
     assert decoder.next_record_at == 1500
+
+
+def test_read_ahead_through_a_long_record_splits_it_once(
+    broker: BrokerProcess, gz: SyncJournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading ahead across a record of many read chunks: the bytes given to the framing to
+    split are about the record's size. They were re-split from the record's start at every
+    chunk (46 MB here, for an 8 MiB record): quadratic in its length."""
+    import asyncio
+
+    from pygazette.client import JournalClient
+    from pygazette.message.json_framing import JSONFraming
+    from pygazette.spark.partition_reader import _envelopes_after
+    from pygazette.spark.read_committed import CommittedReads
+
+    create_journals(gz, journal_spec(J))
+    long_record = orjson.dumps({"n": 0, "pad": "x" * (8 << 20)}) + b"\n"  # No UUID.
+    ack = _message(UUIDFormatter(P1), 1, ACK_TXN, -1)
+    head = append_each(gz, J, [long_record, ack])[-1] + len(ack)
+    split_bytes = 0
+    split = JSONFraming.split
+
+    def counting(self: JSONFraming, data: bytes) -> tuple[list[bytes], int]:
+        nonlocal split_bytes
+        split_bytes += len(data)
+        return split(self, data)
+
+    monkeypatch.setattr(JSONFraming, "split", counting)
+
+    async def read_ahead() -> list[object]:
+        committed = CommittedReads(JSONFraming("uuid"), wait=False)
+        async with JournalClient(broker.url) as client:
+            return [
+                item
+                async for items in _envelopes_after(
+                    client, journal=J, offset=0, committed=committed, end=head
+                )
+                for item in (items if isinstance(items, list) else [items])
+            ]
+
+    seen = asyncio.run(read_ahead())
+    assert seen == [(0, b"", 0, 0), (len(long_record), P1, 1, ACK_TXN)]
+    assert split_bytes < 1.5 * head, split_bytes
