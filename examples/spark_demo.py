@@ -9,10 +9,16 @@
    exactly the new clicks.
 5. Runs the batch job (spark_fragments_to_parquet.py): the clicks journals' fragments into
    Parquet.
+
+With `--broker URL` it runs against that broker instead (the quickstart's, say): the journals
+are created there unless they exist, and they keep their clicks afterwards, for the examples
+to run on their own (`--file-root`: that broker's file root, to read persisted fragments
+straight from it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -32,6 +38,10 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# The demo starts processes (`journals apply`, Spark's JVM) while a client's gRPC threads may
+# run: gRPC's fork support, which logs 'skipping fork() handlers' then, is off, as in the
+# `pygazette` command.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from pyspark.sql import SparkSession  # noqa: E402
 from spark_clicks_per_user import COUNTS, start  # noqa: E402
@@ -83,6 +93,32 @@ def append_clicks(client: SyncJournalClient, count: int, rng: random.Random) -> 
     return per_user
 
 
+def clicks_per_user(client: SyncJournalClient) -> Counter[str]:
+    """Every click in the clicks journals, per user (earlier runs' too, with --broker)."""
+    per_user: Counter[str] = Counter()
+    for part in PARTS:
+        for line in b"".join(client.read(part)).splitlines():
+            if line.strip():
+                per_user[json.loads(line)["user"]] += 1
+    return per_user
+
+
+def apply_journals(env: dict[str, str]) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pygazette.cli.main",
+            "journals",
+            "apply",
+            "--specs",
+            str(HERE / "spark" / "journalspace.yaml"),
+        ],
+        env=env,
+        check=True,
+    )
+
+
 def latest_counts(client: SyncJournalClient) -> dict[str, int]:
     """Each user's last line in the counts journal is its current count."""
     counts: dict[str, int] = {}
@@ -93,8 +129,20 @@ def latest_counts(client: SyncJournalClient) -> dict[str, int]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", help="run against this broker, not one of its own")
+    parser.add_argument("--file-root", help="with --broker: that broker's file root")
+    args = parser.parse_args()
     rng = random.Random(6)
     with tempfile.TemporaryDirectory(prefix="pygazette-demo-") as tmp:
+        if args.broker:
+            step(f"using the broker at {args.broker}")
+            with SyncJournalClient(args.broker) as client:
+                names = {j.spec.name for j in client.list_journals("prefix=examples/spark/")}
+            if not names >= {*PARTS, COUNTS}:
+                apply_journals(dict(os.environ, BROKER_ADDRESS=args.broker))
+            run(args.broker, tmp, rng, args.file_root)
+            return
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         env = dict(os.environ, BROKER_ADDRESS=url)
@@ -114,26 +162,14 @@ def main() -> None:
         )
         try:
             wait_listening(port, broker)
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pygazette.cli.main",
-                    "journals",
-                    "apply",
-                    "--specs",
-                    str(HERE / "spark" / "journalspace.yaml"),
-                ],
-                env=env,
-                check=True,
-            )
-            run(url, tmp, rng)
+            apply_journals(env)
+            run(url, tmp, rng, f"{tmp}/data/fragments")
         finally:
             broker.send_signal(signal.SIGTERM)
             broker.wait(30)
 
 
-def run(url: str, tmp: str, rng: random.Random) -> None:
+def run(url: str, tmp: str, rng: random.Random, file_root: str | None) -> None:
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("pygazette-demo")
@@ -145,8 +181,9 @@ def run(url: str, tmp: str, rng: random.Random) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     checkpoint = f"{tmp}/checkpoints/clicks-per-user"
     with SyncJournalClient(url) as client:
+        expected = clicks_per_user(client)  # None, but on a broker of earlier runs.
         step("appending 20,000 clicks to examples/spark/clicks/part-000 and part-001")
-        expected = append_clicks(client, 20_000, rng)
+        expected += append_clicks(client, 20_000, rng)
 
         step("streaming aggregation: clicks -> clicks per user (Trigger.AvailableNow)")
         start(spark, url, checkpoint, available_now=True).awaitTermination()
@@ -169,7 +206,7 @@ def run(url: str, tmp: str, rng: random.Random) -> None:
             f"{fragments} fragments, {stored} of them persisted files read straight from the store"
         )
         out = f"{tmp}/clicks.parquet"
-        rows = export(spark, url, out, f"{tmp}/data/fragments")
+        rows = export(spark, url, out, file_root)
         print(f"wrote {rows} rows to {out}")
         clicks(spark, url).groupBy("journal").count().orderBy("journal").show(truncate=False)
     spark.stop()

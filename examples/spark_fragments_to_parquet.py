@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 CLICKS = "topic=spark-clicks"
@@ -36,7 +37,25 @@ def clicks(spark: SparkSession, broker: str, file_root: str | None = None) -> Da
 def export(spark: SparkSession, broker: str, out: str, file_root: str | None = None) -> int:
     df = clicks(spark, broker, file_root)
     df.write.mode("overwrite").partitionBy("journal").parquet(out)
-    return spark.read.parquet(out).count()
+    try:
+        return spark.read.parquet(out).count()
+    except AnalysisException as exc:
+        if exc.getCondition() != "UNABLE_TO_INFER_SCHEMA":
+            raise
+        return 0  # No rows were written: no partition, no file to read a schema from.
+
+
+def check_journals(broker: str) -> None:
+    """Exit with a one-line error, before Spark starts, when no journal holds clicks."""
+    from pygazette.client import SyncJournalClient
+
+    with SyncJournalClient(broker) as client:
+        if not client.list_journals(CLICKS):
+            raise SystemExit(
+                f"error: no journal at {broker} matches {CLICKS}: create them with "
+                "`pygazette journals apply --specs examples/spark/journalspace.yaml` and append "
+                "clicks (`python examples/spark_demo.py --broker URL` does both)"
+            )
 
 
 def main() -> None:
@@ -45,6 +64,7 @@ def main() -> None:
     parser.add_argument("--file-root", help="the broker's file root, to read file:// fragments")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    check_journals(args.broker)
     spark = SparkSession.builder.appName("fragments-to-parquet").getOrCreate()
     rows = export(spark, args.broker, args.out, args.file_root)
     print(f"wrote {rows} rows to {args.out}")

@@ -312,8 +312,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Spark master: {cluster.url}  (web UI {cluster.ui_url})", flush=True)
         print(f"{cluster.workers} workers, 1 core each; started in {cluster.started_in:.1f} s")
         print(f"logs and work dirs: {cluster.root}")
+        # PYSPARK_PYTHON in spark-submit's environment, not spark.pyspark.python: Spark runs
+        # the `gazette` format it finds by itself with that variable (else `python3` on the
+        # workers' PATH), whatever the setting says.
         print(
-            "submit with: .venv/bin/spark-submit --master "
+            f"submit with: PYSPARK_PYTHON={sys.executable} .venv/bin/spark-submit --master "
             f"{cluster.url} --conf spark.executor.memory={EXECUTOR_MEMORY} your_job.py"
         )
         print("Ctrl-C stops it.", flush=True)
