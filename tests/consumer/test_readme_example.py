@@ -1,6 +1,7 @@
-"""The README's consumer example, as a newcomer runs it: its code copied out of README.md,
-served by `pygazette consumer serve` alone on an embedded keyspace (no etcd), with a shard
-applied through the Shard service and words published to its source."""
+"""The README's consumer example, as a newcomer runs it: its code (README.md shows
+examples/counter/counter.py whole) served by `pygazette consumer serve` alone on an embedded
+keyspace (no etcd), with the journals and the shard of examples/counter/ applied, and words
+published to its source."""
 
 from __future__ import annotations
 
@@ -11,26 +12,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pygazette.cli import journalspace, shardspace
 from pygazette.client import JournalClient, apply_journals
 from pygazette.client.append_service import AppendService
 from pygazette.consumer.shard_client import ShardClient
 from pygazette.message.publisher import Publisher
 from pygazette.message.reader import ReadCommitted
-from pygazette.protocol.pb import consumer_pb2 as cpb
-from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.support.broker_process import BrokerProcess
 from tests.support.consumer_process import ConsumerProcess
-from tests.support.journal_data import small_journal_spec
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+EXAMPLE = REPO / "examples" / "counter"
 NDJSON = "application/x-ndjson"
 
 
 def readme_counter_source() -> str:
     text = README.read_text()
-    blocks = re.findall(r"```python\n(# counter\.py.*?)```", text, re.S)
+    blocks = re.findall(r"```python\n(# examples/counter/counter\.py.*?)```", text, re.S)
     assert blocks, "README.md lost its counter.py example"
     return blocks[0]
+
+
+def test_the_readme_shows_the_example_file() -> None:
+    assert readme_counter_source() == (EXAMPLE / "counter.py").read_text()
 
 
 async def test_readme_counter_runs_on_an_embedded_keyspace(
@@ -46,18 +51,11 @@ async def test_readme_counter_runs_on_an_embedded_keyspace(
     consumer.start()
     try:
         async with JournalClient(broker.url) as client:
-            await apply_journals(
-                client,
-                [
-                    pb.ApplyRequest.Change(upsert=small_journal_spec(j), expect_mod_revision=0)
-                    for j in ("examples/words", "examples/counts")
-                ],
-            )
-            spec = cpb.ShardSpec(id="counter-000")
-            spec.sources.add(journal="examples/words")
-            spec.max_txn_duration.FromMilliseconds(100)
+            journals = journalspace.parse_journalspace((EXAMPLE / "journalspace.yaml").read_text())
+            await apply_journals(client, list(journalspace.apply_request(journals).changes))
+            shard_set = shardspace.parse_shardspace((EXAMPLE / "shards.yaml").read_text())
             async with ShardClient(consumer.url) as shards:
-                await shards.apply([cpb.ApplyRequest.Change(upsert=spec)])
+                await shards.apply(list(shardspace.apply_request(shard_set).changes))
                 words = ["the", "cat", "the", "hat", "the"]
                 async with AppendService(client) as service:
                     pub = Publisher(service)
