@@ -19,6 +19,7 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "journalspace.yaml"
 EXAMPLE_JOURNALS = [
+    "examples/clicks-per-user",
     "examples/clicks/part-000",
     "examples/clicks/part-001",
     "examples/logs/app",
@@ -66,7 +67,7 @@ def listed_names(broker: BrokerProcess, selector: str = "") -> list[str]:
 
 def apply_example(broker: BrokerProcess) -> None:
     out = ok(cli(broker.url, "journals", "apply", "--specs", str(EXAMPLE)))
-    assert b"applied 4" in out
+    assert b"applied 5" in out
 
 
 def test_apply_then_list_in_every_format(broker: BrokerProcess) -> None:
@@ -80,7 +81,7 @@ def test_apply_then_list_in_every_format(broker: BrokerProcess) -> None:
 
     assert listed_names(broker) == EXAMPLE_JOURNALS
     assert listed_names(broker, "topic=logs") == ["examples/logs/app", "examples/logs/audit"]
-    assert listed_names(broker, "prefix=examples/clicks/") == EXAMPLE_JOURNALS[:2]
+    assert listed_names(broker, "prefix=examples/clicks/") == EXAMPLE_JOURNALS[1:3]
     assert listed_names(broker, "name=examples/logs/audit") == ["examples/logs/audit"]
 
     hoisted = ok(cli(broker.url, "journals", "list", "--format", "yaml")).decode()

@@ -285,6 +285,7 @@ def test_example_file_applies() -> None:
     request = apply_request(parse_journalspace(EXAMPLE.read_text()))
     by_name = {c.upsert.name: c.upsert for c in request.changes}
     assert sorted(by_name) == [
+        "examples/clicks-per-user",
         "examples/clicks/part-000",
         "examples/clicks/part-001",
         "examples/logs/app",
