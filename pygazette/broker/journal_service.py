@@ -12,6 +12,7 @@ served here or proxied to the broker that serves them, Replicate is served
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -90,6 +91,15 @@ class JournalService(pb_grpc.JournalServicer):
         self.stores = stores
         self.limits = limits
         self.cluster = cluster
+        # Blocking reads proxied to a peer, which a shutting-down broker ends (see Read).
+        self._proxied_reads: set[grpc.aio.UnaryStreamCall[pb.ReadRequest, pb.ReadResponse]] = set()
+        self._proxies_ended = False
+        resolver.when_serving_stops(self._end_proxied_reads)
+
+    def _end_proxied_reads(self) -> None:
+        self._proxies_ended = True
+        for call in self._proxied_reads:
+            call.cancel()
 
     async def List(
         self, request: pb.ListRequest, context: Context
@@ -256,11 +266,26 @@ class JournalService(pb_grpc.JournalServicer):
             forwarded.CopyFrom(request)
             forwarded.header.CopyFrom(res.header)
             stub = self._peer_stub(res, context)
+            call = stub.Read(forwarded)
+            # A blocking read waits on the peer for as long as the journal is quiet. Once
+            # this broker shuts down it ends here, cleanly, as one it serves itself does
+            # (`stop_serving`): the client resolves the journal again at once. Otherwise it
+            # held the shutdown for its grace period, then ended CANCELLED.
+            if request.block:
+                if self._proxies_ended:
+                    return
+                self._proxied_reads.add(call)
             try:
-                async for resp in stub.Read(forwarded):
+                async for resp in call:
                     yield resp
             except grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details() or "proxied read failed")
+            except asyncio.CancelledError:
+                if call.cancelled() and self._proxies_ended and request.block:
+                    return  # Ended by the shutdown, not by our client.
+                raise
+            finally:
+                self._proxied_reads.discard(call)
             return
         assert res.replica is not None
         meter = ReadMeter(res.replica.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -69,6 +70,7 @@ class Resolver:
         self._deferred: set[str] = set()
         self._closed = False
         self.serving = True  # False once the broker is shutting down (`stop_serving`).
+        self._on_stop_serving: list[Callable[[], None]] = []
 
     def start(self) -> None:
         self.keyspace.add_listener(lambda _rev: self.sync_replicas())
@@ -152,6 +154,17 @@ class Resolver:
         self.serving = False
         for replica in self.replicas.values():
             replica.invalidate()
+        callbacks, self._on_stop_serving = self._on_stop_serving, []
+        for callback in callbacks:
+            callback()
+
+    def when_serving_stops(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the broker begins shutting down (`stop_serving`): for waits
+        on things other than a replica (a read proxied to a peer)."""
+        if self.serving:
+            self._on_stop_serving.append(callback)
+        else:
+            callback()
 
     async def stop(self) -> None:
         self.stop_serving()

@@ -515,3 +515,42 @@ async def test_appends_go_on_while_a_broker_is_briefly_cut_off_from_etcd(
     finally:
         await cluster.close()
         proxy.close()
+
+
+async def test_a_blocking_read_proxied_through_a_stopping_broker_ends_cleanly(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """A blocking read through a broker that doesn't serve the journal is proxied to its
+    primary. SIGTERMed, that broker ends the read at once with OK, as it ends a blocking read
+    it serves itself, and the client resolves the journal again. It held the read until
+    gRPC's grace period ran out in the shutdown, which then ended it CANCELLED."""
+    cluster = Cluster(tmp_path, etcd, etcd_root)
+    for i in range(2):
+        cluster.add("zone-a", f"broker-{i}")
+    journal = "lifecycle/proxied"
+    try:
+        await cluster.start()
+        spec = journal_spec(journal, replication=1)
+        assert (await apply_specs(cluster.stub(cluster.brokers[0]), spec)).status == pb.OK
+        await cluster.wait_ready([journal], 1)
+        primary = cluster.primary_of(journal)
+        assert primary is not None
+        other = next(b for b in cluster.brokers if b is not primary)
+        assert (await append_once(cluster.stub(primary), journal, b"hello\n")).status == pb.OK
+        async with grpc.aio.insecure_channel(other.address) as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.Read(pb.ReadRequest(journal=journal, offset=0, block=True))
+            read = b""
+            async with asyncio.timeout(30):
+                while read != b"hello\n":  # Then it waits at the head, proxied.
+                    resp = await call.read()
+                    assert resp is not grpc.aio.EOF
+                    read += resp.content
+            assert other.proc is not None
+            other.proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                assert await call.read() is grpc.aio.EOF
+                assert await call.code() == grpc.StatusCode.OK
+        assert await asyncio.to_thread(other.wait_exit, 60.0) == 0, other.log()
+    finally:
+        await cluster.close()
