@@ -53,6 +53,7 @@ READ_OPTIONS = (
     "readCommitted",
     "uuidField",
     "readCommittedWaitSeconds",
+    "readCommittedOnTimeout",
     *TLS_OPTIONS,
     *AUTH_OPTIONS,
 )
@@ -113,10 +114,12 @@ class ReadOptions:
     auth: BrokerAuth = field(default_factory=lambda: BrokerAuth(), repr=False)
     # readCommitted: rows of committed messages only (`pygazette.spark.read_committed`), whose
     # UUID is JSON field `uuid_field` (matched as Go matches field names) or a CSV record's
-    # first column; a stream waits up to `read_committed_wait_seconds` for a decision.
+    # first column; a stream waits up to `read_committed_wait_seconds` for a decision, then
+    # fails, or with `read_committed_skip_open` leaves the open transactions out.
     read_committed: bool = False
     uuid_field: str = "uuid"
     read_committed_wait_seconds: float = DEFAULT_WAIT_SECONDS
+    read_committed_skip_open: bool = False
 
     @property
     def target(self) -> BrokerTarget:
@@ -130,7 +133,12 @@ class ReadOptions:
         framing = (
             JSONFraming(self.uuid_field) if self.framing is Framing.JSON else CSVFraming()
         )
-        return CommittedReads(framing, streaming, self.read_committed_wait_seconds)
+        return CommittedReads(
+            framing,
+            streaming,
+            self.read_committed_wait_seconds,
+            skip_open=self.read_committed_skip_open,
+        )
 
 
 @dataclass(frozen=True)
@@ -401,12 +409,24 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
                 f"option readCommittedWaitSeconds must be a positive number of seconds, "
                 f"not {text!r}"
             )
+    skip_open = False
+    if "readCommittedOnTimeout" in opts:
+        if not read_committed or streaming is False:
+            raise OptionError("option readCommittedOnTimeout applies to readCommitted streams")
+        action = opts["readCommittedOnTimeout"].strip().lower()
+        if action not in ("fail", "skip"):
+            raise OptionError(
+                f"option readCommittedOnTimeout is fail (the default) or skip, not "
+                f"{opts['readCommittedOnTimeout']!r}"
+            )
+        skip_open = action == "skip"
 
     broker = _broker(opts)
     return ReadOptions(
         read_committed=read_committed,
         uuid_field=opts.get("uuidField", "uuid").strip(),
         read_committed_wait_seconds=wait_seconds,
+        read_committed_skip_open=skip_open,
         broker=broker,
         journals=journals,
         selector=selector,

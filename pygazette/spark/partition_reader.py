@@ -236,12 +236,19 @@ def _decide_owned(
                 if oldest
                 else ""
             )
-            raise ReadCommittedTimeout(
+            open_txns = (
                 f"journal {resolver.journal}: {resolver.pending_owned} message(s) of open "
                 f"transactions{where} were not committed or rolled back within "
-                f"{committed.wait_seconds:g} s; a stream reading committed messages waits "
-                "for their ACK (raise readCommittedWaitSeconds, or read without readCommitted)"
-            ) from None
+                f"{committed.wait_seconds:g} s"
+            )
+            if not committed.skip_open:
+                raise ReadCommittedTimeout(
+                    f"{open_txns}; a stream reading committed messages waits for their ACK "
+                    "(raise readCommittedWaitSeconds, set readCommittedOnTimeout=skip to "
+                    "leave them out, or read without readCommitted)"
+                ) from None
+            log.warning("%s: left out (readCommittedOnTimeout=skip)", open_txns)
+            resolver.abandon()
         finally:
             items.close()
     left = resolver.abandon() if resolver.pending_owned else 0

@@ -177,3 +177,7 @@ class CommittedReads:
     framing: MessageFraming
     wait: bool
     wait_seconds: float = DEFAULT_WAIT_SECONDS
+    # A stream's task whose wait runs out: False fails the query; True leaves the messages
+    # of the transactions still open out (never rows, even if their ACK comes later) and
+    # goes on (readCommittedOnTimeout=skip).
+    skip_open: bool = False

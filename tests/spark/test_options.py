@@ -105,6 +105,18 @@ def test_defaults_follow_the_kafka_source() -> None:
             True,
             "positive number of seconds",
         ),
+        (
+            {"journals": "in/b", "framing": "json", "readCommitted": "1"}
+            | {"readCommittedOnTimeout": "skip"},
+            False,
+            "applies to readCommitted streams",
+        ),
+        (
+            {"journals": "in/b", "framing": "json", "readCommitted": "1"}
+            | {"readCommittedOnTimeout": "ignore"},
+            True,
+            "fail \\(the default\\) or skip, not 'ignore'",
+        ),
     ],
 )
 def test_bad_read_options_are_clear_errors(
@@ -122,6 +134,13 @@ def test_read_committed_options() -> None:
     committed = opts.committed_reads(streaming=True)
     assert committed is not None and committed.wait and committed.wait_seconds == 60
     assert committed.framing.uuid_field == "UUID"  # type: ignore[attr-defined]
+    assert not committed.skip_open  # A timeout fails the query unless asked otherwise.
+    skipping = parse_read_options(
+        {"journals": "in/b", "framing": "csv", "readCommitted": "true"}
+        | {"readCommittedOnTimeout": " Skip "},
+        streaming=True,
+    ).committed_reads(streaming=True)
+    assert skipping is not None and skipping.skip_open
     plain = parse_read_options({"journals": "in/b", "framing": "csv"}, streaming=False)
     assert plain.committed_reads(streaming=False) is None
 

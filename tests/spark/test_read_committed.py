@@ -277,6 +277,43 @@ def test_a_stream_waits_for_the_ack_of_an_open_transaction(
     with pytest.raises(Exception, match="not committed or rolled back within 2 s"):
         query.awaitTermination(timeout=120)
 
+    # With readCommittedOnTimeout=skip the open transaction is left out, and the stream goes
+    # on: the next micro-batch has what was appended after it.
+    got.clear()
+    skipping = (
+        spark.readStream.format("gazette")
+        .schema("n long")
+        .option("broker", spark_broker.url)
+        .options(
+            journals=j,
+            framing="json",
+            readCommitted="true",
+            readCommittedWaitSeconds="1",
+            readCommittedOnTimeout="skip",
+            startingOffsets="earliest",
+        )
+        .load()
+    )
+    query = (
+        skipping.writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint-3"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(timeout=120)
+    assert query.exception() is None
+    assert sorted(got) == [0, 1]  # Not 2: its transaction never committed.
+    gz.append(j, _message(UUIDFormatter(P2), 1, OUTSIDE_TXN, 3))
+    query = (
+        skipping.writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "checkpoint-3"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(timeout=120)
+    assert query.exception() is None
+    assert sorted(got) == [0, 1, 3]
+
 
 def test_csv_records_carry_their_uuid_in_the_first_column(
     spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
