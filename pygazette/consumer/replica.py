@@ -84,6 +84,9 @@ RESTART_BACKOFF_FIRST = 0.25
 RESTART_BACKOFF_MAX = 10.0
 # How long a replica about to recover again waits to learn whether it was deposed.
 DEPOSED_CHECK_SECONDS = 5.0
+# A failure's message in a status is cut to this many characters (Gazette's MAX_ETCD_ERR_LEN):
+# etcd values should be small, and etcd refuses a request past --max-request-bytes.
+MAX_ETCD_ERR_LEN = 2048
 StatusReporter = Callable[[cpb.ReplicaStatus], Awaitable[None]]
 
 
@@ -251,6 +254,10 @@ class ShardReplica:
     async def _set_status(self, code: int, error: str = "") -> None:
         status = cpb.ReplicaStatus(code=code)  # type: ignore[arg-type]
         if error:
+            if len(error) > MAX_ETCD_ERR_LEN:
+                # As Gazette's: whole, a long message was refused by etcd and retried for
+                # ever, and the shard never showed FAILED.
+                error = error[:MAX_ETCD_ERR_LEN] + " ...[truncated]"
             status.errors.append(error)
         self._status = status
         try:

@@ -31,6 +31,8 @@ class Counter:
     def __init__(self) -> None:
         self.output = os.environ.get("COUNTER_OUTPUT", "tests/consumer/out")
         self.fail_on = os.environ.get("COUNTER_FAIL_ON", "")
+        # Bytes of detail the failure's message carries after its first words.
+        self.fail_detail = int(os.environ.get("COUNTER_FAIL_DETAIL_BYTES", "0"))
 
     def new_store(self, shard: Any, recorder: Any) -> Store:
         if shard.id in os.environ.get("COUNTER_BROKEN_STORES", "").split(","):
@@ -46,7 +48,9 @@ class Counter:
     def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Publisher) -> None:
         key = env.message["key"]
         if self.fail_on and key == self.fail_on:
-            raise ValueError(f"cannot count key {key!r}")
+            raise ValueError(
+                f"cannot count key {key!r}" + " " * bool(self.fail_detail) + "x" * self.fail_detail
+            )
         if isinstance(store, SQLiteStore):
             ((count,),) = store.db.execute(
                 "INSERT INTO counts VALUES (?, 1) ON CONFLICT(k) DO UPDATE SET n = n + 1 "

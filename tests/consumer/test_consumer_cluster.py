@@ -343,6 +343,25 @@ async def test_failing_app_fails_only_its_shard(group: Group) -> None:
         assert all(o["key"] != "poison" for o in outputs)
 
 
+async def test_a_shard_failing_with_a_long_error_reports_it_truncated(group: Group) -> None:
+    """A failure's message goes into the assignment's status cut to 2,048 characters and
+    ' ...[truncated]', as Gazette cuts it (MAX_ETCD_ERR_LEN). Whole, a long one (here 2 MiB
+    of detail) is more than etcd takes in a request: the status write was refused and
+    retried for ever, and the shard never showed FAILED (still PRIMARY to the allocator,
+    `shards list` and `shards unassign --failed`)."""
+    group.add(env={"COUNTER_FAIL_ON": "poison", "COUNTER_FAIL_DETAIL_BYTES": str(2 << 20)})
+    await group.apply(shard_spec(standbys=0))
+    async with JournalClient(group.broker.url) as client:
+        await group.wait_primary()
+        async with AppendService(client) as service:
+            pub = Publisher(service)
+            await pub.publish_committed(lambda _m: (SOURCES[0], NDJSON), {"key": "poison"})
+        await group.wait_for(lambda: group.failed(SHARD), "the shard to fail", within=30)
+    (error,) = [e for _m, s in group.replicas(SHARD).values() for e in s.errors]
+    assert error.startswith("ValueError: cannot count key 'poison' xxx"), error[:100]
+    assert error.endswith("x ...[truncated]") and len(error) == 2048 + len(" ...[truncated]")
+
+
 async def test_stat_reads_your_writes_through_any_consumer(group: Group) -> None:
     group.add()
     group.add()
