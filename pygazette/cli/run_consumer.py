@@ -22,6 +22,7 @@ from pygazette.auth.configured import AUTH_KEYS_ENV
 from pygazette.auth.keyed_auth import parse_auth_keys
 from pygazette.auth.tls import TLSConfigError
 from pygazette.cli.http_port import consumer_http
+from pygazette.cli.listen import check_listen_address
 from pygazette.cli.log_format import configure_from_options, log_options
 from pygazette.cli.tls_flags import (
     client_tls_flags,
@@ -228,6 +229,7 @@ def _serve(app: Application, app_name: str, **kw: Any) -> None:
         http_address=kw.get("http_address") or "",
         auth_keys=kw.get("auth_keys") or "",
     )
+    check_listen_address(config.host, config.port)
     if config.auth_keys:
         try:
             parse_auth_keys(config.auth_keys)

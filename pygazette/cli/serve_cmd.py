@@ -33,6 +33,7 @@ from pygazette.broker.server import (
     run_broker,
 )
 from pygazette.cli.http_port import broker_http, http_options
+from pygazette.cli.listen import check_listen_address
 from pygazette.cli.log_format import announce, configure_from_options, log_options
 from pygazette.cli.tls_flags import (
     client_tls_flags,
@@ -308,6 +309,7 @@ def serve(
         **_broker_tls_config(tls_flags, etcd_url),
         auth_keys=auth_keys,
     )
+    check_listen_address(host, port)
     where = f" (cluster on {etcd_url} as {zone}#{broker_id})" if etcd_url else ""
     announce(f"pygazette broker listening on {host}:{port} (data: {data_dir}){where}")
     if http_port:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -355,6 +356,22 @@ def test_serve_on_a_data_directory_in_use_is_a_one_line_error(
         cli(broker.url, "serve", "--port", "0", "--data-dir", str(broker.data_dir), timeout=60)
     )
     assert "another broker is using data directory" in err
+
+
+def test_serve_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    """`make serve` where something listens on 8080 already: one line naming the address and
+    the flag, before the broker announces itself. gRPC's bind failure was a RuntimeError
+    traceback ('Failed to bind to address 127.0.0.1:8080') after a C-core log line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("http://127.0.0.1:1", "serve", "--port", str(port), "--data-dir", str(tmp_path))
+    assert one_line_error(proc) == (
+        f"error: cannot serve gRPC on 127.0.0.1:{port}: Address already in use (another "
+        "process listens there; --port picks another port)"
+    )
+    assert not proc.stdout
 
 
 def test_serve_on_a_damaged_keyspace_file_is_a_one_line_error(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 def consumer_serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    serve = ["consumer", "serve", "--app", "examples.word_count.counter:Counter", "--port", "0"]
+    serve = ["consumer", "serve", "--app", "examples.word_count.counter:Counter"]
+    if "--port" not in args:
+        serve += ["--port", "0"]
     return subprocess.run(
         [
             sys.executable,
@@ -54,3 +57,17 @@ def test_an_id_gazette_would_reject_is_refused_at_start(
     assert why in lines[-1]
     assert "undecodable" not in proc.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
+    """gRPC's bind failure was a RuntimeError traceback after a C-core log line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = consumer_serve(tmp_path, "--port", str(port), "--id", "counter-1")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: cannot serve gRPC on 127.0.0.1:{port}: Address already in use (another "
+        "process listens there; --port picks another port)"
+    ]
