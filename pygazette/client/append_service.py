@@ -573,9 +573,10 @@ class AppendService:
         with self._mu:
             self._tasks.discard(task)
             self._active -= 1
-            idle = self._active == 0
-        if idle:
-            self._idle.set()
+            if self._active == 0:
+                # Under _mu, as `_hold` (any thread) counts a new dispatcher in and clears it:
+                # set after the lock, it could follow such a clear and say idle while one is due.
+                self._idle.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("append dispatcher failed", exc_info=task.exception())
 

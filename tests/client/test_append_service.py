@@ -16,6 +16,7 @@ from pygazette.client import (
     AppendService,
     AppendServiceClosed,
     AppendServiceError,
+    AsyncAppend,
     DependencyFailed,
     JournalClient,
     SyncJournalClient,
@@ -283,6 +284,44 @@ def test_writers_on_many_threads_keep_each_writers_order(fake: FakeBroker) -> No
         mine = [int(r.split(b":")[1]) for r in records if r.startswith(b"%d:" % w)]
         assert mine == list(range(300))
 
+
+
+def test_close_waits_for_an_append_queued_from_a_thread_as_another_journal_finished(
+    fake: FakeBroker,
+) -> None:
+    """A thread queues an append to a new journal just as the loop finishes the service's
+    last other dispatcher: between that dispatcher counting itself out (none active) and
+    marking the service idle. close() took the stale 'idle' for its own: it returned at
+    once, before the append went out, which then never did."""
+    with SyncJournalClient(fake.address) as client:
+        svc = client.append_service(backoff=no_backoff)
+        queued: list[object] = []
+        raced = threading.Event()
+
+        def race() -> None:
+            queued.append(svc.append(B, b"b"))
+            raced.set()
+
+        class RacingIdle(asyncio.Event):
+            def set(self) -> None:
+                if not queued:  # The first time the service goes idle: race it once.
+                    thread = threading.Thread(target=race)
+                    thread.start()
+                    thread.join(0.5)  # It may wait for the service's lock (fixed).
+                super().set()
+
+        svc._idle = client.run(_new_event(RacingIdle))
+        svc.append(A, b"a").result(30)
+        assert raced.wait(30), "the racing append was not queued"
+        client.close_append_service(svc)  # Waits for everything queued before it.
+        aa = queued[0]
+        assert isinstance(aa, AsyncAppend)
+        assert aa.done() and aa.error(0) is None, aa
+    assert [sent(c) for c in calls_of(fake, B)] == [b"b"]
+
+
+async def _new_event(kind: type[asyncio.Event]) -> asyncio.Event:
+    return kind()
 
 # AppendBuffer ------------------------------------------------------------------------------
 
