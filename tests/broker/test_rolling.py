@@ -171,6 +171,41 @@ async def test_persister_moves_jobs_to_the_current_first_store(harness: Harness)
     assert list((harness.root / "fragments" / "fixed" / "roll" / "move").iterdir())
 
 
+@pytest.mark.parametrize("blocked", ["store", "journal"])
+async def test_a_store_failing_at_once_is_retried_with_a_back_off(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, blocked: str
+) -> None:
+    # A put refused at once: the store's directory missing (the store is unhealthy), or the
+    # journal's directory in it blocked by a file (the store checks healthy). Each failed
+    # attempt asked for an immediate health check, which ended as fast and woke the attempt
+    # again: ~500 attempts a second, each logging a warning. Retries now back off; a store
+    # that checks healthy again is retried at once.
+    store_dir = harness.root / "fragments" / "missing"
+    if blocked == "journal":
+        (store_dir / "roll").mkdir(parents=True)
+        (store_dir / "roll" / "refused").write_text("a file where the journal's directory goes")
+    attempts = 0
+    persist = Persister.persist
+
+    async def counting(self: Persister, *args: object, **kwargs: object) -> None:
+        nonlocal attempts
+        attempts += 1
+        await persist(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Persister, "persist", counting)
+    spec = journal_spec("roll/refused", stores=["file:///missing/"], length=1024)
+    r = harness.replica(spec)
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"x" * 2000)
+    await _until(lambda: bool(harness.persister._last_error.get("file:///missing/")))
+    await asyncio.sleep(2.0)  # A rate: attempts in this time.
+    assert attempts < 20, attempts
+    assert harness.persister.persisted_count == 0
+    if blocked == "store":
+        store_dir.mkdir()  # Mounted: persisted once a check finds it healthy.
+        await _until(lambda: harness.persister.persisted_count == 1, within=30)
+
+
 async def test_backlog_past_the_bound_refuses_with_the_store_error(tmp_path: Path) -> None:
     h = Harness(tmp_path, backlog_limit=3000)
     try:

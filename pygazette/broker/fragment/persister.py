@@ -246,22 +246,34 @@ class Persister:
         return later[0] if later else None
 
     async def _wait_to_retry(self, job: _Job, backoff: float) -> None:
-        """Until the store's next health check (at most `backoff` seconds), or the broker
-        begins to exit (a job may then move to another store, `_fallback`)."""
+        """`backoff` seconds, or less: until the store, unhealthy, checks healthy again, or
+        the broker begins to exit (a job may then move to another store, `_fallback`).
+
+        A failure against a store believed healthy asks for a check now; one known to be
+        unhealthy is checked on its own back-off. Retrying at every check's end made a store
+        that fails at once (a missing directory; or a journal's own path failing while the
+        store checks healthy) a loop of ~500 attempts a second, each a warning."""
         health = self.health.get(job.store)
-        health.check_soon()
-        if self.exiting:
-            await health.wait_change(backoff)
-            return
-        waits = [
-            asyncio.ensure_future(health.wait_change(backoff)),
-            asyncio.ensure_future(self._exited.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        if health.healthy:
+            health.check_soon()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + backoff
+        while (remaining := deadline - loop.time()) > 0:
+            was_healthy = health.healthy
+            if self.exiting:
+                await health.wait_change(remaining)
+                return
+            waits = [
+                asyncio.ensure_future(health.wait_change(remaining)),
+                asyncio.ensure_future(self._exited.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if self.exiting or (health.healthy and not was_healthy):
+                return
 
     def _put(self, job: _Job) -> None:
         if job.finished:
