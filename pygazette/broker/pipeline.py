@@ -282,7 +282,8 @@ class Pipeline:
         except asyncio.CancelledError:
             self.fail("pipeline aborted")
         except Exception as exc:
-            self.fail(_why(s, await _call_status(call, exc)))
+            status = await _call_status(call, exc)
+            self.fail(_why(s, status), expected=_handed_off(status))
 
     def _wake_senders(self) -> None:
         drained = self._drained
@@ -478,7 +479,7 @@ class Pipeline:
         except asyncio.CancelledError:
             self.fail("pipeline aborted")
         except Exception as exc:
-            self.fail(_why(stream, exc))
+            self.fail(_why(stream, exc), expected=_handed_off(exc))
 
     def _deliver(self, k: int, stream: PeerStream, resp: pb.ReplicateResponse) -> None:
         i = stream.answered - self._base
@@ -522,11 +523,16 @@ class Pipeline:
             rnd.future.set_result(resps)
 
     # Failure and shutdown.
-    def fail(self, why: str) -> None:
-        """Break the pipeline: fail every open round and drop the streams."""
+    def fail(self, why: str, *, expected: bool = False) -> None:
+        """Break the pipeline: fail every open round and drop the streams. `expected`: a
+        peer let go of the journal (a hand-off), which is logged at info, not as a warning."""
         if not self.broken:
             self.broken = why
-            log.warning("replication pipeline broken", extra={"error": why})
+            log.log(
+                logging.INFO if expected else logging.WARNING,
+                "replication pipeline broken",
+                extra={"error": why},
+            )
         rounds, self._rounds = self._rounds, deque()
         rounds.extend(self._confirmations)  # Normally among the rounds already.
         self._confirmations.clear()
@@ -590,6 +596,22 @@ async def _call_status(call: Any, exc: BaseException) -> BaseException:
     if code in (grpc.StatusCode.OK, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED):
         return exc
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
+
+
+# How a pygazette peer ends a Replicate stream when the journal's route changed under it, or
+# its replica is stopping (a hand-off; the broker leaving): expected, logged quietly.
+STALE_STREAM = "the journal's route changed; stream is stale"
+REPLICA_STOPPING = "replica is stopping"
+
+
+def _handed_off(exc: BaseException) -> bool:
+    """Whether a peer ended its stream because the journal is being handed off."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code, details = exc.code(), exc.details()
+    return (code == grpc.StatusCode.ABORTED and details == STALE_STREAM) or (
+        code == grpc.StatusCode.UNAVAILABLE and details == REPLICA_STOPPING
+    )
 
 
 def _why(stream: PeerStream, exc: BaseException) -> str:

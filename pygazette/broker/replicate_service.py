@@ -30,6 +30,7 @@ from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.invalidation import acquire_or_invalidated
 from pygazette.broker.journal_runtime import JournalRuntime
+from pygazette.broker.pipeline import REPLICA_STOPPING, STALE_STREAM
 from pygazette.broker.replicated_spool import (
     ReplicationProtocolError,
     SpoolFinished,
@@ -260,16 +261,14 @@ class _RouteWatch:
 
     def _check(self) -> ReplicateAborted | None:
         if self.replica.stopping:
-            return ReplicateAborted(grpc.StatusCode.UNAVAILABLE, "replica is stopping")
+            return ReplicateAborted(grpc.StatusCode.UNAVAILABLE, REPLICA_STOPPING)
         state = self.resolver.observed.current
         if state is not self._state:
             route = self.resolver.journal_route(state, self.journal)
             self._route_matches = routes_equivalent(route, self.stream_route)
             self._state = state
         if not self._route_matches or self.replica.primary:
-            return ReplicateAborted(
-                grpc.StatusCode.ABORTED, "the journal's route changed; stream is stale"
-            )
+            return ReplicateAborted(grpc.StatusCode.ABORTED, STALE_STREAM)
         return None
 
     async def _watch(self) -> None:

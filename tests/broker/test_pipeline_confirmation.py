@@ -167,3 +167,57 @@ async def test_a_self_confirming_commit_needs_a_pair_and_a_live_lease() -> None:
     with pytest.raises(PipelineBroken):
         pln.propose_confirmed_commit(_commit(10))
     assert not pln.ok and confirmed == [] and pln.confirm_sent < 10
+
+
+class _EndingCall(_PeerCall):
+    """A Replicate stream whose peer ends it with `error` instead of acknowledging."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def write(self, req: pb.ReplicateRequest) -> None:
+        self.requests.append(req)
+        if req.acknowledge:
+            self._answers.put_nowait(self.error)
+
+    async def read(self) -> Any:
+        answer = await self._answers.get()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "level"),
+    [
+        # A peer lets go of the journal (a hand-off): expected, so not a warning.
+        ("ABORTED", "the journal's route changed; stream is stale", "INFO"),
+        ("UNAVAILABLE", "replica is stopping", "INFO"),
+        # Anything else breaking a pipeline is worth a warning.
+        ("UNAVAILABLE", "Connection reset by peer", "WARNING"),
+        ("ABORTED", "something else", "WARNING"),
+    ],
+)
+async def test_a_peer_handing_the_journal_off_breaks_the_pipeline_quietly(
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    code: str,
+    details: str,
+    level: str,
+) -> None:
+    import grpc
+
+    error = grpc.aio.AioRpcError(
+        getattr(grpc.StatusCode, code), grpc.aio.Metadata(), grpc.aio.Metadata(), details
+    )
+    monkeypatch.setattr(
+        _Stub, "Replicate", lambda self, **_kw: self.calls.append(c := _EndingCall(error)) or c
+    )
+    caplog.set_level("INFO", logger="pygazette.broker.pipeline")
+    pln, _peers, _ = await _pipeline(members=2)
+    with pytest.raises(PipelineBroken, match=details):
+        rnd = await pln.propose(_commit(10), commit=True)
+        await pln.wait(rnd)
+    broken = [r for r in caplog.records if r.getMessage() == "replication pipeline broken"]
+    assert [r.levelname for r in broken] == [level]
