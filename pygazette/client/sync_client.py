@@ -69,6 +69,10 @@ class _LoopThread:
     def stop(self, last: Coroutine[Any, Any, None] | None = None) -> None:
         """Cancel what still runs on the loop (callers waiting on it get RuntimeError), run
         `last`, then stop and close the loop."""
+        if threading.current_thread() is self._thread:
+            if last is not None:
+                last.close()
+            raise RuntimeError("SyncJournalClient closed from its own event loop thread")
         with self._lock:
             if self.closing:
                 if last is not None:

@@ -150,3 +150,17 @@ def test_close_ends_a_read_blocked_in_another_thread(fake: FakeBroker) -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], SyncClientClosed), outcome
     with pytest.raises(SyncClientClosed):
         client.list_journals()
+
+
+def test_close_from_the_clients_own_loop_is_refused(fake: FakeBroker) -> None:
+    """close() inside a coroutine the client runs would wait on its own loop for ever."""
+    client = SyncJournalClient(fake.address)
+
+    async def close_inside() -> None:
+        client.close()
+
+    with pytest.raises(RuntimeError, match="own event loop thread"):
+        client.run(close_inside(), timeout=10)
+    client.close()
+    with pytest.raises(SyncClientClosed):
+        client.list_journals()
