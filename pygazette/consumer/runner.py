@@ -42,7 +42,7 @@ from pygazette.auth.server_interceptor import AuthServerInterceptor
 from pygazette.auth.tls import ClientTLS, ServerTLS, server_credentials
 from pygazette.client.routed_client import RoutedJournalClient
 from pygazette.consumer.application import Application
-from pygazette.consumer.local_session import LocalSession
+from pygazette.consumer.local_session import LocalSession, clear_failed_assignments
 from pygazette.consumer.replica import SHARDS_DIR, ConsumerContext, ShardReplica
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.etcd import EtcdKeyspace
@@ -222,6 +222,12 @@ class ConsumerProcess:
             raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
         await self._server.start()
         await self.session.start()
+        if isinstance(self.session, LocalSession):
+            failed = await clear_failed_assignments(
+                self.keyspace, self.layout, self.decoder, cfg.zone, cfg.id
+            )
+            if failed:
+                log.info("starting shards that failed before afresh", extra={"shards": failed})
         self.resolver.start()
         self._allocator_task = asyncio.create_task(
             Allocator(self.keyspace, self.observed).run(), name="allocator"
