@@ -297,3 +297,36 @@ async def test_a_synced_commit_cut_short_still_takes_its_registers(
     assert restarted.registers == fenced
     spool.delete()
     await h.persister.stop()
+
+
+async def test_a_store_failing_at_once_is_retried_with_a_back_off_while_exiting(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Exiting, a job's retries were woken by every health check's end: the store checks
+    # healthy, the journal's own path fails at once (not an authorization refusal, so no
+    # next store), and each failure asked for a check that passed as fast: a loop of
+    # attempts, each a warning, for the whole of the broker's persist deadline. The exit
+    # itself wakes a waiting job once; its retries then back off.
+    store_dir = harness.root / "fragments" / "blocked"
+    (store_dir / "roll").mkdir(parents=True)
+    (store_dir / "roll" / "exiting").write_text("a file where the journal's directory goes")
+    attempts = 0
+    persist = Persister.persist
+
+    async def counting(self: Persister, *args: object, **kwargs: object) -> None:
+        nonlocal attempts
+        attempts += 1
+        await persist(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Persister, "persist", counting)
+    spec = journal_spec("roll/exiting", stores=["file:///blocked/"], length=1024)
+    r = harness.replica(spec)
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"x" * 2000)
+    await _until(lambda: bool(harness.persister._last_error.get("file:///blocked/")))
+    harness.persister.exit()
+    woken = attempts
+    await _until(lambda: attempts > woken)  # The exit wakes the waiting job at once.
+    await asyncio.sleep(2.0)  # A rate: attempts in this time.
+    assert attempts - woken < 20, attempts - woken
+    assert harness.persister.persisted_count == 0

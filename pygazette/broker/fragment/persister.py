@@ -75,6 +75,8 @@ T = TypeVar("T")
 DEFAULT_BACKLOG_LIMIT = 4 << 30
 WORKERS_PER_STORE = 4
 MAX_RETRY_SECONDS = 30.0
+# The longest a job waits between attempts once the broker exits (within its persist deadline).
+EXITING_RETRY_SECONDS = 1.0
 _SCRATCH_PREFIX = "persist-"
 # How long a replica leaves its primary to persist a fragment before checking for it.
 REPLICA_PERSIST_DELAY_SECONDS = 5.0
@@ -246,33 +248,36 @@ class Persister:
         return later[0] if later else None
 
     async def _wait_to_retry(self, job: _Job, backoff: float) -> None:
-        """`backoff` seconds, or less: until the store, unhealthy, checks healthy again, or
-        the broker begins to exit (a job may then move to another store, `_fallback`).
+        """`backoff` seconds (at most EXITING_RETRY_SECONDS once the broker exits), or less:
+        until the store, unhealthy, checks healthy again, or the broker begins to exit (a job
+        may then move to another store, `_fallback`).
 
         A failure against a store believed healthy asks for a check now; one known to be
         unhealthy is checked on its own back-off. Retrying at every check's end made a store
         that fails at once (a missing directory; or a journal's own path failing while the
-        store checks healthy) a loop of ~500 attempts a second, each a warning."""
+        store checks healthy) a loop of ~500 attempts a second, each a warning, and so it
+        was while exiting: the exit wakes a waiting job once, not every retry after it."""
         health = self.health.get(job.store)
         if health.healthy:
             health.check_soon()
+        exiting = self.exiting
+        if exiting:
+            backoff = min(backoff, EXITING_RETRY_SECONDS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + backoff
         while (remaining := deadline - loop.time()) > 0:
             was_healthy = health.healthy
-            if self.exiting:
-                await health.wait_change(remaining)
-                return
-            waits = [
-                asyncio.ensure_future(health.wait_change(remaining)),
-                asyncio.ensure_future(self._exited.wait()),
+            waits: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(health.wait_change(remaining))
             ]
+            if not exiting:
+                waits.append(asyncio.ensure_future(self._exited.wait()))
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for wait in waits:
                     wait.cancel()
-            if self.exiting or (health.healthy and not was_healthy):
+            if (self.exiting and not exiting) or (health.healthy and not was_healthy):
                 return
 
     def _put(self, job: _Job) -> None:
