@@ -271,7 +271,8 @@ async def _envelopes_after(
 ) -> AsyncIterator[list[tuple[int, bytes, int, int]] | DataLoss]:
     """(offset, producer, clock, flags) of the journal's messages from `offset` (a record
     boundary), a list per read chunk: up to `end` (if not 0) or the write head for a batch
-    read; for a stream, blocking for new appends, within `committed.wait_seconds` in all."""
+    read; for a stream, blocking for new appends, waiting for content within
+    `committed.wait_seconds` in all."""
     import asyncio
 
     framing = committed.framing
@@ -285,12 +286,18 @@ async def _envelopes_after(
     need = 0
     pos = offset
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + committed.wait_seconds
+    # A stream's wait: only time spent waiting for content counts, not time decoding it or
+    # handing it over (an ACK already written, but far on, is no transaction left open).
+    wait_left = committed.wait_seconds
     try:
         while True:
             try:
-                if committed.wait:  # Time spent waiting for content, not handing it over.
-                    chunk = await asyncio.wait_for(rr.read(), max(0.0, deadline - loop.time()))
+                if committed.wait:
+                    began = loop.time()
+                    try:
+                        chunk = await asyncio.wait_for(rr.read(), max(0.0, wait_left))
+                    finally:
+                        wait_left -= loop.time() - began
                 else:
                     chunk = await rr.read()
             except OffsetJump as jump:

@@ -177,3 +177,49 @@ def test_read_ahead_through_a_long_record_splits_it_once(
     seen = asyncio.run(read_ahead())
     assert seen == [(0, b"", 0, 0), (len(long_record), P1, 1, ACK_TXN)]
     assert split_bytes < 1.5 * head, split_bytes
+
+
+def test_a_stream_read_ahead_spends_its_wait_only_waiting_for_content(
+    broker: BrokerProcess, gz: SyncJournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """readCommittedWaitSeconds bounds the wait for a transaction's ACK that is not written
+    yet. Time reading the content before it (here: slow to decode) was counted too, so an
+    ACK already in the journal, but far enough, timed out: the query failed, and with
+    readCommittedOnTimeout=skip the committed transaction was left out."""
+    import asyncio
+    import time
+
+    from pygazette.client import JournalClient
+    from pygazette.message.json_framing import JSONFraming
+    from pygazette.spark import partition_reader
+    from pygazette.spark.partition_reader import _envelopes_after
+    from pygazette.spark.read_committed import CommittedReads
+
+    create_journals(gz, journal_spec(J))
+    # Large enough for the ACK to come in a later read than the transaction's first message.
+    others = [_message(UUIDFormatter(P2), 1 + i, CONTINUE_TXN, i, 1 << 17) for i in range(24)]
+    appends = [
+        _message(UUIDFormatter(P1), 1, CONTINUE_TXN, 0),
+        *others,
+        _message(UUIDFormatter(P1), 2, ACK_TXN, -1),
+    ]
+    append_each(gz, J, appends)
+    uuid_parts = partition_reader.uuid_parts
+
+    def slow_uuid_parts(framing: object, payload: bytes) -> tuple[bytes, int, int]:
+        time.sleep(0.1)  # Decoding takes a while: the content is there all along.
+        return uuid_parts(framing, payload)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(partition_reader, "uuid_parts", slow_uuid_parts)
+
+    async def read_to_the_ack() -> int:
+        committed = CommittedReads(JSONFraming("uuid"), wait=True, wait_seconds=1.0)
+        async with JournalClient(broker.url) as client:
+            async for items in _envelopes_after(client, journal=J, offset=0, committed=committed):
+                assert isinstance(items, list)
+                for offset, producer, _clock, flags in items:
+                    if producer == P1 and flags == ACK_TXN:
+                        return offset
+        raise AssertionError("the read ended before the ACK")
+
+    assert asyncio.run(read_to_the_ack()) == sum(len(a) for a in appends[:-1])
