@@ -265,15 +265,16 @@ class JournalService(pb_grpc.JournalServicer):
             forwarded = pb.ReadRequest()
             forwarded.CopyFrom(request)
             forwarded.header.CopyFrom(res.header)
-            stub = self._peer_stub(res, context)
-            call = stub.Read(forwarded)
             # A blocking read waits on the peer for as long as the journal is quiet. Once
             # this broker shuts down it ends here, cleanly, as one it serves itself does
             # (`stop_serving`): the client resolves the journal again at once. Otherwise it
-            # held the shutdown for its grace period, then ended CANCELLED.
+            # held the shutdown for its grace period, then ended CANCELLED. (One arriving
+            # after that opens nothing on the peer: left there, it would never be cancelled.)
+            if request.block and self._proxies_ended:
+                return
+            stub = self._peer_stub(res, context)
+            call = stub.Read(forwarded)
             if request.block:
-                if self._proxies_ended:
-                    return
                 self._proxied_reads.add(call)
             try:
                 async for resp in call:

@@ -554,3 +554,49 @@ async def test_a_blocking_read_proxied_through_a_stopping_broker_ends_cleanly(
         assert await asyncio.to_thread(other.wait_exit, 60.0) == 0, other.log()
     finally:
         await cluster.close()
+
+
+async def test_a_blocking_read_proxied_after_serving_stopped_opens_no_read_on_the_primary(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking read that reaches a broker's proxying once it stopped serving (between
+    stop_serving and the gRPC server's stop; or its resolution was under way) ends at once,
+    cleanly. It opened the read on the primary first and left it there, never cancelled: the
+    primary held a blocking read for a client long gone, until this broker's process ended."""
+    from pygazette.broker.journal_service import JournalService
+    from tests.broker.test_proxied_appends import JOURNAL, TwoBrokers
+
+    calls: list[grpc.aio.UnaryStreamCall[pb.ReadRequest, pb.ReadResponse]] = []
+    peer_stub = JournalService._peer_stub
+
+    class Recording:
+        def __init__(self, stub: pb_grpc.JournalStub) -> None:
+            self._stub = stub
+
+        def Read(self, request: pb.ReadRequest) -> object:
+            call = self._stub.Read(request)
+            calls.append(call)
+            return call
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._stub, name)
+
+    monkeypatch.setattr(
+        JournalService,
+        "_peer_stub",
+        lambda self, res, context: Recording(peer_stub(self, res, context)),
+    )
+    brokers = TwoBrokers(tmp_path, etcd, etcd_root)
+    try:
+        await brokers.start()
+        spec = journal_spec(JOURNAL, replication=1)
+        assert (await apply_specs(brokers.stub(0), spec)).status == pb.OK
+        proxy = 1 - await brokers.primary()
+        brokers.brokers[proxy].resolver.stop_serving()  # Its gRPC server still takes calls.
+        call = brokers.stub(proxy).Read(pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
+        async with asyncio.timeout(10):
+            assert [r async for r in call] == []
+            assert await call.code() == grpc.StatusCode.OK
+        assert [c for c in calls if not c.done()] == []
+    finally:
+        await brokers.close()
