@@ -86,7 +86,15 @@ class JournalClient(Connection):
         """A broker said `journal` has `route` (in a response header or a listing)."""
 
     def forget_route(self, journal: str) -> None:
-        """A read of `journal` failed: don't rely on what was noted of its route."""
+        """Don't rely on what was noted of `journal`'s route."""
+
+    def read_failed(
+        self,
+        journal: str,
+        rpc: grpc.aio.UnaryStreamMultiCallable[pb.ReadRequest, pb.ReadResponse],
+        error: grpc.aio.AioRpcError,
+    ) -> None:
+        """A read of `journal` through `rpc` (from `read_rpc`) failed with `error`."""
 
 
 def is_unavailable(exc: BaseException) -> bool:

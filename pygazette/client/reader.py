@@ -92,6 +92,10 @@ class Reader(ByteStream):
         self.bytes_read = 0
 
         self._call: grpc.aio.UnaryStreamCall[pb.ReadRequest, pb.ReadResponse] | None = None
+        # The Read callable of the last call (the broker it went to).
+        self._rpc: grpc.aio.UnaryStreamMultiCallable[pb.ReadRequest, pb.ReadResponse] | None = (
+            None
+        )
         self._direct: FragmentReader | None = None
         self._buf = b""
         self._pos = 0
@@ -154,8 +158,10 @@ class Reader(ByteStream):
             raise
         except BaseException as exc:
             self._error = exc
-            if isinstance(exc, grpc.aio.AioRpcError):
-                self.client.forget_route(self.journal)  # E.g. a broker gone: not there again.
+            if isinstance(exc, grpc.aio.AioRpcError) and self._rpc is not None:
+                # The client judges the broker the call went to (a routed client stops
+                # routing to one that is unreachable).
+                self.client.read_failed(self.journal, self._rpc, exc)
             await self._teardown()
             raise
 
@@ -190,7 +196,8 @@ class Reader(ByteStream):
                 request = pb.ReadRequest()
                 request.CopyFrom(self.request)
                 # The journal's primary broker, where a routed client knows it.
-                self._call = self.client.read_rpc(self.journal)(request)
+                self._rpc = self.client.read_rpc(self.journal)
+                self._call = self._rpc(request)
 
             resp = await self._call.read()
             if not isinstance(resp, pb.ReadResponse):  # grpc.aio.EOF

@@ -10,9 +10,13 @@ a channel to that broker's advertised endpoint, as Gazette's routed journal clie
 Everything else, and reads of journals whose route it doesn't know, go to its own broker.
 
 Routes are hints: a read sent to a broker that is no longer primary is proxied by that
-broker as before. A read that fails with a gRPC error (an endpoint gone or unreachable)
-forgets the journal's route (`forget_route`), and its endpoint is not routed to again for
-`ENDPOINT_BACKOFF_SECONDS`, so that the retry goes through this client's own broker. At
+broker as before. A routed read that fails as UNAVAILABLE (the broker unreachable, its
+connection lost, or it not serving) forgets the journal's route, and that endpoint is not
+routed to again for `ENDPOINT_BACKOFF_SECONDS`, so that the retry goes through this client's
+own broker. Only that code, and only of a call sent to that endpoint (`read_failed`), as
+Gazette's dispatcher invalidates a route only on Unavailable: a call cancelled, a token
+expired (DEADLINE_EXCEEDED), a message too large for this client, or a failure of the
+client's own broker say nothing of the primary, and its retry goes to the primary again. At
 most `max_routes` routes are kept (all are dropped past it); channels are kept per
 endpoint (one per broker) and closed with the client.
 """
@@ -24,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Unpack
 
+import grpc
 import grpc.aio
 
 from pygazette.client.channel import ChannelOptions, channel_target
@@ -87,9 +92,21 @@ class RoutedJournalClient(JournalClient):
             self._primaries.pop(name, None)
 
     def forget_route(self, journal: str) -> None:
-        endpoint = self._primaries.pop(_name(journal), None)
-        if endpoint is not None and self._peers.get(endpoint) is not None:
-            self._failed[endpoint] = self._clock()
+        self._primaries.pop(_name(journal), None)
+
+    def read_failed(self, journal: str, rpc: ReadCallable, error: grpc.aio.AioRpcError) -> None:
+        if error.code() != grpc.StatusCode.UNAVAILABLE:
+            return  # Not a sign of the broker being unreachable (see the module doc).
+        endpoint = next(
+            (ep for ep, peer in self._peers.items() if peer is not None and peer.rpc_read is rpc),
+            None,
+        )
+        if endpoint is None:
+            return  # Sent through this client's own broker: the primary was not asked.
+        self._failed[endpoint] = self._clock()
+        name = _name(journal)
+        if self._primaries.get(name) == endpoint:
+            del self._primaries[name]
 
     def _peer(self, endpoint: str) -> JournalClient | None:
         """The client of `endpoint` (None: this client's own broker, or unusable)."""

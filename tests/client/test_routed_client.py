@@ -11,7 +11,7 @@ import pytest
 from pygazette.client import JournalClient, Reader
 from pygazette.client.routed_client import ENDPOINT_BACKOFF_SECONDS, RoutedJournalClient
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.client.fake_broker import FakeBroker, content, fake_broker, header, metadata
+from tests.client.fake_broker import Abort, FakeBroker, content, fake_broker, header, metadata
 from tests.support.ports import free_port
 
 J = "a/journal"
@@ -106,3 +106,50 @@ async def test_a_plain_client_does_not_route(fake_client: JournalClient) -> None
     fake_client.note_route(J, route_to("http://127.0.0.1:1"))
     assert fake_client.read_rpc(J) is fake_client.rpc_read
     fake_client.forget_route(J)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.DEADLINE_EXCEEDED,  # A broker ends a read whose token expired.
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,  # E.g. a message too large for this client.
+        grpc.StatusCode.UNAUTHENTICATED,
+    ],
+)
+async def test_a_routed_read_failing_otherwise_than_unavailable_keeps_the_primary(
+    fake: FakeBroker, primary: FakeBroker, code: grpc.StatusCode
+) -> None:
+    primary.journal.read_scripts.append([Abort(code)])
+    primary.journal.read_scripts.append([metadata(0, begin=0, end=2), content(0, b"ok")])
+    fake.journal.read_scripts.append([metadata(0, begin=0, end=2), content(0, b"no")])
+    async with RoutedJournalClient(fake.address) as client:
+        client.note_route(J, route_to(f"http://{primary.address}"))
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await read_all(Reader(client, J, end_offset=2))
+        assert failed.value.code() == code
+        # The primary was not found unreachable: the retry goes to it again.
+        assert await read_all(Reader(client, J, end_offset=2)) == b"ok"
+        assert client.routed_reads == 2
+
+
+async def test_a_failure_of_the_own_broker_does_not_mark_the_primary(
+    fake: FakeBroker, primary: FakeBroker
+) -> None:
+    # The read goes through the client's own broker (no route known yet); its first response
+    # names the primary, then the own broker's connection fails.
+    route = route_to(f"http://{primary.address}")
+    fake.journal.read_scripts.append(
+        [routed(metadata(0, begin=0, end=5), route), content(0, b"he"), Abort()]
+    )
+    primary.journal.read_scripts.append([metadata(2, begin=0, end=5), content(2, b"llo")])
+    fake.journal.read_scripts.append([metadata(2, begin=0, end=5), content(2, b"LLO")])
+    async with RoutedJournalClient(fake.address) as client:
+        reader = Reader(client, J, end_offset=5)
+        assert await reader.read() == b"he"
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await reader.read()
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The primary was never asked: the next read goes to it.
+        assert await read_all(Reader(client, J, offset=2, end_offset=5)) == b"llo"
+        assert client.routed_reads == 1
