@@ -3,15 +3,30 @@ read's header or a listing), and back through the client's own broker when that 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 
-from pygazette.client import JournalClient, Reader
-from pygazette.client.routed_client import ENDPOINT_BACKOFF_SECONDS, RoutedJournalClient
+from pygazette.client import JournalClient, Reader, routed_client
+from pygazette.client.errors import ReaderCancelled
+from pygazette.client.routed_client import (
+    ENDPOINT_BACKOFF_SECONDS,
+    PEER_SWEEP_SECONDS,
+    RoutedJournalClient,
+)
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.client.fake_broker import Abort, FakeBroker, content, fake_broker, header, metadata
+from tests.client.fake_broker import (
+    Abort,
+    FakeBroker,
+    Hang,
+    content,
+    fake_broker,
+    header,
+    metadata,
+)
 from tests.support.ports import free_port
 
 J = "a/journal"
@@ -153,3 +168,83 @@ async def test_a_failure_of_the_own_broker_does_not_mark_the_primary(
         # The primary was never asked: the next read goes to it.
         assert await read_all(Reader(client, J, offset=2, end_offset=5)) == b"llo"
         assert client.routed_reads == 1
+
+
+class _Opened:
+    """Records the peer clients a RoutedJournalClient opens, and which it closed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.clients: dict[str, JournalClient] = {}
+        self.closed: dict[str, asyncio.Event] = {}
+        opened = self
+
+        class Recorded(JournalClient):
+            def __init__(self, address: str, **channel: Any) -> None:
+                super().__init__(address, **channel)
+                opened.clients[address] = self
+                opened.closed[address] = asyncio.Event()
+
+            async def close(self, grace: float | None = None) -> None:
+                await super().close(grace)
+                opened.closed[self.address].set()
+
+        monkeypatch.setattr(routed_client, "JournalClient", Recorded)
+
+
+async def test_channels_to_endpoints_no_route_names_are_closed(
+    fake: FakeBroker, primary: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = _Opened(monkeypatch)
+    now = [100.0]
+    old, new = f"http://{primary.address}", f"http://127.0.0.1:{free_port()}"
+    primary.journal.read_scripts.append([metadata(0, begin=0, end=2), content(0, b"ok")])
+    async with RoutedJournalClient(fake.address, clock=lambda: now[0]) as client:
+        client.note_route(J, route_to(old))
+        assert await read_all(Reader(client, J, end_offset=2)) == b"ok"
+        # The primary restarts on a new address: no route names the old one any more.
+        client.note_route(J, route_to(new))
+        client.note_route("other/journal", route_to(old))  # Named again, for a while.
+        now[0] += PEER_SWEEP_SECONDS
+        client.note_route("other/journal", route_to(new))
+        assert old in opened.clients and not opened.closed[old].is_set()
+        now[0] += PEER_SWEEP_SECONDS  # Found unused by one sweep: not closed yet.
+        client.read_rpc(J)
+        assert not opened.closed[old].is_set()
+        now[0] += PEER_SWEEP_SECONDS  # ... and by the next: closed.
+        client.read_rpc(J)
+        async with asyncio.timeout(10):
+            await opened.closed[old].wait()
+        assert client.peer_endpoints == [new]
+        # Named again later: a new channel.
+        client.note_route(J, route_to(old))
+        assert client.read_rpc(J) is not client.rpc_read
+        assert opened.clients[old].channel.get_state() is not grpc.ChannelConnectivity.SHUTDOWN
+
+
+async def test_a_channel_with_a_call_on_it_is_not_closed(
+    fake: FakeBroker, primary: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = _Opened(monkeypatch)
+    now = [100.0]
+    old, new = f"http://{primary.address}", f"http://127.0.0.1:{free_port()}"
+    primary.journal.read_scripts.append([metadata(0, begin=0, end=2), content(0, b"ok"), Hang()])
+    async with RoutedJournalClient(fake.address, clock=lambda: now[0]) as client:
+        client.note_route(J, route_to(old))
+        reader = Reader(client, J, block=True)
+        assert await reader.read() == b"ok"
+        client.note_route(J, route_to(new))  # The read's call stays open on the old one.
+        for _ in range(3):
+            now[0] += PEER_SWEEP_SECONDS
+            client.read_rpc(J)
+        assert not opened.closed[old].is_set()
+        pending = asyncio.ensure_future(reader.read())  # Still reading from the old primary.
+        await asyncio.sleep(0)
+        assert not pending.done()
+        reader.cancel()  # The call ends: the channel goes with the next sweeps.
+        with pytest.raises(ReaderCancelled):
+            await pending
+        for _ in range(2):
+            now[0] += PEER_SWEEP_SECONDS
+            client.read_rpc(J)
+        async with asyncio.timeout(10):
+            await opened.closed[old].wait()
