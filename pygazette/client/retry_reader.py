@@ -11,6 +11,11 @@ the stream or the transport fails, with backoff. Like Gazette's RetryReader it s
 - `ReaderCancelled` after `cancel()`, and errors that a retry cannot fix (unknown journal,
   reads not allowed by the journal's flags, malformed requests, corrupt fragments).
 
+With `do_not_proxy`, a fragment whose URL cannot be opened here (no `file_root` for a
+`file://` store, a store failing the GET, a file just removed by retention) is read through
+the broker, and the next fragment's URL is opened again (Gazette's RetryReader retries the
+URL after a backoff instead).
+
 A response that breaks Gazette's rules (`InvalidResponse`, counted by `response_check`) is
 logged and read again after a backoff, as Gazette's RetryReader does.
 
@@ -114,6 +119,10 @@ class RetryReader(ByteStream):
             )
         self.reader = Reader(client, request, file_root=file_root)
         self._cancelled = False
+        # Set while a fragment whose URL failed to open is read through the broker: its end,
+        # where fragment URLs are asked for (`do_not_proxy`) again.
+        self._proxied_until: int | None = None
+        self._proxied_fragments = 0  # Fragments read so (the first is logged as a warning).
 
     @property
     def journal(self) -> str:
@@ -136,6 +145,12 @@ class RetryReader(ByteStream):
         while True:
             if self._cancelled:
                 raise ReaderCancelled(f"read of {self.journal} was cancelled")
+            until = self._proxied_until
+            if until is not None and self.offset >= until:
+                # Read through the fragment whose URL failed: open fragment URLs again.
+                self._proxied_until = None
+                self.reader.request.do_not_proxy = True
+                await self._restart()
             reader = self.reader
             try:
                 chunk = await reader.read(n)
@@ -185,15 +200,30 @@ class RetryReader(ByteStream):
                 await self._restart()
             except FragmentOpenError as exc:
                 # A fragment URL this process cannot open (a file:// store without
-                # `file_root`, an unreachable store): read through the broker instead.
-                if reader.request.do_not_proxy:
-                    log.warning(
-                        "reading through the broker: fragment URL cannot be opened here",
-                        extra={"journal": self.journal, "err": str(exc)},
+                # `file_root`, a store refusing or failing the GET, a file retention just
+                # removed): read that fragment through the broker, and open the next
+                # fragment's URL again, as the failure may well have been passing.
+                fragment = reader.fragment
+                if (
+                    reader.request.do_not_proxy
+                    and fragment is not None
+                    and fragment.end > self.offset >= 0
+                ):
+                    (log.debug if self._proxied_fragments else log.warning)(
+                        "reading a fragment through the broker: its URL cannot be opened here",
+                        extra={
+                            "journal": self.journal,
+                            "offset": self.offset,
+                            "fragment_end": fragment.end,
+                            "err": str(exc),
+                        },
                     )
+                    self._proxied_fragments += 1
+                    self._proxied_until = fragment.end
                     reader.request.do_not_proxy = False
-                else:
-                    self._log_retry(exc, attempt, squelch=False)
+                    await self._restart()
+                    continue  # Nothing to wait for: the broker reads it.
+                self._log_retry(exc, attempt, squelch=False)
                 await self._restart()
             except FragmentReadError as exc:
                 # A fragment URL that was cut short or corrupt: ask a broker again.
@@ -257,6 +287,10 @@ class RetryReader(ByteStream):
         """
         if offset < -1:
             raise ValueError(f"invalid offset {offset}")
+        if self._proxied_until is not None:
+            # Wherever the seek goes, its fragment's URL is worth opening.
+            self._proxied_until = None
+            self.reader.request.do_not_proxy = True
         direct = self.reader.direct
         if direct is not None and self.offset <= offset < direct.fragment.end:
             end_offset = self.reader.request.end_offset

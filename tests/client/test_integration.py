@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -273,10 +275,53 @@ async def test_do_not_proxy_reads_persisted_fragments_directly(
             rest += await rr.read()
     assert rest == second
 
-    # Without the file root the URL can't be opened here: the read goes through the broker.
+    # Without the file root no URL can be opened here: the reads go through the broker.
     fallback = RetryReader(client, spec.name, do_not_proxy=True)
     assert await fallback.read() == first
-    assert not fallback.request.do_not_proxy
+    assert fallback.reader.direct is None
+    rest = b""
+    with pytest.raises(OffsetNotYetAvailable):
+        while True:
+            rest += await fallback.read()
+    assert rest == second
+
+
+async def test_a_fragment_url_failing_to_open_is_read_through_the_broker_alone(
+    broker: BrokerProcess, client: JournalClient, tmp_path: Path
+) -> None:
+    spec = journal_spec("tests/client/flaky-store")
+    spec.fragment.length = 1024  # Every append below closes (and persists) its fragment.
+    await create(client, spec)
+    parts = [bytes([c]) * 1500 + b"\n" for c in b"abc"]
+    for part in parts:
+        await append(client, spec.name, part)
+    for _ in range(300):  # Persisting happens in the background.
+        fragments = await list_all_fragments(client, spec.name)
+        if len(fragments) == 3 and all(f.spec.backing_store for f in fragments):
+            break
+        await asyncio.sleep(0.1)
+    assert [f.spec.end for f in fragments] == [1501, 3002, 4503]
+
+    # The client reads a copy of the store in which the middle fragment's file is missing
+    # (as if a store failed its GET, or retention had just removed it).
+    mirror = tmp_path / "mirror"
+    shutil.copytree(broker.data_dir / "fragments", mirror)
+    (missing,) = mirror.rglob(f"{1501:016x}-*")
+    missing.unlink()
+
+    rr = RetryReader(client, spec.name, do_not_proxy=True, file_root=mirror)
+    read: list[tuple[int, bool]] = []  # (offset, read directly) of every chunk.
+    data = b""
+    with pytest.raises(OffsetNotYetAvailable):
+        while True:
+            offset = rr.offset
+            data += await rr.read()
+            read.append((offset, rr.reader.direct is not None))
+    assert data == b"".join(parts)
+    by_fragment = {end: {d for o, d in read if end - 1501 <= o < end} for end in (1501, 3002, 4503)}
+    # The first and last from the store, the middle one through the broker.
+    assert by_fragment == {1501: {True}, 3002: {False}, 4503: {True}}
+    await rr.aclose()
 
 
 async def test_retry_reader_continues_across_a_broker_crash(
