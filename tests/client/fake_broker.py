@@ -67,9 +67,11 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         # Set whenever a Read RPC arrives (waitable from any thread).
         self.read_started = threading.Event()
         # When set, Append answers only once the event is set (from any thread), and sets
-        # `append_at_gate` as it begins to wait.
+        # `append_at_gate` as it begins to wait (`append_cancelled` if the client goes away
+        # meanwhile).
         self.append_gate: threading.Event | None = None
         self.append_at_gate = threading.Event()
+        self.append_cancelled = threading.Event()
 
     async def Read(
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -106,7 +108,11 @@ class ScriptedJournal(pb_grpc.JournalServicer):  # type: ignore[misc]
         call.committed = len(call.requests) >= 2 and not call.requests[-1].content
         if self.append_gate is not None:
             self.append_at_gate.set()
-            await asyncio.to_thread(self.append_gate.wait)
+            try:
+                await asyncio.to_thread(self.append_gate.wait)
+            except asyncio.CancelledError:
+                self.append_cancelled.set()
+                raise
         if self.append_responses:
             resp = self.append_responses.pop(0)
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pygazette.auth.authorizer import BearerAuth
 from pygazette.client import Appender, ChunkCoalescer, JournalClient, append
 from pygazette.client.appender import AppenderStateError
 from pygazette.protocol.errors import (
@@ -270,3 +272,26 @@ async def test_a_stream_refused_at_once_keeps_the_brokers_status() -> None:
         assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
     finally:
         await server.stop(None)
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["plain", "intercepted"])
+async def test_cancelling_a_commit_cancels_the_rpc(fake: FakeBroker, auth: bool) -> None:
+    # The broker holds the append after its commit chunk (as while replicas confirm it); the
+    # task committing is cancelled: the RPC goes with it, and the broker sees the client go
+    # away (and rolls the append back). grpc.aio cancels a call whose awaiting task is
+    # cancelled; an authorizing channel's calls go through interceptors, which must too.
+    gate = fake.journal.append_gate = threading.Event()
+    try:
+        channel: dict[str, Any] = {"auth": BearerAuth("a-token")} if auth else {}
+        async with JournalClient(fake.address, **channel) as client:
+            app = Appender(client, J)
+            await app.write(b"hello")
+            commit = asyncio.create_task(app.commit())
+            assert await asyncio.to_thread(fake.journal.append_at_gate.wait, 10)
+            commit.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await commit
+            assert await asyncio.to_thread(fake.journal.append_cancelled.wait, 10)
+            assert app.done and app.response is None
+    finally:
+        gate.set()
