@@ -66,6 +66,8 @@ class SourceBatch:
     # when the newest one still awaiting its ACK began (`Sequencer.newest_open`).
     begun: int = 0
     newest_open: int = 0
+    # The end of the last duplicate or rolled-back message read (`Sequencer.dropped_through`).
+    dropped_through: int = 0
 
 
 class SourceReaders:
@@ -162,6 +164,7 @@ class SourceReaders:
                         states,
                         begun=sequencer.begun,
                         newest_open=sequencer.newest_open(),
+                        dropped_through=sequencer.dropped_through.get(journal, 0),
                     )
                 )
 

@@ -266,11 +266,13 @@ class Transactions:
         to the read; else the shard's progress does at once. Otherwise a Stat asking to read
         through a duplicate (a retried append's second copy, a recovered ACK appended again)
         would wait for the next message that begins a transaction, for ever on a quiet
-        source. Not while a producer's transaction in the journal awaits its ACK: its
-        messages are read, but not consumed yet."""
-        if batch.newest_open:
+        source. While a producer's transaction in the journal awaits its ACK (its messages
+        are read, not consumed yet), only through the last duplicate or rolled-back message,
+        as Gazette reports it."""
+        journal = batch.journal
+        offset = batch.dropped_through if batch.newest_open else batch.read_through
+        if offset <= 0:
             return
-        journal, offset = batch.journal, batch.read_through
         if not prev.completed:
             if offset > prev.read_through.get(journal, -1):
                 prev.read_through[journal] = offset

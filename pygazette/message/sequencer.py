@@ -124,6 +124,10 @@ class Sequencer:
         # cleared by checkpoints), and how many transactions were begun so far.
         self._open: set[_Partial] = set()
         self.begun = 0
+        # Per journal, the end of the last message queued and dropped (a duplicate, or an ACK
+        # that rolled back): what a consumer reports as read through while idle, as Gazette's
+        # txnRead does, even with a transaction still open before it.
+        self.dropped_through: dict[str, int] = {}
         self._emit: _Partial | None = None
         self._direct: Envelope | None = None  # A sequence of exactly this envelope.
         self._replay: Iterator[Envelope] | None = None
@@ -210,6 +214,7 @@ class Sequencer:
         if outcome in _IGNORED:
             # A duplicate: ignored, but read through.
             self._offsets[journal] = env.end
+            self.dropped_through[journal] = env.end
         elif outcome in (QueueOutcome.CONTINUE_BEGIN_SPAN, QueueOutcome.CONTINUE_EXTEND_SPAN):
             if outcome == QueueOutcome.CONTINUE_BEGIN_SPAN:
                 partial.begin = env.begin
@@ -225,6 +230,7 @@ class Sequencer:
             self._pending.discard(partial)
             self._open.discard(partial)
             self._offsets[journal] = env.end
+            self.dropped_through[journal] = env.end
         elif outcome == QueueOutcome.OUTSIDE_COMMIT:
             # Commits this message alone; a pending CONTINUE_TXN sequence is clobbered (an
             # effective rollback), as Gazette does. Emitted directly, not through the ring.
@@ -273,6 +279,7 @@ class Sequencer:
                     assert partial is not None
                     if clock <= partial.min_clock:
                         offsets[env.journal] = env.end  # A duplicate.
+                        self.dropped_through[env.journal] = env.end
                         continue
                     if partial.begin != -1:
                         self._log_error(env, partial, _MIXED)

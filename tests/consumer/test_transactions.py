@@ -246,6 +246,53 @@ async def test_progress_covers_a_duplicate_read_while_idle(client: JournalClient
         await service.close(cancel=True)
 
 
+async def test_progress_covers_a_duplicate_read_while_a_transaction_is_open(
+    client: JournalClient,
+) -> None:
+    """As the test above, with another producer's transaction open in the journal before the
+    duplicate (a producer that died in it: its ACK never comes). Gazette's txnRead reports
+    the duplicate's end as read through all the same; the shard's progress stayed before it
+    for as long as that transaction stayed open, and a Stat through the duplicate waited
+    until its deadline."""
+    heads = await publish_inputs(client, 20)
+    src = SOURCES[0]
+    async with Reader(client, src, offset=0, end_offset=heads[src]) as reader:
+        first = (await reader.read()).split(b"\n", 1)[0] + b"\n"
+
+    spec, store, progress = shard_spec(), MemoryStore({"counts": {}}), Progress()
+    shard = FakeShard(spec, client)
+    app = Counter()
+    cp = await store.restore_checkpoint(shard)
+    offsets, states = checkpoint_sources(cp)
+    framing = framing_for(NDJSON)
+    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
+    service = AppendService(client)
+    txns = Transactions(shard, app, store, service, Publisher(service), readers, progress)
+    readers.start()
+    run = asyncio.ensure_future(txns.run(cp))
+    try:
+        await asyncio.wait_for(progress.wait_for(heads, None), 30)
+        seen = app.seen
+        async with AppendService(client) as other:
+            opened = Publisher(other).publish_uncommitted(
+                lambda _m: (src, NDJSON), {"key": "k0", "n": -1}
+            )
+            await opened
+            assert opened.response is not None
+        await asyncio.wait_for(progress.wait_for({src: opened.response.commit.begin}, None), 10)
+        duplicate = await append(client, src, [first])  # The first message, again.
+        end = duplicate.commit.end
+        await asyncio.wait_for(progress.wait_for({src: end}, None), 10)
+        assert app.seen == seen  # Neither consumed.
+        assert progress.read_through[src] == end
+    finally:
+        shard.stopping.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(run, 30)
+        await readers.close()
+        await service.close(cancel=True)
+
+
 class Paired(Counter):
     """Holds a semaphore shared with other shards from begin_txn to finish_txn, as Gazette
     suggests BeginFinisher be used to bound concurrent transactions."""
