@@ -193,6 +193,11 @@ class StreamSum:
         )
         for i in range(self.w.summers):
             log = self.work / f"summer-{i}.log"
+            # Gazette's RocksDB stores live in os.MkdirTemp dirs, which a SIGKILLed summer
+            # never removes: under the run's own directory, they go with it (in /tmp they
+            # piled up, ~76 MB a shard a run).
+            tmp = self.work / f"summer-{i}-tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
             # On a free port, waited for until it listens; again on another if it was taken.
             proc, port = start_listening(
                 lambda port, i=i: [
@@ -211,6 +216,7 @@ class StreamSum:
                     "--log.level=info",
                 ],
                 log,
+                env={**os.environ, "TMPDIR": str(tmp)},
                 timeout=60,
                 what=f"summer-{i}",
             )
