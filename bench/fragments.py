@@ -132,6 +132,8 @@ async def persist_run(
         spool.fragment()  # Hashing belongs to appends, not to persisting.
         spool.close()
         spools.append(spool)
+    # A file store's directory must exist.
+    await asyncio.to_thread(file_root.mkdir, parents=True, exist_ok=True)
     stores = StoreRegistry(file_root)
     persister = Persister(stores, work / "scratch")
     persister.start()

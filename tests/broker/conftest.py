@@ -23,6 +23,7 @@ def snappycat(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def persister(tmp_path: Path) -> AsyncIterator[Persister]:
+    (tmp_path / "store").mkdir(exist_ok=True)  # A file store's directory must exist.
     p = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
     p.start()
     yield p

@@ -45,6 +45,7 @@ async def resolver(tmp_path: Path) -> AsyncIterator[ClusterResolver]:
     )
     decoder = JournalDecoder(LAYOUT)
     observed = ObservedState(ks, LAYOUT, decoder, LAYOUT.member_key("zone-a", "local-broker"))
+    (tmp_path / "store").mkdir(exist_ok=True)  # A file store's directory must exist.
     persister = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
     r = ClusterResolver(
         ks,

@@ -195,6 +195,7 @@ def test_with_sync_each_record_is_synced_before_it_returns(
 
 
 async def test_a_replica_run_with_sync_syncs_its_frontiers(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir(exist_ok=True)  # A file store's directory must exist.
     stores = StoreRegistry(tmp_path / "store")
     persister = Persister(stores, tmp_path / "scratch")
     replicas = [

@@ -89,6 +89,7 @@ class _HangingStore:
 
 
 def _persister(tmp_path: Path, store: _HangingStore) -> Persister:
+    (tmp_path / "store").mkdir(exist_ok=True)  # A file store's directory must exist.
     persister = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
     persister.stores = SimpleNamespace(get=lambda url: store)  # type: ignore[assignment]
     persister.call_deadline = 0.3

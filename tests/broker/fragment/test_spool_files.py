@@ -123,6 +123,7 @@ async def test_a_file_being_persisted_is_not_reused_when_its_spool_is_deleted(
         others.append(other)
 
     store.midway = delete_and_roll_another
+    (tmp_path / "store").mkdir(exist_ok=True)  # A file store's directory must exist.
     persister = Persister(StoreRegistry(tmp_path / "store"), tmp_path / "scratch")
     persister.stores = SimpleNamespace(get=lambda url: store)  # type: ignore[assignment]
     index = SimpleNamespace(add_persisted=lambda frag: None, remove_local=lambda s: None)
