@@ -171,6 +171,28 @@ async def test_persister_moves_jobs_to_the_current_first_store(harness: Harness)
     assert list((harness.root / "fragments" / "fixed" / "roll" / "move").iterdir())
 
 
+def _count_persists(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the persister's attempts: a one-item list, incremented by each."""
+    attempts = [0]
+    persist = Persister.persist
+
+    async def counting(self: Persister, *args: object, **kwargs: object) -> None:
+        attempts[0] += 1
+        await persist(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Persister, "persist", counting)
+    return attempts
+
+
+async def _refused_persist(harness: Harness, journal: str, store: str) -> None:
+    """Commit past `journal`'s fragment length (its only store `store`), and wait for the
+    persist of the rolled spool to fail."""
+    r = harness.replica(journal_spec(journal, stores=[store], length=1024))
+    await r.index.first_refresh_done.wait()
+    _commit(r, b"x" * 2000)
+    await _until(lambda: bool(harness.persister._last_error.get(store)))
+
+
 @pytest.mark.parametrize("blocked", ["store", "journal"])
 async def test_a_store_failing_at_once_is_retried_with_a_back_off(
     harness: Harness, monkeypatch: pytest.MonkeyPatch, blocked: str
@@ -184,22 +206,10 @@ async def test_a_store_failing_at_once_is_retried_with_a_back_off(
     if blocked == "journal":
         (store_dir / "roll").mkdir(parents=True)
         (store_dir / "roll" / "refused").write_text("a file where the journal's directory goes")
-    attempts = 0
-    persist = Persister.persist
-
-    async def counting(self: Persister, *args: object, **kwargs: object) -> None:
-        nonlocal attempts
-        attempts += 1
-        await persist(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Persister, "persist", counting)
-    spec = journal_spec("roll/refused", stores=["file:///missing/"], length=1024)
-    r = harness.replica(spec)
-    await r.index.first_refresh_done.wait()
-    _commit(r, b"x" * 2000)
-    await _until(lambda: bool(harness.persister._last_error.get("file:///missing/")))
+    attempts = _count_persists(monkeypatch)
+    await _refused_persist(harness, "roll/refused", "file:///missing/")
     await asyncio.sleep(2.0)  # A rate: attempts in this time.
-    assert attempts < 20, attempts
+    assert attempts[0] < 20, attempts[0]
     assert harness.persister.persisted_count == 0
     if blocked == "store":
         store_dir.mkdir()  # Mounted: persisted once a check finds it healthy.
@@ -310,23 +320,11 @@ async def test_a_store_failing_at_once_is_retried_with_a_back_off_while_exiting(
     store_dir = harness.root / "fragments" / "blocked"
     (store_dir / "roll").mkdir(parents=True)
     (store_dir / "roll" / "exiting").write_text("a file where the journal's directory goes")
-    attempts = 0
-    persist = Persister.persist
-
-    async def counting(self: Persister, *args: object, **kwargs: object) -> None:
-        nonlocal attempts
-        attempts += 1
-        await persist(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Persister, "persist", counting)
-    spec = journal_spec("roll/exiting", stores=["file:///blocked/"], length=1024)
-    r = harness.replica(spec)
-    await r.index.first_refresh_done.wait()
-    _commit(r, b"x" * 2000)
-    await _until(lambda: bool(harness.persister._last_error.get("file:///blocked/")))
+    attempts = _count_persists(monkeypatch)
+    await _refused_persist(harness, "roll/exiting", "file:///blocked/")
     harness.persister.exit()
-    woken = attempts
-    await _until(lambda: attempts > woken)  # The exit wakes the waiting job at once.
+    woken = attempts[0]
+    await _until(lambda: attempts[0] > woken)  # The exit wakes the waiting job at once.
     await asyncio.sleep(2.0)  # A rate: attempts in this time.
-    assert attempts - woken < 20, attempts - woken
+    assert attempts[0] - woken < 20, attempts[0] - woken
     assert harness.persister.persisted_count == 0
