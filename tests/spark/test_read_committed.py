@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from pygazette.client import SyncJournalClient
 from pygazette.message.envelope import Envelope
@@ -223,19 +224,29 @@ def test_a_stream_waits_for_the_ack_of_an_open_transaction(
     def batch(df: DataFrame, _batch_id: int) -> None:
         got.extend(r.n for r in df.collect())
 
-    df = (
-        spark.readStream.format("gazette")
-        .schema("n long")
-        .option("broker", spark_broker.url)
-        .options(journals=j, framing="json", readCommitted="true", startingOffsets="earliest")
-        .load()
-    )
-    query = (
-        df.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    def start(checkpoint: str, **options: str) -> StreamingQuery:
+        """An availableNow query reading `j` committed, from the earliest offset."""
+        df = (
+            spark.readStream.format("gazette")
+            .schema("n long")
+            .option("broker", spark_broker.url)
+            .options(
+                journals=j,
+                framing="json",
+                readCommitted="true",
+                startingOffsets="earliest",
+                **options,
+            )
+            .load()
+        )
+        return (
+            df.writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    query = start("checkpoint")
     try:
         # The micro-batch is planned before the ACK exists: its task waits for it, then has
         # both rows.
@@ -255,61 +266,20 @@ def test_a_stream_waits_for_the_ack_of_an_open_transaction(
     assert sorted(got) == [0, 1]
 
     # A transaction never acknowledged fails the stream after readCommittedWaitSeconds.
-    failing = (
-        spark.readStream.format("gazette")
-        .schema("n long")
-        .option("broker", spark_broker.url)
-        .options(
-            journals=j,
-            framing="json",
-            readCommitted="true",
-            readCommittedWaitSeconds="2",
-            startingOffsets="earliest",
-        )
-        .load()
-    )
-    query = (
-        failing.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(tmp_path / "checkpoint-2"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start("checkpoint-2", readCommittedWaitSeconds="2")
     with pytest.raises(Exception, match="not committed or rolled back within 2 s"):
         query.awaitTermination(timeout=120)
 
     # With readCommittedOnTimeout=skip the open transaction is left out, and the stream goes
     # on: the next micro-batch has what was appended after it.
     got.clear()
-    skipping = (
-        spark.readStream.format("gazette")
-        .schema("n long")
-        .option("broker", spark_broker.url)
-        .options(
-            journals=j,
-            framing="json",
-            readCommitted="true",
-            readCommittedWaitSeconds="1",
-            readCommittedOnTimeout="skip",
-            startingOffsets="earliest",
-        )
-        .load()
-    )
-    query = (
-        skipping.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(tmp_path / "checkpoint-3"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    skip = {"readCommittedWaitSeconds": "1", "readCommittedOnTimeout": "skip"}
+    query = start("checkpoint-3", **skip)
     query.awaitTermination(timeout=120)
     assert query.exception() is None
     assert sorted(got) == [0, 1]  # Not 2: its transaction never committed.
     gz.append(j, _message(UUIDFormatter(P2), 1, OUTSIDE_TXN, 3))
-    query = (
-        skipping.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(tmp_path / "checkpoint-3"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = start("checkpoint-3", **skip)
     query.awaitTermination(timeout=120)
     assert query.exception() is None
     assert sorted(got) == [0, 1, 3]
