@@ -127,6 +127,29 @@ async def run_until(
 ) -> None:
     """Run transactions from the store's checkpoint until every source is read through
     `heads` (raising the app's failure, if it fails first)."""
+    async with running(client, app, store, progress, spec) as (shard, run):
+        reached = asyncio.ensure_future(progress.wait_for(heads, None))
+        try:
+            await asyncio.wait([run, reached], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            if run.done():
+                run.result()  # The app's failure.
+            assert reached.done(), "transactions did not read through the sources"
+            shard.stopping.set()
+            await asyncio.wait_for(run, 30)
+        finally:
+            reached.cancel()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    client: JournalClient,
+    app: Counter,
+    store: MemoryStore,
+    progress: Progress,
+    spec: cpb.ShardSpec,
+) -> AsyncIterator[tuple[FakeShard, asyncio.Future[None]]]:
+    """A shard's transactions running from the store's checkpoint: (shard, their task).
+    On leaving, the shard stops (waited for, bounded), and its readers and appends close."""
     shard = FakeShard(spec, client)
     cp = await store.restore_checkpoint(shard)
     offsets, states = checkpoint_sources(cp)
@@ -136,16 +159,12 @@ async def run_until(
     txns = Transactions(shard, app, store, service, Publisher(service), readers, progress)
     readers.start()
     run = asyncio.ensure_future(txns.run(cp))
-    reached = asyncio.ensure_future(progress.wait_for(heads, None))
     try:
-        await asyncio.wait([run, reached], timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if run.done():
-            run.result()  # The app's failure.
-        assert reached.done(), "transactions did not read through the sources"
-        shard.stopping.set()
-        await asyncio.wait_for(run, 30)
+        yield shard, run
     finally:
-        reached.cancel()
+        shard.stopping.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(run, 30)
         run.cancel()
         with contextlib.suppress(BaseException):
             await run
@@ -219,18 +238,8 @@ async def test_progress_covers_a_duplicate_read_while_idle(client: JournalClient
     async with Reader(client, src, offset=0, end_offset=heads[src]) as reader:
         first = (await reader.read()).split(b"\n", 1)[0] + b"\n"
 
-    spec, store, progress = shard_spec(), MemoryStore({"counts": {}}), Progress()
-    shard = FakeShard(spec, client)
-    app = Counter()
-    cp = await store.restore_checkpoint(shard)
-    offsets, states = checkpoint_sources(cp)
-    framing = framing_for(NDJSON)
-    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
-    service = AppendService(client)
-    txns = Transactions(shard, app, store, service, Publisher(service), readers, progress)
-    readers.start()
-    run = asyncio.ensure_future(txns.run(cp))
-    try:
+    store, progress, app = MemoryStore({"counts": {}}), Progress(), Counter()
+    async with running(client, app, store, progress, shard_spec()):
         await asyncio.wait_for(progress.wait_for(heads, None), 30)
         seen = app.seen
         duplicate = await append(client, src, [first])  # The first message, again.
@@ -238,12 +247,6 @@ async def test_progress_covers_a_duplicate_read_while_idle(client: JournalClient
         await asyncio.wait_for(progress.wait_for({src: end}, None), 10)
         assert app.seen == seen  # Not consumed again.
         assert progress.read_through[src] == end
-    finally:
-        shard.stopping.set()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(run, 30)
-        await readers.close()
-        await service.close(cancel=True)
 
 
 async def test_progress_covers_a_duplicate_read_while_a_transaction_is_open(
@@ -259,18 +262,8 @@ async def test_progress_covers_a_duplicate_read_while_a_transaction_is_open(
     async with Reader(client, src, offset=0, end_offset=heads[src]) as reader:
         first = (await reader.read()).split(b"\n", 1)[0] + b"\n"
 
-    spec, store, progress = shard_spec(), MemoryStore({"counts": {}}), Progress()
-    shard = FakeShard(spec, client)
-    app = Counter()
-    cp = await store.restore_checkpoint(shard)
-    offsets, states = checkpoint_sources(cp)
-    framing = framing_for(NDJSON)
-    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
-    service = AppendService(client)
-    txns = Transactions(shard, app, store, service, Publisher(service), readers, progress)
-    readers.start()
-    run = asyncio.ensure_future(txns.run(cp))
-    try:
+    store, progress, app = MemoryStore({"counts": {}}), Progress(), Counter()
+    async with running(client, app, store, progress, shard_spec()):
         await asyncio.wait_for(progress.wait_for(heads, None), 30)
         seen = app.seen
         async with AppendService(client) as other:
@@ -285,12 +278,6 @@ async def test_progress_covers_a_duplicate_read_while_a_transaction_is_open(
         await asyncio.wait_for(progress.wait_for({src: end}, None), 10)
         assert app.seen == seen  # Neither consumed.
         assert progress.read_through[src] == end
-    finally:
-        shard.stopping.set()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(run, 30)
-        await readers.close()
-        await service.close(cancel=True)
 
 
 class Paired(Counter):
@@ -350,26 +337,11 @@ async def test_finish_txn_follows_a_transaction_abandoned_by_a_stop(
     app.proceed.clear()
     spec = shard_spec(min_ms=10_000, max_ms=20_000)  # The transaction stays open.
     store = MemoryStore({"counts": {}})
-    shard = FakeShard(spec, client)
-    cp = await store.restore_checkpoint(shard)
-    offsets, states = checkpoint_sources(cp)
-    framing = framing_for(NDJSON)
-    readers = SourceReaders(client, spec.sources, offsets, states, {s: framing for s in SOURCES})
-    service = AppendService(client)
-    txns = Transactions(shard, app, store, service, Publisher(service), readers, Progress())
-    readers.start()
-    run = asyncio.ensure_future(txns.run(cp))
-    try:
+    async with running(client, app, store, Progress(), spec) as (shard, run):
         await asyncio.wait_for(app.consuming.wait(), 30)
         shard.stopping.set()
         app.proceed.set()
         await asyncio.wait_for(run, 30)
-    finally:
-        run.cancel()
-        with contextlib.suppress(BaseException):
-            await run
-        await readers.close()
-        await service.close(cancel=True)
     assert len(app.finished) == 1 and app.finished[0] is not None
     assert store.committed_state["counts"] == {}  # Abandoned: nothing committed.
     assert not semaphore.locked()
