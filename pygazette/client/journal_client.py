@@ -85,9 +85,6 @@ class JournalClient(Connection):
     def note_route(self, journal: str, route: pb.Route) -> None:
         """A broker said `journal` has `route` (in a response header or a listing)."""
 
-    def forget_route(self, journal: str) -> None:
-        """Don't rely on what was noted of `journal`'s route."""
-
     def read_failed(
         self,
         journal: str,

@@ -149,9 +149,6 @@ class RoutedJournalClient(JournalClient):
         else:
             self._set_primary(name, None)
 
-    def forget_route(self, journal: str) -> None:
-        self._set_primary(_name(journal), None)
-
     def read_failed(self, journal: str, rpc: ReadCallable, error: grpc.aio.AioRpcError) -> None:
         if error.code() != grpc.StatusCode.UNAVAILABLE:
             return  # Not a sign of the broker being unreachable (see the module doc).

@@ -120,7 +120,6 @@ async def test_routes_noted(fake: FakeBroker, primary: FakeBroker) -> None:
 async def test_a_plain_client_does_not_route(fake_client: JournalClient) -> None:
     fake_client.note_route(J, route_to("http://127.0.0.1:1"))
     assert fake_client.read_rpc(J) is fake_client.rpc_read
-    fake_client.forget_route(J)
 
 
 @pytest.mark.parametrize(
