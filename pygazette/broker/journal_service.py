@@ -93,11 +93,9 @@ class JournalService(pb_grpc.JournalServicer):
         self.cluster = cluster
         # Blocking reads proxied to a peer, which a shutting-down broker ends (see Read).
         self._proxied_reads: set[grpc.aio.UnaryStreamCall[pb.ReadRequest, pb.ReadResponse]] = set()
-        self._proxies_ended = False
         resolver.when_serving_stops(self._end_proxied_reads)
 
     def _end_proxied_reads(self) -> None:
-        self._proxies_ended = True
         for call in self._proxied_reads:
             call.cancel()
 
@@ -270,7 +268,7 @@ class JournalService(pb_grpc.JournalServicer):
             # (`stop_serving`): the client resolves the journal again at once. Otherwise it
             # held the shutdown for its grace period, then ended CANCELLED. (One arriving
             # after that opens nothing on the peer: left there, it would never be cancelled.)
-            if request.block and self._proxies_ended:
+            if request.block and not self.resolver.serving:
                 return
             stub = self._peer_stub(res, context)
             call = stub.Read(forwarded)
@@ -282,7 +280,7 @@ class JournalService(pb_grpc.JournalServicer):
             except grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details() or "proxied read failed")
             except asyncio.CancelledError:
-                if call.cancelled() and self._proxies_ended and request.block:
+                if call.cancelled() and not self.resolver.serving and request.block:
                     return  # Ended by the shutdown, not by our client.
                 raise
             finally:
