@@ -123,6 +123,7 @@ async def _client(port: int, shape: str, count: int) -> dict[str, float]:
 
 
 def _run(shape: str, count: int, env: dict[str, str], work: Path) -> dict[str, float]:
+    """One shape on a fresh server process and client process: CPU per operation."""
     port_file = work / f"port-{shape}-{time.monotonic_ns()}"
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)], env=env)
     try:
@@ -153,6 +154,41 @@ def _run(shape: str, count: int, env: dict[str, str], work: Path) -> dict[str, f
         server.wait()
 
 
+def tuned_env() -> dict[str, str]:
+    """The environment of the measured processes: pygazette's gRPC core setting."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT)
+    tune_grpc_core(env)
+    return env
+
+
+def call_costs(
+    shapes: tuple[str, ...], count: int, rounds: int
+) -> dict[str, list[dict[str, float]]]:
+    """Each shape `rounds` times (interleaved, alternating the order), `count` operations a
+    run: CPU per operation of client and server, and operations a second, per run."""
+    env = tuned_env()
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"pygazette-grpc-call-cost-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in shapes}
+    try:
+        for r in range(rounds):
+            for shape in shapes if r % 2 == 0 else shapes[::-1]:
+                runs[shape].append(_run(shape, count, env, work))
+    finally:
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+    return runs
+
+
+def medians(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {
+        s: {k: median(x[k] for x in rs) for k in ("client_cpu_us", "server_cpu_us", "per_s")}
+        for s, rs in runs.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -168,25 +204,8 @@ def main() -> None:
         print(json.dumps(asyncio.run(_client(int(port), shape, int(count)))))
         return
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT)
-    tune_grpc_core(env)
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"pygazette-grpc-call-cost-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, float]]] = {s: [] for s in SHAPES}
-    try:
-        for r in range(args.rounds):
-            for shape in SHAPES if r % 2 == 0 else SHAPES[::-1]:
-                runs[shape].append(_run(shape, args.count, env, work))
-    finally:
-        for p in work.iterdir():
-            p.unlink()
-        work.rmdir()
-
-    med = {
-        s: {k: median(x[k] for x in rs) for k in ("client_cpu_us", "server_cpu_us", "per_s")}
-        for s, rs in runs.items()
-    }
+    runs = call_costs(SHAPES, args.count, args.rounds)
+    med = medians(runs)
     base = med["message"]
     print(
         json.dumps(
@@ -194,7 +213,7 @@ def main() -> None:
                 "benchmark": "grpc_call_cost",
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                 "baseline": "one message each way on a grpc.aio stream already open, same run",
-                "grpc_experiments": env.get("GRPC_EXPERIMENTS", ""),
+                "grpc_experiments": tuned_env().get("GRPC_EXPERIMENTS", ""),
                 "load_average": [round(x, 2) for x in os.getloadavg()],
                 "figures": {
                     s: {

@@ -75,6 +75,7 @@ import grpc.aio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import grpc_call_cost  # noqa: E402
 from pygazette.client.journal_client import JournalClient  # noqa: E402
 from pygazette.client.list_apply import apply_journals_in_batches, list_all  # noqa: E402
 from pygazette.consumer.shard_client import ShardClient  # noqa: E402
@@ -90,6 +91,7 @@ from tests.support.gazette_process import (  # noqa: E402
 )
 
 TXN_SIZE = 100
+FLOOR_COUNT, FLOOR_ROUNDS = 1500, 3  # bench/grpc_call_cost.py's runs for the first-append floor.
 APPEND_CONCURRENCY = 64
 LEASE_TTL_S = 20  # Both systems' default.
 SETTLE_S = 3.0  # Assignments still this long: the allocator is done moving.
@@ -377,6 +379,7 @@ async def append_each(address: str, names: list[str]) -> dict[str, Any]:
     errors: Counter[str] = Counter()
     queue = iter(names)
     latencies: list[float] = []
+    own0 = time.process_time()
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
 
@@ -396,11 +399,14 @@ async def append_each(address: str, names: list[str]) -> dict[str, Any]:
         started = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(APPEND_CONCURRENCY)))
         elapsed = time.monotonic() - started
+    own = time.process_time() - own0
     latencies.sort()
     return {
         "appends": len(names),
         "seconds": round(elapsed, 2),
         "per_s": round(len(names) / elapsed, 1),
+        # This process's CPU (the appending client; the same code against both systems).
+        "client_cpu_ms_per_append": round(own * 1000 / max(1, len(names)), 3),
         "errors": sum(errors.values()),
         "error_kinds": dict(errors.most_common(5)),
         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1) if latencies else None,
@@ -776,6 +782,66 @@ def compare(py: dict[str, Any], go: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+FLOOR_SHAPES = ("message", "new_stream", "append_call", "unary_call")
+
+
+def first_append_floor(
+    costs: dict[str, dict[str, float]],
+    k: int,
+    r: int,
+    py: dict[str, Any],
+    go: dict[str, Any],
+    cpus: int,
+) -> dict[str, Any]:
+    """What the gRPC calls of a first append cost on bare `grpc.aio` (no broker code at all),
+    and the rate that allows at best beside Gazette's.
+
+    A first append through broker 1 is, in Gazette's protocol as in pygazette: the client's
+    Append call, served by broker 1; for the journals broker 1 is not primary of (1 - 1/K),
+    a call from broker 1 to the primary (pygazette's is unary, `AppendWhole`, the cheapest
+    call there is); and a new Replicate stream from the primary to each of its R - 1 peers,
+    which carries at least a round trip to open it and one with the append's content and
+    commit. Each is priced by `bench/grpc_call_cost.py` in this run: `append_call` (server
+    side), `unary_call` and `new_stream` + `message` (both sides). Their sum is a floor no
+    broker on Python's grpc.aio can go under with this protocol. With the appending client's
+    own CPU (measured in this run), it bounds the rate the machine's cores can carry (a kind
+    bound: etcd, the disk and the kernel's share of loopback traffic are left out)."""
+
+    def us(shape: str, side: str) -> float:
+        return costs[shape][f"{side}_cpu_us"]
+
+    def both(shape: str) -> float:
+        return us(shape, "client") + us(shape, "server")
+
+    parts = {
+        "client_append_call_served_us": us("append_call", "server"),
+        "proxy_unary_call_us": round((1 - 1 / k) * both("unary_call"), 1),
+        "replicate_streams_us": round((r - 1) * (both("new_stream") + both("message")), 1),
+    }
+    floor_ms = sum(parts.values()) / 1000
+    py_first, go_first = py["first_append"], go["first_append"]
+    # The same client code in both runs; the lower of its two costs (the kinder ceiling).
+    client_ms = min(py_first["client_cpu_ms_per_append"], go_first["client_cpu_ms_per_append"])
+    ceiling = cpus * 1000 / (floor_ms + client_ms)
+    return {
+        "grpc_call_costs_us": costs,
+        "floor_parts_us": parts,
+        "broker_cpu_floor_ms_per_append": round(floor_ms, 3),
+        "broker_cpu_ms_per_append": {
+            "pygazette": py_first["broker_cpu_ms_per_append"],
+            "gazette": go_first["broker_cpu_ms_per_append"],
+        },
+        "pygazette_above_floor_ms": round(py_first["broker_cpu_ms_per_append"] - floor_ms, 3),
+        "floor_vs_gazette_broker_cpu": ratio(floor_ms, go_first["broker_cpu_ms_per_append"]),
+        "client_cpu_ms_per_append": client_ms,
+        "rate_ceiling_per_s": round(ceiling, 1),
+        "rate_ceiling_vs_gazette": ratio(ceiling, go_first["per_s"]),
+        "reads": "rate_ceiling_vs_gazette is the best first_append_per_s ratio a broker whose "
+        "only cost were grpc.aio's calls could reach on this machine's cores; below 0.5, the "
+        "target is out of reach for any broker on grpc.aio, whatever its own code costs",
+    }
+
+
 def failures(result: dict[str, Any]) -> list[str]:
     """What a correctness run must not see."""
     bad = []
@@ -894,7 +960,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "systems": results,
     }
     if "pygazette" in results and "gazette" in results:
-        report["pygazette_vs_gazette"] = compare(results["pygazette"], results["gazette"])
+        py, go = results["pygazette"], results["gazette"]
+        report["pygazette_vs_gazette"] = compare(py, go)
+        if args.floor and "first_append" in py and "first_append" in go:
+            costs = grpc_call_cost.medians(
+                grpc_call_cost.call_costs(FLOOR_SHAPES, FLOOR_COUNT, FLOOR_ROUNDS)
+            )
+            report["first_append_floor"] = first_append_floor(
+                costs, args.brokers, args.replication, py, go, os.cpu_count() or 1
+            )
     report["failures"] = {s: failures(r) for s, r in results.items()}
     return report
 
@@ -944,6 +1018,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-restart", dest="restart", action="store_false")
     parser.add_argument("--no-moves", dest="moves", action="store_false")
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip pricing a first append's gRPC calls on bare grpc.aio (about a minute)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="K=3, N=300, 5 s idle: a run of a minute or two"
     )
