@@ -178,6 +178,12 @@ async def converge(
             if not group:
                 stats.settled.add(item_id)
                 continue
+            if txn.ks.get(layout.item_key(item_id)) is not None:
+                # The item's key exists but doesn't decode (or was re-created since this
+                # state): its assignments aren't dead, and the guard below would fail, and
+                # with it every round's transaction. Leave them until the key changes.
+                stats.settled.add(item_id)
+                continue
             # Dead assignments: the item is gone. Guard against its re-creation (each part
             # of a group wider than a transaction guards itself).
             width = max(1, MAX_TXN_OPS - len(txn.fixed) - 1)
