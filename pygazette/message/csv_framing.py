@@ -207,6 +207,10 @@ class CSVFraming(Framing):
             # Python's csv module takes any CR for a line end; Go's reader only one before
             # an LF (which it drops, within quoted fields too).
             return _go_fields(text.replace("\r\n", "\n"))
+        if len(text) > csv.field_size_limit():
+            # Go's reader has no limit on a field's size; Python's csv module refuses one
+            # larger than csv.field_size_limit() (128 KiB unless raised).
+            return _go_fields(text)
         try:
             rows = list(csv.reader([text], strict=True))
         except csv.Error as exc:

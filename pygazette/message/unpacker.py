@@ -102,6 +102,10 @@ class Unpacker:
             if self._held_size + len(chunk) < self._need:
                 self._hold(chunk)  # The frame is longer still.
                 return
+            terminator = self.framing.frame_terminator
+            if terminator is not None and chunk.find(terminator) < 0:
+                self._hold(chunk)  # Every frame ends with it: none ends in `chunk`.
+                return
             chunk = b"".join([*held, chunk])
             self._held, self._held_size, self._need = [], 0, 0
         self._feed(chunk, out)
