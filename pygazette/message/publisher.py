@@ -148,9 +148,10 @@ class Publisher:
         self, mapping: MappingFunc, msgs: Iterable[Any], flags: int
     ) -> list[AsyncAppend]:
         groups: dict[str, tuple[Framing, list[Any]]] = {}
+        # Iterated twice (mapped, then grouped): an iterator is taken into a list first.
+        msgs = msgs if isinstance(msgs, Sequence) else list(msgs)
         map_many = getattr(mapping, "map_many", None)
         if map_many is not None:
-            msgs = msgs if isinstance(msgs, Sequence) else list(msgs)
             targets = map_many(msgs)
         else:
             targets = [mapping(msg) for msg in msgs]

@@ -125,6 +125,22 @@ async def test_publish_and_read_committed_in_every_framing(client: JournalClient
     assert label.message.name == "hello" and label.producer == pub.producer
 
 
+async def test_publishing_many_takes_any_iterable_of_messages(client: JournalClient) -> None:
+    """publish_*_many take an Iterable: a generator is published whole whatever the mapping.
+    With a mapping without map_many (modulo, rendezvous), mapping the messages used the
+    generator up, and the publish raised ValueError (zip: argument 2 is longer)."""
+    await create(client, *(spec(p) for p in PARTS))
+    async with WatchedList(client, "topic=events") as parts, AppendService(client) as svc:
+        pub = Publisher(svc)
+        by_n = rendezvous_mapping(lambda m: str(m["n"]), parts)
+        pub.publish_committed_many(by_n, ({"n": i} for i in range(50)))
+        pub.publish_uncommitted_many(by_n, ({"n": i} for i in range(50, 100)))
+        await svc.wait_all()
+        for op in append_ack_intents(svc, pub.build_ack_intents()):
+            await op
+    assert sorted(e.message["n"] for e in await committed(client, PARTS)) == list(range(100))
+
+
 async def test_transactions_are_invisible_until_acknowledged(client: JournalClient) -> None:
     await create(client, *(spec(p) for p in PARTS))
     async with WatchedList(client, "topic=events") as parts, AppendService(client) as svc:
