@@ -60,8 +60,16 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: any free port); the bound port."""
+        # handler_cancellation: a client going away cancels its request's handler, as Go's
+        # net/http cancels the request's context (Gazette's gateway reads and appends under
+        # it). Without it, a blocking GET whose client left held its Read RPC open until the
+        # journal's next append, for ever on an idle journal.
         runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_TIMEOUT,
+            handler_cancellation=True,
         )
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=self.ssl_context)

@@ -403,3 +403,53 @@ async def test_a_journal_named_with_a_metadata_suffix(
     content, metas = await read_all(stub, f"{journal};reader/b")
     assert content == b"one\ntwo\n"
     assert metas[0].fragment.journal == journal
+
+
+def _open_reads(base: str) -> float:
+    """Read RPCs the broker started and has not completed (the parser names a counter's
+    samples <name>_total)."""
+    samples = scrape(base)
+    started = value(samples, "gazette_journal_server_started_totals_total", operation="Read")
+    completed = sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "gazette_journal_server_completed_totals_total"
+        and ("operation", "Read") in labels
+    )
+    return started - completed
+
+
+async def _wait_open_reads(base: str, want: float, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while (have := await asyncio.to_thread(_open_reads, base)) != want:
+        assert time.monotonic() < deadline, f"{have} open Read RPCs, not {want}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("offset", ["-1", "0"], ids=["waiting-for-its-first-byte", "streaming"])
+async def test_a_blocking_get_whose_client_went_away_ends_its_read(
+    gateway_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub, offset: str
+) -> None:
+    """A client leaving a blocking GET ends its Read RPC, as Gazette's gateway (whose read
+    runs under the HTTP request's context) does: at the head of an idle journal, before any
+    byte (offset -1) or after some (offset 0), the gateway would otherwise hold the broker's
+    blocking read open for as long as nothing is appended, one per abandoned request."""
+    _, base = gateway_broker
+    journal = f"gateway/abandoned{offset}"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    assert (await append(stub, journal, b"content\n")).status == pb.OK
+    before = await asyncio.to_thread(_open_reads, base)
+    reader = await asyncio.create_subprocess_exec(
+        CURL, "-sS", "-N", "--max-time", "30", f"{base}/{journal}?offset={offset}&block=true",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert reader.stdout is not None
+        if offset == "0":
+            assert await reader.stdout.readexactly(8) == b"content\n"
+        await _wait_open_reads(base, before + 1)
+    finally:
+        if reader.returncode is None:
+            reader.kill()
+        await reader.wait()
+    await _wait_open_reads(base, before)
