@@ -62,6 +62,11 @@ def _check_above_sep(text: str, what: str) -> None:
         raise ValueError(f"{what} {text!r} has a character <= {SEP!r}")
 
 
+def _parts_above_sep(parts: list[str]) -> bool:
+    """Every part is non-empty and above SEP: a name keys can be built from again."""
+    return all(part and min(part) > SEP for part in parts)
+
+
 class KeyLayout:
     """Keys of items, members and assignments under one root."""
 
@@ -95,7 +100,7 @@ class KeyLayout:
         if not key.startswith(self.items_prefix):
             raise KeyDecodeError(f"not an item key: {key!r}")
         item = key[len(self.items_prefix) :]
-        if not item or SEP in item:
+        if not _parts_above_sep([item]):
             raise KeyDecodeError(f"expected (id) in item key {key!r}")
         return item
 
@@ -103,7 +108,7 @@ class KeyLayout:
         if not key.startswith(self.members_prefix):
             raise KeyDecodeError(f"not a member key: {key!r}")
         parts = key[len(self.members_prefix) :].split(SEP)
-        if len(parts) != 2:
+        if len(parts) != 2 or not _parts_above_sep(parts):
             raise KeyDecodeError(f"expected (zone, suffix) in member key {key!r}")
         return parts[0], parts[1]
 
@@ -111,7 +116,7 @@ class KeyLayout:
         if not key.startswith(self.assign_prefix):
             raise KeyDecodeError(f"not an assignment key: {key!r}")
         parts = key[len(self.assign_prefix) :].split(SEP)
-        if len(parts) != 4:
+        if len(parts) != 4 or not _parts_above_sep(parts[:3]):
             raise KeyDecodeError(
                 f"expected (item-id, member-zone, member-suffix, slot) in assignment key {key!r}"
             )

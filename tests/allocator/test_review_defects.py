@@ -30,3 +30,29 @@ async def test_an_undecodable_item_does_not_stall_allocation() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_foreign_assignment_key_does_not_crash_the_leader() -> None:
+    """An assignment key whose item, zone or suffix holds a character at or below '#' (a
+    space, say; written by hand or by another tool) can name no item or member of ours:
+    it doesn't decode. It parsed, and the leader, removing it as dead, built the guard's item
+    key, which raised ValueError: the allocator (and with it the member) failed, then the
+    next leader the same way."""
+    ks = EmbeddedKeyspace(None)
+    await _members(ks, {"a/m1": 10})
+    await _items(ks, {"x": 1})
+    foreign = [LAYOUT.assign_prefix + k for k in ("bad item#a#m1#0", "y#a z#m1#0", "y#a#m!1#0")]
+    await ks.txn([], [Put(k, b"") for k in foreign])
+    observed = ObservedState(ks, LAYOUT, TextDecoder(), LAYOUT.member_key("a", "m1"))
+    task = asyncio.create_task(Allocator(ks, observed).run())
+    try:
+        waiting = asyncio.ensure_future(
+            ks.wait_until(lambda: bool(ks.range(LAYOUT.item_assignments_prefix("x"))), 10)
+        )
+        await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task.exception()
+        await waiting
+        assert all(ks.get(k) is not None for k in foreign)  # Left alone, as Gazette does.
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
