@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.state import AllocatorState
 from pygazette.keyspace.embedded import EmbeddedKeyspace
-from pygazette.keyspace.keyspace import Delete, Put
+from pygazette.keyspace.keyspace import Delete, KeyChanges, Put
 from tests.allocator.test_allocation import LAYOUT, TextDecoder
 
 LOCAL = LAYOUT.member_key("a", "m0")
@@ -141,5 +141,49 @@ def test_a_change_costs_what_it_touched_not_the_keyspace() -> None:
         assert [a.kv.value for a in kept[-1].by_item[items[0]]] == [b"route"]
         assert kept[-1].by_item[items[-1]] is first.by_item[items[-1]]
         assert view(kept[-1]) == view(AllocatorState.extract(ks, LAYOUT, TextDecoder(), LOCAL))
+
+    asyncio.run(run())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.lists(_op, min_size=1, max_size=4), min_size=1, max_size=4),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_coalesced_changes_equal_extract(
+    groups: list[list[list[tuple[str, bytes | None]]]],
+) -> None:
+    """As an etcd watch response delivers them: the changes of several revisions in one
+    KeyChanges, each key once with its last value (a key created and deleted among them is a
+    delete of a key the state never had; one deleted and created again, a put with a new
+    create revision)."""
+
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        await ks.txn([], [Put(LOCAL, b"5")])
+        observed = ObservedState(ks, LAYOUT, TextDecoder(), LOCAL)
+        listeners, ks._listeners = ks._listeners, []  # Notified by hand, coalesced.
+        for group in groups:
+            prior = ks.revision
+            before = {kv.key: kv for kv in ks.range(LAYOUT.root)}
+            touched: set[str] = set()
+            for batch in group:
+                ops: list[Put | Delete] = []
+                for key, value in dict(batch).items():
+                    ops.append(Delete(key) if value is None else Put(key, value))
+                    touched.add(key)
+                await ks.txn([], ops)
+            after = {kv.key: kv for kv in ks.range(LAYOUT.root)}
+            puts = [after[k] for k in sorted(touched) if k in after and after[k] != before.get(k)]
+            deletes = [k for k in sorted(touched) if k not in after]
+            changes = KeyChanges(prior, ks.revision, puts, deletes)
+            for listener in listeners:
+                listener(changes)
+            assert observed.current.revision == ks.revision
+            scratch = AllocatorState.extract(ks, LAYOUT, TextDecoder(), LOCAL)
+            assert view(observed.current) == view(scratch)
 
     asyncio.run(run())
