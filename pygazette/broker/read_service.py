@@ -286,16 +286,22 @@ async def _fragment_chunks(
     store = stores.get(frag.backing_store)
     path = fragment_content_path(frag)
     local = store.local_path(path)
+    to_end = until == frag.end  # Read to the fragment's end: check the file ends there too.
     if frag.compression_codec == pb.NONE:
         pos = offset - frag.begin
         end = until - frag.begin
         while pos < end:
+            want = min(READ_CHUNK if local is not None else STORE_RANGE, end - pos)
+            # The last range asks for a byte more: a file longer than its name says has it.
+            ask = want + 1 if to_end and pos + want == end else want
             if local is not None:
-                chunk = await asyncio.to_thread(_pread_file, local, pos, min(READ_CHUNK, end - pos))
+                chunk = await asyncio.to_thread(_pread_file, local, pos, ask)
             else:
-                chunk = await store.get(path, start=pos, length=min(STORE_RANGE, end - pos))
+                chunk = await store.get(path, start=pos, length=ask)
             if not chunk:
                 raise StoreError(f"fragment {path} is shorter than its name says")
+            if len(chunk) > want:
+                raise StoreError(_longer(path))
             for i in range(0, len(chunk), READ_CHUNK):
                 yield chunk[i : i + READ_CHUNK]
             pos += len(chunk)
@@ -304,13 +310,16 @@ async def _fragment_chunks(
     decompressor: codecs.StreamDecompressor | None = None
     pos = frag.begin  # Journal offset of the next decompressed byte.
     raw_pos = 0
+    raw_ended = False  # A read of the file came back short: nothing follows it.
     while pos < until:
         if local is not None:
             raw = await asyncio.to_thread(_pread_file, local, raw_pos, READ_CHUNK)
+            raw_ended = len(raw) < READ_CHUNK
             encoding = "gzip"  # A file holds the bytes as written.
         else:
             got = await store.read(path, start=raw_pos, length=STORE_RANGE)
             raw, encoding = got.data, got.content_encoding
+            raw_ended = len(raw) < STORE_RANGE or 0 <= got.size <= raw_pos + len(raw)
         if decompressor is None:
             codec = frag.compression_codec
             if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
@@ -340,6 +349,34 @@ async def _fragment_chunks(
                 for i in range(lo, hi, READ_CHUNK):
                     yield data[i : min(hi, i + READ_CHUNK)]
             pos += len(data)
+    if to_end and decompressor is not None:
+        # Served to the fragment's end: the file must hold no more content (as Gazette's
+        # fragment reader checks). Whatever is left of it is decoded, a chunk at a time.
+        if pos > frag.end:
+            raise StoreError(_longer(path))
+        step = functools.partial(decompressor.feed, b"", READ_CHUNK)
+        while True:
+            try:
+                data = await asyncio.to_thread(step)
+            except ValueError as exc:
+                raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
+            if data:
+                raise StoreError(_longer(path))
+            if raw_ended:
+                return
+            if local is not None:
+                raw = await asyncio.to_thread(_pread_file, local, raw_pos, READ_CHUNK)
+                raw_ended = len(raw) < READ_CHUNK
+            else:
+                got = await store.read(path, start=raw_pos, length=STORE_RANGE)
+                raw = got.data
+                raw_ended = len(raw) < STORE_RANGE or 0 <= got.size <= raw_pos + len(raw)
+            raw_pos += len(raw)
+            step = functools.partial(decompressor.feed, raw, READ_CHUNK)
+
+
+def _longer(path: str) -> str:
+    return f"fragment {path} holds more content than its name says"
 
 
 def _pread_file(path: object, pos: int, n: int) -> bytes:

@@ -255,3 +255,62 @@ async def test_a_gap_read_passes_on_no_offset_jump_of_the_peer(two_brokers: TwoB
         (pb.OK, 0),
         (pb.OFFSET_NOT_YET_AVAILABLE, 2000),
     ]
+
+
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP, pb.ZSTANDARD])
+async def test_a_fragment_file_longer_than_its_name_says_fails_the_read_at_its_end(
+    broker: Broker, codec: int
+) -> None:
+    # A persisted fragment's name promises end - begin bytes of content. A file holding more
+    # (damaged, or written by hand under the wrong name) was served up to its name's end as if
+    # whole; Gazette's fragment reader fails such a read once it reaches the end.
+    name = f"read/longer/{codec}"
+    content = b"0123456789abcdef" * 1000
+    frag = pb.Fragment(journal=name, begin=0, end=len(content), compression_codec=codec)  # type: ignore[arg-type]
+    frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
+    path = broker.file_root / fragment_content_path(frag)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(codecs.compress(codec, content + b"and then some"))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        assert (await apply_specs(stub, journal_spec(name, codec=codec))).status == pb.OK
+        replica = broker.resolver.resolve(name)
+        assert replica is not None
+        await replica.refresh()
+
+        async def read(offset: int, end_offset: int) -> bytes:
+            got = b""
+            async for resp in stub.Read(
+                pb.ReadRequest(journal=name, offset=offset, end_offset=end_offset), timeout=30
+            ):
+                got += resp.content
+            return got
+
+        # Short of the end, the file's promise is not in question.
+        assert await read(0, 5000) == content[:5000]
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await read(100, frag.end)
+        assert "more content than its name says" in (failed.value.details() or "")
+
+
+async def test_a_fragment_file_as_long_as_its_name_says_reads_to_its_end(broker: Broker) -> None:
+    # The byte asked for past the end finds none: the read ends cleanly, whole.
+    name = "read/exact"
+    content = b"x" * (3 * read_service.READ_CHUNK + 5)
+    frag = pb.Fragment(journal=name, begin=0, end=len(content), compression_codec=pb.NONE)
+    frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
+    path = broker.file_root / fragment_content_path(frag)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        assert (await apply_specs(stub, journal_spec(name))).status == pb.OK
+        replica = broker.resolver.resolve(name)
+        assert replica is not None
+        await replica.refresh()
+        got = b""
+        async for resp in stub.Read(
+            pb.ReadRequest(journal=name, offset=0, end_offset=frag.end), timeout=30
+        ):
+            got += resp.content
+    assert got == content
