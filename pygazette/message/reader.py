@@ -238,6 +238,10 @@ class ReadCommitted:
         # read's envelopes `limit` at a time), and the index of the next one.
         self._pending: list[Envelope] = []
         self._pending_at = 0
+        # The envelopes being sequenced, the index of the next, and the committed messages
+        # so far: kept while a replay is awaited, so that a call failed or cancelled there
+        # (its envelopes already taken from `_pending`, some sequenced) is resumed by the next.
+        self._sequencing: tuple[list[Envelope], int, list[Envelope]] | None = None
 
     def __aiter__(self) -> ReadCommitted:
         return self
@@ -273,26 +277,32 @@ class ReadCommitted:
         (StopAsyncIteration at the end; decode errors pass through); at most `limit` of
         them, if set."""
         seq = self.sequencer
-        if self._pending_at >= len(self._pending):
-            self._pending = await self.uncommitted.next_batch()
-            self._pending_at = 0
-        batch, start = self._pending, self._pending_at
-        if limit > 0 and len(batch) - start > limit:
-            batch = batch[start : start + limit]
-            self._pending_at += limit
-        elif start:
-            batch = batch[start:]
-            self._pending_at = len(self._pending)
-        else:
-            self._pending_at = len(batch)
-        out: list[Envelope] = []
-        i, n = 0, len(batch)
-        while i < n:
-            i = seq.sequence(batch, i, out)
+        if self._sequencing is None:
+            if self._pending_at >= len(self._pending):
+                self._pending = await self.uncommitted.next_batch()
+                self._pending_at = 0
+            batch, start = self._pending, self._pending_at
+            if limit > 0 and len(batch) - start > limit:
+                batch = batch[start : start + limit]
+                self._pending_at += limit
+            elif start:
+                batch = batch[start:]
+                self._pending_at = len(self._pending)
+            else:
+                self._pending_at = len(batch)
+            self._sequencing = (batch, 0, [])
+        batch, i, out = self._sequencing
+        n = len(batch)
+        while True:
             if seq.dequeuing:  # An ACK whose transaction must be replayed.
                 await self._replay()
                 while seq.step():
                     out.append(seq.dequeued)  # type: ignore[arg-type]
+            if i >= n:
+                break
+            i = seq.sequence(batch, i, out)
+            self._sequencing = (batch, i, out)
+        self._sequencing = None
         if self.include_acks:
             self._ready.extend(out)
         else:
