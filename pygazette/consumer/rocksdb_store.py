@@ -6,7 +6,7 @@ consumer transaction are buffered and applied, together with the transaction's c
 as ONE atomic RocksDB write batch:
 
     def new_store(self, shard, recorder):
-        return RocksDBStore(recorder)
+        return RocksDBStore.open(recorder)  # Opened on a worker thread.
 
     def consume_message(self, shard, store, envelope, publisher):
         key = envelope.message["key"].encode()
@@ -221,6 +221,42 @@ class RocksDBStore(Store):
         refresh_ratio: float | None = DEFAULT_REFRESH_RATIO,
         refresh_min_bytes: int = DEFAULT_REFRESH_MIN_BYTES,
     ) -> None:
+        opts = self._prepare(recorder, directory, options, refresh_ratio, refresh_min_bytes)
+        self._open_database(opts)
+
+    @classmethod
+    async def open(
+        cls,
+        recorder: Recorder | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        options: rocksdict.Options | None = None,
+        refresh_ratio: float | None = DEFAULT_REFRESH_RATIO,
+        refresh_min_bytes: int = DEFAULT_REFRESH_MIN_BYTES,
+    ) -> RocksDBStore:
+        """The store, as the constructor makes it, but with the database opened (and its
+        directory first looked over) on a worker thread: opening a large database takes
+        a while, and `new_store` runs on the consumer's event loop, where every other shard
+        of the process would wait for it. Return it from `new_store` (an awaitable):
+
+            def new_store(self, shard, recorder):
+                return RocksDBStore.open(recorder)
+        """
+        store = cls.__new__(cls)
+        opts = store._prepare(recorder, directory, options, refresh_ratio, refresh_min_bytes)
+        # Nothing else holds the store yet; the recorder is only read, before the thread.
+        await asyncio.to_thread(store._open_database, opts)
+        return store
+
+    def _prepare(
+        self,
+        recorder: Recorder | None,
+        directory: str | os.PathLike[str] | None,
+        options: rocksdict.Options | None,
+        refresh_ratio: float | None,
+        refresh_min_bytes: int,
+    ) -> rocksdict.Options:
+        """Everything but opening the database; its options."""
         if refresh_ratio is not None and not refresh_ratio > 0:
             raise ValueError(f"RocksDBStore: refresh_ratio must be > 0, not {refresh_ratio}")
         if recorder is not None:
@@ -256,12 +292,16 @@ class RocksDBStore(Store):
         self._write_opts = rocksdict.WriteOptions()
         # A property (rocksdict's stubs declare it a method): the WAL is synced per write.
         self._write_opts.sync = True  # type: ignore[method-assign,assignment]
-        self.db = rocksdict.Rdict(str(root), opts)
+        return opts
+
+    def _open_database(self, opts: rocksdict.Options) -> None:
+        """Open the database, and snapshot what opening did to a recorded directory."""
+        self.db = rocksdict.Rdict(str(self.directory), opts)
         self.db.set_write_options(self._write_opts)
         # What opening did to the directory (a new MANIFEST, WAL, OPTIONS; deleted files)
         # is recorded with the first commit.
         self._opened_ops: list[_FileOp] | None = None
-        if recorder is not None:
+        if self.recorder is not None:
             try:
                 self._opened_ops = self._snapshot()
             except BaseException:

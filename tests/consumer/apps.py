@@ -13,6 +13,7 @@ for shards whose id ends in `-rocksdb`, a RocksDBStore (key -> decimal count).
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 from pygazette.consumer.json_file_store import JSONFileStore
@@ -34,13 +35,13 @@ class Counter:
         # Bytes of detail the failure's message carries after its first words.
         self.fail_detail = int(os.environ.get("COUNTER_FAIL_DETAIL_BYTES", "0"))
 
-    def new_store(self, shard: Any, recorder: Any) -> Store:
+    def new_store(self, shard: Any, recorder: Any) -> Store | Awaitable[Store]:
         if shard.id in os.environ.get("COUNTER_BROKEN_STORES", "").split(","):
             raise OSError(f"cannot open the store of {shard.id}")
         if recorder is not None and shard.id.endswith("-sqlite"):
             return SQLiteStore(recorder, bootstrap_sql=COUNTS, compact_min_bytes=32 << 10)
         if recorder is not None and shard.id.endswith("-rocksdb"):
-            return RocksDBStore(recorder)
+            return RocksDBStore.open(recorder)  # An awaitable: opened on a worker thread.
         if recorder is not None:
             return JSONFileStore(recorder, {"counts": {}})
         return MemoryStore({"counts": {}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -87,6 +88,40 @@ async def test_local_round_trip_and_failed_commit(tmp_path: Path) -> None:
     # Gazette's legacy offset marks are written beside the checkpoint.
     assert again.db.get(mark_key("b/source")) == encode_varint_ascending(2)
     again.destroy()
+
+
+async def test_open_opens_the_database_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `new_store` runs on the consumer's event loop: a database that takes a while to open
+    # stalled every other shard of the process. `RocksDBStore.open` opens it on a thread.
+    RocksDBStore(directory=tmp_path).destroy()  # A database to open again.
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    opened_on: list[int] = []
+    opening_started = asyncio.Event()
+    release = threading.Event()
+    real = rocksdict.Rdict
+
+    def slow_open(path: str, opts: rocksdict.Options) -> rocksdict.Rdict:
+        opened_on.append(threading.get_ident())
+        loop.call_soon_threadsafe(opening_started.set)
+        assert release.wait(30)  # Until the loop showed it runs meanwhile.
+        return real(path, opts)
+
+    monkeypatch.setattr(rocksdict, "Rdict", slow_open)
+    opening = asyncio.ensure_future(RocksDBStore.open(directory=tmp_path))
+    # The loop goes on while the database opens (on the loop, this would never be set).
+    await asyncio.wait_for(opening_started.wait(), 30)
+    release.set()
+    store = await opening
+    assert opened_on != [loop_thread]
+    assert read_through(await store.restore_checkpoint(SHARD)) == 0
+    store.put(b"k", b"v")
+    await store.start_commit(SHARD, checkpoint(1), [])
+    store.destroy()
+    monkeypatch.setattr(rocksdict, "Rdict", real)
+    assert items_of(tmp_path)[b"k"] == b"v"
 
 
 def test_needs_a_recorder_or_a_directory() -> None:
