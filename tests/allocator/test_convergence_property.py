@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pygazette.allocator.allocator import ObservedState, TouchedItems
 from pygazette.allocator.converge import BatchedTxn, converge, unchanged
 from pygazette.allocator.solver import DesiredPlan, solve_desired_assignments
+from pygazette.allocator.state import Assignment
 from pygazette.keyspace.embedded import EmbeddedKeyspace
 from pygazette.keyspace.keyspace import Delete, Put
 from tests.allocator.test_allocation import LAYOUT, TextDecoder
@@ -26,6 +27,27 @@ _op = st.one_of(
     # Replication 0: the item is deleted.
     st.tuples(st.just("item"), st.integers(0, 5), st.integers(0, 3), st.just(False)),
 )
+
+
+def _batch_ops(
+    ks: EmbeddedKeyspace, batch: list[tuple[str, object, int, bool]]
+) -> list[Put | Delete]:
+    """One transaction's operations for a batch of _op: limit 0 deletes a member with its
+    assignments (as its lease expiring does), replication 0 an item."""
+    ops: dict[str, Put | Delete] = {}
+    for kind, what, n, exiting in batch:
+        if kind == "member":
+            zone, suffix = what  # type: ignore[misc]
+            key = LAYOUT.member_key(zone, suffix)
+            value = f"{n},exiting" if exiting else str(n)
+            if n == 0:
+                for kv in ks.range(LAYOUT.assign_prefix):
+                    if f"#{zone}#{suffix}#" in kv.key:
+                        ops[kv.key] = Delete(kv.key)
+        else:
+            key, value = LAYOUT.item_key(f"item-{what}"), str(n)
+        ops[key] = Put(key, value.encode()) if n else Delete(key)
+    return list(ops.values())
 
 
 async def _rounds(
@@ -209,6 +231,86 @@ def test_rounds_keep_one_primary_while_replicas_synchronise(
             if n == 0:
                 break
         check()
+        for item_id, group in observed.current.by_item.items():
+            assert [a.slot for a in group if a.slot == 0] == [0], (item_id, group)
+
+    asyncio.run(run())
+
+
+def _route(group: list[Assignment]) -> bytes:
+    """The route an item's assignments make (primary; members), as a broker advertises it."""
+    primary = [f"{a.zone}/{a.suffix}" for a in group if a.slot == 0]
+    members = sorted(f"{a.zone}/{a.suffix}" for a in group)
+    return f"{primary};{members}".encode()
+
+
+class _RouteDecoder(TextDecoder):
+    """Journals' rule: a replica is consistent once every replica of the item advertises the
+    route they all make (a new replica, or one gone, leaves them all inconsistent)."""
+
+    def is_consistent(self, item, assignment, all_):  # type: ignore[no-untyped-def]
+        route = _route(list(all_))
+        return all(a.kv.value == route for a in all_)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(_op, min_size=1, max_size=3), min_size=1, max_size=6),
+    st.data(),
+)
+def test_rounds_hand_journals_over_only_once_routes_are_advertised(
+    batches: list[list[tuple[str, object, int, bool]]], data: st.DataObject
+) -> None:
+    """With the brokers' consistency (every replica advertises the item's route), no round
+    removes a replica of an item whose replicas don't all advertise its route, nor leaves an
+    item that did with fewer than its replication of them, nor makes two primaries; once
+    routes are advertised the rounds settle with one primary per item."""
+
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        await ks.txn([], [Put(LEADER, b"0")])
+        decoder = _RouteDecoder()
+        observed = ObservedState(ks, LAYOUT, decoder, LEADER)
+        feed = observed.touched_items()
+        plan = DesiredPlan()
+        pending: set[str] = set()
+
+        async def advertise() -> None:
+            ops: list[Put | Delete] = []
+            for group in observed.current.by_item.values():
+                route = _route(group)
+                ops += [Put(a.kv.key, route) for a in group if a.kv.value != route]
+            if ops:
+                await ks.txn([], ops)
+
+        for batch in batches:
+            await ks.txn([], _batch_ops(ks, batch))
+            for _ in range(data.draw(st.integers(0, 5))):
+                before = observed.current
+                changed = plan.update(before, feed.take())
+                pending |= set(before.item_map) | set(before.by_item) | changed
+                work = before.for_convergence()
+                txn = BatchedTxn(ks, [unchanged(work.members[work.local_member].kv)])
+                await converge(work, plan.by_item, txn, set(pending))
+                await txn.flush()
+                after = observed.current
+                for item_id, item in after.item_map.items():
+                    had = before.by_item.get(item_id, [])
+                    now = {a.member for a in after.by_item.get(item_id, [])}
+                    if had and all(decoder.is_consistent(item, a, had) for a in had):
+                        kept = {a.member for a in had} & now
+                        assert len(kept) >= min(len(had), item.replication), (item_id, had)
+                    elif had:
+                        assert {a.member for a in had} <= now, (item_id, had)
+                    assert sum(a.slot == 0 for a in after.by_item.get(item_id, [])) <= 1
+                if data.draw(st.booleans()):
+                    await advertise()
+        for _ in range(60):
+            await advertise()
+            if await _rounds(ks, observed, plan, feed, pending) == 0:
+                await advertise()
+                if await _rounds(ks, observed, plan, feed, pending) == 0:
+                    break
         for item_id, group in observed.current.by_item.items():
             assert [a.slot for a in group if a.slot == 0] == [0], (item_id, group)
 
