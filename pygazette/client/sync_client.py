@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,6 +39,9 @@ class _LoopThread:
         # Set (under _lock) once `stop` began: nothing is scheduled on the loop after.
         self.closing = False
         self._lock = threading.Lock()
+        # Results callers wait for (`run`): any still pending once the loop is closed (its
+        # coroutine outlived the stop timeout) is cancelled, so no caller waits for ever.
+        self._waited: set[Future[Any]] = set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -56,6 +59,7 @@ class _LoopThread:
                 coro.close()
                 raise SyncClientClosed("SyncJournalClient is closed")
             future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._waited.add(future)
         try:
             return future.result(timeout)
         except CancelledError:
@@ -65,6 +69,9 @@ class _LoopThread:
         except BaseException:
             future.cancel()  # Interrupted (KeyboardInterrupt, timeout): stop the coroutine too.
             raise
+        finally:
+            with self._lock:
+                self._waited.discard(future)
 
     def stop(self, last: Coroutine[Any, Any, None] | None = None) -> None:
         """Cancel what still runs on the loop (callers waiting on it get RuntimeError), run
@@ -85,6 +92,14 @@ class _LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
             self.loop.close()
+            with self._lock:
+                stranded, self._waited = list(self._waited), set()
+            for future in stranded:
+                # Failed rather than cancelled: a cancellation would be passed on to its
+                # task, on the closed loop.
+                with contextlib.suppress(RuntimeError, InvalidStateError):
+                    if future.set_running_or_notify_cancel():
+                        future.set_exception(SyncClientClosed("SyncJournalClient was closed"))
 
 
 async def _shut_down(last: Coroutine[Any, Any, None] | None) -> None:
@@ -206,7 +221,7 @@ class SyncJournalClient:
     def close_append_service(self, service: AppendService, *, cancel: bool = False) -> None:
         """Wait for the service's queued appends (unless `cancel`) and close it."""
         self._run(service.close(cancel=cancel))
-        if service in self._services:
+        with contextlib.suppress(ValueError):  # Another thread closed it at the same time.
             self._services.remove(service)
 
     # Journals -----------------------------------------------------------------------------

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from pygazette.client import ProtocolViolation, SyncJournalClient
+from pygazette.client import sync_client as sync_client_module
 from pygazette.client.sync_client import SyncClientClosed
 from pygazette.protocol.errors import JournalNotFound, WrongAppendOffset
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -60,9 +63,7 @@ def test_append_from_a_generator_and_errors(
         for i in range(3):
             yield b"line %d\n" % i
 
-    fake.journal.append_responses.append(
-        committed(J, 0, 21)
-    )
+    fake.journal.append_responses.append(committed(J, 0, 21))
     assert sync_client.append(J, lines()).commit.end == 21
     assert fake.journal.append_calls[0].requests[1].content == b"line 0\nline 1\nline 2\n"
 
@@ -164,3 +165,68 @@ def test_close_from_the_clients_own_loop_is_refused(fake: FakeBroker) -> None:
     client.close()
     with pytest.raises(SyncClientClosed):
         client.list_journals()
+
+
+def test_close_ends_a_call_whose_coroutine_outlives_the_stop_timeout(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coroutine that does not end when cancelled (an app's, run through the client) was
+    left pending on the closed loop, and the thread waiting for its result waited for ever."""
+    monkeypatch.setattr(sync_client_module, "_STOP_TIMEOUT_SECONDS", 0.2)
+    client = SyncJournalClient(fake.address)
+    started = threading.Event()
+    outcome: list[object] = []
+
+    async def stubborn() -> None:
+        started.set()
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    def caller() -> None:
+        try:
+            client.run(stubborn())
+            outcome.append("returned")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    client.close()
+    thread.join(10)
+    assert not thread.is_alive(), "the caller still waits on the closed client"
+    assert len(outcome) == 1 and isinstance(outcome[0], SyncClientClosed), outcome
+
+
+def test_two_threads_closing_one_append_service(fake: FakeBroker) -> None:
+    """Both got past `service in services` before either removed it: the second removal
+    raised ValueError."""
+    client = SyncJournalClient(fake.address)
+    service = client.append_service()
+    both_checked = threading.Barrier(2, timeout=2)
+
+    class CheckedTogether(list[object]):
+        def __contains__(self, item: object) -> bool:
+            found = super().__contains__(item)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_checked.wait()  # Both threads past the check before either removes.
+            return found
+
+    client._services = CheckedTogether(client._services)  # type: ignore[assignment]
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            client.close_append_service(service)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    assert service not in list(client._services)
+    client.close()
