@@ -8,6 +8,8 @@ matches everything). The JSON is Gazette's (`protocol.Claims`): `cap` (the bit m
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +33,7 @@ class Claims:
     selector: pb.LabelSelector = field(default_factory=pb.LabelSelector)
     expires_at: float | None = None  # `exp`, Unix seconds.
     issued_at: float | None = None  # `iat`, Unix seconds.
+    not_before: float | None = None  # `nbf`, Unix seconds.
 
     def cache_key(self) -> tuple[int, bytes]:
         """What identifies these claims apart from their times."""
@@ -113,28 +116,61 @@ def claims_to_json(claims: Claims) -> dict[str, Any]:
         doc["exp"] = int(claims.expires_at)
     if claims.issued_at is not None:
         doc["iat"] = int(claims.issued_at)
+    if claims.not_before is not None:
+        doc["nbf"] = int(claims.not_before)
     return doc
 
 
 def claims_from_json(doc: Mapping[str, Any]) -> Claims:
-    cap = doc.get("cap", 0)
+    """The claims of a token's JSON, decoded as Go decodes Gazette's `protocol.Claims` (with
+    jwt.RegisteredClaims): ValueError for a claim Go cannot decode. `aud`, `iss`, `sub` and
+    `jti` are decoded (a string, or for `aud` a list of them) but not checked against
+    anything, as Gazette checks none of them."""
+    cap = doc.get("cap")
+    if cap is None:  # Absent or null: Go leaves the field zero.
+        cap = 0
     if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= int(Capability.ALL):
         raise ValueError("claims `cap` is not a 32-bit unsigned integer")
+    for name in ("iss", "sub", "jti"):
+        if doc.get(name) is not None and not isinstance(doc[name], str):
+            raise ValueError(f"claims `{name}` is not a string")
+    aud = doc.get("aud")
+    if not (
+        aud is None
+        or isinstance(aud, str)
+        or (isinstance(aud, list) and all(isinstance(a, str) for a in aud))
+    ):
+        raise ValueError("claims `aud` is not a string or a list of strings")
     return Claims(
         capability=cap,
         selector=selector_from_json(doc.get("sel")),
         expires_at=_numeric_date(doc, "exp"),
         issued_at=_numeric_date(doc, "iat"),
+        not_before=_numeric_date(doc, "nbf"),
     )
 
 
+# A JSON number, which Go's json.Number also takes from a JSON string.
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# Seconds Go's time.Unix holds without overflow (its internal seconds count from year 1).
+_GO_MAX_UNIX = (1 << 63) - 1 - 62135596800
+
+
 def _numeric_date(doc: Mapping[str, Any], name: str) -> float | None:
-    """A registered time claim: absent (None), or a JSON number, as Go's jwt.NumericDate
-    takes it. Anything else (PyJWT takes an `exp` of "<digits>") is an error, never a claim
-    without that time."""
+    """A registered time claim as Go's jwt.NumericDate decodes it: absent or null (None); a
+    JSON number, or a JSON string holding one; truncated to the second. Anything else is an
+    error, never a claim without that time. Seconds past what a Go time holds (an `exp` of
+    1e30, meant as "never") wrap into the distant past there, and so do here."""
     value = doc.get(name)
     if value is None:
         return None
+    if isinstance(value, str) and _JSON_NUMBER.fullmatch(value):
+        value = float(value)
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise ValueError(f"claims `{name}` is not a number")
-    return float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"claims `{name}` is out of range")
+    seconds = math.floor(value)
+    if not -(1 << 63) <= seconds <= _GO_MAX_UNIX:
+        return -math.inf
+    return float(seconds)

@@ -5,10 +5,12 @@ verifies (HS256 or HS384). The special key `AA==` (one zero byte) lets requests 
 authorization header through, with exactly the capability they need, for rolling
 authorization out across a running cluster.
 
-Verification follows Gazette: a token must carry `exp`; `iat`, if present, must not lie in
-the future; 5 seconds of clock skew are allowed either way. Signed tokens are cached per
-(capability, selector) until half their lifetime has passed, so a hot path doesn't sign
-per call.
+Verification follows Gazette: a token must carry `exp`; `iat` and `nbf`, if present, must
+not lie in the future; 5 seconds of clock skew are allowed either way. The claims are decoded
+and judged as Gazette's Go verifier does (`claims.claims_from_json`), not by PyJWT's rules.
+
+Signed tokens are cached per (capability, selector) until half their lifetime has passed, so
+a hot path doesn't sign per call.
 """
 
 from __future__ import annotations
@@ -39,6 +41,19 @@ LEEWAY_SECONDS = 5.0
 SIGNING_ALGORITHM = "HS256"
 VERIFY_ALGORITHMS = ["HS256", "HS384"]
 MAX_CACHED_TOKENS = 4096
+
+# PyJWT checks the signature and algorithm only; the claims are checked as Go checks them.
+_SIGNATURE_ONLY: jwt.types.Options = {
+    "verify_signature": True,
+    "verify_exp": False,
+    "verify_nbf": False,
+    "verify_iat": False,
+    "verify_aud": False,
+    "verify_iss": False,
+    "verify_sub": False,
+    "verify_jti": False,
+    "require": [],
+}
 
 ERR_MISSING = "missing or empty Authorization token"
 ERR_NOT_BEARER = "invalid or unsupported Authorization header (expected 'Bearer')"
@@ -140,12 +155,17 @@ class KeyedAuth:
             raise AuthRefused(ERR_NOT_BEARER, unauthenticated=True)
         token = authorization[len("Bearer ") :]
         claims = self._verified.get(token)
-        if claims is None or (claims.expires_at or 0) + self.leeway < time.time():
+        if claims is None or not time.time() < (claims.expires_at or 0) + self.leeway:
             doc = self._decode(token)
             try:
                 claims = claims_from_json(doc)
             except ValueError as exc:
                 raise AuthRefused(f"verifying Authorization: {exc}", unauthenticated=True) from None
+            if (problem := self._time_problem(claims)) is not None:
+                raise AuthRefused(
+                    f"verifying Authorization: token has invalid claims: {problem}",
+                    unauthenticated=True,
+                )
             with self._lock:
                 if len(self._verified) >= MAX_CACHED_TOKENS:
                     self._verified.clear()
@@ -154,16 +174,30 @@ class KeyedAuth:
             raise AuthRefused(message, unauthenticated=False)
         return claims
 
+    def _time_problem(self, claims: Claims) -> str | None:
+        """Why the times of `claims` make them invalid now (None: they don't), as Gazette's
+        verifier (jwt/v5 with WithExpirationRequired, WithIssuedAt and its leeway) judges."""
+        now, leeway = time.time(), self.leeway
+        if claims.expires_at is None:
+            return "token is missing required claim: exp claim is required"
+        if not now < claims.expires_at + leeway:
+            return "token is expired"
+        if claims.not_before is not None and now < claims.not_before - leeway:
+            return "token is not valid yet (nbf)"
+        if claims.issued_at is not None and now < claims.issued_at - leeway:
+            return "token used before issued (iat)"
+        return None
+
     def _decode(self, token: str) -> dict[str, object]:
+        """The verified payload of `token`: its signature and algorithm checked. Its claims
+        are Go's to decode and judge (`claims_from_json`, `_time_problem`): PyJWT's own
+        checks refuse tokens Gazette takes (any `aud`, a `sub` of null) and take ones it
+        refuses."""
         last: Exception | None = None
         for key in self.keys:
             try:
                 doc: dict[str, object] = jwt.decode(
-                    token,
-                    key,
-                    algorithms=VERIFY_ALGORITHMS,
-                    leeway=self.leeway,
-                    options={"require": ["exp"], "verify_iat": True},
+                    token, key, algorithms=VERIFY_ALGORITHMS, options=_SIGNATURE_ONLY
                 )
                 return doc
             except jwt.InvalidSignatureError as exc:

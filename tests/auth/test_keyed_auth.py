@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
+import re
 import time
 
 import jwt
@@ -85,21 +88,86 @@ def test_refusals() -> None:
         assert info.value.unauthenticated, header
 
 
-def test_times_that_are_not_numbers_are_refused() -> None:
-    """`exp` and `iat` are JSON numbers (Go's jwt.NumericDate refuses anything else). PyJWT
-    takes an `exp` of "<digits>" as a number, but the claims then had no expiry: an RPC
-    started under such a token was never ended when it expired."""
+def _signed(payload: str, key: bytes = S1) -> str:
+    """A token of `payload`, exactly as written (PyJWT's encoder refuses some claims Go
+    decodes, and rewrites others)."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signed = b64(b'{"alg":"HS256","typ":"JWT"}') + "." + b64(payload.encode())
+    mac = hmac.new(key, signed.encode(), hashlib.sha256).digest()
+    return f"Bearer {signed}.{b64(mac)}"
+
+
+# (registered claims beside "cap":8, Gazette's verdict). The verdicts are Gazette's
+# auth.KeyedAuth.Verify of v0.103.0 (golang-jwt v5.3.0), run on each payload. {E}: an expiry
+# a minute away, {N}: now.
+GAZETTE_VERDICTS = [
+    ('"exp":{E}', True),
+    # Audience, issuer, subject and id are decoded but checked against nothing.
+    ('"exp":{E},"aud":"gazette"', True),
+    ('"exp":{E},"aud":["a","b"]', True),
+    ('"exp":{E},"aud":null', True),
+    ('"exp":{E},"aud":5', False),
+    ('"exp":{E},"aud":[1]', False),
+    ('"exp":{E},"iss":"issuer"', True),
+    ('"exp":{E},"iss":5', False),
+    ('"exp":{E},"sub":null', True),
+    ('"exp":{E},"jti":5', False),
+    # NumericDates: a JSON number, or a JSON string holding one; null is absent.
+    ('"exp":"{E}"', True),
+    ('"exp":"{E}.5"', True),
+    ('"exp":" {E}"', False),
+    ('"exp":"0{E}"', False),
+    ('"exp":null', False),
+    ('"exp":{E},"iat":null', True),
+    ('"exp":{E},"nbf":"12"', True),
+    ('"exp":{E},"nbf":true', False),
+    # Not before and issued at, within the 5 s leeway or not.
+    ('"exp":{E},"nbf":{N}+3', True),
+    ('"exp":{E},"nbf":{N}+60', False),
+    ('"exp":{E},"iat":{N}+60', False),
+    # Seconds past what a Go time holds wrap into the distant past: a "never expiring" token
+    # has expired, and a "never valid" one is valid.
+    ('"exp":1e30', False),
+    ('"exp":9223372036854775807', False),
+    ('"exp":{E},"nbf":1e30', True),
+    ('"exp":1e400', False),
+]
+
+
+@pytest.mark.parametrize(("claims", "accepted"), GAZETTE_VERDICTS)
+def test_registered_claims_are_judged_as_gazette_judges_them(claims: str, accepted: bool) -> None:
+    """Tokens Gazette's verifier accepts are accepted, and those it refuses refused
+    (UNAUTHENTICATED). PyJWT judged them by its own rules: it refused any token with an
+    audience (common in tokens minted by an identity provider) and a null subject, and
+    accepted an `iss` that is not a string, a `nbf` of true and an `exp` of 1e30 (a token
+    that never expires, where Gazette's has expired)."""
     auth = KeyedAuth(K1)
     now = int(time.time())
-    for doc in (
-        {"cap": 8, "exp": str(now + 60)},
-        {"cap": 8, "exp": now + 60, "iat": str(now)},
-    ):
+
+    def at(match: re.Match[str]) -> str:
+        return str(now + int(match.group(1) or 0))
+
+    payload = "{" + '"cap":8,' + claims.replace("{E}", "{N}+60") + "}"
+    payload = re.sub(r"\{N\}(?:\+(\d+))?", at, payload)
+    if accepted:
+        assert auth.verify(_signed(payload), Capability.READ).capability == 8
+    else:
         with pytest.raises(AuthRefused) as info:
-            auth.verify("Bearer " + jwt.encode(doc, S1), Capability.READ)
-        assert info.value.unauthenticated, doc
-    token = jwt.encode({"cap": 8, "exp": now + 60.5, "iat": now}, S1)  # Fractions are fine.
-    assert auth.verify(f"Bearer {token}", Capability.READ).expires_at == now + 60.5
+            auth.verify(_signed(payload), Capability.READ)
+        assert info.value.unauthenticated
+
+
+def test_times_are_truncated_to_the_second() -> None:
+    """As Go's NumericDate keeps them: the expiry an RPC is bound to is the whole second."""
+    auth = KeyedAuth(K1)
+    now = int(time.time())
+    token = jwt.encode({"cap": 8, "exp": now + 60.5, "iat": now}, S1)
+    assert auth.verify(f"Bearer {token}", Capability.READ).expires_at == now + 60
+    token = _signed(f'{{"cap":8,"exp":"{now + 60}"}}')
+    assert auth.verify(token, Capability.READ).expires_at == now + 60
 
 
 def test_leeway_of_five_seconds() -> None:

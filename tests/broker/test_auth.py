@@ -232,6 +232,21 @@ async def test_bad_tokens_are_unauthenticated_and_nothing_happens(stub: Any, bad
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+async def test_tokens_are_judged_as_gazette_judges_them(stub: Any) -> None:
+    """A token with an audience (as identity providers mint them) is served, as Gazette
+    serves it; a "never expiring" one (exp 1e30, the distant past for Gazette's Go clock) is
+    refused. (tests/auth/test_keyed_auth.py holds the full table.)"""
+    exp = int(time.time()) + 60
+    for aud in ("gazette", ["gazette", "other"]):
+        resps = await _read(
+            stub, "auth/a", _raw({"cap": int(Capability.READ), "exp": exp, "aud": aud})
+        )
+        assert resps and resps[0].status in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE)  # Served.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _read(stub, "auth/a", _raw({"cap": int(Capability.READ), "exp": 1e30}))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 async def test_any_key_verifies(stub: Any) -> None:
     other = KeyedAuth(f"{OTHER_KEYS} {KEYS}")  # Signs with the broker's second key.
     resps = await _read(stub, "auth/a", token(Capability.READ, auth=other))
