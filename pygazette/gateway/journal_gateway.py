@@ -6,7 +6,8 @@
 
 It is a gRPC client of a broker (normally its own process's port, so proxying to a journal's
 primary, authorization and every check happen in the broker): `JournalClient` is handed in.
-An HTTP `Authorization` header is forwarded as the `authorization` metadata of the RPC.
+An HTTP `Authorization` header is forwarded as the `authorization` metadata of the RPC (one
+that gRPC metadata cannot carry, not printable ASCII, is answered 401).
 
 Responses carry Gazette's headers: `X-Route-Token` (the journal's route) and `Location` (the
 journal at its primary broker); for reads `Content-Range: bytes <offset>-<MaxInt64>/<MaxInt64>`,
@@ -109,9 +110,25 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
     return _error(_GRPC_STATUS.get(exc.code(), 500), exc.details() or exc.code().name)
 
 
+class Unauthorized(ValueError):
+    pass
+
+
+# What a gRPC metadata value may hold: printable ASCII.
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
 def _metadata(request: web.Request) -> tuple[tuple[str, str], ...] | None:
+    """The RPC's metadata: the request's `Authorization`, if it has one (Unauthorized if gRPC
+    cannot carry it: no token holds other than printable ASCII)."""
     token = request.headers.get("Authorization")
-    return (("authorization", token),) if token else None
+    if not token:
+        return None
+    if not _METADATA_VALUE.fullmatch(token):
+        raise Unauthorized(
+            "invalid Authorization header (it holds characters other than printable ASCII)"
+        )
+    return (("authorization", token),)
 
 
 def parse_read_request(request: web.Request) -> pb.ReadRequest:
@@ -207,6 +224,8 @@ class JournalGateway:
                 return await self.serve_append(request)
         except BadRequest as exc:
             return _error(400, str(exc))
+        except Unauthorized as exc:
+            return _error(401, str(exc))
         return _error(400, f"unknown method: {request.method}")
 
     # Reads.

@@ -291,6 +291,13 @@ async def test_authorization_header_is_forwarded(tmp_path: Path) -> None:
             f"{base}/{journal}",
         )  # fmt: skip
         assert forged.status in (401, 403), forged.body
+        # A header gRPC cannot carry (not printable ASCII) is an unusable token: 401, and no
+        # RPC, not a 500 "Invalid metadata" and three lines of gRPC errors in the log each.
+        for method in (["-X", "GET"], ["-X", "PUT", "--data-binary", "x"]):
+            bad = await curl(*method, "-H", "Authorization: Bearer caf\u00e9", f"{base}/{journal}")
+            assert bad.status == 401, bad.body
+            assert b"printable ASCII" in bad.body
+        assert "Illegal header value" not in proc.log_path.read_text()
         ok = await curl(
             "-X", "PUT", "--data-binary", "record\n", "-H", bearer(Capability.APPEND),
             f"{base}/{journal}",
