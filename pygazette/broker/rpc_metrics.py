@@ -4,16 +4,22 @@
 Gazette names these counters with a trailing `_totals`; prometheus-client would expose a
 Counter so named as `…_totals_total`, so they are kept here and rendered by `exposition()` in
 the text format exactly as Gazette's Go client renders them (`# TYPE … counter`, samples
-under the family's own name). The status label is Gazette's: "ok", the response's
-`protocol.Status` name when it is not OK (a Read's first response, an Append's response…),
-or "<error>" when the RPC failed with a gRPC error. An append a peer proxies whole
-(`pygazette.PeerJournal/AppendWhole`) counts as an Append, as the proxied stream it replaces
-counts at Gazette's primary, and a replication a primary sends whole
-(`pygazette.PeerJournal/ReplicateWhole`) as a Replicate.
+under the family's own name). The status label is Gazette's (`instrumentJournalServerRPC`):
+"<error>" when the RPC failed with a gRPC error, else "ok" or, where Gazette labels one, the
+`protocol.Status` name of what the RPC answered: an Append's any status (its state machine
+keeps them all), a Read's, ListFragments' or Replicate's only a status of the journal's
+resolution (JOURNAL_NOT_FOUND, SUSPENDED, ...: not OFFSET_NOT_YET_AVAILABLE, NOT_ALLOWED or
+WRONG_ROUTE), and List's, Apply's and FragmentStoreHealth's none. A Read its client cancelled
+(a blocking read left) is "ok": Gazette suppresses the cancellation.
+
+An append a peer proxies whole (`pygazette.PeerJournal/AppendWhole`) counts as an Append, as
+the proxied stream it replaces counts at Gazette's primary, and a replication a primary sends
+whole (`pygazette.PeerJournal/ReplicateWhole`) as a Replicate.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -73,9 +79,31 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _status_of(resp: object) -> str:
+# Statuses of a journal's resolution (Gazette's resolver.resolve): the only ones Gazette
+# labels a Read, ListFragments or Replicate with.
+RESOLUTION_STATUSES = frozenset(
+    {
+        pb.JOURNAL_NOT_FOUND,
+        pb.SUSPENDED,
+        pb.NO_JOURNAL_PRIMARY_BROKER,
+        pb.NOT_JOURNAL_PRIMARY_BROKER,
+        pb.NOT_JOURNAL_BROKER,
+        pb.INSUFFICIENT_JOURNAL_BROKERS,
+    }
+)
+# Operations whose label is any status they answer; with RESOLVED_OPERATIONS, a resolution
+# status; the others are "ok" whatever they answered.
+ANSWERED_OPERATIONS = frozenset({"Append"})
+RESOLVED_OPERATIONS = frozenset({"Read", "ListFragments", "Replicate"})
+
+
+def _status_of(resp: object, op: str = "Append") -> str:
     status = getattr(resp, "status", pb.OK)
     if status == pb.OK:
+        return "ok"
+    if op not in ANSWERED_OPERATIONS and (
+        op not in RESOLVED_OPERATIONS or status not in RESOLUTION_STATUSES
+    ):
         return "ok"
     try:
         return pb.Status.Name(status)
@@ -129,7 +157,7 @@ class RpcMetricsInterceptor(_Interceptor):
                 status = "<error>"
                 try:
                     resp = await inner(request, context)
-                    status = _status_of(resp)
+                    status = _status_of(resp, op)
                     return resp
                 finally:
                     counters.complete(op, status)
@@ -150,9 +178,13 @@ class RpcMetricsInterceptor(_Interceptor):
             try:
                 async for resp in inner_stream(request, context):
                     if first is None:
-                        first = _status_of(resp)
+                        first = _status_of(resp, op)
                     yield resp
                 status = first or "ok"
+            except asyncio.CancelledError:
+                if op == "Read":  # The client went away: Gazette's SuppressCancellationError.
+                    status = first or "ok"
+                raise
             finally:
                 counters.complete(op, status)
 

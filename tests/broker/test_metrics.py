@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -147,3 +148,55 @@ async def test_rollbacks_and_refusals_are_counted(
     )
     # An unknown journal adds no per-journal series.
     assert value(after, "pygazette_read_bytes_count", journal="metrics/missing") == 0
+
+
+async def test_rpc_statuses_are_counted_as_gazette_counts_them(
+    http_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    """Gazette labels a completed Read (and ListFragments, Replicate) with its journal's
+    resolution status (JOURNAL_NOT_FOUND, SUSPENDED, ...), not with whatever its response
+    said: a read at the write head (OFFSET_NOT_YET_AVAILABLE, how every non-blocking read to
+    the head ends) is "ok", and so is a blocking read its client cancelled (Gazette suppresses
+    the cancellation). List, Apply and FragmentStoreHealth are "ok" unless they failed
+    (ETCD_TRANSACTION_FAILED is an answer). Counted otherwise, the everyday reads of
+    consumers and batch jobs looked like errors next to Gazette's."""
+    _, base = http_broker
+    journal = "metrics/statuses"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    assert (await append(stub, journal, b"0123456789")).status == pb.OK
+    before = await asyncio.to_thread(scrape, base)
+
+    at_head = await stub.Read(pb.ReadRequest(journal=journal, offset=10)).read()
+    assert at_head.status == pb.OFFSET_NOT_YET_AVAILABLE
+    blocking = stub.Read(pb.ReadRequest(journal=journal, offset=10, block=True))
+    waiting = asyncio.ensure_future(blocking.read())
+    stale = pb.ApplyRequest(
+        changes=[pb.ApplyRequest.Change(upsert=journal_spec(journal), expect_mod_revision=1)]
+    )
+    assert (await stub.Apply(stale)).status == pb.ETCD_TRANSACTION_FAILED
+
+    completed = "gazette_journal_server_completed_totals_total"
+
+    def moved(after: dict[Any, float], **labels: str) -> float:
+        return value(after, completed, **labels) - value(before, completed, **labels)
+
+    async def wait_counted(reads: int) -> dict[Any, float]:
+        for _ in range(200):
+            after = await asyncio.to_thread(scrape, base)
+            counted = sum(
+                v - value(before, name, **dict(labels))
+                for (name, labels), v in after.items()
+                if name == completed and ("operation", "Read") in labels
+            )
+            if counted == reads:
+                return after
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{reads} reads were not counted")
+
+    await wait_counted(1)
+    blocking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    after = await wait_counted(2)
+    assert moved(after, operation="Read", status="ok") == 2
+    assert moved(after, operation="Apply", status="ok") == 1
