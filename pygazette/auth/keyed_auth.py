@@ -146,7 +146,7 @@ class KeyedAuth:
     def verify(self, authorization: str | None, require: int) -> Claims:
         """The verified claims of an `authorization` header value, which must grant
         `require`; AuthRefused if they can't be had."""
-        if not authorization:
+        if authorization is None:  # No authorization metadata (an empty one is a bad one).
             if self.allow_missing:
                 # No token, no expiry: nothing ends the RPC early.
                 return Claims(Capability(require) if require else 0)

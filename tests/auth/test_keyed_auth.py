@@ -73,7 +73,7 @@ def test_refusals() -> None:
     now = int(time.time())
     cases = {
         None: "missing or empty Authorization token",
-        "": "missing or empty Authorization token",
+        "": "expected 'Bearer'",  # Present, and empty: as Gazette, not a missing one.
         "Basic abc": "expected 'Bearer'",
         "Bearer not-a-jwt": "verifying Authorization",
         bearer(other, Claims(Capability.ALL)): "verifying Authorization: Signature",
@@ -193,9 +193,13 @@ def test_allow_missing_during_rollout() -> None:
     claims = auth.verify(None, Capability.APPEND)
     assert claims.capability == Capability.APPEND
     assert not claims.selector.include.labels
-    # A token that is present is still verified.
+    # A token that is present is still verified; so is an empty one (Gazette lets through
+    # only a request with no authorization metadata at all).
     with pytest.raises(AuthRefused):
         auth.verify("Bearer junk", Capability.APPEND)
+    with pytest.raises(AuthRefused, match="expected 'Bearer'") as info:
+        auth.verify("", Capability.APPEND)
+    assert info.value.unauthenticated
 
 
 def test_claims_json_is_gazettes() -> None:

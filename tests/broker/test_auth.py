@@ -371,6 +371,10 @@ def test_rollout_key_allows_missing_tokens(tmp_path: Path) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await _read(stub, "roll/a", BAD_TOKENS["wrong-key"])
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # An empty one is given, and no token (as Gazette: only no metadata is let through).
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await _read(stub, "roll/a", (("authorization", ""),))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert (await _read(stub, "roll/a", token(Capability.READ)))[0].status == pb.OK
         finally:
             await channel.close()
