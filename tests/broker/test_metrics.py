@@ -200,3 +200,31 @@ async def test_rpc_statuses_are_counted_as_gazette_counts_them(
     after = await wait_counted(2)
     assert moved(after, operation="Read", status="ok") == 2
     assert moved(after, operation="Apply", status="ok") == 1
+
+
+async def test_store_put_bytes_are_labelled_as_gazettes(
+    http_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    """gazette_store_put_bytes_total{store,encoding}: a fragment put with no content encoding
+    is labelled encoding="none", as Gazette labels it (ActiveStore.Put), so that a query or
+    dashboard made for Gazette's series finds them."""
+    _, base = http_broker
+    journal = "metrics/persisted"
+    # Fragments of at most 1 KiB: each append of 1,500 bytes rolls the spool, which is persisted.
+    assert (await apply_specs(stub, journal_spec(journal, length=1024))).status == pb.OK
+    before = await asyncio.to_thread(scrape, base)
+    for _ in range(3):
+        assert (await append(stub, journal, b"p" * 1500)).status == pb.OK
+    name = "gazette_store_put_bytes_total"
+    for _ in range(200):
+        after = await asyncio.to_thread(scrape, base)
+        put = {
+            dict(labels)["encoding"]: v - before.get((n, labels), 0.0)
+            for (n, labels), v in after.items()
+            if n == name and ("store", "file:///") in labels
+        }
+        if sum(put.values()) >= 3000:
+            break
+        await asyncio.sleep(0.05)
+    assert put.get("none", 0) >= 3000, put
+    assert set(put) == {"none"}, put

@@ -563,7 +563,7 @@ class Persister:
                     ),
                 )
             self.uploaded_bytes += size
-            STORE_PUT_BYTES.labels(job.store, encoding or "identity").inc(size)
+            STORE_PUT_BYTES.labels(job.store, encoding or "none").inc(size)  # As Gazette.
         frag.mod_time = int(time.time())
         index = job.target.index
         index.add_persisted(frag)
