@@ -44,7 +44,6 @@ from typing import Any
 import grpc
 import grpc.aio
 from aiohttp import web
-from google.protobuf import text_format
 
 from pygazette.client.errors import InvalidResponse
 from pygazette.client.journal_client import JournalClient
@@ -177,11 +176,46 @@ def parse_append_request(request: web.Request) -> pb.AppendRequest:
     return req
 
 
+_GO_ESCAPES = {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    ord('"'): '\\"',
+    ord("\\"): "\\\\",
+}
+
+
+def _go_quoted(value: str) -> str:
+    """`value` as Go's protobuf text marshaller quotes a string (byte by byte, UTF-8)."""
+    out = []
+    for byte in value.encode():
+        if byte in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[byte])
+        elif 0x20 <= byte < 0x7F:
+            out.append(chr(byte))
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def route_token(route: pb.Route) -> str:
+    """The `X-Route-Token` of `route`, as Gazette's gateway writes it: gogo/protobuf's
+    `proto.CompactTextString` of the Route (proto3: a zero primary is left out), less the
+    trailing space Go's net/http trims from a header value."""
+    parts = [
+        f"members:<zone:{_go_quoted(m.zone)} suffix:{_go_quoted(m.suffix)} >" for m in route.members
+    ]
+    if route.primary:
+        parts.append(f"primary:{route.primary}")
+    parts += [f"endpoints:{_go_quoted(e)}" for e in route.endpoints]
+    return " ".join(parts)
+
+
 def _add_route_headers(resp: web.StreamResponse, request: web.Request, header: pb.Header) -> None:
     route = header.route
     if not route.members:
         return
-    resp.headers[ROUTE_TOKEN_HEADER] = text_format.MessageToString(route, as_one_line=True)
+    resp.headers[ROUTE_TOKEN_HEADER] = route_token(route)
     if 0 <= route.primary < len(route.endpoints):
         base = route.endpoints[route.primary].rstrip("/")
         resp.headers["Location"] = base + request.path

@@ -121,6 +121,10 @@ async def test_put_appends_and_get_reads(
     _, metas = await read_all(stub, journal, offset=7)
     frag = next(m.fragment for m in metas if m.HasField("fragment"))
     assert got.headers["x-fragment-name"] == fragment_file_name(frag)
+    # The route as Gazette's gateway writes it (gogo's CompactTextString; primary 0 left out).
+    member = metas[0].header.route.members[0]
+    token = f'members:<zone:"{member.zone}" suffix:"{member.suffix}" > endpoints:"{proc.url}"'
+    assert got.headers["x-route-token"] == put.headers["x-route-token"] == token
 
     # HEAD: the same metadata, no body.
     meta = await curl("-I", "-o", "/dev/null", f"{base}/{journal}?offset=3")
