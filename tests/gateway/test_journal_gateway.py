@@ -449,7 +449,9 @@ async def test_a_blocking_get_whose_client_went_away_ends_its_read(
     journal = f"gateway/abandoned{offset}"
     assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
     assert (await append(stub, journal, b"content\n")).status == pb.OK
-    before = await asyncio.to_thread(_open_reads, base)
+    # Reads left by earlier tests' clients end (as this test checks): none is open here.
+    await _wait_open_reads(base, 0)
+    before = 0
     reader = await asyncio.create_subprocess_exec(
         CURL, "-sS", "-N", "--max-time", "30", f"{base}/{journal}?offset={offset}&block=true",
         stdout=asyncio.subprocess.PIPE,
