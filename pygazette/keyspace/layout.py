@@ -13,6 +13,7 @@ Slot 0 of an item's assignments is its primary.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -62,9 +63,8 @@ def _check_above_sep(text: str, what: str) -> None:
         raise ValueError(f"{what} {text!r} has a character <= {SEP!r}")
 
 
-def _parts_above_sep(parts: list[str]) -> bool:
-    """Every part is non-empty and above SEP: a name keys can be built from again."""
-    return all(part and min(part) > SEP for part in parts)
+# A character below SEP: no name in a key may hold one (nor SEP itself, which splits them).
+_BELOW_SEP = re.compile("[\\x00-\\x22]")
 
 
 class KeyLayout:
@@ -100,23 +100,25 @@ class KeyLayout:
         if not key.startswith(self.items_prefix):
             raise KeyDecodeError(f"not an item key: {key!r}")
         item = key[len(self.items_prefix) :]
-        if not _parts_above_sep([item]):
+        if not item or SEP in item or _BELOW_SEP.search(item):
             raise KeyDecodeError(f"expected (id) in item key {key!r}")
         return item
 
     def parse_member_key(self, key: str) -> tuple[str, str]:
         if not key.startswith(self.members_prefix):
             raise KeyDecodeError(f"not a member key: {key!r}")
-        parts = key[len(self.members_prefix) :].split(SEP)
-        if len(parts) != 2 or not _parts_above_sep(parts):
+        rest = key[len(self.members_prefix) :]
+        parts = rest.split(SEP)
+        if len(parts) != 2 or not all(parts) or _BELOW_SEP.search(rest):
             raise KeyDecodeError(f"expected (zone, suffix) in member key {key!r}")
         return parts[0], parts[1]
 
     def parse_assignment_key(self, key: str) -> AssignmentKey:
         if not key.startswith(self.assign_prefix):
             raise KeyDecodeError(f"not an assignment key: {key!r}")
-        parts = key[len(self.assign_prefix) :].split(SEP)
-        if len(parts) != 4 or not _parts_above_sep(parts[:3]):
+        rest = key[len(self.assign_prefix) :]
+        parts = rest.split(SEP)
+        if len(parts) != 4 or not all(parts) or _BELOW_SEP.search(rest):
             raise KeyDecodeError(
                 f"expected (item-id, member-zone, member-suffix, slot) in assignment key {key!r}"
             )
