@@ -10,10 +10,18 @@ A line of JSON white space only is blank: it holds no message and readers skip i
 JSON reader does). Gazette's Go reader instead fails on it ("unexpected end of JSON input");
 skipping loses nothing and keeps one stray blank line from stopping every reader. Any other
 line that is not JSON is a `MessageDecodeError`.
+
+Strings holding invalid UTF-8 or a lone UTF-16 surrogate escape ("\\ud83d", as JavaScript
+writes a string cut within a surrogate pair) are read as Go's encoding/json reads them: each
+bad sequence becomes U+FFFD. orjson refuses such documents, so they are decoded again, more
+slowly, with the standard library (`go_loads`).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
 
@@ -33,6 +41,51 @@ _APPEND_NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 # JSON's insignificant white space (RFC 8259).
 JSON_WHITESPACE = b" \t\n\r"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if type(value) is str:
+        return _SURROGATE.sub("\ufffd", value)
+    if type(value) is list:
+        return [_replace_surrogates(v) for v in value]
+    if type(value) is dict:
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def go_loads(payload: bytes) -> Any:
+    """A JSON document decoded as Go's encoding/json decodes it: in strings, invalid UTF-8
+    and lone surrogate escapes become U+FFFD (orjson refuses them). Raises ValueError (a
+    json.JSONDecodeError) where Go fails too."""
+    text = payload.decode("utf-8", "replace")
+    value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    return _replace_surrogates(value)
+
+
+def _loads(payload: bytes) -> Any:
+    """orjson.loads, then `go_loads` for a document orjson refuses; raises the orjson error
+    if Go would refuse it too."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        try:
+            return go_loads(payload)
+        except (ValueError, RecursionError):
+            raise exc from None
 
 
 class JSONFraming(Framing):
@@ -141,7 +194,7 @@ class JSONFraming(Framing):
 
     def unmarshal(self, payload: bytes) -> Any:
         try:
-            value = orjson.loads(payload)
+            value = _loads(payload)
         except orjson.JSONDecodeError as exc:
             raise MessageDecodeError(f"invalid JSON: {exc}") from None
         if self.decode is None:
@@ -183,13 +236,11 @@ class JSONFraming(Framing):
                         raise MessageDecodeError(f"UUID field is not a string: {text!r}")
                     producer, clock, flags = parse_uuid_text(text)
                     append(Envelope(journal, pos, end, msg, producer, clock, flags))
-            except orjson.JSONDecodeError as exc:
+            except orjson.JSONDecodeError:
                 if not is_blank(payload):
-                    append(
-                        MessageDecodeError(
-                            f"invalid JSON: {exc}", journal=journal, begin=pos, end=end
-                        )
-                    )
+                    # Maybe a document Go reads and orjson refuses (see `go_loads`): the
+                    # generic loop decodes it through `unmarshal`, or reports its error.
+                    Framing.envelopes(self, [payload], journal, pos, out)
             except MessageDecodeError as exc:
                 append(MessageDecodeError(exc.detail, journal=journal, begin=pos, end=end))
             except ValueError as exc:  # A malformed UUID.

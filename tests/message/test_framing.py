@@ -183,6 +183,36 @@ def test_json_errors_keep_offsets_and_unpacking_continues() -> None:
     assert isinstance(last, PartialMessage) and (last.begin, last.end) == (len(data) - 5, len(data))
 
 
+def test_json_strings_go_reads_with_replacement_characters_are_read_so() -> None:
+    """Go's encoding/json reads invalid UTF-8 and lone UTF-16 surrogate escapes within
+    strings as U+FFFD (JavaScript writes "\\ud83d" for a string cut within a surrogate
+    pair); orjson refuses them, so each was a MessageDecodeError here: a consumer shard
+    failed for good on a message Gazette's consumers read."""
+    text = UUIDFormatter(new_producer_id()).format(TICK, OUTSIDE_TXN)
+    lines = [
+        b'{"uuid":"%s","a":"x\xffy"}' % text.encode(),
+        b'{"uuid":"%s","a":"\\ud83d!","\\udc00":["\\ud83d\\ude00\\ud800"]}' % text.encode(),
+        b'{"a":NaN}',  # Go refuses these, as before.
+        b'{"a":1e400}',
+        b'{"a":"\xff"',
+    ]
+    data = b"\n".join(lines) + b"\n"
+    for framing in (JSONFraming(), JSONFraming(decode=lambda v: v)):
+        out = unpack(framing, data, cuts=[5, 40])
+        assert [x.message if isinstance(x, Envelope) else type(x).__name__ for x in out] == [
+            {"uuid": text, "a": "x\ufffdy"},
+            {"uuid": text, "a": "\ufffd!", "\ufffd": ["\U0001f600\ufffd"]},
+            "MessageDecodeError",
+            "MessageDecodeError",
+            "MessageDecodeError",
+        ]
+        assert [(x.begin, x.end) for x in out] == [
+            (sum(len(w) + 1 for w in lines[:i]), sum(len(w) + 1 for w in lines[: i + 1]))
+            for i in range(len(lines))
+        ]
+        assert all(isinstance(x, Envelope) and x.producer != bytes(6) for x in out[:2])
+
+
 def test_a_decode_function_failing_on_a_frame_is_an_error_of_that_frame() -> None:
     """A `decode` that raises (a record of another shape) fails its frame alone, as a
     MessageDecodeError with its offsets: the exception escaped `Unpacker.feed`, and the
