@@ -87,6 +87,9 @@ class FixedFraming(Framing):
 
     content_type = CONTENT_TYPE_PROTO_FIXED
     overhead = FIXED_FRAME_HEADER_LENGTH
+    # As Gazette's UnpackFixedFrame, which takes one trailing newline for the content's end
+    # ("helped with Hadoop streaming").
+    final_newline = True
 
     def __init__(
         self, message_class: type[Message] | None = None, uuid_field: str = "uuid"

@@ -98,6 +98,9 @@ class Framing(ABC):
     # Set where every frame ends with this delimiter, though it may also occur within one (a
     # quoted CSV field spanning lines): content without it completes no frame.
     frame_terminator: ClassVar[bytes | None] = None
+    # Set where content may end with one newline after its last frame, which is then no
+    # error (Gazette's fixed framing reads it so).
+    final_newline: ClassVar[bool] = False
 
     # Writing ------------------------------------------------------------------------------
 

@@ -61,6 +61,9 @@ class Unpacker:
         if not self._held_size:
             return None
         size = self._held_size
+        if size == 1 and self.framing.final_newline and bytes(self._held[0]) == b"\n":
+            self.restart(self.begin + 1)  # One newline after the last frame: not a message.
+            return None
         err = PartialMessage(
             f"content ends within a message ({size} bytes)",
             journal=self.journal,

@@ -575,6 +575,27 @@ def test_first_lookups_on_many_threads_all_find_the_builtin_framings() -> None:
         assert out.stdout.strip() == "0", out.stderr
 
 
+def test_fixed_content_ending_with_one_newline_ends_cleanly_as_in_gazette() -> None:
+    """Gazette's UnpackFixedFrame takes one newline after the last frame for the end of the
+    content (its TestFixedFramingDecodeTrailingNewLine); here it was a PartialMessage,
+    raised at the end of every non-blocking read of such a journal. Anything else left over
+    still is one, and a newline followed by more content is a de-synchronization, as in Go."""
+    frame = encode_fixed_frame(b"test message content")
+    out = unpack(FixedFraming(), frame + b"\n", cuts=[len(frame)])
+    assert [(type(x).__name__, x.begin, x.end) for x in out] == [("Envelope", 0, len(frame))]
+    for tail in (b"\n\n", b"x", b"\r\n"):
+        out = unpack(FixedFraming(), frame + tail)
+        assert [type(x).__name__ for x in out] == ["Envelope", "PartialMessage"]
+    out = unpack(FixedFraming(), frame + b"\n" + frame)
+    assert [type(x).__name__ for x in out] == ["Envelope", "MessageDecodeError", "Envelope"]
+    assert [(x.begin, x.end) for x in out][1:] == [
+        (len(frame), len(frame) + 1),
+        (len(frame) + 1, 2 * len(frame) + 1),
+    ]
+    # JSON lines and CSV are unchanged: a newline is a blank line there.
+    assert unpack(JSONFraming(), b"\n") == [] and unpack(CSVFraming(), b"\n") == []
+
+
 def test_a_long_fixed_frame_fed_in_pieces_is_joined_once() -> None:
     """Its header tells its length: the pieces are held until all of it is here, not joined
     at every piece (which copies a frame of n pieces n times over)."""
