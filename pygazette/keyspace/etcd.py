@@ -5,7 +5,7 @@ applies every change to the mirror, in revision order, and notifies listeners. T
 revision is the mod revision of the last change it applied (or the load revision), so
 `wait_for_revision(r)` for the revision `r` of a write under the root returns once the
 mirror reflects that write. A broken watch is re-established from the next revision; if
-etcd compacted past it, the mirror reloads.
+etcd compacted past it, or is behind the mirror (replaced or restored), the mirror reloads.
 
 Writes go straight to etcd as transactions guarded by mod revisions, as Gazette's do. The
 lease calls that membership needs live here too: grant, keep alive, revoke.
@@ -261,8 +261,8 @@ class EtcdKeyspace(Keyspace):
                 await self._watch_once()
             except asyncio.CancelledError:
                 raise
-            except _Compacted:
-                log.warning("etcd compacted past the mirror's revision; reloading")
+            except _Reload as exc:
+                log.warning(f"{exc}; reloading", extra={"revision": self._revision})
                 with contextlib.suppress(KeyspaceUnavailable):
                     await self._load()
                     backoff = 0.05
@@ -294,7 +294,12 @@ class EtcdKeyspace(Keyspace):
                 if resp is _EOF:
                     raise KeyspaceUnavailable("watch stream ended")
                 if resp.compact_revision:
-                    raise _Compacted()
+                    raise _Reload("etcd compacted past the mirror's revision")
+                if 0 < resp.header.revision < self._revision:
+                    # The store is behind the mirror: it was replaced (data lost, or
+                    # restored from a snapshot). The watch would wait for the mirror's
+                    # next revision, missing every change until the store reached it.
+                    raise _Reload(f"etcd is at revision {resp.header.revision}, behind the mirror")
                 if resp.canceled:
                     raise KeyspaceUnavailable(f"watch canceled: {resp.cancel_reason}")
                 if resp.events:
@@ -474,8 +479,8 @@ class EtcdKeyspace(Keyspace):
             )
 
 
-class _Compacted(Exception):
-    pass
+class _Reload(Exception):
+    """The watch can't resume from the mirror's revision: the mirror must reload."""
 
 
 def _describe(exc: BaseException) -> str:
