@@ -121,10 +121,14 @@ class Allocator:
         self.solve_cpu_seconds: list[float] = []  # The same re-solves' CPU (this thread).
         self.items_solved = 0  # Items put in flow networks.
 
-    def _observed_reaches(self, revision: int) -> Callable[[], bool]:
+    def _observed_reaches(self, revision: int, floor: int) -> Callable[[], bool]:
+        """Whether the observed state reached `revision`, or must be caught up, or went back
+        below `floor` (the revision the round saw: a reload from a store behind the mirror,
+        which would reach `revision` only after as many changes again)."""
+
         def reached() -> bool:
             current = self.observed.current.revision
-            return current >= revision or current < self.ks.revision
+            return current >= revision or current < self.ks.revision or current < floor
 
         return reached
 
@@ -192,6 +196,8 @@ class Allocator:
             try:
                 # Wait on the observed state, not the keyspace's revision: the next round
                 # must see the change it waits for, or it would spin on a stale state.
-                await self.ks.wait_until(self._observed_reaches(next_revision), timeout)
+                await self.ks.wait_until(
+                    self._observed_reaches(next_revision, state.revision), timeout
+                )
             except TimeoutError:
                 pass

@@ -6,7 +6,7 @@ import asyncio
 
 from pygazette.allocator.allocator import Allocator, ObservedState
 from pygazette.keyspace.embedded import EmbeddedKeyspace
-from pygazette.keyspace.keyspace import Put
+from pygazette.keyspace.keyspace import KeyChanges, KeyValue, Put
 from tests.allocator.test_allocation import LAYOUT, TextDecoder, _assignments, _items, _members
 
 
@@ -53,6 +53,38 @@ async def test_a_foreign_assignment_key_does_not_crash_the_leader() -> None:
         assert not task.done(), task.exception()
         await waiting
         assert all(ks.get(k) is not None for k in foreign)  # Left alone, as Gazette does.
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_leader_acts_after_a_reload_to_a_lower_revision() -> None:
+    """A keyspace reloaded from a store behind it (etcd replaced or restored) goes back to a
+    lower revision. The leader waited for its state to pass the revision after its last
+    round's, which the store would reach only after as many changes again: it stalled."""
+    ks = EmbeddedKeyspace(None)
+    await _members(ks, {"a/m1": 10})
+    await _items(ks, {"x": 1})
+    for i in range(30):
+        await ks.txn([], [Put(LAYOUT.root + f"/filler-{i}", b"")])
+    observed = ObservedState(ks, LAYOUT, TextDecoder(), LAYOUT.member_key("a", "m1"))
+    task = asyncio.create_task(Allocator(ks, observed).run())
+    try:
+        await ks.wait_until(lambda: bool(ks.range(LAYOUT.item_assignments_prefix("x"))), 10)
+        # The store is replaced by one at a low revision holding the member alone.
+        member = ks.get(LAYOUT.member_key("a", "m1"))
+        assert member is not None
+        prior = ks.revision
+        ks._kvs = {member.key: KeyValue(member.key, member.value, 2, 2)}
+        ks._revision = 2
+        await ks._notify(KeyChanges(prior, 2, reset=True))
+        await _items(ks, {"y": 1})
+        waiting = asyncio.ensure_future(
+            ks.wait_until(lambda: bool(ks.range(LAYOUT.item_assignments_prefix("y"))), 5)
+        )
+        await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task.exception()
+        await waiting
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
