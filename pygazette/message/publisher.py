@@ -64,7 +64,12 @@ class Publisher:
     """Publishes messages through an AppendService (see module docstring).
 
     `clock`: by default the publisher keeps its own clock, updated from wall time on every
-    publish; pass a shared Clock (and update it yourself) to do otherwise. `framings`
+    publish; pass a shared Clock (and update it yourself) to do otherwise. `producer`: a new
+    random producer ID by default, as Gazette's publishers always take. Give one only to a
+    single publisher at a time, never again after a restart: readers keep each producer's
+    last acknowledged clock, so a restarted producer's messages whose clocks do not exceed
+    it (a wall clock stepped back, or an ACK intent appended again after them) are dropped
+    as duplicates or rolled back. `framings`
     overrides the registered framing of a content type (for example a JSONFraming with
     another UUID field, or a FixedFraming of your protobuf message).
     """
