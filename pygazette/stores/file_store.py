@@ -85,18 +85,23 @@ class FileStore(FragmentStore):
             raise StoreError(f"not a file:// store: {url.url}")
         self.parsed = url
         self.root = root.resolve()
-        self.base = (self.root / url.prefix).resolve()
-        if self.base != self.root and self.root not in self.base.parents:
+        # Joined lexically, as Gazette joins root and path: a store directory that is a
+        # symbolic link (a volume linked into the root) is followed by the OS, not refused
+        # for resolving outside the root. Only the URL's own '..' may not leave the root.
+        root_text = str(self.root)
+        base_text = os.path.normpath(os.path.join(root_text, url.prefix))
+        if base_text != root_text and not base_text.startswith(os.path.join(root_text, "")):
             raise StoreError(f"store {url.url} escapes the file root {self.root}")
-        self._base_text = str(self.base)
+        self.base = Path(base_text)
+        self._base_text = base_text
         self._base_prefix = os.path.join(self._base_text, "")  # With its trailing separator.
 
     def _resolve(self, path: str) -> Path:
         """The file of `path` under the store's base, refused if `..` takes it outside.
 
         Lexical, as Gazette's file store joins its paths: no system call (a broker resolves
-        a path for every fragment it lists, persists or reads). The base itself was resolved
-        once; a symbolic link the operator placed inside the store is followed by the OS."""
+        a path for every fragment it lists, persists or reads). So was the base, under the
+        resolved root; a symbolic link the operator placed in the store is followed by the OS."""
         full = os.path.normpath(os.path.join(self._base_text, self.parsed.rewrite(path)))
         if full != self._base_text and not full.startswith(self._base_prefix):
             raise StoreError(f"path {path!r} escapes store {self.url}")

@@ -116,3 +116,26 @@ async def test_a_directory_removed_while_listing_is_just_gone(
     assert [f.path for f in await store.list_files("journal/")] == [
         "kept/0000000000000007-000000000000000e-bb.raw"
     ]
+
+
+async def test_a_store_directory_that_is_a_symbolic_link_is_followed(tmp_path: Path) -> None:
+    # A volume mounted elsewhere and linked into the file root (<root>/fragments -> /mnt/vol)
+    # is where Gazette's file store writes: it joins root and path, and the OS follows the
+    # link. The store was refused ('escapes the file root': its directory was resolved
+    # through the link, then required to lie under the root), so nothing persisted to it.
+    root, volume = tmp_path / "root", tmp_path / "volume"
+    root.mkdir()
+    volume.mkdir()
+    (root / "fragments").symlink_to(volume)
+    store = FileStore(parse_store_url("file:///fragments/"), root)
+    src = tmp_path / "src"
+    src.write_bytes(b"content")
+    name = "journal/0000000000000000-0000000000000007-aa.raw"
+    await store.put_file(name, src)
+    assert (volume / name).read_bytes() == b"content"
+    assert [f.path for f in await store.list_files("journal/")] == [name.split("/", 1)[1]]
+    assert await store.get(name) == b"content"
+    assert await store.signed_url(name, 60) == f"file:///fragments/{name}"
+    # A path that leaves the root by its own '..' is still refused.
+    with pytest.raises(StoreError, match="escapes the file root"):
+        FileStore(parse_store_url("file:///fragments/../../elsewhere/"), root)
