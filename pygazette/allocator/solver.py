@@ -348,18 +348,16 @@ class DesiredPlan:
             result = _solve_network(
                 state, chunk, fixed, by_zone, remaining, fair, load, sparse=True
             )
-            short = [
-                it
-                for it in chunk
-                if len(result.get(it.id, ())) + len(fixed.get(it.id, ())) < it.replication
-            ]
-            if short and any(remaining[m] > 0 for m in members):
-                # The sparse network couldn't place them all: retry those with every member.
-                for it in short:
+            retry = _sparse_misses(chunk, result, fixed, by_zone, remaining)
+            if retry:
+                # The sparse network couldn't place them all, or spread them across zones
+                # (the members of a zone its items could reach were full while others had
+                # room): retry those, and those that could give way, with every member.
+                for it in retry:
                     for m in result.pop(it.id, ()):
                         remaining[m] += 1
                         load[m] -= 1
-                result.update(_solve_network(state, short, fixed, by_zone, remaining, fair, load))
+                result.update(_solve_network(state, retry, fixed, by_zone, remaining, fair, load))
             for item_id in items[start : start + ITEMS_PER_NETWORK]:
                 item = state.item_map[item_id]
                 kept = fixed.get(item_id, [])[: item.replication]
@@ -374,6 +372,47 @@ class DesiredPlan:
                     self.holders[m].discard(item_id)
                 if len(placed) < item.replication:
                     self.short.add(item_id)
+
+
+def _sparse_misses(
+    chunk: list[Item],
+    result: dict[str, list[MemberKey]],
+    fixed: dict[str, list[MemberKey]],
+    by_zone: dict[str, list[MemberKey]],
+    remaining: dict[MemberKey, int],
+) -> list[Item]:
+    """Items of a sparse network's `result` that a network of every member may place
+    better: those short of replicas while a member has room; and those with replicas in at
+    most one zone that want more (short, or two replicas or more in it) while another zone
+    has room, or has items of this network placing two replicas or more in it (which may
+    give way), together with those items."""
+    zone_room = {z: sum(max(0, remaining[m]) for m in ms) for z, ms in by_zone.items()}
+    room = any(zone_room.values())
+    short: list[Item] = []
+    lone: list[tuple[Item, set[str]]] = []
+    doubled: dict[str, list[Item]] = {}  # Zone → items placing 2+ replicas in it.
+    for it in chunk:
+        placed = result.get(it.id, ())
+        held = [*fixed.get(it.id, ()), *placed]
+        if len(held) < it.replication and room:
+            short.append(it)
+        zones = {m[0] for m in held}
+        if len(zones) <= 1 and (len(held) > 1 or len(held) < it.replication):
+            lone.append((it, zones))
+        seen: set[str] = set()
+        for z, _ in placed:
+            if z in seen:
+                doubled.setdefault(z, []).append(it)
+                break
+            seen.add(z)
+    retry = {it.id: it for it in short}
+    for it, zones in lone:
+        others = [z for z in zone_room if z not in zones and (zone_room[z] or z in doubled)]
+        if others:
+            retry[it.id] = it
+            for z in others:
+                retry.update((d.id, d) for d in doubled.get(z, ()))
+    return [it for it in chunk if it.id in retry]
 
 
 def _solve_network(

@@ -241,3 +241,71 @@ def test_incremental_plan_places_as_many_replicas_as_a_full_solve(
                 assert len(group) <= state.item_map[item_id].replication
 
     asyncio.run(run())
+
+
+def _lone_with_room(state: AllocatorState, plan: list[solver.DesiredAssignment]) -> list[str]:
+    """Items with replicas in one zone only while another zone has room."""
+    load = Counter((d.zone, d.suffix) for d in plan)
+    room: Counter[str] = Counter()
+    for i, m in enumerate(state.members):
+        room[m.zone] += max(0, state.effective_limit(i) - load[(m.zone, m.suffix)])
+    zones: dict[str, set[str]] = {}
+    for d in plan:
+        zones.setdefault(d.item, set()).add(d.zone)
+    return [
+        item
+        for item, zs in zones.items()
+        if len(zs) == 1 and _placed(plan, item) > 1 and any(room[z] for z in room if z not in zs)
+    ]
+
+
+def _placed(plan: list[solver.DesiredAssignment], item: str) -> int:
+    return sum(1 for d in plan if d.item == item)
+
+
+async def test_replicas_spread_across_zones_where_a_sparse_network_could_not() -> None:
+    """Zone b's members are small: the few members of b an item's sparse network reached
+    filled up, and the item took two replicas in zone a while other members of b had room
+    (i13 here). Such items are now re-solved with every member, as short ones were."""
+    limits = {"a/a0": 102, "a/a1": 56, "a/a2": 27, "a/a3": 164}
+    limits |= {f"b/b{i:02d}": c for i, c in enumerate([1, 1, 3, 1, 1, 2, 2, 3, 1, 2, 1, 1])}
+    replication = [2, 3, 3, 3, 2, 3, 2, 3, 2, 2, 2, 2, 2, 3]
+    ks = EmbeddedKeyspace(None)
+    ops: list[Put | Delete] = []
+    for name, limit in limits.items():
+        zone, suffix = name.split("/")
+        ops.append(Put(LAYOUT.member_key(zone, suffix), str(limit).encode()))
+    ops += [Put(LAYOUT.item_key(f"i{i:02d}"), str(r).encode()) for i, r in enumerate(replication)]
+    await ks.txn([], ops)
+    state = _state(ks)
+    plan = solve_desired_assignments(state)
+    assert len(plan) == sum(replication)
+    assert _lone_with_room(state, plan) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(5, 200), min_size=1, max_size=4),
+    st.lists(st.integers(1, 3), min_size=3, max_size=40),
+    st.lists(st.sampled_from([2, 2, 3]), min_size=5, max_size=80),
+)
+def test_no_item_sits_in_one_zone_while_another_has_room(
+    a_limits: list[int], b_limits: list[int], replication: list[int]
+) -> None:
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        ops: list[Put | Delete] = [
+            Put(LAYOUT.member_key("a", f"a{i}"), str(n).encode()) for i, n in enumerate(a_limits)
+        ]
+        ops += [
+            Put(LAYOUT.member_key("b", f"b{i:02d}"), str(n).encode())
+            for i, n in enumerate(b_limits)
+        ]
+        ops += [
+            Put(LAYOUT.item_key(f"i{i:02d}"), str(r).encode()) for i, r in enumerate(replication)
+        ]
+        await ks.txn([], ops)
+        state = _state(ks)
+        assert _lone_with_room(state, solve_desired_assignments(state)) == []
+
+    asyncio.run(run())
