@@ -1,8 +1,10 @@
 """Configuring cloud fragment stores from their URLs, as Gazette configures them.
 
 - `s3://bucket/prefix/?endpoint=&region=&profile=&storageClass=&SSE=&SSEKMSKeyId=`.
-  Credentials come from the environment (`AWS_ACCESS_KEY_ID`...), or from a named profile
-  of the shared AWS config files with `profile=` (through boto3, the `aws` extra). A custom
+  Credentials come from the environment (`AWS_ACCESS_KEY_ID`...), else from the shared
+  credentials file (`AWS_SHARED_CREDENTIALS_FILE`, profile `AWS_PROFILE` or `default`), as
+  Gazette's AWS SDK takes them, else container or instance credentials; or from a named
+  profile of the shared AWS config files with `profile=` (through boto3, the `aws` extra). A custom
   `endpoint` (MinIO, Ceph, a local test server) gets path-style requests, and plain
   `http://` endpoints are allowed. `ACL=` is refused: canned ACLs are not supported by the
   object-store client, and S3 buckets now default to bucket-owner-enforced ownership.
@@ -20,6 +22,7 @@ seconds rather than minutes (the persister and the health checker retry on their
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 from datetime import timedelta
@@ -97,6 +100,8 @@ def _open_s3(url: StoreURL) -> ObjectStore:
         credential_provider, profile_region = _profile_credentials(url)
         if profile_region and not url.arg("Region"):
             config["region"] = profile_region
+    else:
+        config.update(_shared_file_credentials(url))
     if url.arg("Region"):
         config["region"] = url.arg("Region")
     if url.arg("SSE"):
@@ -135,6 +140,50 @@ def _profile_credentials(url: StoreURL) -> tuple[Any, str]:
             f"fragment store {url.url}: no credentials for AWS profile {profile!r}: {exc}"
         ) from exc
     return provider, session.region_name or ""
+
+
+def _shared_file_credentials(url: StoreURL) -> dict[str, str]:
+    """The static keys of the shared credentials file, where Gazette's AWS SDK (v1) takes
+    them without profile=: unless the environment holds keys (AWS_ACCESS_KEY_ID or
+    AWS_ACCESS_KEY, with AWS_SECRET_ACCESS_KEY or AWS_SECRET_KEY) or a web identity token,
+    profile $AWS_PROFILE (else 'default') of $AWS_SHARED_CREDENTIALS_FILE (else
+    ~/.aws/credentials). obstore reads neither file; without them it goes on to container
+    and instance credentials, as the SDK does. {} when the file gives no keys."""
+    env = os.environ
+    key_id = env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_ACCESS_KEY", "")
+    secret = env.get("AWS_SECRET_ACCESS_KEY") or env.get("AWS_SECRET_KEY", "")
+    if key_id and secret:
+        if "AWS_ACCESS_KEY_ID" in env and "AWS_SECRET_ACCESS_KEY" in env:
+            return {}  # obstore reads them itself.
+        return {"access_key_id": key_id, "secret_access_key": secret}  # The SDK's old names.
+    if env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        return {}
+    path = env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(
+        os.path.expanduser("~"), ".aws", "credentials"
+    )
+    profile = env.get("AWS_PROFILE") or "default"
+    parser = configparser.RawConfigParser(strict=False, default_section="\0")
+    try:
+        with open(path, encoding="utf-8") as f:
+            parser.read_file(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, configparser.Error) as exc:
+        raise StoreError(
+            f"fragment store {url.url}: cannot read the AWS shared credentials file {path}: "
+            + (str(exc).splitlines() or [type(exc).__name__])[0]
+        ) from exc
+    if not parser.has_section(profile):
+        return {}
+    section = parser[profile]
+    key_id = section.get("aws_access_key_id", "").strip()
+    secret = section.get("aws_secret_access_key", "").strip()
+    if not key_id or not secret:
+        return {}
+    out = {"access_key_id": key_id, "secret_access_key": secret}
+    if token := section.get("aws_session_token", "").strip():
+        out["session_token"] = token
+    return out
 
 
 def _open_gcs(url: StoreURL) -> ObjectStore:

@@ -203,3 +203,40 @@ async def test_unreachable_through_a_cut_proxy_fails_fast(
         await run_check(store)
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("profile", [None, "gazette"])
+async def test_credentials_of_the_shared_credentials_file(
+    real_s3: RealS3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str | None
+) -> None:
+    # With no profile= and no keys in the environment, Gazette's AWS SDK (v1) takes the
+    # static keys of the shared credentials file ($AWS_SHARED_CREDENTIALS_FILE, else
+    # ~/.aws/credentials), profile $AWS_PROFILE or 'default': a deployment that mounts its
+    # credentials as that file. obstore does not read it: every request went for instance
+    # metadata credentials (169.254.169.254), and the store never worked.
+    bucket = real_s3.create_bucket()  # Before AWS_PROFILE, which the test's boto3 would read.
+    env = credentials_env()
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        "[other]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n"
+        f"[{profile or 'default'}]\naws_access_key_id = {env['AWS_ACCESS_KEY_ID']}\n"
+        f"aws_secret_access_key = {env['AWS_SECRET_ACCESS_KEY']}\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    if profile is not None:
+        monkeypatch.setenv("AWS_PROFILE", profile)
+    else:
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+    # No instance metadata service to fall back on, whatever the host offers.
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+    store = _open(real_s3.store_url(bucket, "p"), tmp_path)
+    await run_check(store)  # Signed requests and a presigned URL the server verifies.
+
+    # Keys in the environment come first, as in the SDK: wrong ones are refused.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(StoreError):
+        await run_check(_open(real_s3.store_url(bucket, "p"), tmp_path))
