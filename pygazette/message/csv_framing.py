@@ -3,7 +3,8 @@
 Records are written exactly as Go's encoding/csv writes them (which Gazette uses): fields
 are quoted when they contain a comma, a quote, CR or LF, or begin with white space, and
 records end with "\\n". A quoted field may span lines, so frames are found by tracking
-quotes, not just newlines. Messages are lists of strings.
+quotes, not just newlines. Messages are lists of strings; bytes of a record that are not
+UTF-8 (Go's reader takes any) are read as surrogate escapes, and written back as they were.
 
 Records end where Go's csv.Reader ends them: at the first newline outside a quoted field
 (one that begins with a quote). A quote anywhere else (a bare quote), or text after a quoted
@@ -157,7 +158,11 @@ class CSVFraming(Framing):
             )
         if not msg:
             raise MessageDecodeError("a CSV message needs at least one field (its UUID)")
-        return format_record(msg).encode()
+        try:
+            # Bytes read as surrogate escapes (see `unmarshal`) are written back as they were.
+            return format_record(msg).encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise MessageDecodeError(f"CSV field is not valid Unicode: {exc.reason}") from None
 
     def set_uuid(self, msg: Any, uuid_text: str) -> None:
         if not isinstance(msg, list) or not msg:
@@ -199,8 +204,11 @@ class CSVFraming(Framing):
     def unmarshal(self, payload: bytes) -> Any:
         try:
             text = payload.decode()
-        except UnicodeDecodeError as exc:
-            raise MessageDecodeError(f"CSV record is not UTF-8: {exc.reason}") from None
+        except UnicodeDecodeError:
+            # Go's csv.Reader takes fields of any bytes (a file in Latin-1 or cp1252, say):
+            # those that are not UTF-8 are read as surrogate escapes (U+DC80-U+DCFF), as
+            # os.fsdecode reads file names, and `marshal` writes them back as they were.
+            text = payload.decode("utf-8", "surrogateescape")
         if text.endswith("\r"):
             text = text[:-1]  # A CRLF line end, as Go's reader drops it.
         if "\r" in text:

@@ -308,6 +308,32 @@ def test_a_csv_field_longer_than_pythons_csv_field_limit_reads_as_in_go() -> Non
     assert [e.message if isinstance(e, Envelope) else str(e)[:80] for e in out] == msgs
 
 
+def test_csv_records_that_are_not_utf8_read_as_in_go_and_write_back_unchanged() -> None:
+    """Go's csv.Reader takes fields of any bytes (a CSV file in Latin-1 or cp1252); here such
+    a record was a MessageDecodeError ('not UTF-8'), which failed a consumer shard for good
+    on a journal Gazette's consumers read. Its bytes are read as surrogate escapes now, and
+    marshal writes them back byte for byte."""
+    text = UUIDFormatter(new_producer_id()).format(TICK, OUTSIDE_TXN)
+    records = [
+        f"{text},caf".encode() + b"\xe9,x\n",
+        f'{text},"a'.encode() + b'\xff\nb",\xfe\r\n',
+        f"{text},ok\n".encode(),
+    ]
+    out = unpack(CSVFraming(), b"".join(records), cuts=[50, 80])
+    assert [e.message if isinstance(e, Envelope) else e for e in out] == [
+        [text, "caf\udce9", "x"],
+        [text, "a\udcff\nb", "\udcfe"],
+        [text, "ok"],
+    ]
+    assert [CSVFraming().marshal(e.message) for e in out] == [
+        records[0],
+        records[1].replace(b"\r\n", b"\n"),
+        records[2],
+    ]
+    with pytest.raises(MessageDecodeError, match="not valid Unicode"):
+        CSVFraming().marshal([text, "\ud800"])
+
+
 def test_a_long_csv_record_fed_in_pieces_is_joined_once() -> None:
     """Pieces without a newline complete no record: they are held as fed, not joined with
     the held bytes and split again at every piece (a record of n pieces copied n times
