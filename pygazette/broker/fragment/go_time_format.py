@@ -63,12 +63,17 @@ def _token_at(layout: str, i: int) -> tuple[str | None, int]:
     """The layout token starting at `i` and its length, or (None, 1) for a literal."""
     rest = layout[i:]
     c = rest[0]
+    # "Jan" and "Mon" followed by a lowercase letter are text ("Janitor", "Monthly"), as
+    # Go's nextStdChunk reads them (startsWithLowerCase); "January" and "Monday" are not.
     if c == "J" and rest.startswith("Jan"):
-        return ("January", 7) if rest.startswith("January") else ("Jan", 3)
+        if rest.startswith("January"):
+            return "January", 7
+        if not _lower_at(rest, 3):
+            return "Jan", 3
     if c == "M":
         if rest.startswith("Monday"):
             return "Monday", 6
-        if rest.startswith("Mon"):
+        if rest.startswith("Mon") and not _lower_at(rest, 3):
             return "Mon", 3
         if rest.startswith("MST"):
             return "MST", 3
@@ -105,6 +110,11 @@ def _token_at(layout: str, i: int) -> tuple[str | None, int]:
         if not (j < len(rest) and rest[j].isdigit()):
             return "frac", j
     return None, 1
+
+
+def _lower_at(text: str, i: int) -> bool:
+    """Whether `text[i]` is an ASCII lowercase letter (Go's startsWithLowerCase)."""
+    return i < len(text) and "a" <= text[i] <= "z"
 
 
 def _render(t: datetime, token: str, text: str) -> str:

@@ -41,6 +41,12 @@ T = datetime(2024, 3, 7, 9, 5, 4, 120000, UTC)
         ("hour=15,000", "hour=09,120"),
         ("123", "379"),  # "1", "2" then "3": month, day, 12-hour.
         ("2006.05", "2024.04"),  # ".05" is not a fraction: "05" follows a literal dot.
+        # "Jan" and "Mon" before a lowercase letter are text, as in Go (they rendered the
+        # month and weekday: "Thuthly/2024", "Marchitor"). Outputs from Go's time.Format.
+        ("Monthly/2006", "Monthly/2024"),
+        ("January Janitor", "March Janitor"),
+        ("Mon-Jan MonX JanZ", "Thu-Mar ThuX MarZ"),
+        ("date=Jan02", "date=Mar07"),
     ],
 )
 def test_go_layouts(layout: str, expected: str) -> None:
