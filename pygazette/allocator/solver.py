@@ -170,6 +170,9 @@ class DesiredPlan:
         self.holders: dict[MemberKey, set[str]] = {}  # Member → items desired there.
         self.replication: dict[str, int] = {}  # Item → replication it was solved for.
         self.short: set[str] = set()  # Items with fewer desired than their replication.
+        # Items with two desired or more, all in one zone (where zones have room elsewhere
+        # when the plan changes, they're re-solved to spread).
+        self.lone: set[str] = set()
         self.capacity: dict[MemberKey, int] | None = None  # Effective limits at last solve.
         self.zones: list[str] = []
         self.solved_items = 0  # Items put in networks (all updates).
@@ -222,10 +225,14 @@ class DesiredPlan:
                     elif (prior := release[item_id]) is not None:
                         release[item_id] = None if off is None else prior | off
         self.capacity, self.zones = capacity, zones
-        if not release:
-            return changed
-        changed |= self._resolve(state, release, capacity)
-        if not full and self._could_place_more(release, capacity):
+        if release:
+            changed |= self._resolve(state, release, capacity)
+        if not full and self.lone and (spread := self._spreadable(capacity)):
+            # Items all in one zone may spread to room another zone has now (members came
+            # or grew, or items left it), as a full solve spreads them: any of their
+            # replicas may move.
+            changed |= self._resolve(state, dict.fromkeys(spread), capacity)
+        if release and not full and self._could_place_more(release, capacity):
             # Replicas kept where they were block a short item that a full solve places
             # (a member with room holds it already; a full one it could use holds an
             # item that could move to that room): re-solve everything, as Gazette does.
@@ -277,6 +284,19 @@ class DesiredPlan:
         self._solve(state, sorted(release), capacity, fixed)
         return {i for i in release if self.by_item.get(i, ()) != old[i]}
 
+    def _spreadable(self, capacity: dict[MemberKey, int]) -> list[str]:
+        """Lone items (all desired in one zone) that another zone has room for."""
+        room: dict[str, int] = {}
+        for m, c in capacity.items():
+            room[m[0]] = room.get(m[0], 0) + max(0, c - len(self.holders.get(m, ())))
+        with_room = {z for z, r in room.items() if r > 0}
+        out = []
+        for item_id in self.lone:
+            desired = self.by_item.get(item_id, ())
+            if desired and with_room - {desired[0].zone}:
+                out.append(item_id)
+        return out
+
     def _drop(self, item_id: str, changed: set[str]) -> None:
         if self.by_item.get(item_id):
             changed.add(item_id)
@@ -289,6 +309,7 @@ class DesiredPlan:
             if held is not None:
                 held.discard(item_id)
         self.short.discard(item_id)
+        self.lone.discard(item_id)
 
     def _affected_by_members(
         self, state: AllocatorState, capacity: dict[MemberKey, int]
@@ -372,6 +393,8 @@ class DesiredPlan:
                     self.holders[m].discard(item_id)
                 if len(placed) < item.replication:
                     self.short.add(item_id)
+                if len(placed) > 1 and len({z for z, _ in placed}) == 1 and len(by_zone) > 1:
+                    self.lone.add(item_id)
 
 
 def _sparse_misses(

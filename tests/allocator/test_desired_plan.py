@@ -309,3 +309,67 @@ def test_no_item_sits_in_one_zone_while_another_has_room(
         assert _lone_with_room(state, solve_desired_assignments(state)) == []
 
     asyncio.run(run())
+
+
+async def test_an_item_in_one_zone_spreads_when_another_zone_gets_room() -> None:
+    """item-1 had both replicas in zone b while zone a was full; then a member of zone a
+    came, and a full solve (Gazette re-solves on every change of members) spreads item-1.
+    The incremental plan kept it in zone b, for good: no member was beyond its share and no
+    item short, so nothing was re-solved."""
+    ks = EmbeddedKeyspace(None)
+    await ks.txn([], [Put(LOCAL, b"0")])
+    observed = ObservedState(ks, LAYOUT, TextDecoder(), LOCAL)
+    feed = observed.touched_items()
+    plan = DesiredPlan()
+    plan.update(observed.current, feed.take())
+    for ops in (
+        [("a", "m1", 1), ("item-1", 2)],
+        [("b", "m2", 1), ("b", "m3", 2), ("item-0", 2)],
+        [("a", "m2", 1)],
+    ):
+        await ks.txn(
+            [],
+            [
+                Put(LAYOUT.member_key(op[0], op[1]), str(op[2]).encode())
+                if len(op) == 3
+                else Put(LAYOUT.item_key(op[0]), str(op[1]).encode())
+                for op in ops
+            ],
+        )
+        plan.update(observed.current, feed.take())
+    assert {d.zone for d in plan.by_item["item-1"]} == {"a", "b"}
+    assert _lone_with_room(observed.current, plan.assignments()) == []
+
+
+_ZONED_MEMBERS = [("a", "m0"), ("a", "m1"), ("b", "m2"), ("b", "m3"), ("b", "m4")]
+_zoned_op = st.one_of(
+    st.tuples(st.just("member"), st.sampled_from(_ZONED_MEMBERS), st.integers(0, 4)),
+    st.tuples(st.just("item"), st.integers(0, 7), st.integers(0, 3)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_zoned_op, min_size=1, max_size=3), min_size=1, max_size=10))
+def test_the_incremental_plan_leaves_no_item_in_one_zone_while_another_has_room(
+    batches: list[list[tuple[str, object, int]]],
+) -> None:
+    async def run() -> None:
+        ks = EmbeddedKeyspace(None)
+        await ks.txn([], [Put(LOCAL, b"0")])
+        observed = ObservedState(ks, LAYOUT, TextDecoder(), LOCAL)
+        feed = observed.touched_items()
+        plan = DesiredPlan()
+        plan.update(observed.current, feed.take())
+        for batch in batches:
+            ops: dict[str, Put | Delete] = {}
+            for kind, what, n in batch:
+                if kind == "member":
+                    key = LAYOUT.member_key(*what)  # type: ignore[misc]
+                else:
+                    key = LAYOUT.item_key(f"item-{what}")
+                ops[key] = Put(key, str(n).encode()) if n else Delete(key)
+            await ks.txn([], list(ops.values()))
+            plan.update(observed.current, feed.take())
+            assert _lone_with_room(observed.current, plan.assignments()) == []
+
+    asyncio.run(run())
