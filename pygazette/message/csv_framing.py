@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pygazette.message.framing import (
@@ -69,6 +69,18 @@ _FIELD = rb'(?:"[^"]*(?:""[^"]*)*"|[^",\n]*)'
 _WELL_FORMED_LINE = re.compile(_FIELD + rb"(?:," + _FIELD + rb")*\r?").fullmatch
 
 
+# The text of a quoted field after its opening quote: up to its closing quote (the first
+# quote not doubled), or to the end of the content. Unambiguous, so matched in linear time.
+_QUOTED_TEXT = re.compile(rb'[^"]*(?:""[^"]*)*').match
+
+
+def _quoted_text_end(data: bytes, pos: int) -> int:
+    """Where the quoted text from `pos` ends: at its closing quote, or at the content's end."""
+    match = _QUOTED_TEXT(data, pos)
+    assert match is not None  # It matches empty text too.
+    return match.end()
+
+
 def record_end(data: bytes, pos: int) -> int:
     """Offset of the LF ending the record at `pos`, found as Go's csv.Reader does, or -1
     if `data` ends first. A quoted field is one that begins with a quote; a quote anywhere
@@ -84,24 +96,67 @@ def record_end(data: bytes, pos: int) -> int:
                 return nl  # The record's last field, or a bare quote (Go's ErrBareQuote).
             pos = comma + 1
             continue
-        pos += 1
-        while True:  # Within a quoted field.
-            quote = data.find(QUOTE, pos)
-            if quote < 0 or quote + 1 >= n:
-                return -1  # Its end (or what follows it) is not here yet.
-            after = data[quote + 1 : quote + 2]
-            if after == QUOTE:
-                pos = quote + 2  # An escaped quote.
-            elif after == b",":
-                pos = quote + 2
-                break
-            elif after == LINE_DELIMITER:
-                return quote + 1
-            elif after == CARRIAGE_RETURN and data[quote + 2 : quote + 3] in (LINE_DELIMITER, b""):
-                # A CRLF line end (Go's reader reads it as LF), or not known yet.
-                return quote + 2 if quote + 2 < n else -1
-            else:
-                return data.find(LINE_DELIMITER, quote + 1)  # Go's ErrQuote.
+        # Within a quoted field: its closing quote is the first not doubled.
+        quote = _quoted_text_end(data, pos + 1)
+        if quote + 1 >= n:
+            return -1  # Its end (or what follows it) is not here yet.
+        after = data[quote + 1 : quote + 2]
+        if after == b",":
+            pos = quote + 2
+        elif after == LINE_DELIMITER:
+            return quote + 1
+        elif after == CARRIAGE_RETURN and data[quote + 2 : quote + 3] in (LINE_DELIMITER, b""):
+            # A CRLF line end (Go's reader reads it as LF), or not known yet.
+            return quote + 2 if quote + 2 < n else -1
+        else:
+            return data.find(LINE_DELIMITER, quote + 1)  # Go's ErrQuote.
+
+
+def _open_quote(data: bytes, pos: int) -> int:
+    """Where the incomplete record at `pos` of `data` ends: within a quoted field, every
+    quote so far doubled (0), or after a quote of one that the next byte tells the role of
+    (1); -1 elsewhere, or where that is not known."""
+    n = len(data)
+    while True:  # At the start of a field.
+        if data[pos : pos + 1] != QUOTE:
+            nl = data.find(LINE_DELIMITER, pos)
+            stop = nl if nl >= 0 else n
+            comma = data.find(b",", pos, stop)
+            if comma < 0 or data.find(QUOTE, pos, comma) >= 0:
+                return -1  # The last field, or a bare quote: it ends at a newline.
+            pos = comma + 1
+            continue
+        quote = _quoted_text_end(data, pos + 1)  # As in `record_end`.
+        if quote >= n - 1:
+            return n - quote
+        if data[quote + 1 : quote + 2] != b",":
+            return -1  # Its end, or what follows it, is here.
+        pos = quote + 2
+
+
+class _QuotedText:
+    """Tells whether pieces of content continue a quoted field's text (every quote within
+    them doubled): the record is then still incomplete. `pending`: the content so far ends
+    with a quote whose role the next byte tells (a doubled quote's first half, or the
+    field's closing quote)."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, pending: bool) -> None:
+        self.pending = pending
+
+    def __call__(self, content: bytes) -> bool:
+        pos = 0
+        if self.pending:
+            if content[:1] != QUOTE:
+                return False  # It closed the field.
+            pos = 1
+        end = _quoted_text_end(content, pos)
+        n = len(content)
+        if end < n - 1:
+            return False  # A closing quote, and what follows it.
+        self.pending = end == n - 1
+        return True
 
 
 def _go_fields(text: str) -> list[str]:
@@ -143,6 +198,10 @@ def _go_fields(text: str) -> list[str]:
         pos += 1  # Past the comma.
 
 
+def _no_newline(content: bytes) -> bool:
+    return content.find(LINE_DELIMITER) < 0
+
+
 class CSVFraming(Framing):
     """RFC 4180 CSV records, UUID in the first column."""
 
@@ -175,9 +234,14 @@ class CSVFraming(Framing):
     # Reading ------------------------------------------------------------------------------
 
     def split(self, data: bytes) -> tuple[list[bytes], int]:
+        quoted = QUOTE in data
+        if quoted and record_end(data, 0) < 0:
+            # The first record is not complete (a long one, read in pieces): nothing is, and
+            # its lines are not split again.
+            return [], 0
         lines = data.split(LINE_DELIMITER)
         lines.pop()  # Not terminated (yet).
-        if QUOTE not in data:
+        if not quoted:
             return lines, sum(len(x) + 1 for x in lines)
         frames: list[bytes] = []
         pos = 0  # Where the next record begins.
@@ -197,6 +261,12 @@ class CSVFraming(Framing):
             frames.append(data[begin:end])
             pos = end + 1
         return frames, pos
+
+    def stays_incomplete(self, data: bytes, pos: int) -> Callable[[bytes], bool] | None:
+        state = _open_quote(data, pos)
+        if state >= 0:  # Within a quoted field: so long as quoted text follows.
+            return _QuotedText(pending=state == 1)
+        return _no_newline
 
     def is_blank(self, payload: bytes) -> bool:
         return not payload or payload == CARRIAGE_RETURN

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import MutableSequence, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any, ClassVar
 
 from pygazette.message.envelope import Envelope
@@ -137,6 +137,17 @@ class Framing(ABC):
         frame's header); None if they don't (yet). An unpacker then holds the pieces of a
         long frame until all of it is here, rather than joining them at every piece."""
         return None
+
+    def stays_incomplete(self, data: bytes, pos: int) -> Callable[[bytes], bool] | None:
+        """For the incomplete frame at `pos` of `data`: a test of content following `data`
+        that is True when the frame is still incomplete with it too (by default, content
+        without `frame_terminator`), or None if the framing cannot tell. An unpacker then
+        holds such pieces as they are, rather than joining and splitting the frame again at
+        every piece (CSV: content within a quoted field spanning lines)."""
+        terminator = self.frame_terminator
+        if terminator is None:
+            return None
+        return lambda content: content.find(terminator) < 0
 
     @abstractmethod
     def split(self, data: bytes) -> tuple[list[bytes], int]:

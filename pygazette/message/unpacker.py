@@ -9,7 +9,7 @@ unpacking continues after them; `finish` reports content that ends within a mess
 
 from __future__ import annotations
 
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 
 from pygazette.message.envelope import Envelope
 from pygazette.message.framing import FrameDesync, Framing, MessageDecodeError
@@ -24,7 +24,7 @@ class PartialMessage(MessageDecodeError):
 class Unpacker:
     """Unpacks the messages of one journal from consecutive pieces of its content."""
 
-    __slots__ = ("_held", "_held_size", "_need", "begin", "framing", "journal")
+    __slots__ = ("_held", "_held_size", "_need", "_wait", "begin", "framing", "journal")
 
     def __init__(self, framing: Framing, journal: str, offset: int = 0) -> None:
         self.framing = framing
@@ -37,6 +37,9 @@ class Unpacker:
         # The length of the held message's frame, when its framing tells (`frame_size`):
         # pieces are only held until that much is here.
         self._need = 0
+        # Whether a piece leaves the held frame incomplete (`Framing.stays_incomplete`),
+        # where the framing tells: such pieces are only held.
+        self._wait: Callable[[bytes], bool] | None = None
 
     @property
     def offset(self) -> int:
@@ -51,7 +54,7 @@ class Unpacker:
     def restart(self, offset: int) -> int:
         """Continue at `offset` (after a jump); returns how many held bytes were dropped."""
         dropped = self._held_size
-        self._held, self._held_size, self._need = [], 0, 0
+        self._held, self._held_size, self._need, self._wait = [], 0, 0, None
         self.begin = offset
         return dropped
 
@@ -105,12 +108,12 @@ class Unpacker:
             if self._held_size + len(chunk) < self._need:
                 self._hold(chunk)  # The frame is longer still.
                 return
-            terminator = self.framing.frame_terminator
-            if terminator is not None and chunk.find(terminator) < 0:
-                self._hold(chunk)  # Every frame ends with it: none ends in `chunk`.
+            wait = self._wait
+            if wait is not None and wait(chunk):
+                self._hold(chunk)  # The frame is still incomplete.
                 return
             chunk = b"".join([*held, chunk])
-            self._held, self._held_size, self._need = [], 0, 0
+            self._held, self._held_size, self._need, self._wait = [], 0, 0, None
         self._feed(chunk, out)
 
     def _feed(self, data: bytes, out: MutableSequence[Envelope | BaseException]) -> None:
@@ -140,3 +143,4 @@ class Unpacker:
         rest = memoryview(data)[start:] if start else data
         self._hold(rest)
         self._need = (framing.frame_size(rest) or 0) if len(rest) else 0
+        self._wait = framing.stays_incomplete(data, start) if len(rest) else None

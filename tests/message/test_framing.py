@@ -353,6 +353,32 @@ def test_a_long_csv_record_fed_in_pieces_is_joined_once() -> None:
     assert (env.begin, env.end) == (0, len(record)) and unpacker.pending == 0
 
 
+def test_a_long_quoted_csv_field_spanning_lines_fed_in_pieces_is_joined_once() -> None:
+    """Within a quoted field, pieces of its text (newlines and doubled quotes included, a
+    pair of them cut between two pieces too) complete no record: they are held as fed. They
+    were joined and split again at every piece holding a newline: a record of 6 MiB of
+    'a""b\\nc' read 64 KiB at a time took 9 s, an 8 MiB one of text lines 0.5 s."""
+    text = UUIDFormatter(new_producer_id()).format(TICK, OUTSIDE_TXN)
+    field = 'say "hi"\n' * 2000
+    record = CSVFraming().marshal([text, field, "z"])
+    head = record.index(b'"')  # The field's opening quote.
+    closing = record.rindex(b'",z')  # Its closing quote.
+    pieces = [record[: head + 1]]
+    pieces += [record[i : min(i + 7, closing)] for i in range(head + 1, closing, 7)]
+    pieces.append(record[closing:])
+    unpacker = Unpacker(CSVFraming(), "a/journal")
+    out: list[Envelope | BaseException] = []
+    unpacker.feed(pieces[0], out)
+    for n, piece in enumerate(pieces[1:-1], 2):
+        unpacker.feed(piece, out)
+        assert out == []
+        assert len(unpacker._held) == n  # Held as fed, never joined meanwhile.
+    unpacker.feed(pieces[-1], out)
+    (env,) = out
+    assert isinstance(env, Envelope) and env.message == [text, field, "z"]
+    assert (env.begin, env.end) == (0, len(record)) and unpacker.pending == 0
+
+
 # Fixed framing -----------------------------------------------------------------------------
 
 
