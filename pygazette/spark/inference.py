@@ -12,7 +12,6 @@ Streams should pass an explicit schema: an inferred one can change between resta
 
 from __future__ import annotations
 
-import csv
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import (
@@ -31,6 +30,9 @@ from pyspark.sql.types import (
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.retry_reader import RetryReader
+from pygazette.message.csv_framing import CSVFraming
+from pygazette.message.csv_framing import record_end as csv_record_end
+from pygazette.message.framing import MessageDecodeError
 from pygazette.protocol.errors import OffsetNotYetAvailable
 from pygazette.spark import framing as fr
 from pygazette.spark.framing import Framing, RecordError
@@ -130,14 +132,24 @@ def arrow_to_spark(t: pa.DataType) -> DataType:
 
 
 def infer_csv(samples: list[bytes]) -> StructType:
+    """As many columns as the first CSV record of the samples has fields, read as the CSV
+    framing reads records (Go's rules: quoted fields across lines, fields of any size)."""
+    framing = CSVFraming()
     for data in samples:
-        for line in data.splitlines():
-            if line.strip():
-                text = line.decode("utf-8", errors="replace")
-                fields = next(csv.reader([text]))
-                return StructType(
-                    [StructField(f"_c{i}", StringType(), True) for i in range(len(fields))]
-                )
+        pos = 0
+        while pos < len(data):
+            end = csv_record_end(data, pos)
+            record = data[pos:] if end < 0 else data[pos:end]  # Without its LF.
+            pos = len(data) if end < 0 else end + 1
+            if framing.is_blank(record):
+                continue
+            try:
+                fields = framing.unmarshal(record)
+            except MessageDecodeError:
+                continue  # Not a record a reader would take: the next one.
+            return StructType(
+                [StructField(f"_c{i}", StringType(), True) for i in range(len(fields))]
+            )
     raise SchemaError(
         "cannot infer CSV columns: the journals hold no records to sample; "
         "pass a schema (spark.read.schema / readStream.schema)"
