@@ -145,8 +145,15 @@ def iterate(
 
     async def stop() -> None:
         task = tasks[0]
-        if not task.done():
+        while not task.done():
             task.cancel()
+            # A cancellation can be lost (Python 3.11's asyncio.wait_for returns the result of
+            # an inner read that completed as it was cancelled): the iterator then goes on,
+            # and its next put would wait for ever on the full queue nobody reads any more.
+            # Empty the queue and cancel again until the task ends.
+            while not queue.empty():
+                queue.get_nowait()
+            await asyncio.wait([task], timeout=0.05)
         await asyncio.gather(task, return_exceptions=True)
 
     rt.run(start())

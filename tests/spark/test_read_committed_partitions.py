@@ -223,3 +223,32 @@ def test_a_stream_read_ahead_spends_its_wait_only_waiting_for_content(
         raise AssertionError("the read ended before the ACK")
 
     assert asyncio.run(read_to_the_ack()) == sum(len(a) for a in appends[:-1])
+
+
+def test_closing_an_iteration_ends_an_iterator_whose_cancellation_was_lost() -> None:
+    """A read-ahead decided its messages and is closed while its read completes: Python
+    3.11's asyncio.wait_for then returns the read and loses the cancellation, the iterator
+    goes on, and its next item waited for ever on the queue nobody read. Closing waited until
+    the stream's read-ahead wait ran out (readCommittedWaitSeconds, 60 s by default, in
+    every task that read ahead), or for ever."""
+    import asyncio
+    import threading
+    from collections.abc import AsyncIterator
+
+    from pygazette.spark import runtime
+
+    async def losing_its_cancellation(_client: object) -> AsyncIterator[int]:
+        yield 0
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # Lost, as wait_for loses it.
+        yield 1
+        yield 2
+
+    items = runtime.iterate("http://127.0.0.1:1", losing_its_cancellation, read_ahead=1)
+    assert next(items) == 0
+    closing = threading.Thread(target=items.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive()
