@@ -22,7 +22,8 @@ same schema (see bench/spark_kafka.py for exactly what is measured).
 With ``--read-committed``, instead: batch reads of transactional records (JSON with a
 ``uuid`` field; each transaction of ``--txn`` messages ends with its ACK) with option
 ``readCommitted``, beside the same read without it (every record, ACKs included) in the same
-run: what deciding each message by its UUID costs.
+run: what deciding each message by its UUID costs; then the same as streams (Trigger.AvailableNow,
+micro-batches of 32 MiB in two partitions each).
 
     python bench/spark_read.py --read-committed [--quick] [--records N] [--runs N] [--txn N]
 
@@ -387,6 +388,43 @@ def transactional_blocks(rows: int, txn: int, step: int = 50_000) -> list[bytes]
     return blocks
 
 
+def plan_read_committed(url: str, journal: str, file_root: str) -> dict[str, float]:
+    """Seconds (best of 5) the driver spends planning with and without readCommitted: a batch
+    read's partitions() (its journal split in two by core count: the producer states at the
+    cut are found by scanning the first half) and a stream's first latestOffset() from the
+    earliest offset (the states at its end: a scan of the whole journal)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from pygazette.spark.batch_reader import GazetteBatchReader
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.schema import layout
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    lay = layout(StructType([StructField("id", LongType())]), Framing.JSON)
+    base = {"broker": url, "journals": journal, "framing": "json", "fileRoot": file_root}
+
+    def best(fn: object) -> float:
+        fn()  # type: ignore[operator]
+        return round(min(timed(fn) for _ in range(5)), 3)
+
+    out: dict[str, float] = {}
+    for committed in ("false", "true"):
+        opts = parse_read_options({**base, "readCommitted": committed}, streaming=False)
+        batch = GazetteBatchReader(opts, lay)
+        out[f"batch_partitions_read_committed_{committed}"] = best(batch.partitions)
+        sopts = parse_read_options(
+            {**base, "readCommitted": committed, "startingOffsets": "earliest"}, streaming=True
+        )
+        stream = GazetteStreamReader(sopts, lay)
+        start = stream.initialOffset()
+        out[f"stream_latest_offset_read_committed_{committed}"] = best(
+            lambda: stream.latestOffset(start, ReadAllAvailable())  # noqa: B023
+        )
+    return out
+
+
 def main_read_committed(rows: int, runs: int, txn: int) -> int:
     """Batch reads with readCommitted beside reads without it; one JSON document."""
     with tempfile.TemporaryDirectory(prefix="pygazette-bench-spark-rc-") as tmp:
@@ -402,6 +440,7 @@ def main_read_committed(rows: int, runs: int, txn: int) -> int:
         broker.start()
         file_root = str(scratch / "data" / "fragments")
         acks = -(-rows // txn)
+        planning = plan_read_committed(broker.url, journal, file_root)
         spark = session(scratch)
         try:
 
@@ -419,12 +458,44 @@ def main_read_committed(rows: int, runs: int, txn: int) -> int:
 
             committed, every = read(True), read(False)
             assert committed.count() == rows and every.count() == rows + acks
+            partitions = committed.rdd.getNumPartitions()
             noop(committed)
             noop(every)  # Warm both up.
             t_committed, t_every = [], []
             for _ in range(runs):  # Interleaved, so both see the same machine load.
                 t_committed.append(timed(lambda: noop(committed)))
                 t_every.append(timed(lambda: noop(every)))
+
+            def stream(committed: bool) -> float:
+                """An availableNow query of the whole journal into the noop sink, as
+                bench_stream's: micro-batches of 32 MiB, each of two partitions."""
+                df = (
+                    spark.readStream.format("gazette")
+                    .schema(SCHEMA)
+                    .option("broker", broker.url)
+                    .option("journals", journal)
+                    .option("framing", "json")
+                    .option("fileRoot", file_root)
+                    .option("startingOffsets", "earliest")
+                    .option("maxBytesPerTrigger", str(32 * MiB))
+                    .option("minPartitions", "2")
+                    .option("readCommitted", str(committed).lower())
+                    .load()
+                )
+                checkpoint = scratch / f"ck-{committed}-{time.monotonic_ns()}"
+                query = (
+                    df.writeStream.format("noop")
+                    .option("checkpointLocation", str(checkpoint))
+                    .trigger(availableNow=True)
+                )
+                return timed(lambda: query.start().awaitTermination())
+
+            stream(True)
+            stream(False)  # Warm both up.
+            s_committed, s_every = [], []
+            for _ in range(runs):
+                s_committed.append(stream(True))
+                s_every.append(stream(False))
         finally:
             spark.stop()
             broker.stop()
@@ -437,9 +508,14 @@ def main_read_committed(rows: int, runs: int, txn: int) -> int:
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                 "data": {"messages": rows, "transaction_messages": txn, "acks": acks},
                 "baseline": "the same journal read without readCommitted, same run",
+                "batch_partitions": partitions,
                 "read_committed_rows_per_s": round(committed_rps),
                 "every_record_rows_per_s": round(every_rps),
                 "ratio": round(committed_rps / every_rps, 3),
+                "stream_read_committed_rows_per_s": round(rows / min(s_committed)),
+                "stream_every_record_rows_per_s": round((rows + acks) / min(s_every)),
+                "stream_ratio": round(min(s_every) * rows / (rows + acks) / min(s_committed), 3),
+                "planning_seconds": planning,
             },
             indent=2,
         )

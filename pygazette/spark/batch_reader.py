@@ -20,6 +20,7 @@ from pygazette.spark import runtime
 from pygazette.spark.options import OptionError, ReadOptions
 from pygazette.spark.partition_reader import data_loss, read_partition
 from pygazette.spark.planning import GazettePartition, plan
+from pygazette.spark.producer_states import assign_start_states
 from pygazette.spark.schema import Layout
 
 if TYPE_CHECKING:
@@ -78,6 +79,16 @@ class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
             # other part another partition, reading earlier, left out as still open.
             for part in parts:
                 part.decide_through = {p.journal: heads[p.journal] for p in part.pieces}
+            # A partition starting inside a journal's range resumes from the producers'
+            # states there (the range's start has none: the read starts without history).
+            committed = opts.committed_reads(streaming=False)
+            assert committed is not None
+            scanned = runtime.call(
+                opts.target,
+                lambda c: assign_start_states(c, parts, ranges, {}, committed, heads),
+            )
+            if scanned:
+                log.info("scanned %d bytes for producer states at partition starts", scanned)
         log.info(
             "planned %d partitions over %d journals (%d bytes)",
             len(parts),

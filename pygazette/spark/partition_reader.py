@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -139,7 +139,8 @@ def read_partition(
     committed: CommittedReads | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The partition's rows. With `committed`, those of committed messages only: the pieces of
-    one journal range share a `TransactionResolver`, and after the range's last piece the
+    one journal range share a `TransactionResolver` (starting from the producer states the
+    plan gives the range), and after the range's last piece the
     reader reads ahead until each message it owns is decided (`read_committed`)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -154,12 +155,14 @@ def read_partition(
             or resolver is None
             or piece.journal != resolver.journal
             or piece.own_begin != decoder.piece.own_end
-        ):
+        ):  # As GazettePartition.range_starts.
             if decoder is not None and resolver is not None:
                 yield from _decide_owned(
                     broker, decoder, resolver, committed, fail_on_data_loss, partition
                 )
-            resolver = TransactionResolver(piece.journal)
+            resolver = TransactionResolver(
+                piece.journal, partition.start_states.get((piece.journal, piece.own_begin))
+            )
             range_pieces = []
         range_pieces.append(piece)
         decoder = PieceDecoder(
@@ -268,7 +271,7 @@ async def _envelopes_after(
     offset: int,
     committed: CommittedReads,
     end: int = 0,
-) -> AsyncIterator[list[tuple[int, bytes, int, int]] | DataLoss]:
+) -> AsyncGenerator[list[tuple[int, bytes, int, int]] | DataLoss, None]:
     """(offset, producer, clock, flags) of the journal's messages from `offset` (a record
     boundary), a list per read chunk: up to `end` (if not 0) or the write head for a batch
     read; for a stream, blocking for new appends, waiting for content within

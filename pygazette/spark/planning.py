@@ -24,12 +24,14 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
 from pygazette.spark.framing import Framing
 from pygazette.spark.journals import FragmentInfo
+from pygazette.spark.read_committed import ProducerStates
 
 MAX_PARTITION_BYTES = 128 << 20  # As Spark's spark.sql.files.maxPartitionBytes.
 MIN_PARTITION_BYTES = 4 << 20  # As Spark's spark.sql.files.openCostInBytes.
@@ -93,11 +95,24 @@ class GazettePartition(InputPartition):  # type: ignore[misc]
     `decide_through` (read-committed batch reads): the write head of each journal when the
     read was planned. A partition reads ahead no further to decide the messages it owns, so
     every partition (and a retried task) decides them against the same journal content.
+
+    `start_states` (read-committed reads): the producers' states where each of its journal
+    ranges begins, by (journal, offset); a range not in it starts without history.
     """
 
     def __init__(self, pieces: list[Piece]) -> None:
         self.pieces = pieces
         self.decide_through: dict[str, int] = {}
+        self.start_states: dict[tuple[str, int], ProducerStates] = {}
+
+    def range_starts(self) -> Iterator[tuple[str, int]]:
+        """(journal, offset) where each of its journal ranges (contiguous pieces) begins: where
+        a reader starts a new `TransactionResolver`."""
+        prev: Piece | None = None
+        for piece in self.pieces:
+            if prev is None or piece.journal != prev.journal or piece.own_begin != prev.own_end:
+                yield piece.journal, piece.own_begin
+            prev = piece
 
     @property
     def size(self) -> int:

@@ -25,9 +25,16 @@ stream waits for the decision, up to `readCommittedWaitSeconds`, as a read-commi
 waits for a transaction's ACK: a message cannot be left to a later micro-batch, which begins
 after it.
 
-Unlike the sequencer of a consumer, which resumes from checkpointed producer states, a
-partition starts without history: a producer is first seen in it, and a duplicate whose first
-copy lies before the partition's first range is not recognised as one.
+A partition resumes from the producers' states where its range begins, as a consumer's
+sequencer resumes from the producer states of its checkpoint (`ProducerStates`: each
+producer's last acknowledged clock, the largest clock it has pending, and the offset of its
+open transaction's first message), so that a duplicate whose first copy lies before the range
+is recognised as one, and a transaction open across the range's start commits in it only what
+it owns. The driver finds them (`pygazette.spark.producer_states`): a stream's offsets carry
+each journal's states at the micro-batch's end (pruned as Gazette prunes a checkpoint's), and
+a range split into several partitions has its states at each cut resolved when it is planned.
+A read's first range starts from no history: a duplicate of a message before its starting
+offset is not recognised.
 """
 
 from __future__ import annotations
@@ -67,23 +74,88 @@ def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int
         return _NO_UUID
 
 
+# A journal's producers at an offset: producer ID -> (last acknowledged clock, largest clock
+# pending (the last acknowledged one if none), offset of the open transaction's first message
+# (-1 if none)): Gazette's ProducerState, with the pending clock a reader that has already
+# emitted the open transaction's earlier messages needs to drop their re-sent copies.
+ProducerStates = dict[bytes, tuple[int, int, int]]
+
+# Pruning of states carried from one micro-batch to the next, as Gazette's consumers prune
+# their checkpoints (Sequencer.Checkpoint with a 24 h horizon): a producer whose largest clock
+# is more than PRUNE_HORIZON_NS older than the journal's newest acknowledged clock is
+# forgotten. At most MAX_PRODUCERS per journal are kept (the most recent), so that offsets
+# stay small even when many producers come and go within the horizon.
+PRUNE_HORIZON_NS = 24 * 3600 * 1_000_000_000
+MAX_PRODUCERS = 1000
+
+
+def prune_states(
+    states: ProducerStates,
+    horizon_ns: int = PRUNE_HORIZON_NS,
+    max_producers: int = MAX_PRODUCERS,
+    *,
+    journal: str = "",
+) -> ProducerStates:
+    """`states` without the producers idle past the horizon (Gazette's rule: clocks are 100 ns
+    units with 4 bits of sequence), and the oldest beyond `max_producers`."""
+    if not states:
+        return states
+    newest = max(last_ack for last_ack, _max, _begin in states.values())
+    floor = newest - ((horizon_ns // 100) << 4) if horizon_ns > 0 else 0
+    kept = {p: s for p, s in states.items() if s[1] >= floor}
+    if len(kept) > max_producers:
+        order = sorted(kept, key=lambda p: (kept[p][1], p), reverse=True)
+        log.warning(
+            "%s: %d producers within the prune horizon; keeping the %d most recent (a "
+            "duplicate of a message of the others is no longer recognised)",
+            journal,
+            len(kept),
+            max_producers,
+        )
+        kept = {p: kept[p] for p in order[:max_producers]}
+    return kept
+
+
+def encode_states(states: ProducerStates) -> dict[str, list[int]]:
+    """States as JSON (keys sorted: equal states encode alike)."""
+    return {p.hex(): list(states[p]) for p in sorted(states)}
+
+
+def decode_states(data: object) -> ProducerStates:
+    if not isinstance(data, dict):
+        return {}
+    return {
+        bytes.fromhex(p): (int(v[0]), int(v[1]), int(v[2]))
+        for p, v in data.items()
+        if isinstance(v, list) and len(v) == 3
+    }
+
+
 @dataclass(slots=True)
 class _Producer:
     min_clock: int  # Its last acknowledged clock: smaller or equal clocks are duplicates.
     max_clock: int  # The largest clock of its pending messages (min_clock if none).
     pending: list[tuple[int, bytes, int]] = field(default_factory=list)  # Owned ones only.
     owned: int = 0  # Pending messages that are rows of this partition.
+    begin: int = -1  # Offset of its open transaction's first message (-1: none open).
 
 
 class TransactionResolver:
     """Decides one journal's messages, fed in journal order (see the module docstring)."""
 
-    def __init__(self, journal: str) -> None:
+    def __init__(self, journal: str, states: ProducerStates | None = None) -> None:
         self.journal = journal
         self.committed: list[tuple[int, bytes]] = []  # (offset, payload) rows, to take.
         self.pending_owned = 0  # Owned messages not yet decided.
         self.rolled_back = 0  # Owned messages dropped by a rollback (or left undecided).
-        self._producers: dict[bytes, _Producer] = {}
+        self._producers: dict[bytes, _Producer] = {
+            producer: _Producer(last_ack, max_clock, begin=begin)
+            for producer, (last_ack, max_clock, begin) in (states or {}).items()
+        }
+
+    def states(self) -> ProducerStates:
+        """The producers' states after the records fed so far."""
+        return {p: (s.min_clock, s.max_clock, s.begin) for p, s in self._producers.items()}
 
     def add(
         self, offset: int, payload: bytes | None, producer: bytes, clock: int, flags: int
@@ -100,6 +172,8 @@ class TransactionResolver:
         if flags == CONTINUE_TXN:
             if clock <= p.max_clock:
                 return  # Acknowledged already, or not above what is pending: a duplicate.
+            if p.max_clock == p.min_clock:
+                p.begin = offset  # It opens a transaction.
             p.max_clock = clock
             if payload is not None:
                 # Only owned ones are kept: a read-ahead may pass any number of other
@@ -113,6 +187,7 @@ class TransactionResolver:
             else:
                 self._commit(p, clock)
             p.min_clock = p.max_clock = clock
+            p.begin = -1
         else:  # OUTSIDE_TXN (and unknown flags, as the sequencer takes them).
             if clock <= p.min_clock:
                 return  # A duplicate.
@@ -127,6 +202,7 @@ class TransactionResolver:
             if payload is not None:
                 self.committed.append((offset, payload))
             p.min_clock = p.max_clock = clock
+            p.begin = -1
 
     def take(self) -> list[tuple[int, bytes]]:
         """The owned rows committed since the last take, in the order they committed."""

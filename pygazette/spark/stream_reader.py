@@ -4,7 +4,11 @@ Offsets are JSON objects ``{journal: [byte offset, create revision]}`` with keys
 order, each byte offset a record boundary. The create revision (of the journal's spec, in
 the coordination store) is the journal's identity: a journal deleted and created again has
 another one. An offset of a checkpoint written before revisions were kept is a bare byte
-offset, accepted as such (its journal gets its revision with the next offsets).
+offset, accepted as such (its journal gets its revision with the next offsets). With
+readCommitted, a journal's offset also carries its producer states there, when it has any:
+``[byte offset, create revision, {producer hex: [last ACK clock, largest pending clock,
+open transaction's begin or -1]}]``; the next micro-batch's partitions start from them
+(`pygazette.spark.producer_states`), and so does a query restarted from its checkpoint.
 
 Every trigger the driver lists the journals again (a selector discovers new ones, which
 enter the offsets at their earliest offset and are read from the next micro-batch), fetches
@@ -43,7 +47,20 @@ from pygazette.spark import runtime
 from pygazette.spark.admission import Budget, admit
 from pygazette.spark.options import ReadOptions
 from pygazette.spark.partition_reader import data_loss, read_partition
-from pygazette.spark.planning import DataLoss, GazettePartition, plan
+from pygazette.spark.planning import (
+    DataLoss,
+    GazettePartition,
+    chunk_bounds,
+    partition_target,
+    plan,
+)
+from pygazette.spark.producer_states import CutStates, assign_start_states, states_at_ends
+from pygazette.spark.read_committed import (
+    ProducerStates,
+    decode_states,
+    encode_states,
+    prune_states,
+)
 from pygazette.spark.schema import Layout
 
 if TYPE_CHECKING:
@@ -69,12 +86,31 @@ def _split(offsets: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     return out, revisions
 
 
-def _joined(offsets: dict[str, int], revisions: dict[str, int]) -> dict[str, Any]:
-    """Spark's offsets: `[byte offset, create revision]` per journal, keys sorted."""
-    return {
-        j: [int(offsets[j]), revisions[j]] if j in revisions else int(offsets[j])
-        for j in sorted(offsets)
-    }
+def _states(offsets: dict[str, Any]) -> dict[str, ProducerStates]:
+    """Producer states of Spark's offsets (readCommitted), by journal."""
+    out: dict[str, ProducerStates] = {}
+    for journal, value in offsets.items():
+        if isinstance(value, list) and len(value) > 2:
+            out[journal] = decode_states(value[2])
+    return out
+
+
+def _joined(
+    offsets: dict[str, int],
+    revisions: dict[str, int],
+    states: dict[str, ProducerStates] | None = None,
+) -> dict[str, Any]:
+    """Spark's offsets: `[byte offset, create revision]` per journal, keys sorted, and the
+    journal's producer states at that offset (readCommitted) when it has any."""
+    out: dict[str, Any] = {}
+    for j in sorted(offsets):
+        if j not in revisions:
+            out[j] = int(offsets[j])
+        elif states and states.get(j):
+            out[j] = [int(offsets[j]), revisions[j], encode_states(states[j])]
+        else:
+            out[j] = [int(offsets[j]), revisions[j]]
+    return out
 
 
 class HeadBelowOffset(DataLoss):
@@ -110,6 +146,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end offsets.
         self._target_revisions: dict[str, int] = {}  # ...of the journals they are offsets of.
         self._heads: dict[str, int] = {}
+        self._cut_states: CutStates = {}  # readCommitted: states at the last plan's cuts.
 
     # Offsets --------------------------------------------------------------------------------
 
@@ -165,6 +202,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         target = self._target
         target_revisions = self._target_revisions
         start, start_revisions = _split(start_offsets)
+        start_states = _states(start_offsets)
 
         async def go(client: JournalClient) -> dict[str, Any]:
             listed_revisions = await jn.journal_revisions(
@@ -229,7 +267,35 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 log.info("discovered journal %s at offset %d", j, end[j])
             admitted = await admit(client, opts.framing, reading, heads, listings, budget)
             end.update(admitted)
-            return _joined(end, revisions)
+            if not opts.read_committed:
+                return _joined(end, revisions)
+            # The producers' states at the end offsets, from those at the start offsets and
+            # the messages between: the next micro-batch starts from them. A journal
+            # recreated, or whose head fell below its offset, starts again without history.
+            states = {
+                j: s
+                for j, s in start_states.items()
+                if j in end and j not in recreated and end[j] >= start[j]
+            }
+            moved = {j: (start[j], end[j]) for j in reading if end[j] > start[j]}
+            committed = opts.committed_reads(streaming=False)
+            assert committed is not None
+            # The micro-batch's partitions start at the cuts its plan will make in these
+            # ranges (`planning.chunk_bounds`, which for these framings depends only on the
+            # ranges and options): the same scan finds their states, kept for `partitions`.
+            part_target = partition_target(
+                sum(e - b for b, e in moved.values()), opts.min_partitions, streaming=True
+            )
+            inner = {
+                j: chunk_bounds(b, e, [], opts.framing, part_target, streaming=True)[1:-1]
+                for j, (b, e) in moved.items()
+            }
+            found, self._cut_states = await states_at_ends(
+                client, moved, states, committed, inner
+            )
+            for j, s in found.items():
+                states[j] = prune_states(s, journal=j)
+            return _joined(end, revisions, states)
 
         return runtime.call(opts.target, go)
 
@@ -279,6 +345,18 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         )
         for loss in losses:
             data_loss(loss, opts.fail_on_data_loss)
+        committed = opts.committed_reads(streaming=False)
+        if committed is not None:
+            # Each range resumes from the producers' states of the start offsets (those at
+            # the end of the micro-batch before); one split into several partitions is
+            # scanned for the states at its cuts.
+            starts = _states(start_offsets)
+            ends = {j: e for j, (_b, e) in ranges.items()}
+            known = self._cut_states  # Found by latestOffset (not after a restart).
+            runtime.call(
+                opts.target,
+                lambda c: assign_start_states(c, parts, ranges, starts, committed, ends, known),
+            )
         return list(parts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -310,3 +310,175 @@ def test_csv_records_carry_their_uuid_in_the_first_column(
         .collect()
     )
     assert sorted(r.n for r in got) == [1, 3, 4, 5]
+
+
+# Producer states carried across partitions and micro-batches -------------------------------
+
+
+def test_a_resolver_resumes_from_producer_states() -> None:
+    """The states after some records, given to a new resolver, decide the rest as one resolver
+    fed everything would: re-sent copies of earlier messages are no rows."""
+    first = TransactionResolver(J)
+    first.add(0, b"a", P1, 5, CONTINUE_TXN)
+    first.add(1, b"b", P1, 6, CONTINUE_TXN)
+    first.add(2, b"x", P2, 3, OUTSIDE_TXN)
+    first.add(3, None, P1, 6, ACK_TXN)
+    first.add(4, b"c", P1, 7, CONTINUE_TXN)  # Open across the cut.
+    states = first.states()
+    assert states == {P1: (6, 7, 4), P2: (3, 3, -1)}
+    second = TransactionResolver(J, states)
+    second.add(5, b"a", P1, 5, CONTINUE_TXN)  # Re-sent copies: acknowledged already ...
+    second.add(6, b"x", P2, 3, OUTSIDE_TXN)
+    second.add(7, b"c", P1, 7, CONTINUE_TXN)  # ... or pending before the cut.
+    second.add(8, b"d", P1, 8, CONTINUE_TXN)
+    second.add(9, b"ack", P1, 8, ACK_TXN)
+    assert second.take() == [(8, b"d")]
+    assert second.states() == {P1: (8, 8, -1), P2: (3, 3, -1)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.integers(min_value=0, max_value=60))
+def test_resuming_at_any_cut_decides_as_one_resolver(
+    msgs: list[tuple[bytes, int, int]], cut: int
+) -> None:
+    whole = TransactionResolver(J)
+    before = TransactionResolver(J)
+    for i, (p, c, f) in enumerate(msgs):
+        whole.add(i, b"%d" % i, p, c, f)
+        if i < cut:
+            before.add(i, None, p, c, f)
+    after = TransactionResolver(J, before.states())
+    for i, (p, c, f) in enumerate(msgs):
+        if i >= cut:
+            after.add(i, b"%d" % i, p, c, f)
+    assert [o for o, _ in after.take()] == [o for o, _ in whole.take() if o >= cut]
+
+
+def test_producer_states_are_pruned_as_gazette_prunes_checkpoints() -> None:
+    from pygazette.spark.read_committed import decode_states, encode_states, prune_states
+
+    hour = (3600 * 10_000_000) << 4  # Clock units: 100 ns, 4 bits of sequence.
+    states = {P1: (30 * hour, 30 * hour, -1), P2: (5 * hour, 7 * hour, 12), P3: (1, 2, -1)}
+    # P3 is idle for more than 24 h before the newest ACK; P2's open transaction is not.
+    assert prune_states(states) == {P1: states[P1], P2: states[P2]}
+    assert prune_states(states, max_producers=1) == {P1: states[P1]}
+    assert decode_states(orjson.loads(orjson.dumps(encode_states(states)))) == states
+    assert list(encode_states(states)) == sorted(p.hex() for p in states)
+
+
+def _txn(fmt: UUIDFormatter, clocks: range, n: int, pad: int = 0) -> list[bytes]:
+    """A transaction's messages (n, n+1, ...) of `clocks`, and its ACK, one record each."""
+    out = [
+        orjson.dumps({"uuid": fmt.format(c, CONTINUE_TXN), "n": n + i, "pad": "x" * pad})
+        + b"\n"
+        for i, c in enumerate(clocks)
+    ]
+    return [*out, orjson.dumps({"uuid": fmt.format(clocks[-1], ACK_TXN), "pad": "x" * pad}) + b"\n"]
+
+
+def test_a_retried_transaction_is_read_once_across_a_partition_boundary(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    """A's transaction is written, then all of it again (a retried append whose first attempt
+    did commit); B's transaction is open while its first messages are re-sent. The copies
+    fall in the second partition: they are duplicates there too, by the producer states at
+    its start."""
+    j = prefix + "txn-retried"
+    create_journals(gz, journal_spec(j, fragment_length=1 << 20))
+    a, b = UUIDFormatter(P1), UUIDFormatter(P2)
+    a_txn = _txn(a, range(1, 11), 0, pad=100)  # Ten messages and their ACK.
+    b_msgs = _txn(b, range(1, 11), 100, pad=100)[:-1]  # Ten messages, ACK later.
+    half = [b"".join(a_txn), *b_msgs]
+    append_each(gz, j, [*half, b"".join(a_txn), *b_msgs[:5], *b_msgs[5:]])
+    gz.append(j, _ack(b, 10))
+    df = (
+        spark.read.format("gazette")
+        .schema("n long, offset long")
+        .option("broker", spark_broker.url)
+        .options(journals=j, framing="json", readCommitted="true", minPartitions="2")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == 2
+    # The second partition begins where the copies do (in their first record).
+    plain = reader(spark, spark_broker, journals=j, framing="json", minPartitions="2")
+    firsts = plain.select("offset").rdd.glom().map(lambda rows: rows[0].offset).collect()
+    copies_at = sum(len(x) for x in half)
+    assert copies_at <= firsts[1] <= copies_at + len(a_txn[0]), firsts
+    rows = df.collect()
+    assert sorted(r.n for r in rows) == [*range(10), *range(100, 110)]
+
+
+def test_a_retried_transaction_is_read_once_across_micro_batches(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Three runs of one query, from its checkpoint (each run's micro-batches start from the
+    producer states the offsets of the run before carry):
+    1. A commits a transaction.
+    2. A's transaction again (a retried append), B's message, and A opens a transaction
+       whose ACK is appended while the micro-batch is running (its task waits for it).
+    3. A re-sends its open transaction's message, adds one, and acknowledges both.
+    Every message is one row: n 0, 1 | 5, 2 | 3."""
+    j = prefix + "txn-retried-stream"
+    create_journals(gz, journal_spec(j, fragment_length=1024))
+    a, b = UUIDFormatter(P1), UUIDFormatter(P2)
+    got: list[int] = []
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def batch(df: DataFrame, _batch_id: int) -> None:
+        got.extend(r.n for r in df.collect())
+
+    def start() -> StreamingQuery:
+        df = (
+            spark.readStream.format("gazette")
+            .schema("n long")
+            .option("broker", spark_broker.url)
+            .options(
+                journals=j, framing="json", readCommitted="true", startingOffsets="earliest"
+            )
+            .load()
+        )
+        return (
+            df.writeStream.foreachBatch(batch)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    def run(then: bytes = b"") -> None:
+        query = start()
+        try:
+            if then:
+                deadline = time.monotonic() + 120
+                while not (query.status["isTriggerActive"] and query.status["isDataAvailable"]):
+                    assert query.isActive and time.monotonic() < deadline, query.status
+                    time.sleep(0.05)
+                gz.append(j, then)
+            query.awaitTermination(timeout=120)
+            assert not query.isActive and query.exception() is None
+        finally:
+            query.stop()
+
+    t = 1 << 59  # Clocks as large as a producer's (the offsets' JSON keeps them exact).
+    retried = (
+        _message(a, t + 1, CONTINUE_TXN, 0) + _message(a, t + 2, CONTINUE_TXN, 1) + _ack(a, t + 2)
+    )
+    gz.append(j, retried)
+    run()
+    assert sorted(got) == [0, 1]
+
+    gz.append(j, retried)  # Its first attempt committed; a retry appends it again.
+    gz.append(j, _message(b, t + 1, OUTSIDE_TXN, 5))
+    gz.append(j, _message(a, t + 3, CONTINUE_TXN, 2))
+    run(
+        then=_message(a, t + 3, CONTINUE_TXN, 2)
+        + _message(a, t + 4, CONTINUE_TXN, 3)
+        + _ack(a, t + 4)
+    )
+    assert sorted(got) == [0, 1, 2, 5]
+
+    run()  # The appends made while the second run's micro-batch was running.
+    assert sorted(got) == [0, 1, 2, 3, 5]

@@ -225,6 +225,60 @@ def test_a_stream_read_ahead_spends_its_wait_only_waiting_for_content(
     assert asyncio.run(read_to_the_ack()) == sum(len(a) for a in appends[:-1])
 
 
+def test_a_micro_batch_split_in_two_starts_its_second_partition_from_the_states_at_the_cut(
+    broker: BrokerProcess, gz: SyncJournalClient
+) -> None:
+    """A transaction and its re-sent copy in one micro-batch of two partitions, the copy in
+    the second: its messages are duplicates there, by the states latestOffset found at the
+    cut, or (a reader restarted, which found none) by scanning up to the cut. The end offsets
+    carry the states at the batch's end."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from pygazette.spark.read_committed import decode_states
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    create_journals(gz, journal_spec(J))
+    a = UUIDFormatter(P1)
+    txn = [_message(a, 1 + i, CONTINUE_TXN, i, pad=100) for i in range(10)]
+    txn.append(_message(a, 10, ACK_TXN, -1, pad=100))
+    append_each(gz, J, [b"".join(txn), b"".join(txn)])
+
+    def stream_reader() -> GazetteStreamReader:
+        opts = parse_read_options(
+            {
+                "broker": broker.url,
+                "journals": J,
+                "framing": "json",
+                "readCommitted": "true",
+                "startingOffsets": "earliest",
+                "minPartitions": "2",
+            },
+            streaming=True,
+        )
+        return GazetteStreamReader(opts, layout(SCHEMA, Framing.JSON))
+
+    reader = stream_reader()
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert decode_states(end[J][2]) == {P1: (10, 10, -1)}
+    parts = [p for p in reader.partitions(start, end) if isinstance(p, GazettePartition)]
+    assert len(parts) == 2 and list(parts[1].start_states.values()) == [{P1: (10, 10, -1)}]
+    rows = [r["n"] for p in parts for r in _rows(reader, p)]  # type: ignore[arg-type]
+    assert sorted(rows) == list(range(10))  # type: ignore[type-var]
+
+    restarted = stream_reader()  # Replays the micro-batch from the checkpoint's offsets.
+    again = [p for p in restarted.partitions(start, end) if isinstance(p, GazettePartition)]
+    assert [p.start_states for p in again] == [p.start_states for p in parts]
+    assert latest_is_stable(restarted, end)
+
+
+def latest_is_stable(reader: object, end: dict[str, object]) -> bool:
+    """With nothing appended, the next latestOffset is the same offsets (no empty batch)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    return reader.latestOffset(end, ReadAllAvailable()) == end  # type: ignore[attr-defined, no-any-return]
+
+
 def test_closing_an_iteration_ends_an_iterator_whose_cancellation_was_lost() -> None:
     """A read-ahead decided its messages and is closed while its read completes: Python
     3.11's asyncio.wait_for then returns the read and loses the cancellation, the iterator
