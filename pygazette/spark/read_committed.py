@@ -61,7 +61,11 @@ def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int
     try:
         if type(framing) is JSONFraming and framing.decode is None:
             # JSONFraming's own reading, inline (as its `envelopes`): one call per record.
-            msg = orjson.loads(payload)
+            try:
+                msg = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                # Maybe one Go reads (invalid UTF-8 in a string): as the framing reads it.
+                msg = framing.unmarshal(payload)
             text = msg.get(framing.uuid_field) if type(msg) is dict else None
             if type(text) is not str or not text:
                 text = framing.get_uuid(msg)  # Another case of the name; or refused.

@@ -121,6 +121,10 @@ def test_uuids_of_records() -> None:
     assert uuid_parts(framing, b'{"uuid": "not-a-uuid"}')[1] == 0
     assert uuid_parts(framing, b'{"uuid": 5}')[1] == 0  # Not a string: as no UUID.
     assert uuid_parts(framing, b'[1, 2]')[1] == 0
+    # A string of invalid UTF-8, which orjson refuses and Go (and the message layer) reads
+    # as U+FFFD: the message still has its UUID (it was taken for one without, committed at
+    # once, never rolled back nor de-duplicated).
+    assert uuid_parts(framing, b'{"uuid": "%s", "s": "\xff"}' % text.encode())[1] == 42
 
 
 # Against a real broker and Spark local[2] --------------------------------------------------
