@@ -573,41 +573,125 @@ def _open_input(path: str) -> IO[bytes]:
     help="Offset to start each journal at (-1: its write head).",
 )
 @click.option(
+    "--tail",
+    is_flag=True,
+    help="Start each journal at its write head (--offset -1), unless --offsets names it.",
+)
+@click.option(
     "-b", "--block", is_flag=True, help="Keep reading new content as it commits (until Ctrl-C)."
+)
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    default="-",
+    show_default=True,
+    help="Output file ('-': stdout).",
+)
+@click.option(
+    "--offsets",
+    "offsets_path",
+    type=click.Path(dir_okay=False),
+    help="JSON file of journal offsets to start at (a journal it names starts there).",
+)
+@click.option(
+    "--offsets-out",
+    "offsets_out_path",
+    type=click.Path(dir_okay=False),
+    help="JSON file to write each journal's final offset to at exit (the same path as "
+    "--offsets keeps the previous file as PATH.previous).",
+)
+@click.option(
+    "--from",
+    "from_unix",
+    type=int,
+    default=0,
+    help="Skip over fragments persisted before this Unix time (seconds).",
 )
 @broker_option
 @click.pass_context
 def read_cmd(
-    ctx: click.Context, selector: str, offset: int, block: bool, broker: str | None
+    ctx: click.Context,
+    selector: str,
+    offset: int,
+    tail: bool,
+    block: bool,
+    output_path: str,
+    offsets_path: str | None,
+    offsets_out_path: str | None,
+    from_unix: int,
+    broker: str | None,
 ) -> None:
-    """Copy the content of the selected journals to stdout.
+    """Copy the content of the selected journals to stdout (or --output).
 
     Without --block each journal is read up to its write head, one journal after the other.
-    With --block all selected journals are read at once, until interrupted (Ctrl-C). Output
-    is cut at message boundaries of each journal's framing (its content-type label: JSON
-    lines, CSV or fixed framing), so messages of different journals never interleave;
-    content of other types is copied as it is read.
+    With --block all selected journals are read at once, until interrupted (Ctrl-C or
+    SIGTERM). Output is cut at message boundaries of each journal's framing (its content-type
+    label: JSON lines, CSV or fixed framing), so messages of different journals never
+    interleave; content of other types is copied as it is read. --offsets and --offsets-out
+    (gazctl's) resume a read where an earlier one ended.
     """
+    import json
+    import os
+    import signal
+
     from pygazette.cli.records import MessageAligner
-    from pygazette.client.retry_reader import read_journal
+    from pygazette.client.errors import OffsetJump
+    from pygazette.client.retry_reader import RetryReader
+    from pygazette.protocol.errors import OffsetNotYetAvailable, Suspended
 
     sel = _selector(selector)
-    out = sys.stdout.buffer
+    start: dict[str, int] = {}
+    if offsets_path:
+        start = _read_offsets(offsets_path)
+        if offsets_out_path and os.path.abspath(offsets_path) == os.path.abspath(offsets_out_path):
+            # As gazctl: keep the input as PATH.previous (and show a crash by its absence).
+            os.replace(offsets_path, offsets_path + ".previous")
+    # Each journal's offset of the content written out so far.
+    done: dict[str, int] = dict(start)
+    if output_path == "-":
+        out: IO[bytes] = sys.stdout.buffer
+    else:
+        try:
+            out = open(output_path, "wb")  # Closed below.
+        except OSError as exc:
+            raise CommandError(f"cannot open {output_path}: {exc.strerror or exc}") from None
 
     async def pump(client: JournalClient, journal: pb.ListResponse.Journal) -> None:
         name = journal.spec.name
         aligner = MessageAligner(label_value(journal.spec.labels, CONTENT_TYPE_LABEL))
-        async for chunk in read_journal(client, name, offset=offset, block=block):
-            whole = aligner.feed(chunk)
-            if whole:
-                out.write(whole)
-                if block:
-                    out.flush()
-        out.write(aligner.finish())
-        out.flush()
+        at = start.get(name, -1 if tail else offset)
+        request = pb.ReadRequest(journal=name, offset=at, block=block, begin_mod_time=from_unix)
+        rr = RetryReader(client, request)
+        try:
+            while True:
+                try:
+                    chunk = await rr.read()
+                except OffsetJump as jump:
+                    log.warning(
+                        "offset jump",
+                        extra={"journal": name, "from": jump.requested, "to": jump.offset},
+                    )
+                    continue
+                except (OffsetNotYetAvailable, Suspended):
+                    break
+                if not chunk:
+                    break
+                whole = aligner.feed(chunk)
+                if whole:
+                    out.write(whole)
+                    if block:
+                        out.flush()
+                done[name] = rr.offset - aligner.held
+            out.write(aligner.finish())
+            out.flush()
+            done[name] = rr.offset
+        finally:
+            await rr.aclose()
 
     async def run(client: JournalClient) -> None:
         found = await list_journals(client, sel)
+        found = [j for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
         if not found:
             if label_values(sel.include, "name"):
                 raise _no_match(sel, selector)
@@ -619,13 +703,55 @@ def read_cmd(
             for j in found:
                 await pump(client, j)
 
+    # SIGTERM ends a read as Ctrl-C does (gazctl's), so that --offsets-out is written.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        run_with_client(_broker(ctx, broker), run)
-    except KeyboardInterrupt:
-        if not block:
-            raise
-        # Ctrl-C is how a blocking read ends: not an error.
-    out.flush()
+        try:
+            run_with_client(_broker(ctx, broker), run)
+        except KeyboardInterrupt:
+            if not block:
+                raise
+            # Ctrl-C is how a blocking read ends: not an error.
+        finally:
+            out.flush()
+            if out is not sys.stdout.buffer:
+                os.fsync(out.fileno())
+                out.close()
+            if offsets_out_path:
+                _write_offsets(offsets_out_path, done, json)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _read_offsets(path: str) -> dict[str, int]:
+    """The journal offsets of a --offsets file (gazctl's: a JSON object)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            offsets = json.load(f)
+    except OSError as exc:
+        raise CommandError(f"cannot read offsets {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CommandError(f"offsets {path} are not JSON: {exc}") from None
+    if not isinstance(offsets, dict) or not all(
+        isinstance(k, str) and type(v) is int and v >= -1 for k, v in offsets.items()
+    ):
+        raise CommandError(f"offsets {path} are not an object of journal offsets")
+    return offsets
+
+
+def _write_offsets(path: str, offsets: dict[str, int], json: Any) -> None:
+    """Write offsets atomically (a temporary renamed over `path`), as gazctl does."""
+    import os
+
+    temp = path + ".temp"
+    with open(temp, "w") as f:
+        json.dump(offsets, f, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
 
 
 # fragments -------------------------------------------------------------------------------

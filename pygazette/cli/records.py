@@ -140,6 +140,11 @@ class MessageAligner:
         self._pending = data[cut:]
         return data[:cut]
 
+    @property
+    def held(self) -> int:
+        """Bytes read but held back (not yet returned by `feed`)."""
+        return len(self._pending)
+
     def finish(self) -> bytes:
         """The content ended: whatever is held back, as is."""
         rest, self._pending = self._pending, b""

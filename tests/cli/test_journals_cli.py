@@ -390,3 +390,68 @@ def _serve_error(proc: subprocess.CompletedProcess[bytes]) -> str:
     assert "Traceback" not in stderr and lines[-1].startswith("error: "), stderr
     assert [line for line in lines if not line.startswith("pygazette broker ")] == lines[-1:]
     return lines[-1]
+
+
+def test_read_resumes_from_offsets_and_writes_them_out(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """gazctl's --offsets / --offsets-out: a read goes on where the last one ended, and
+    --tail starts at the write head; --output writes to a file."""
+    apply_example(broker)
+    part = "name=examples/clicks/part-000"
+    ok(cli(broker.url, "journals", "append", "-l", part, stdin=b"one\ntwo\n"))
+    offsets = tmp_path / "offsets.json"
+    out = ok(cli(broker.url, "journals", "read", "-l", part, "--offsets-out", str(offsets)))
+    assert out == b"one\ntwo\n"
+    assert json.loads(offsets.read_text()) == {"examples/clicks/part-000": 8}
+
+    ok(cli(broker.url, "journals", "append", "-l", part, stdin=b"three\n"))
+    args = ["--offsets", str(offsets), "--offsets-out", str(offsets)]
+    out = ok(cli(broker.url, "journals", "read", "-l", part, *args))
+    assert out == b"three\n"
+    assert json.loads(offsets.read_text()) == {"examples/clicks/part-000": 14}
+    # The same path in and out keeps the input, as gazctl does.
+    assert json.loads((tmp_path / "offsets.json.previous").read_text()) == {
+        "examples/clicks/part-000": 8
+    }
+
+    assert ok(cli(broker.url, "journals", "read", "-l", part, "--tail")) == b""
+    dest = tmp_path / "out.txt"
+    assert ok(cli(broker.url, "journals", "read", "-l", part, "-o", str(dest))) == b""
+    assert dest.read_bytes() == b"one\ntwo\nthree\n"
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    err = one_line_error(cli(broker.url, "journals", "read", "-l", part, "--offsets", str(bad)))
+    assert "journal offsets" in err
+
+
+def test_a_blocking_read_ended_by_sigterm_writes_its_offsets(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    apply_example(broker)
+    part = "name=examples/clicks/part-000"
+    ok(cli(broker.url, "journals", "append", "-l", part, stdin=b"one\n"))
+    offsets = tmp_path / "offsets.json"
+    env = dict(os.environ, BROKER_ADDRESS=broker.url, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "pygazette.cli.main", "journals", "read", "-l", part]
+    reader = subprocess.Popen(
+        [*command, "--block", "--offsets-out", str(offsets)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        assert reader.stdout is not None
+        timer = threading.Timer(60, reader.kill)  # Never hang the suite.
+        timer.start()
+        got = reader.stdout.read1(1024)  # type: ignore[attr-defined]
+        timer.cancel()
+        assert got == b"one\n"
+        reader.terminate()
+        assert reader.wait(30) == 0, reader.stderr.read() if reader.stderr else ""
+    finally:
+        reader.kill()
+        reader.wait(30)
+    assert json.loads(offsets.read_text()) == {"examples/clicks/part-000": 4}
