@@ -687,12 +687,12 @@ class ClusterAppends:
                 raise error
             content = req.content
             size = len(content)
+            total_chunks += 1  # Every chunk read, the commit chunk too (as Gazette's).
             if not size:
                 committing = True
                 continue
             if not may_write:
                 return pb.AppendResponse(status=pb.NOT_ALLOWED, header=res.header)
-            total_chunks += 1
             if await throttle(limiters, size):
                 delayed_chunks += 1
             delta = rs.delta
@@ -925,6 +925,7 @@ class ClusterAppends:
                     break
                 content = req.content  # Each read of a bytes field copies it: read it once.
                 size = len(content)
+                total_chunks += 1  # Every chunk read, the commit chunk too (as Gazette's).
                 if not size:
                     committing = True
                     continue
@@ -933,7 +934,6 @@ class ClusterAppends:
                     # content (as Gazette's).
                     status = pb.NOT_ALLOWED
                     break
-                total_chunks += 1
                 policer.received(size)
                 waited = await throttle(limiters, size)
                 if waited:

@@ -311,3 +311,21 @@ async def test_whole_replication_is_signed_and_authorized(
         assert await _both_read(cluster) == b"signed\n"
     finally:
         await cluster.close()
+
+
+async def test_total_chunks_count_the_commit_chunk_as_gazettes_do(
+    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AppendResponse.total_chunks counts every chunk the append read, its closing empty one
+    included (Gazette's appendFlowControl counts each chunk it receives), on either way a
+    cluster append goes: replicated whole, or through a pipeline."""
+    await _idle_journal(cluster, monkeypatch)
+    calls = Calls()
+    monkeypatch.setattr(append_fsm, "replicate_whole", calls)
+    whole = await append(cluster.stub(0), JOURNAL, b"one ", b"two\n")
+    assert calls.count == 1  # Replicated whole.
+    piped = await append(cluster.stub(0), JOURNAL, b"three ", b"four\n")
+    assert calls.count == 1 and any(r.replication for r in _replicas(cluster))
+    empty = await append(cluster.stub(0), JOURNAL)
+    assert [r.status for r in (whole, piped, empty)] == [pb.OK] * 3
+    assert [r.total_chunks for r in (whole, piped, empty)] == [3, 3, 1]
