@@ -298,15 +298,41 @@ def _read_text(path: str) -> str:
     "-o",
     "--format",
     "fmt",
-    type=click.Choice(["table", "yaml", "json"]),
+    type=click.Choice(["table", "yaml", "json", "proto"]),
     default="table",
     show_default=True,
     help="yaml is the journalspace hierarchy that 'journals apply' accepts.",
 )
+@click.option(
+    "-L",
+    "--label-columns",
+    "label_columns",
+    multiple=True,
+    metavar="LABEL",
+    help="Show this label as a column (repeatable).",
+)
+@click.option("-p", "--primary", is_flag=True, help="Show the primary column.")
+@click.option("-r", "--replicas", is_flag=True, help="Show the replicas column.")
+@click.option("--rf", is_flag=True, help="Show the replication factor column.")
+@click.option("--stores", is_flag=True, help="Show the (first) fragment store column.")
 @broker_option
 @click.pass_context
-def list_cmd(ctx: click.Context, selector: str, fmt: str, broker: str | None) -> None:
-    """List journals matching a label selector (meta-labels "name" and "prefix" work too)."""
+def list_cmd(
+    ctx: click.Context,
+    selector: str,
+    fmt: str,
+    label_columns: tuple[str, ...],
+    primary: bool,
+    replicas: bool,
+    rf: bool,
+    stores: bool,
+    broker: str | None,
+) -> None:
+    """List journals matching a label selector (meta-labels "name" and "prefix" work too).
+
+    The table shows every column by default; with any of -L, -p, -r, --rf or --stores it
+    shows the journal names and those columns only, as gazctl's does.
+    """
     sel = _selector(selector)
 
     async def run(client: JournalClient) -> pb.ListResponse:
@@ -315,11 +341,24 @@ def list_cmd(ctx: click.Context, selector: str, fmt: str, broker: str | None) ->
     listing = run_with_client(_broker(ctx, broker), run)
     journals_ = list(listing.journals)
     if fmt == "table":
-        click.echo(output.journals_table(journals_), nl=False)
+        if label_columns or primary or replicas or rf or stores:
+            table = output.journals_columns_table(
+                journals_,
+                rf=rf,
+                primary=primary,
+                replicas=replicas,
+                stores=stores,
+                label_columns=label_columns,
+            )
+        else:
+            table = output.journals_table(journals_)
+        click.echo(table, nl=False)
     elif fmt == "yaml":
         click.echo(output.journals_yaml(journals_), nl=False)
-    else:
+    elif fmt == "json":
         click.echo(output.listing_json(listing), nl=False)
+    else:
+        click.echo(output.listing_proto_text(listing), nl=False)
 
 
 # append ----------------------------------------------------------------------------------
@@ -763,10 +802,10 @@ def _write_offsets(path: str, offsets: dict[str, int], json: Any) -> None:
     "-o",
     "--format",
     "fmt",
-    type=click.Choice(["table", "json"]),
+    type=click.Choice(["table", "json", "proto"]),
     default="table",
     show_default=True,
-    help="json prints one fragment per line.",
+    help="json prints one fragment per line; proto a FragmentsResponse per journal.",
 )
 @click.option(
     "--url-ttl",
@@ -805,8 +844,8 @@ def fragments_cmd(
         raise CommandError(f"invalid --url-ttl {url_ttl!r}: negative")
     ttl = ttl_ns / 1e9 if ttl_ns else None
 
-    async def run(client: JournalClient) -> list[pb.FragmentsResponse._Fragment]:
-        listed = await asyncio.gather(
+    async def run(client: JournalClient) -> list[list[pb.FragmentsResponse._Fragment]]:
+        return await asyncio.gather(
             *(
                 list_all_fragments(
                     client,
@@ -818,10 +857,14 @@ def fragments_cmd(
                 for name in await _served_journals(client, sel, selector)
             )
         )
-        return [f for frags in listed for f in frags]
 
-    fragments = run_with_client(_broker(ctx, broker), run)
-    if fmt == "table":
+    listed = run_with_client(_broker(ctx, broker), run)
+    fragments = [f for frags in listed for f in frags]
+    if fmt == "proto":
+        for frags in listed:
+            response = pb.FragmentsResponse(fragments=frags)
+            click.echo(output.listing_proto_text(response), nl=False)
+    elif fmt == "table":
         click.echo(output.fragments_table(fragments, with_urls=ttl is not None), nl=False)
     else:
         click.echo(output.fragments_json_lines(fragments), nl=False)

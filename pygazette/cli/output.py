@@ -71,6 +71,50 @@ def journals_table(journals: Sequence[pb.ListResponse.Journal]) -> str:
     return render_table(["NAME", "RF", "PRIMARY", "REPLICAS", "LABELS", "REVISION"], rows)
 
 
+def journals_columns_table(
+    journals: Sequence[pb.ListResponse.Journal],
+    *,
+    rf: bool,
+    primary: bool,
+    replicas: bool,
+    stores: bool,
+    label_columns: Sequence[str],
+) -> str:
+    """Journal names and the chosen columns, as gazctl's `journals list` table shows them
+    (a suspended journal's primary is marked "<S>")."""
+    from pygazette.protocol.labels import label_values
+
+    headers = ["NAME"]
+    if rf:
+        headers.append("RF")
+    if primary:
+        headers.append("PRIMARY")
+    if replicas:
+        headers.append("REPLICAS")
+    if stores:
+        headers.append("STORES")
+    headers.extend(label.upper() for label in label_columns)
+    rows = []
+    for j in journals:
+        primary_cell, replicas_cell = _route_text(j.route)
+        if j.spec.suspend.level != pb.JournalSpec.Suspend.NONE:
+            primary_cell += " <S>"
+        row = [j.spec.name]
+        if rf:
+            row.append(str(j.spec.replication))
+        if primary:
+            row.append(primary_cell)
+        if replicas:
+            row.append(replicas_cell or NONE)
+        if stores:
+            row.append(j.spec.fragment.stores[0] if j.spec.fragment.stores else NONE)
+        for label in label_columns:
+            values = label_values(j.spec.labels, label)
+            row.append(",".join(values) if values else NONE)
+        rows.append(row)
+    return render_table(headers, rows)
+
+
 def journals_yaml(journals: Sequence[pb.ListResponse.Journal]) -> str:
     """The listing as a hoisted journalspace, which `journals apply` accepts back."""
     from pygazette.cli.journalspace import dump_journalspace, from_list  # YAML: only here.
@@ -92,6 +136,13 @@ def listing_json(listing: message.Message) -> str:
         )
         + "\n"
     )
+
+
+def listing_proto_text(listing: message.Message) -> str:
+    """A response in protobuf text format (gazctl's --format proto)."""
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(listing)
 
 
 def human_bytes(n: int) -> str:

@@ -455,3 +455,29 @@ def test_a_blocking_read_ended_by_sigterm_writes_its_offsets(
         reader.kill()
         reader.wait(30)
     assert json.loads(offsets.read_text()) == {"examples/clicks/part-000": 4}
+
+
+def test_list_columns_and_proto_formats_of_gazctl(broker: BrokerProcess) -> None:
+    """gazctl's journals list -L/-p/-r/--rf/--stores columns and --format proto, and
+    journals fragments --format proto."""
+    from google.protobuf import text_format
+
+    from pygazette.protocol.pb import protocol_pb2 as pb
+
+    apply_example(broker)
+    columns = ["-L", "topic", "--rf", "-p"]
+    table = ok(cli(broker.url, "journals", "list", "-l", "topic=clicks", *columns)).decode()
+    header, *rows = table.splitlines()
+    assert header.split() == ["NAME", "RF", "PRIMARY", "TOPIC"]
+    assert [r.split()[0] for r in rows] == EXAMPLE_JOURNALS[1:3]
+    assert all(r.split()[-1] == "clicks" for r in rows)
+
+    out = ok(cli(broker.url, "journals", "list", "-l", "topic=clicks", "-o", "proto"))
+    listing = text_format.Parse(out.decode(), pb.ListResponse())
+    assert [j.spec.name for j in listing.journals] == EXAMPLE_JOURNALS[1:3]
+
+    part = "name=examples/clicks/part-000"
+    ok(cli(broker.url, "journals", "append", "-l", part, stdin=b"one\n"))
+    out = ok(cli(broker.url, "journals", "fragments", "-l", part, "-o", "proto"))
+    fragments = text_format.Parse(out.decode(), pb.FragmentsResponse())
+    assert [(f.spec.begin, f.spec.end) for f in fragments.fragments] == [(0, 4)]
