@@ -84,6 +84,10 @@ RESTART_BACKOFF_FIRST = 0.25
 RESTART_BACKOFF_MAX = 10.0
 # How long a replica about to recover again waits to learn whether it was deposed.
 DEPOSED_CHECK_SECONDS = 5.0
+# Messages read ahead of the transaction loop without a spec's read_channel_size, and the
+# most sequenced at a time (see SourceReaders).
+DEFAULT_READ_AHEAD_MESSAGES = 4096
+DEFAULT_BATCH_MESSAGES = 1024
 # A failure's message in a status is cut to this many characters (Gazette's MAX_ETCD_ERR_LEN):
 # etcd values should be small, and etcd refuses a request past --max-request-bytes.
 MAX_ETCD_ERR_LEN = 2048
@@ -517,6 +521,9 @@ class ShardReplica:
     ) -> None:
         ctx, spec = self.ctx, self._spec
         framings = {src.journal: await self._framing(src.journal) for src in spec.sources}
+        # The spec's read_channel_size bounds the messages read ahead of the transaction
+        # (Gazette's read channel), e.g. to bound memory when messages are large.
+        queued = spec.read_channel_size or DEFAULT_READ_AHEAD_MESSAGES
         readers = SourceReaders(
             ctx.client,
             spec.sources,
@@ -524,6 +531,8 @@ class ShardReplica:
             states,
             framings,
             ring_size=spec.ring_buffer_size or 4096,
+            queue_messages=queued,
+            batch_messages=min(DEFAULT_BATCH_MESSAGES, queued),
         )
         service = AppendService(ctx.client)
         publisher = Publisher(service)
