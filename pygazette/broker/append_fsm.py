@@ -958,7 +958,7 @@ class ClusterAppends:
             if first.HasField("union_registers") or first.HasField("subtract_registers"):
                 error = AppendAborted(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    "register modification requires non-empty Append",
+                    "append stream: register modification requires non-empty Append",
                 )
         if error is not None or status != pb.OK:
             await self._roll_back(journal, pln, registers)
