@@ -400,7 +400,24 @@ def _mapping(name: str, partitions: WatchedList) -> MappingFunc:
         return modulo_mapping(_key_of, partitions)
     if name == "rendezvous":
         return rendezvous_mapping(_key_of, partitions)
+    if name == "direct":
+        return _direct_mapping(partitions)
     return random_mapping(partitions)
+
+
+def _direct_mapping(partitions: WatchedList) -> MappingFunc:
+    """gazctl's --mapping direct: each record's key is the name of its journal, which must be
+    one of the selected journals."""
+    from pygazette.cli.records import RecordError
+
+    def mapping(key: Any) -> tuple[str, str]:
+        name = _key_of(key).decode("utf-8", "replace")
+        for journal in partitions.snapshot().journals:
+            if journal.spec.name == name:
+                return name, label_value(journal.spec.labels, CONTENT_TYPE_LABEL)
+        raise RecordError(f"journal {name!r} not found among the selected journals")
+
+    return mapping
 
 
 def _key_of(key: Any) -> bytes:
@@ -452,20 +469,23 @@ async def _append_records(
         def route(records: list[bytes]) -> None:
             nonlocal key
             groups: dict[str, list[bytes]] = {}
-            for record in records:
-                if keyed and key is None:
-                    key = splitter.key(record, base64_keys)
-                    continue
-                journal, _ = mapping(key if key is not None else b"")
-                key = None
-                group = groups.get(journal)
-                if group is None:
-                    groups[journal] = [record]
-                else:
-                    group.append(record)
-                log.debug("mapped record", extra={"journal": journal})
-            for journal, group in groups.items():
-                appends.add(journal, b"".join(group))
+            try:
+                for record in records:
+                    if keyed and key is None:
+                        key = splitter.key(record, base64_keys)
+                        continue
+                    journal, _ = mapping(key if key is not None else b"")
+                    key = None
+                    group = groups.get(journal)
+                    if group is None:
+                        groups[journal] = [record]
+                    else:
+                        group.append(record)
+                    log.debug("mapped record", extra={"journal": journal})
+            finally:
+                # Also when a key is bad: the records mapped before it are appended.
+                for journal, group in groups.items():
+                    appends.add(journal, b"".join(group))
 
         try:
             async for chunk in _input_chunks(stream):
@@ -509,10 +529,11 @@ async def _append_records(
     "-m",
     "--mapping",
     "mapping_name",
-    type=click.Choice(["random", "modulo", "rendezvous"]),
+    type=click.Choice(["random", "modulo", "rendezvous", "direct"]),
     default="random",
     show_default=True,
-    help="Mapping of records to the selected journals.",
+    help="Mapping of records to the selected journals (direct: each record's key is the "
+    "name of its journal).",
 )
 @click.option(
     "--base64",
@@ -546,7 +567,8 @@ def append_cmd(
 
     With --mapping modulo or rendezvous, every record must be preceded by its partition key,
     written with the same framing (e.g. for lines: "key\\nrecord\\n"); records of equal keys
-    go to the same journal. Use --base64 for binary keys with lines framing.
+    go to the same journal. Use --base64 for binary keys with lines framing. With --mapping
+    direct, each record is preceded by the name of its journal (one of the selected ones).
     """
     from pygazette.cli.records import RecordError
     from pygazette.client.appender import append
@@ -556,7 +578,9 @@ def append_cmd(
     if framing == "none" and mapping_name != "random":
         raise click.UsageError("--framing none may only be used with --mapping random")
     if base64_keys and (framing != "lines" or mapping_name == "random"):
-        raise click.UsageError("--base64 requires --framing lines and --mapping modulo|rendezvous")
+        raise click.UsageError(
+            "--base64 requires --framing lines and --mapping modulo|rendezvous|direct"
+        )
     stream = _open_input(input_path)
 
     async def run(client: JournalClient) -> None:

@@ -318,3 +318,27 @@ def test_records_before_a_bad_record_are_appended_and_said_to_be(broker: BrokerP
     )
     assert "fixed frame" in err and "before it were appended" in err, err
     assert read_each(broker, "topic/fixed/p0") == frames
+
+
+def test_records_before_a_bad_key_in_the_same_chunk_are_appended(broker: BrokerProcess) -> None:
+    """A bad partition key (not base64, or with --mapping direct a journal not selected)
+    fails the command after appending the records read before it, in the same piece of
+    input too, as its error says."""
+    setup(broker)
+    err = one_line_error(
+        cli(
+            broker.url, "journals", "append", "-l", "name=topic/json/p0", "-f", "lines",
+            "-m", "modulo", "--base64", stdin=b'a2V5\n{"n": 1}\n!!!\n{"n": 2}\n',
+        )
+    )
+    assert "not base64" in err and "before it were appended" in err, err
+    assert read_each(broker, "topic/json/p0") == b'{"n": 1}\n'
+
+    err = one_line_error(
+        cli(
+            broker.url, "journals", "append", "-l", "name=topic/json/p1", "-f", "lines",
+            "-m", "direct", stdin=b'topic/json/p1\n{"n": 3}\ntopic/json/p0\n{"n": 4}\n',
+        )
+    )
+    assert "'topic/json/p0' not found" in err and "before it were appended" in err, err
+    assert read_each(broker, "topic/json/p1") == b'{"n": 3}\n'
