@@ -224,10 +224,11 @@ class ShardReplica:
             pass  # Its failure was reported (FAILED status) where it happened.
 
     async def wait_read_through(
-        self, read_through: dict[str, int], within: float
+        self, read_through: dict[str, int], within: float | None
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Wait until the primary's store is recovered and its committed progress covers
-        `read_through`; ReplicaStopped if the replica stops or fails first."""
+        `read_through`; ReplicaStopped if the replica stops or fails first, TimeoutError
+        after `within` seconds (None: no limit)."""
         from pygazette.consumer.resolver import ReplicaStopped
 
         async def wait() -> tuple[dict[str, int], dict[str, int]]:

@@ -100,11 +100,12 @@ class ReplicaHandle(Protocol):
         ...
 
     async def wait_read_through(
-        self, read_through: dict[str, int], within: float
+        self, read_through: dict[str, int], within: float | None
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Once the primary is ready (its store recovered) and its committed transactions
         have read each journal of `read_through` through at least its offset, return its
-        progress (read_through, publish_at). TimeoutError after `within` seconds;
+        progress (read_through, publish_at). TimeoutError after `within` seconds (None:
+        no limit);
         ReplicaStopped if the replica stops or fails meanwhile."""
         ...
 

@@ -76,8 +76,10 @@ __all__ = ["DEFAULT_STAT_WAIT_SECONDS", "ShardService"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-# How long a Stat without a deadline waits for the shard to read through its offsets.
-DEFAULT_STAT_WAIT_SECONDS = 300.0
+# How long a Stat without a deadline waits for the shard to read through its offsets: as
+# long as it takes (Gazette's waits until the client's deadline or cancellation, or the shard
+# stops). A server may set a bound of its own (`stat_wait`).
+DEFAULT_STAT_WAIT_SECONDS: float | None = None
 # Specs whose List view is kept (all are dropped past it).
 _LISTED_LIMIT = 100_000
 # How long an answer waits for this process's mirror to reflect its own write.
@@ -92,7 +94,7 @@ class ShardService(cpb_grpc.ShardServicer):
         layout: KeyLayout,
         *,
         peers: ShardPeers | None = None,
-        stat_wait: float = DEFAULT_STAT_WAIT_SECONDS,
+        stat_wait: float | None = DEFAULT_STAT_WAIT_SECONDS,
     ) -> None:
         self.resolver = resolver
         self.keyspace = keyspace

@@ -80,6 +80,7 @@ class FakeReplica:
         self.read_through: dict[str, int] = {}
         self.publish_at: dict[str, int] = {}
         self.waiters = 0
+        self.withins: list[float | None] = []  # The time limit of every wait_read_through.
         self._status = RS(code=RS.IDLE)
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Future[None]] = set()
@@ -132,8 +133,10 @@ class FakeReplica:
             await self._changed.wait_for(lambda: self.waiters >= n)
 
     async def wait_read_through(
-        self, read_through: dict[str, int], within: float
+        self, read_through: dict[str, int], within: float | None
     ) -> tuple[dict[str, int], dict[str, int]]:
+        self.withins.append(within)
+
         def ready() -> bool:
             return self.stopped or all(
                 self.read_through.get(j, -1) >= o for j, o in read_through.items()

@@ -505,6 +505,30 @@ async def test_stat_waits_for_read_through(proc: Proc, client: ShardClient) -> N
         await client.stat("shard-999")
 
 
+async def test_stat_without_a_deadline_waits_as_long_as_it_takes(
+    proc: Proc, client: ShardClient
+) -> None:
+    # As Gazette's: a Stat waits until the shard reads through its offsets, the client's
+    # deadline passes (or it cancels), or the shard stops. Without a deadline the server
+    # gave up after 300 s with DEADLINE_EXCEEDED, which the client never asked for: a
+    # read-your-writes Stat of a shard backfilling a long journal failed.
+    await client.apply([upsert(shard_spec("shard-000", sources=("in/journal-a",)))])
+    await serving(proc, "shard-000")
+    replica = proc.replica("shard-000")
+    assert replica is not None
+
+    pending = asyncio.ensure_future(client.stat("shard-000", {"in/journal-a": 100}))
+    await replica.until_waiting()
+    assert replica.withins == [None]  # No limit of the server's own.
+    await replica.advance({"in/journal-a": 100}, {})
+    assert dict((await pending).read_through) == {"in/journal-a": 100}
+
+    # With a deadline, the client's: the wait ends with it.
+    await client.stat("shard-000", {"in/journal-a": 100}, within=30)
+    (within,) = replica.withins[1:]
+    assert within is not None and 0 < within <= 31
+
+
 async def test_stat_of_an_unassigned_shard(etcd: EtcdProcess, root: str) -> None:
     p = await start_proc(etcd, root, "consumer-1", allocate=False, auto_status=False)
     try:
