@@ -321,11 +321,14 @@ class Transactions:
     async def _transaction(
         self, first: SourceBatch, prev: _Committed, stop_wait: asyncio.Future[Any]
     ) -> _Committed | None:
-        began = time.monotonic()
         self._check(first)
         begin_txn = getattr(self.app, "begin_txn", None)
         if begin_txn is not None:
             await maybe_await(begin_txn(self.shard, self.store))
+        # Its durations run from here, as Gazette's (beganAt, once BeginTxn returned): a
+        # begin_txn that waited (on a semaphore bounding concurrent transactions) must not
+        # eat into them, else the transaction would close after its first batch.
+        began = time.monotonic()
         # From here every outcome reaches finish_txn, as Gazette pairs BeginTxn with
         # FinishedTxn: an application holding a semaphore shared by its shards from one
         # to the other (as Gazette suggests) would otherwise keep it for ever.

@@ -345,3 +345,49 @@ async def test_finish_txn_follows_a_transaction_abandoned_by_a_stop(
     assert len(app.finished) == 1 and app.finished[0] is not None
     assert store.committed_state["counts"] == {}  # Abandoned: nothing committed.
     assert not semaphore.locked()
+
+
+class HeldAtBegin(Counter):
+    """Its first begin_txn waits (as on a semaphore shared by shards) until released; it
+    records how many messages each transaction consumed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beginning = asyncio.Event()
+        self.release = asyncio.Event()
+        self.sizes: list[int] = []
+        self._began_at = 0
+
+    async def begin_txn(self, shard: Any, store: Any) -> None:
+        self.beginning.set()
+        await self.release.wait()
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Publisher) -> None:
+        super().finalize_txn(shard, store, pub)
+        self.sizes.append(self.seen - self._began_at)
+        self._began_at = self.seen
+
+
+async def test_transaction_durations_run_from_when_begin_txn_returns(
+    client: JournalClient,
+) -> None:
+    """As Gazette's (txnConsume sets beganAt once BeginTxn returns): min_txn_duration and
+    max_txn_duration count from the end of begin_txn. They counted from before it, so a
+    begin_txn that waited past them (on a semaphore bounding concurrent transactions, as
+    Gazette suggests) closed its transaction after the first batch: transactions of a
+    message or two, for as long as the semaphore was contended."""
+    app = HeldAtBegin()
+    heads = await publish_inputs(client, 1)
+    spec = shard_spec(min_ms=1000, max_ms=10_000)
+    progress = Progress()
+    async with running(client, app, MemoryStore({"counts": {}}), progress, spec) as (_s, run):
+        await asyncio.wait_for(app.beginning.wait(), 30)
+        await asyncio.sleep(1.2)  # begin_txn is held past min_txn_duration.
+        app.release.set()
+        heads = await publish_inputs(client, 1)  # Sent within the transaction's minimum.
+        reached = asyncio.ensure_future(progress.wait_for(heads, 30))
+        await asyncio.wait([run, reached], return_when=asyncio.FIRST_COMPLETED)
+        if run.done():
+            run.result()
+        await reached
+    assert app.sizes[0] == 4, app.sizes
