@@ -677,7 +677,7 @@ class ClusterAppends:
         assert rs is not None and spec is not None
         begin, codec = rs.end, rs.codec
         may_write = journal_spec_flags_allow_write(spec)
-        limiters = [journal.limiter, self.limits.global_limiter]
+        limiters = [journal.limiter.capped(self.limits.max_append_rate)]
         requests = [sync]
         committing = False
         total_chunks = delayed_chunks = 0
@@ -903,7 +903,7 @@ class ClusterAppends:
         begin = rs.end
         codec = rs.codec
         policer = MinRatePolicer(self.limits.min_rate)
-        limiters = [journal.limiter, self.limits.global_limiter]
+        limiters = [journal.limiter.capped(self.limits.max_append_rate)]
         total_chunks = delayed_chunks = 0
         committing = False
         error: AppendAborted | None = None

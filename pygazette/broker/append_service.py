@@ -98,7 +98,7 @@ def _write_and_sum(pending: PendingAppend, running: hashlib._Hash, content: byte
 @dataclass(slots=True)
 class AppendLimits:
     min_rate: int  # Bytes/s a client must sustain while it holds a pipeline.
-    global_limiter: RateLimiter  # The broker-wide maximum append rate.
+    max_append_rate: int  # Caps each journal's max_append_rate (0: no cap), as Gazette's.
 
 
 class AppendAborted(Exception):
@@ -194,7 +194,7 @@ async def _append_locked(
         pending,
         running,
         MinRatePolicer(limits.min_rate),
-        [journal.limiter, limits.global_limiter],
+        [journal.limiter.capped(limits.max_append_rate)],
         # As Gazette's: a journal that isn't writable takes empty appends alone (barriers),
         # and an append asking to suspend its journal carries no content. (A lone broker's
         # journal has no replicas to give up: an empty one is answered OK.)

@@ -12,8 +12,8 @@ the lateness is excused and the client gets that much longer; only a timer that 
 time aborts it. A busy broker otherwise failed prompt clients whose chunks sat in its own
 queues (bench/scale.py's failed first appends at 5,000 journals).
 
-`RateLimiter` is a token bucket; an append's chunks pass the journal's and the broker's
-limiters, and a chunk that has to wait is counted as delayed.
+`RateLimiter` is a journal's token bucket (its max_append_rate, capped by the broker's
+--max-append-rate, as Gazette's); a chunk that has to wait for it is counted as delayed.
 """
 
 from __future__ import annotations
@@ -41,26 +41,49 @@ class FlowControlUnderflow(Exception):
 
 
 class RateLimiter:
-    """A token bucket of `rate` bytes per second with one second of burst."""
+    """A journal's maximum append rate: a token bucket of `rate` bytes per second, as Gazette's
+    appendFlowControl keeps it: one second of burst at its first use, and unused rate banked
+    up to BANK_SECONDS. `wanted` is the journal's own max_append_rate, which the broker's
+    --max-append-rate caps (`capped`)."""
+
+    BANK_SECONDS = 10.0  # Gazette's flowControlBankFactor.
 
     def __init__(self, rate: int) -> None:
+        self.wanted = rate
         self.rate = rate
-        self._tokens = float(rate)
-        self._stamp = time.monotonic()
+        self._tokens = 0.0
+        self._stamp: float | None = None  # None: never used.
 
     def set_rate(self, rate: int) -> None:
+        self.wanted = rate
+        self._set(rate)
+
+    def _set(self, rate: int) -> None:
         self.rate = rate
-        self._tokens = min(self._tokens, float(rate))
+        self._tokens = min(self._tokens, rate * self.BANK_SECONDS)
+
+    def capped(self, cap: int) -> RateLimiter:
+        """This limiter with its rate upper-bounded by `cap` (0: none), as Gazette bounds a
+        journal's MaxAppendRate by --broker.max-append-rate; a journal without a rate of its
+        own (0) stays unlimited, as in Gazette."""
+        rate = cap if cap and cap < self.wanted else self.wanted
+        if rate != self.rate:
+            self._set(rate)
+        return self
 
     def delay_for(self, n: int) -> float:
         """Take `n` bytes of tokens; return how long to wait before sending them (0 = none)."""
-        if self.rate <= 0:
+        rate = self.rate
+        if rate <= 0:
             return 0.0
         now = time.monotonic()
-        self._tokens = min(float(self.rate), self._tokens + (now - self._stamp) * self.rate)
+        if self._stamp is None:
+            self._tokens = float(rate)  # Gazette's initial burst of one second.
+        else:
+            self._tokens = min(rate * self.BANK_SECONDS, self._tokens + (now - self._stamp) * rate)
         self._stamp = now
         self._tokens -= n
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+        return 0.0 if self._tokens >= 0 else -self._tokens / rate
 
 
 async def throttle(limiters: list[RateLimiter], n: int) -> float:

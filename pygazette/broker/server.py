@@ -34,7 +34,6 @@ from pygazette.auth.server_interceptor import AuthServerInterceptor
 from pygazette.auth.tls import ClientTLS, ServerTLS, server_credentials
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_member import ClusterConfig, ClusterMember
-from pygazette.broker.flow_control import RateLimiter
 from pygazette.broker.fragment.persister import DEFAULT_BACKLOG_LIMIT, Persister
 from pygazette.broker.fragment.retention import DEFAULT_ENFORCE_INTERVAL_SECONDS, RetentionEnforcer
 from pygazette.broker.journal_service import JournalService
@@ -205,7 +204,7 @@ class Broker:
         if self.side_server is not None:
             self._side = self.side_server(self)
             await self._side.start()  # Live (and saying "starting") while spools recover.
-        limits = AppendLimits(cfg.min_append_rate, RateLimiter(cfg.max_append_rate))
+        limits = AppendLimits(cfg.min_append_rate, cfg.max_append_rate)
         if cfg.etcd_url:
             await self._start_clustered(identity, limits)
         else:

@@ -136,7 +136,10 @@ def _duration_option(ctx: click.Context, param: click.Parameter, value: object) 
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Broker-wide maximum append bytes/s (0: unlimited).",
+    help=(
+        "Upper bound of any journal's max_append_rate, bytes/s (0: none), as Gazette's "
+        "--broker.max-append-rate; journals without one stay unlimited."
+    ),
 )
 @click.option(
     "--spool-backlog-limit",

@@ -110,3 +110,47 @@ async def test_max_append_rate_delays_chunks(broker: BrokerProcess) -> None:
         assert resp.total_chunks == 21  # With the commit chunk, as Gazette counts.
         assert resp.delayed_chunks > 0
         assert elapsed >= 0.8
+
+
+@pytest.mark.slow
+async def test_max_append_rate_flag_caps_each_journal_as_gazettes_does(tmp_path: Path) -> None:
+    """--max-append-rate upper-bounds each journal's own max_append_rate, as Gazette's
+    --broker.max-append-rate does (appendFlowControl.reset): it is no bucket the broker's
+    journals share, and a journal without a max_append_rate stays unlimited."""
+    broker = BrokerProcess(tmp_path / "data", extra_args=["--max-append-rate", "200000"])
+    broker.start()
+    try:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.JournalStub(channel)
+            specs = [journal_spec("flow/unlimited")]
+            specs += [journal_spec(f"flow/capped-{i}", max_append_rate=10**9) for i in range(2)]
+            await apply_specs(stub, *specs)
+            # Each capped journal takes its own first second's burst, at the same time.
+            burst = [b"x" * 20_000] * 10
+            both = await asyncio.gather(
+                *(append(stub, f"flow/capped-{i}", *burst) for i in range(2))
+            )
+            assert [r.delayed_chunks for r in both] == [0, 0]
+            # Past its burst, a capped journal is held to the flag's rate.
+            start = time.monotonic()
+            resp = await append(stub, "flow/capped-0", *burst)
+            assert resp.delayed_chunks > 0 and time.monotonic() - start >= 0.8
+            # A journal without a max_append_rate is not limited by the flag.
+            resp = await append(stub, "flow/unlimited", *(burst * 3))
+            assert resp.status == pb.OK and resp.delayed_chunks == 0
+    finally:
+        broker.kill()
+
+
+def test_rate_limiter_banks_ten_seconds_from_its_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Gazette's appendFlowControl: a journal's first append has one second of burst,
+    however long ago the journal was created; unused rate then banks up to ten seconds."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    lim = RateLimiter(1000)
+    now[0] += 60.0  # Created long before its first append.
+    assert lim.delay_for(1000) == 0.0
+    assert lim.delay_for(500) == pytest.approx(0.5)
+    now[0] += 60.0  # Idle: ten seconds' worth banked, no more.
+    assert lim.delay_for(10_000) == 0.0
+    assert lim.delay_for(1000) == pytest.approx(1.0)
