@@ -149,6 +149,7 @@ class FakeReplica:
                 await self._changed.wait_for(ready)
             finally:
                 self.waiters -= 1
+                self._changed.notify_all()
         if self.stopped:
             raise ReplicaStopped("stopped")
         return dict(self.read_through), dict(self.publish_at)

@@ -528,6 +528,13 @@ async def test_stat_without_a_deadline_waits_as_long_as_it_takes(
     (within,) = replica.withins[1:]
     assert within is not None and 0 < within <= 31
 
+    # A client that gives up ends the server's wait too (nothing is left waiting).
+    pending = asyncio.ensure_future(client.stat("shard-000", {"in/journal-a": 200}))
+    await replica.until_waiting()
+    pending.cancel()
+    async with asyncio.timeout(10), replica._changed:
+        await replica._changed.wait_for(lambda: replica.waiters == 0)
+
 
 async def test_stat_of_an_unassigned_shard(etcd: EtcdProcess, root: str) -> None:
     p = await start_proc(etcd, root, "consumer-1", allocate=False, auto_status=False)
