@@ -378,11 +378,11 @@ async def test_transaction_durations_run_from_when_begin_txn_returns(
     message or two, for as long as the semaphore was contended."""
     app = HeldAtBegin()
     heads = await publish_inputs(client, 1)
-    spec = shard_spec(min_ms=1000, max_ms=10_000)
+    spec = shard_spec(min_ms=2000, max_ms=10_000)
     progress = Progress()
     async with running(client, app, MemoryStore({"counts": {}}), progress, spec) as (_s, run):
         await asyncio.wait_for(app.beginning.wait(), 30)
-        await asyncio.sleep(1.2)  # begin_txn is held past min_txn_duration.
+        await asyncio.sleep(2.2)  # begin_txn is held past min_txn_duration.
         app.release.set()
         heads = await publish_inputs(client, 1)  # Sent within the transaction's minimum.
         reached = asyncio.ensure_future(progress.wait_for(heads, 30))
