@@ -13,7 +13,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -723,7 +723,7 @@ def read_cmd(
     async def pump(client: JournalClient, journal: pb.ListResponse.Journal) -> None:
         name = journal.spec.name
         aligner = MessageAligner(label_value(journal.spec.labels, CONTENT_TYPE_LABEL))
-        at = start.get(name, -1 if tail else offset)
+        at = done.get(name, -1 if tail else offset)
         request = pb.ReadRequest(journal=name, offset=at, block=block, begin_mod_time=from_unix)
         rr = RetryReader(client, request)
         try:
@@ -752,22 +752,62 @@ def read_cmd(
         finally:
             await rr.aclose()
 
-    async def run(client: JournalClient) -> None:
-        found = await list_journals(client, sel)
-        found = [j for j in found if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
-        if not found:
-            if label_values(sel.include, "name"):
-                raise _no_match(sel, selector)
-            log.warning("no journals were matched by the selector", extra={"selector": selector})
-            return
-        if block:
-            await asyncio.gather(*(pump(client, j) for j in found))
-        else:
-            for j in found:
-                await pump(client, j)
+    def readable(listing: Sequence[pb.ListResponse.Journal]) -> list[pb.ListResponse.Journal]:
+        return [j for j in listing if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL]
 
-    # SIGTERM ends a read as Ctrl-C does (gazctl's), so that --offsets-out is written.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    def no_match() -> None:
+        if label_values(sel.include, "name"):
+            raise _no_match(sel, selector)
+        log.warning("no journals were matched by the selector", extra={"selector": selector})
+
+    async def run(client: JournalClient) -> None:
+        if block:
+            await read_watched(client)
+            return
+        found = readable(await list_journals(client, sel))
+        if not found:
+            no_match()
+        for j in found:
+            await pump(client, j)
+
+    async def read_watched(client: JournalClient) -> None:
+        """Read every selected journal at once; as gazctl does, the selection is watched:
+        a journal that comes to match is read too, one that no longer does stops."""
+        from pygazette.client.watched_list import WatchedList
+
+        async with WatchedList(client, sel) as watched:
+            listing = watched.snapshot()
+            if not readable(listing.journals):
+                no_match()
+                return
+            pumps: dict[str, asyncio.Task[None]] = {}
+            while True:
+                names = set()
+                for j in readable(listing.journals):
+                    names.add(j.spec.name)
+                    if j.spec.name not in pumps:
+                        pumps[j.spec.name] = asyncio.create_task(pump(client, j))
+                for name in [n for n in pumps if n not in names]:
+                    pumps.pop(name).cancel()
+                update = asyncio.create_task(watched.wait_update())
+                try:
+                    # A timeout too: an update may land before wait_update() waits for it.
+                    await asyncio.wait(
+                        [update, *pumps.values()], timeout=1.0, return_when="FIRST_COMPLETED"
+                    )
+                finally:
+                    update.cancel()
+                for task in pumps.values():
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        for other in pumps.values():
+                            other.cancel()
+                        task.result()
+                listing = watched.snapshot()
+
+    # SIGTERM ends a read as Ctrl-C does (gazctl's), so that --offsets-out is written: as
+    # SIGINT, which asyncio.run turns into a cancellation at an await (never between writing
+    # content and noting its offset).
+    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         try:
             run_with_client(_broker(ctx, broker), run)

@@ -481,3 +481,42 @@ def test_list_columns_and_proto_formats_of_gazctl(broker: BrokerProcess) -> None
     out = ok(cli(broker.url, "journals", "fragments", "-l", part, "-o", "proto"))
     fragments = text_format.Parse(out.decode(), pb.FragmentsResponse())
     assert [(f.spec.begin, f.spec.end) for f in fragments.fragments] == [(0, 4)]
+
+
+def test_a_blocking_read_reads_journals_that_come_to_match(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """As gazctl's, a blocking read watches its selector: a journal created while it reads
+    is read too."""
+    apply_example(broker)
+    ok(cli(broker.url, "journals", "append", "-l", "name=examples/clicks/part-000", stdin=b"a\n"))
+    env = dict(os.environ, BROKER_ADDRESS=broker.url, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "pygazette.cli.main", "journals", "read"]
+    reader = subprocess.Popen(
+        [*command, "-l", "topic=clicks", "--block"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+    )
+    timer = threading.Timer(60, reader.kill)  # Never hang the suite.
+    timer.start()
+    try:
+        assert reader.stdout is not None
+        assert reader.stdout.read1(1024) == b"a\n"  # type: ignore[attr-defined]
+        # The read is under way: now a journal comes to match its selector.
+        spec = tmp_path / "new.yaml"
+        spec.write_text(
+            "name: examples/clicks/part-002\nreplication: 1\n"
+            "labels: [{name: topic, value: clicks}]\n"
+            "fragment: {length: 1048576, stores: ['file:///'], refresh_interval: 1m,"
+            " compression_codec: NONE}\n"
+        )
+        ok(cli(broker.url, "journals", "apply", "--specs", str(spec)))
+        part = "name=examples/clicks/part-002"
+        ok(cli(broker.url, "journals", "append", "-l", part, stdin=b"late\n"))
+        assert reader.stdout.read1(1024) == b"late\n"  # type: ignore[attr-defined]
+    finally:
+        timer.cancel()
+        reader.terminate()
+        reader.wait(30)
