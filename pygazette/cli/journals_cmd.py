@@ -10,6 +10,7 @@ that command, so that e.g. `journals list` starts quickly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -315,6 +316,11 @@ def _read_text(path: str) -> str:
 @click.option("-r", "--replicas", is_flag=True, help="Show the replicas column.")
 @click.option("--rf", is_flag=True, help="Show the replication factor column.")
 @click.option("--stores", is_flag=True, help="Show the (first) fragment store column.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep watching: print the listing again whenever it changes (until Ctrl-C).",
+)
 @broker_option
 @click.pass_context
 def list_cmd(
@@ -326,6 +332,7 @@ def list_cmd(
     replicas: bool,
     rf: bool,
     stores: bool,
+    watch: bool,
     broker: str | None,
 ) -> None:
     """List journals matching a label selector (meta-labels "name" and "prefix" work too).
@@ -335,30 +342,63 @@ def list_cmd(
     """
     sel = _selector(selector)
 
+    def render(listing: pb.ListResponse) -> None:
+        journals_ = list(listing.journals)
+        if fmt == "table":
+            if label_columns or primary or replicas or rf or stores:
+                table = output.journals_columns_table(
+                    journals_,
+                    rf=rf,
+                    primary=primary,
+                    replicas=replicas,
+                    stores=stores,
+                    label_columns=label_columns,
+                )
+            else:
+                table = output.journals_table(journals_)
+            click.echo(table, nl=False)
+        elif fmt == "yaml":
+            click.echo(output.journals_yaml(journals_), nl=False)
+        elif fmt == "json":
+            click.echo(output.listing_json(listing), nl=False)
+        else:
+            click.echo(output.listing_proto_text(listing), nl=False)
+
+    if watch:
+        _watch_listing(ctx, broker, sel, render)
+        return
+
     async def run(client: JournalClient) -> pb.ListResponse:
         return await list_all(client, sel)
 
-    listing = run_with_client(_broker(ctx, broker), run)
-    journals_ = list(listing.journals)
-    if fmt == "table":
-        if label_columns or primary or replicas or rf or stores:
-            table = output.journals_columns_table(
-                journals_,
-                rf=rf,
-                primary=primary,
-                replicas=replicas,
-                stores=stores,
-                label_columns=label_columns,
-            )
-        else:
-            table = output.journals_table(journals_)
-        click.echo(table, nl=False)
-    elif fmt == "yaml":
-        click.echo(output.journals_yaml(journals_), nl=False)
-    elif fmt == "json":
-        click.echo(output.listing_json(listing), nl=False)
-    else:
-        click.echo(output.listing_proto_text(listing), nl=False)
+    render(run_with_client(_broker(ctx, broker), run))
+
+
+def _watch_listing(
+    ctx: click.Context,
+    broker: str | None,
+    sel: pb.LabelSelector,
+    render: Callable[[pb.ListResponse], None],
+) -> None:
+    """Render the listing, then again whenever it changes, until interrupted (gazctl's
+    `journals list --watch`)."""
+    from pygazette.client.watched_list import WatchedList
+
+    async def run(client: JournalClient) -> None:
+        async with WatchedList(client, sel) as watched:
+            shown = None
+            while True:
+                listing = watched.snapshot()
+                if listing is not shown:
+                    render(listing)
+                    sys.stdout.flush()
+                    shown = listing
+                # A timeout too: an update may land before wait_update() waits for it.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watched.wait_update(), 1.0)
+
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends.
+        run_with_client(_broker(ctx, broker), run)
 
 
 # append ----------------------------------------------------------------------------------

@@ -520,3 +520,45 @@ def test_a_blocking_read_reads_journals_that_come_to_match(
         timer.cancel()
         reader.terminate()
         reader.wait(30)
+
+
+def test_list_watch_prints_the_listing_again_as_it_changes(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """gazctl's journals list --watch."""
+    apply_example(broker)
+    env = dict(os.environ, BROKER_ADDRESS=broker.url, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "pygazette.cli.main", "journals", "list", "--watch"]
+    watcher = subprocess.Popen(
+        [*command, "-l", "topic=clicks", "-L", "topic"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+    )
+    timer = threading.Timer(60, watcher.kill)  # Never hang the suite.
+    timer.start()
+    try:
+        assert watcher.stdout is not None
+        got = b""
+        while b"part-001" not in got:
+            chunk = watcher.stdout.read1(4096)  # type: ignore[attr-defined]
+            assert chunk, got
+            got += chunk
+        spec = tmp_path / "new.yaml"
+        spec.write_text(
+            "name: examples/clicks/part-002\nreplication: 1\n"
+            "labels: [{name: topic, value: clicks}]\n"
+            "fragment: {length: 1048576, stores: ['file:///'], refresh_interval: 1m,"
+            " compression_codec: NONE}\n"
+        )
+        ok(cli(broker.url, "journals", "apply", "--specs", str(spec)))
+        while b"part-002" not in got:
+            chunk = watcher.stdout.read1(4096)  # type: ignore[attr-defined]
+            assert chunk, got
+            got += chunk
+        assert got.count(b"NAME") >= 2, got  # Printed again (route changes may add more).
+    finally:
+        timer.cancel()
+        watcher.terminate()
+        watcher.wait(30)
