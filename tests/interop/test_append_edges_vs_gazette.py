@@ -59,6 +59,7 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
             journal_spec("f", pb.NONE),
             journal_spec("g", pb.NONE),
             journal_spec("h", pb.NONE),
+            journal_spec("r", pb.NONE),
             journal_spec("n", pb.NONE),
             journal_spec("m", pb.NONE),
         ]
@@ -152,6 +153,10 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
         await s.append("g: explicit offset at its end", appending("g", offset=GAP_END), [b"y\n"])
         await s.append("g: then plain", appending("g"), [b"z\n"])
         await s.read("g: read", reading("g", offset=GAP_END - 2))
+        # gazctl journals reset-head: an empty append at the end of the fragments.
+        await s.append("r: reset head", appending("r", offset=GAP_END), [])
+        await s.append("r: then plain", appending("r"), [b"r\n"])
+        await s.read("r: read", reading("r", offset=GAP_END - 1))
         await s.append("h: read-only, empty", appending("h"), [])
         await s.append("h: read-only, offset", appending("h", offset=GAP_END), [])
         await s.append("h: read-only, wrong offset", appending("h", offset=3), [])
@@ -212,7 +217,7 @@ def test_append_edges_match_gazette(
     recordings = {}
     for system in ("gazette", "pygazette"):
         cluster = BrokerCluster(system, binaries, etcd, tmp_path / system, "/edges", brokers=1)
-        for journal in ("g", "h"):
+        for journal in ("g", "h", "r"):
             gap_fragment(cluster.store, journal)
         cluster.start()
         try:
