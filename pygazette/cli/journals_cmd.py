@@ -541,8 +541,12 @@ async def _append_records(
                 appends.check()
             rest = splitter.finish()
             if rest:
-                log.warning("input ends without a final newline; appending it as it is")
-                route([rest])
+                # As gazctl (its UnpackLine's unexpected EOF): appended, a line without its
+                # newline would run into the journal's next record, breaking its framing.
+                raise RecordError(
+                    f"input ends within a line ({len(rest)} byte(s) without a final newline, "
+                    "not appended)"
+                )
             if key is not None:
                 raise RecordError("input ends with a partition key but no record")
         except RecordError as exc:

@@ -342,3 +342,20 @@ def test_records_before_a_bad_key_in_the_same_chunk_are_appended(broker: BrokerP
     )
     assert "'topic/json/p0' not found" in err and "before it were appended" in err, err
     assert read_each(broker, "topic/json/p1") == b'{"n": 3}\n'
+
+
+def test_an_unterminated_last_line_is_refused_not_appended(broker: BrokerProcess) -> None:
+    """With --framing lines, input ending within a line fails (as gazctl's unexpected EOF):
+    appended, the line would run into the journal's next record. The records before it are
+    appended."""
+    setup(broker)
+    err = one_line_error(
+        cli(
+            broker.url, "journals", "append", "-l", "name=topic/json/p0", "-f", "lines",
+            stdin=b'{"n": 1}\n{"n": 2}\n{"n": ',
+        )
+    )
+    assert "without a final newline" in err and "before it were appended" in err, err
+    part = "name=topic/json/p0"
+    ok(cli(broker.url, "journals", "append", "-l", part, "-f", "lines", stdin=b'{"n": 3}\n'))
+    assert read_each(broker, "topic/json/p0") == b'{"n": 1}\n{"n": 2}\n{"n": 3}\n'
