@@ -202,15 +202,51 @@ def removed_fragments_table(fragments: Sequence[pb.Fragment]) -> str:
     return render_table(headers, rows)
 
 
-def fragments_json_lines(fragments: Sequence[pb.FragmentsResponse._Fragment]) -> str:
-    """One compact JSON object per fragment and line."""
-    from google.protobuf import json_format
+def _go_json(value: object) -> str:
+    """`value` as Go's encoding/json writes it: compact, non-ASCII kept, and "<", ">", "&",
+    U+2028 and U+2029 escaped."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(char, escape)
+    return text
 
-    lines = [
-        json.dumps(
-            json_format.MessageToDict(f, preserving_proto_field_name=True),
-            separators=(",", ":"),
-        )
-        for f in fragments
-    ]
+
+def fragments_json_lines(fragments: Sequence[pb.FragmentsResponse._Fragment]) -> str:
+    """One JSON object per fragment and line, exactly as gazctl writes them (Go's
+    encoding/json of Gazette's structs: numbers as numbers, the codec as its number, fields
+    at their zero values left out but "spec" and "sum")."""
+    lines = []
+    for f in fragments:
+        spec = f.spec
+        total = {}
+        for name, part in (
+            ("part1", spec.sum.part1),
+            ("part2", spec.sum.part2),
+            ("part3", spec.sum.part3),
+        ):
+            if part:
+                total[name] = part
+        fields: dict[str, object] = {}
+        for name, value in (
+            ("journal", spec.journal),
+            ("begin", spec.begin),
+            ("end", spec.end),
+            ("sum", total),
+            ("compression_codec", spec.compression_codec),
+            ("backing_store", spec.backing_store),
+            ("mod_time", spec.mod_time),
+            ("path_postfix", spec.path_postfix),
+        ):
+            if value or name == "sum":
+                fields[name] = value
+        record: dict[str, object] = {"spec": fields}
+        if f.signed_url:
+            record["signed_url"] = f.signed_url
+        lines.append(_go_json(record))
     return "".join(line + "\n" for line in lines)
