@@ -81,7 +81,12 @@ from pygazette.auth.capability import Capability
 from pygazette.auth.client_interceptor import journal_claims_scope
 from pygazette.broker.advertiser import RouteAdvertiser
 from pygazette.broker.allocation import assignments_advertise, route_value
-from pygazette.broker.append_service import SUSPENDING, AppendAborted, AppendLimits
+from pygazette.broker.append_service import (
+    SUSPENDING,
+    AppendAborted,
+    AppendLimits,
+    chunk_error,
+)
 from pygazette.broker.cluster_resolver import ClusterResolver, Resolution
 from pygazette.broker.flow_control import (
     FlowControlUnderflow,
@@ -154,20 +159,6 @@ class _Checked(NamedTuple):
     registers: pb.LabelSet  # The journal's registers it starts from.
     roll_to: int  # The offset the spool rolls to first (0: none).
     suspending: bool  # It asks a suspended journal to suspend (nothing is committed).
-
-
-def _chunk_error(req: pb.AppendRequest, committing: bool) -> AppendAborted | None:
-    """Why `req`, a request after an append's first, is refused (None if it isn't)."""
-    if committing:
-        return AppendAborted(
-            grpc.StatusCode.INVALID_ARGUMENT, "expected end of stream after the empty chunk"
-        )
-    if req.journal or req.HasField("header") or req.offset:
-        return AppendAborted(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "only the first AppendRequest may carry options; later ones carry content",
-        )
-    return None
 
 
 class ReplicationFailed(Exception):
@@ -682,7 +673,7 @@ class ClusterAppends:
         committing = False
         total_chunks = delayed_chunks = 0
         for req in whole:
-            error = _chunk_error(req, committing)
+            error = chunk_error(req, committing)
             if error is not None:
                 raise error
             content = req.content
@@ -920,7 +911,7 @@ class ClusterAppends:
                     if not committing:
                         error = AppendAborted(grpc.StatusCode.ABORTED, _NO_COMMIT)
                     break
-                error = _chunk_error(req, committing)
+                error = chunk_error(req, committing)
                 if error is not None:
                     break
                 content = req.content  # Each read of a bytes field copies it: read it once.

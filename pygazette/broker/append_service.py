@@ -109,6 +109,35 @@ class AppendAborted(Exception):
         self.code = code
 
 
+def chunk_error(req: pb.AppendRequest, committing: bool) -> AppendAborted | None:
+    """Why `req`, a request after an append's first, is refused (None if it isn't), in
+    Gazette's words (appendFSM.onStreamContent): each is validated, carries content alone
+    (an empty one commits), and only the end of the stream may follow the commit."""
+    if (
+        req.journal
+        or req.offset
+        or req.suspend
+        or req.do_not_proxy
+        or req.HasField("header")
+        or req.HasField("check_registers")
+        or req.HasField("union_registers")
+        or req.HasField("subtract_registers")
+    ):
+        try:
+            validate_append_request(req, first=bool(req.journal))
+        except ValidationError as exc:
+            return AppendAborted(grpc.StatusCode.INVALID_ARGUMENT, f"append stream: {exc}")
+        return AppendAborted(
+            grpc.StatusCode.INVALID_ARGUMENT, "append stream: expected Content chunk"
+        )
+    if committing:
+        return AppendAborted(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "append stream: expected EOF after empty Content chunk",
+        )
+    return None
+
+
 async def answer_append(
     serving: Awaitable[pb.AppendResponse], context: grpc.aio.ServicerContext[Any, Any]
 ) -> pb.AppendResponse:
@@ -305,11 +334,9 @@ async def _receive_content(
                     grpc.StatusCode.ABORTED,
                     "append stream ended without its final empty chunk; nothing was appended",
                 )
-            if req.journal or req.HasField("header") or req.offset:
-                raise AppendAborted(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "only the first AppendRequest may carry options; later ones carry content",
-                )
+            error = chunk_error(req, False)
+            if error is not None:
+                raise error
             content = req.content  # Each read of a bytes field copies it: read it once.
             size = len(content)
             if not size:
@@ -350,10 +377,10 @@ async def _receive_content(
             ahead = None
         await _settle(writing, hashing)
         writing = hashing = None
-        if await receive() is not None:
-            raise AppendAborted(
-                grpc.StatusCode.INVALID_ARGUMENT, "expected end of stream after the empty chunk"
-            )
+        if (req := await receive()) is not None:
+            error = chunk_error(req, True)
+            assert error is not None  # Only the end of the stream may follow the commit.
+            raise error
     except FlowControlUnderflow as exc:
         record_rollback(pending.length)
         raise AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc

@@ -18,12 +18,17 @@ import asyncio
 import difflib
 import hashlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import grpc
+import grpc.aio
 
 from pygazette.client import JournalClient
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
+from pygazette.protocol.stream_write import send_all
 from tests.interop.scenario import (
     PREFIX,
     WAIT_SECONDS,
@@ -96,6 +101,21 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
             [],
         )
         await s.append("e: no commit chunk", appending("e"), [b"x"], commit=False)
+        # Later requests carry content alone (Gazette validates each).
+        for name, chunk in [
+            ("registers", pb.AppendRequest(union_registers=label_set({"owner": "v"}))),
+            ("a check", pb.AppendRequest(check_registers=parse_selector("owner=v"))),
+            ("a suspend mode", pb.AppendRequest(suspend=NOW)),
+            ("do-not-proxy", pb.AppendRequest(do_not_proxy=True)),
+            ("an offset", pb.AppendRequest(offset=5)),
+            ("the journal", pb.AppendRequest(journal=PREFIX + "e")),
+            ("an invalid journal", pb.AppendRequest(journal="bad name")),
+        ]:
+            chunk.content = b"x\n" if name != "the journal" else b""
+            await streamed(s, f"e: a chunk with {name}", appending("e"), [chunk])
+        after = [pb.AppendRequest(content=b"x\n"), pb.AppendRequest(), pb.AppendRequest()]
+        await streamed(s, "e: a request after the commit chunk", appending("e"), after)
+        await s.read("e: nothing of them appended", reading("e", offset=18))
 
         await s.append("ro: empty", appending("ro"), [])
         await s.append(
@@ -183,6 +203,27 @@ async def until_route(client: JournalClient, name: str, members: int) -> None:
             return
         assert time.monotonic() < deadline, listing
         await asyncio.sleep(0.05)
+
+
+async def streamed(
+    s: Scenario, name: str, first: pb.AppendRequest, requests: list[pb.AppendRequest]
+) -> None:
+    """An append of `first`, `requests` and a commit chunk, recorded as `Scenario.append`."""
+
+    async def stream() -> AsyncIterator[pb.AppendRequest]:
+        yield first
+        for req in requests:
+            yield req
+        yield pb.AppendRequest()
+
+    call = s.client.rpc_append()
+    try:
+        await send_all(call, stream())
+        resp = await call
+    except grpc.aio.AioRpcError as exc:
+        s.record(name, s.rpc_error(exc))
+        return
+    s.record(name, s.norm(resp))
 
 
 async def suspend_fully(s: Scenario, name: str, request: pb.AppendRequest) -> None:
