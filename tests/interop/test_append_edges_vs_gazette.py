@@ -113,6 +113,17 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
         ]:
             chunk.content = b"x\n" if name != "the journal" else b""
             await streamed(s, f"e: a chunk with {name}", appending("e"), [chunk])
+        # First requests Gazette's validation refuses.
+        bad_header = appending("e")
+        bad_header.header.route.primary = 3
+        bad_check = pb.LabelSelector(include=pb.LabelSet(labels=[pb.Label(name="a", value="b")]))
+        for name, first in [
+            ("a negative offset", appending("e", offset=-1)),
+            ("an unknown suspend mode", appending("e", suspend=9)),  # type: ignore[arg-type]
+            ("an invalid check", appending("e", check_registers=bad_check)),
+            ("an invalid header", bad_header),
+        ]:
+            await streamed(s, f"e: a first request with {name}", first, [])
         after = [pb.AppendRequest(content=b"x\n"), pb.AppendRequest(), pb.AppendRequest()]
         await streamed(s, "e: a request after the commit chunk", appending("e"), after)
         await s.read("e: nothing of them appended", reading("e", offset=18))
