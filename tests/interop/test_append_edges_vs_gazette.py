@@ -65,6 +65,7 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
             journal_spec("g", pb.NONE),
             journal_spec("h", pb.NONE),
             journal_spec("r", pb.NONE),
+            journal_spec("z", pb.NONE),
             journal_spec("n", pb.NONE),
             journal_spec("m", pb.NONE),
         ]
@@ -171,6 +172,17 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
             await until_route(client, "m", 0)
             await retried(s, "m: resume", appending("m"), [b"m\n"])
             await s.read("m: read", reading("m"))
+
+        # A spec changing its journal's codec between appends.
+        await s.append("z: one", appending("z"), [b"one\n"])
+        gzipped = journal_spec("z", pb.GZIP)
+        await s.apply("z: to gzip", [change(gzipped, -1)])
+        await s.append("z: two", appending("z"), [b"two\n"])
+        await s.append("z: three", appending("z"), [b"three\n"])
+        # Gazette lists a persisted fragment at its next store listing (README): wait for it.
+        listing = await client.rpc_list_fragments(pb.FragmentsRequest(journal=PREFIX + "z"))
+        await s.wait_persisted(PREFIX + "z", len(listing.fragments) - 1)
+        await s.read("z: read", reading("z"))
 
         # A fragment in the store past every spool (GAP_END bytes, written there before
         # the journals were created).
