@@ -6,9 +6,10 @@ refused or empty appends, O_RDONLY / O_WRONLY journals, journals without stores,
 journal whose store holds a fragment past every spool (INDEX_HAS_GREATER_OFFSET, rolled
 forward by an explicit offset).
 
-Left out as races, not differences: a fully suspended journal resumed by an append has no
-primary until the allocator assigns one (either system may answer NO_JOURNAL_PRIMARY_BROKER
-meanwhile, which clients retry: those steps are retried until otherwise answered), and the
+Left out as races, not differences: a suspended journal resumed by an append lacks brokers
+until the allocator assigns them (either system may answer NO_JOURNAL_PRIMARY_BROKER or
+INSUFFICIENT_JOURNAL_BROKERS meanwhile, which clients retry: those steps are retried until
+otherwise answered), and the
 route of the answer to a full suspension is the one before or after the allocator dropped
 the journal's assignments."""
 
@@ -20,6 +21,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -35,6 +37,7 @@ from tests.interop.scenario import (
     Identity,
     Recording,
     Scenario,
+    Step,
     appending,
     change,
     journal_spec,
@@ -50,7 +53,9 @@ IF_FLUSHED = pb.AppendRequest.SUSPEND_IF_FLUSHED
 NOW = pb.AppendRequest.SUSPEND_NOW
 
 
-async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recording:
+async def edges(
+    address: str, ident: Identity, *, lone: bool = False, replication: int = 1
+) -> Recording:
     """The steps' responses; `lone`: without the steps a lone pygazette broker (no etcd)
     answers otherwise on purpose (README, "Differences from Gazette": no suspension, and a
     journal it holds no spool of continues at the end of its persisted fragments)."""
@@ -69,6 +74,8 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
             journal_spec("n", pb.NONE),
             journal_spec("m", pb.NONE),
         ]
+        for spec in specs:
+            spec.replication = replication
         for spec in specs[-2:]:  # Journals without stores.
             del spec.fragment.stores[:]
         specs[1].flags = pb.JournalSpec.O_RDONLY
@@ -76,6 +83,8 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
         specs[6].flags = pb.JournalSpec.O_RDONLY
         await s.apply("apply", [change(sp) for sp in specs])
         await s.wait_assigned([sp.name for sp in specs])
+        for spec in specs:
+            await until_route(client, spec.name[len(PREFIX) :], replication)
 
         await s.append("e: explicit offset on an empty journal", appending("e", offset=5), [b"x\n"])
         await s.append("e: first", appending("e"), [b"first\n"])
@@ -136,6 +145,10 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
         await s.append("ro: explicit offset", appending("ro", offset=4), [])
         await s.append("wo: content", appending("wo"), [b"wo\n"])
         await s.read("wo: read", reading("wo"))
+        await s.fragments("wo: fragments", pb.FragmentsRequest(journal=PREFIX + "wo"))
+        await s.append("wo: with metadata", appending("wo;meta=1"), [b"meta\n"])
+        await s.read("e: with metadata", reading("e;meta=1", offset=18))
+        await s.fragments("ro: fragments", pb.FragmentsRequest(journal=PREFIX + "ro"))
 
         # Suspension.
         if not lone:
@@ -147,7 +160,7 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
             await s.append(
                 "s: no-resume while partial", appending("s", suspend=NO_RESUME), [b"x\n"]
             )
-            await s.append("s: resume by append", appending("s"), [b"two\n"])
+            await retried(s, "s: resume by append", appending("s"), [b"two\n"])
             await s.list("s: listed after", f"name={PREFIX}s")
 
             await suspend_fully(s, "f: suspend empty journal", appending("f", suspend=IF_FLUSHED))
@@ -176,6 +189,7 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
         # A spec changing its journal's codec between appends.
         await s.append("z: one", appending("z"), [b"one\n"])
         gzipped = journal_spec("z", pb.GZIP)
+        gzipped.replication = replication
         await s.apply("z: to gzip", [change(gzipped, -1)])
         await s.append("z: two", appending("z"), [b"two\n"])
         await s.append("z: three", appending("z"), [b"three\n"])
@@ -207,6 +221,8 @@ async def edges(address: str, ident: Identity, *, lone: bool = False) -> Recordi
 
 
 GAP_END = 100
+# What a resumed journal answers until the allocator assigned it (clients retry them).
+TRANSIENT = (pb.NO_JOURNAL_PRIMARY_BROKER, pb.INSUFFICIENT_JOURNAL_BROKERS)
 
 
 def gap_fragment(store: Path, journal: str) -> None:
@@ -259,12 +275,12 @@ async def suspend_fully(s: Scenario, name: str, request: pb.AppendRequest) -> No
 
 
 async def retried(s: Scenario, name: str, request: pb.AppendRequest, chunks: list[bytes]) -> None:
-    """An append retried (unrecorded) while the journal has no primary yet."""
+    """An append retried (unrecorded) while the journal's route is still being built."""
     deadline = time.monotonic() + WAIT_SECONDS
     while True:
         scratch = Scenario(s.client, s.ident)
         resp = await scratch.append(name, request, chunks)
-        if resp is None or resp.status != pb.NO_JOURNAL_PRIMARY_BROKER:
+        if resp is None or resp.status not in TRANSIENT:
             s.rec.steps += scratch.rec.steps
             s.rec.problems += scratch.rec.problems
             return
@@ -290,6 +306,41 @@ def test_append_edges_match_gazette(
             cluster.kill()
     ours, theirs = recordings["pygazette"], recordings["gazette"]
     compare(ours, theirs)
+
+
+def test_append_edges_at_replication_two_match_gazette(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The same through the first of two brokers, each journal on both (appends proxied to
+    primaries, replicated through pipelines or whole). Which broker is primary is the
+    allocator's choice: headers and routes are left out."""
+
+    async def record(url: str) -> Recording:
+        return await edges(url, await identity_of(url), replication=2)
+
+    recordings = {}
+    for system in ("gazette", "pygazette"):
+        cluster = BrokerCluster(system, binaries, etcd, tmp_path / system, "/edges", brokers=2)
+        for journal in ("g", "h", "r"):
+            gap_fragment(cluster.store, journal)
+        cluster.start()
+        try:
+            recordings[system] = asyncio.run(record(cluster.endpoints[0]))
+        finally:
+            cluster.kill()
+    ours, theirs = (without_routes(recordings[k]) for k in ("pygazette", "gazette"))
+    compare(ours, theirs)
+
+
+def without_routes(rec: Recording) -> Recording:
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("header", "route")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return Recording([Step(s.name, strip(s.observed)) for s in rec.steps], rec.problems)
 
 
 def test_append_edges_of_a_lone_broker_match_gazette(
