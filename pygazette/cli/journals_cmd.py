@@ -68,6 +68,25 @@ def broker_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def column_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """gazctl's table columns of `journals list` and `shards list`: -L, -p, -r and --rf."""
+    for option in (
+        click.option("--rf", is_flag=True, help="Show the replication factor column."),
+        click.option("-r", "--replicas", is_flag=True, help="Show the replicas column."),
+        click.option("-p", "--primary", is_flag=True, help="Show the primary column."),
+        click.option(
+            "-L",
+            "--label-columns",
+            "label_columns",
+            multiple=True,
+            metavar="LABEL",
+            help="Show this label as a column (repeatable).",
+        ),
+    ):
+        fn = option(fn)
+    return fn
+
+
 def max_txn_size_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """gazctl's --max-txn-size, defaulting to batches a default etcd accepts."""
     return click.option(
@@ -304,17 +323,7 @@ def _read_text(path: str) -> str:
     show_default=True,
     help="yaml is the journalspace hierarchy that 'journals apply' accepts.",
 )
-@click.option(
-    "-L",
-    "--label-columns",
-    "label_columns",
-    multiple=True,
-    metavar="LABEL",
-    help="Show this label as a column (repeatable).",
-)
-@click.option("-p", "--primary", is_flag=True, help="Show the primary column.")
-@click.option("-r", "--replicas", is_flag=True, help="Show the replicas column.")
-@click.option("--rf", is_flag=True, help="Show the replication factor column.")
+@column_options
 @click.option("--stores", is_flag=True, help="Show the (first) fragment store column.")
 @click.option(
     "--watch",

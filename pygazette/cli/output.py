@@ -71,6 +71,17 @@ def journals_table(journals: Sequence[pb.ListResponse.Journal]) -> str:
     return render_table(["NAME", "RF", "PRIMARY", "REPLICAS", "LABELS", "REVISION"], rows)
 
 
+def label_cells(labels: pb.LabelSet, columns: Sequence[str]) -> list[str]:
+    """The values of each label of `columns` (-L), comma-separated, as gazctl's tables."""
+    from pygazette.protocol.labels import label_values
+
+    cells = []
+    for label in columns:
+        values = label_values(labels, label)
+        cells.append(",".join(values) if values else NONE)
+    return cells
+
+
 def journals_columns_table(
     journals: Sequence[pb.ListResponse.Journal],
     *,
@@ -82,8 +93,6 @@ def journals_columns_table(
 ) -> str:
     """Journal names and the chosen columns, as gazctl's `journals list` table shows them
     (a suspended journal's primary is marked "<S>")."""
-    from pygazette.protocol.labels import label_values
-
     headers = ["NAME"]
     if rf:
         headers.append("RF")
@@ -108,9 +117,7 @@ def journals_columns_table(
             row.append(replicas_cell or NONE)
         if stores:
             row.append(j.spec.fragment.stores[0] if j.spec.fragment.stores else NONE)
-        for label in label_columns:
-            values = label_values(j.spec.labels, label)
-            row.append(",".join(values) if values else NONE)
+        row.extend(label_cells(j.spec.labels, label_columns))
         rows.append(row)
     return render_table(headers, rows)
 

@@ -32,6 +32,7 @@ from pygazette.cli.journals_cmd import (
     _broker,
     _read_text,
     broker_option,
+    column_options,
     max_txn_size_option,
 )
 from pygazette.cli.progress import progress_display
@@ -440,9 +441,7 @@ def shards_table(
             row.append(primary_cell)
         if replicas:
             row.append(replicas_cell or NONE)
-        for label in label_columns:
-            values = label_values(shard.spec.labels, label)
-            row.append(",".join(values) if values else NONE)
+        row.extend(output.label_cells(shard.spec.labels, label_columns))
         if lags is not None:
             row.append(lags.get(shard.spec.id, NONE) or NONE)
         rows.append(row)
@@ -491,17 +490,7 @@ def shards_yaml(listed: Sequence[cpb.ListResponse.Shard]) -> str:
     show_default=True,
     help="yaml is the shardspace that 'shards apply' accepts.",
 )
-@click.option(
-    "-L",
-    "--label-columns",
-    "label_columns",
-    multiple=True,
-    metavar="LABEL",
-    help="Show this label as a column (repeatable).",
-)
-@click.option("-p", "--primary", is_flag=True, help="Show the primary column.")
-@click.option("-r", "--replicas", is_flag=True, help="Show the replicas column.")
-@click.option("--rf", is_flag=True, help="Show the replication factor column.")
+@column_options
 @click.option(
     "--lag",
     is_flag=True,
