@@ -752,9 +752,7 @@ def read_cmd(
     import signal
 
     from pygazette.cli.records import MessageAligner
-    from pygazette.client.errors import OffsetJump
-    from pygazette.client.retry_reader import RetryReader
-    from pygazette.protocol.errors import OffsetNotYetAvailable, Suspended
+    from pygazette.client.retry_reader import RetryReader, chunks_of
 
     sel = _selector(selector)
     start: dict[str, int] = {}
@@ -780,19 +778,7 @@ def read_cmd(
         request = pb.ReadRequest(journal=name, offset=at, block=block, begin_mod_time=from_unix)
         rr = RetryReader(client, request)
         try:
-            while True:
-                try:
-                    chunk = await rr.read()
-                except OffsetJump as jump:
-                    log.warning(
-                        "offset jump",
-                        extra={"journal": name, "from": jump.requested, "to": jump.offset},
-                    )
-                    continue
-                except (OffsetNotYetAvailable, Suspended):
-                    break
-                if not chunk:
-                    break
+            async for chunk in chunks_of(rr):
                 whole = aligner.feed(chunk)
                 if whole:
                     out.write(whole)

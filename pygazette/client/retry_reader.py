@@ -341,19 +341,27 @@ async def read_journal(
         file_root=file_root,
     )
     try:
-        while True:
-            try:
-                chunk = await rr.read()
-            except OffsetJump as jump:
-                log.warning(
-                    "offset jump",
-                    extra={"journal": journal, "from": jump.requested, "to": jump.offset},
-                )
-                continue
-            except (OffsetNotYetAvailable, Suspended):
-                return
-            if not chunk:
-                return
+        async for chunk in chunks_of(rr):
             yield chunk
     finally:
         await rr.aclose()
+
+
+async def chunks_of(rr: RetryReader) -> AsyncGenerator[bytes, None]:
+    """The chunks `rr` reads, until the write head (a non-blocking read), its end offset, or
+    a suspended journal. Offset jumps (removed spans) are logged and skipped over. `rr.offset`
+    is that of the content after each chunk; closing `rr` is the caller's."""
+    while True:
+        try:
+            chunk = await rr.read()
+        except OffsetJump as jump:
+            log.warning(
+                "offset jump",
+                extra={"journal": rr.journal, "from": jump.requested, "to": jump.offset},
+            )
+            continue
+        except (OffsetNotYetAvailable, Suspended):
+            return
+        if not chunk:
+            return
+        yield chunk
