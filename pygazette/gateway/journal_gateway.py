@@ -110,7 +110,7 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
 
 
 class Unauthorized(ValueError):
-    pass
+    """An Authorization header the gateway cannot forward (answered 401, no RPC started)."""
 
 
 # What a gRPC metadata value may hold: printable ASCII.
