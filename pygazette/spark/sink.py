@@ -34,7 +34,14 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    MapType,
+    StringType,
+    StructType,
+)
 
 from pygazette.client.journal_client import JournalClient
 from pygazette.message.fixed_framing import encode_fixed_frame
@@ -112,6 +119,22 @@ def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> Sin
     if opts.key_column is not None and opts.key_column not in types:
         raise OptionError(f"keyColumn {opts.key_column!r} is not a column of the rows")
     body = tuple(n for n in names if not (route_by_column and n == JOURNAL))
+    if framing is Framing.CSV:
+        for name in body:
+            if isinstance(types[name], (ArrayType, MapType, StructType)):
+                raise OptionError(
+                    f"framing csv cannot write column {name} of type "
+                    f"{types[name].simpleString()} (a CSV field is text); write it with framing "
+                    "json, or turn it into a string first (to_json)"
+                )
+    elif framing is Framing.JSON:
+        for name in body:
+            key = _complex_map_key(types[name])
+            if key is not None:
+                raise OptionError(
+                    f"framing json cannot write column {name}: its map keys are of type "
+                    f"{key.simpleString()}, and JSON object keys are text"
+                )
 
     targets: tuple[str, ...] = ()
     if opts.journals or opts.selector:
@@ -136,6 +159,22 @@ def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> Sin
         identity = f"write-{uuid.uuid4()}"
     run = "" if streaming else uuid.uuid4().hex[:16]
     return SinkPlan(opts, framing, names, targets, route_by_column, body, identity, run)
+
+
+def _complex_map_key(dt: DataType) -> DataType | None:
+    """The key type of a map within `dt` whose keys are not atomic values (None if none)."""
+    if isinstance(dt, MapType):
+        if isinstance(dt.keyType, (ArrayType, MapType, StructType)):
+            return dt.keyType
+        return _complex_map_key(dt.valueType)
+    if isinstance(dt, ArrayType):
+        return _complex_map_key(dt.elementType)
+    if isinstance(dt, StructType):
+        for f in dt.fields:
+            found = _complex_map_key(f.dataType)
+            if found is not None:
+                return found
+    return None
 
 
 # Encoding -------------------------------------------------------------------------------------
@@ -195,8 +234,21 @@ def encode(
     if framing is Framing.JSON:
         import orjson
 
+        for name, column in zip(body.schema.names, body.columns, strict=True):
+            if _has_non_finite(column):
+                raise SinkError(
+                    f"column {name} holds NaN or an infinity, which JSON cannot encode (it "
+                    "would be written as null); replace them, or write with framing csv"
+                )
         opt = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
-        records = [orjson.dumps(r, default=_json_default, option=opt) for r in body.to_pylist()]
+        try:
+            # Maps as JSON objects, as Spark's JSON writer writes them (not as lists of pairs).
+            records = [
+                orjson.dumps(r, default=_json_default, option=opt)
+                for r in body.to_pylist(maps_as_pydicts="strict")
+            ]
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError.
+            raise SinkError(f"a row cannot be written as JSON: {exc}") from None
         if digest is not None:
             digest.add(records)
         return b"".join(records)
@@ -210,6 +262,26 @@ def encode(
     if digest is not None:
         digest.add([text[b:e].encode() for b, e in zip([0, *ends], ends, strict=False)])
     return text.encode()
+
+
+def _has_non_finite(column: pa.Array) -> bool:
+    """Whether a float of `column`, at any depth (structs, lists, maps), is NaN or infinite."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type
+    if pa.types.is_floating(t):
+        return bool(pc.any(pc.invert(pc.is_finite(column))).as_py())
+    if pa.types.is_struct(t):
+        return any(_has_non_finite(child) for child in column.flatten())
+    if pa.types.is_map(t):
+        begin, end = column.offsets[0].as_py(), column.offsets[-1].as_py()
+        items = column.items.slice(begin, end - begin)
+        keys = column.keys.slice(begin, end - begin)
+        return _has_non_finite(keys) or _has_non_finite(items)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _has_non_finite(column.flatten())
+    return False
 
 
 def _csv_text(value: Any) -> str:

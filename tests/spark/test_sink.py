@@ -274,3 +274,38 @@ def test_stream_sink_of_an_aggregation(
     query.awaitTermination()
     latest = {d["user"]: d["clicks"] for d in jsons_of(gz, sink)}
     assert latest == {f"u{k}": 20 for k in range(7)}
+
+
+def test_json_rows_hold_maps_as_objects_and_refuse_what_json_cannot_encode(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    """Maps are JSON objects, as Spark's JSON writer writes them (they were lists of [key,
+    value] pairs); a NaN or infinite float is a clear error that writes nothing (it was
+    written as null), and so are types CSV cannot hold (they were written as Python reprs)."""
+    out = prefix + "out"
+    create_journals(gz, journal_spec(out))
+
+    def write(df: object, **options: str) -> None:
+        writer = df.write.format("gazette").mode("append")  # type: ignore[attr-defined]
+        for key, value in {"broker": spark_broker.url, "journal": out, **options}.items():
+            writer = writer.option(key, value)
+        writer.save()
+
+    write(
+        spark.sql(
+            "SELECT map('a', 1, 'b', 2) AS m, array(map(1, 'x')) AS l, "
+            "named_struct('s', map('k', named_struct('v', 1.5D))) AS st, 7 AS n"
+        )
+    )
+    assert jsons_of(gz, out) == [
+        {"m": {"a": 1, "b": 2}, "l": [{"1": "x"}], "st": {"s": {"k": {"v": 1.5}}}, "n": 7}
+    ]
+    for value in ("CAST('NaN' AS DOUBLE)", "array(CAST('-Infinity' AS FLOAT))"):
+        with pytest.raises(PySparkException, match="NaN or an infinity, which JSON cannot"):
+            write(spark.sql(f"SELECT {value} AS f, 1 AS n"))
+    with pytest.raises(PySparkException, match="map keys are of type struct"):
+        write(spark.sql("SELECT map(named_struct('a', 1), 1) AS m"))
+    for column in ("named_struct('x', 1)", "array(1, 2)", "map('a', 1)"):
+        with pytest.raises(PySparkException, match="framing csv cannot write column c"):
+            write(spark.sql(f"SELECT {column} AS c, 1 AS n"), framing="csv")
+    assert len(lines_of(gz, out)) == 1  # Nothing more was written.
