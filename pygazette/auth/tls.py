@@ -31,6 +31,7 @@ __all__ = [
     "ClientTLS",
     "ServerTLS",
     "TLSConfigError",
+    "certificate_validity_problem",
     "channel_credentials",
     "check_client",
     "check_server",
@@ -255,25 +256,71 @@ def peer_tls_from_files(
 
 _VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED:\s*([^:]+)")
 _NAME_MISMATCH = re.compile(r"Peer name (\S+) is not in peer certificate")
+# What gRPC (1.85) says of a server certificate that does not name the host it reached.
+_HOSTNAME_CHECK_FAILED = "Hostname Verification Check failed"
 
 
-def explain_connect_failure(details: str, *, secure: bool, client_cert: bool) -> str | None:
+def certificate_validity_problem(cert_file: Pathish, now: float | None = None) -> str | None:
+    """Why the (leaf) certificate of `cert_file` is not valid at `now` (the time: default,
+    the current time) — expired, or not valid yet —, or None if it is valid then, or cannot be
+    read (its reading is checked where it is loaded)."""
+    import time
+    from datetime import UTC, datetime
+
+    try:
+        leaf = _certificates(_read(cert_file, "certificate"), cert_file, "certificate")[0]
+    except TLSConfigError:
+        return None
+    at = datetime.fromtimestamp(time.time() if now is None else now, UTC)
+    if at > leaf.not_valid_after_utc:
+        return (
+            f"certificate {str(cert_file)!r} expired at "
+            f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC"
+        )
+    if at < leaf.not_valid_before_utc:
+        return (
+            f"certificate {str(cert_file)!r} is not valid before "
+            f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M:%S} UTC"
+        )
+    return None
+
+
+def explain_connect_failure(
+    details: str,
+    *,
+    secure: bool,
+    client_cert: bool,
+    host: str | None = None,
+    client_cert_problem: str | None = None,
+) -> str | None:
     """What went wrong, in words, when gRPC's `details` of a failed connection point at TLS;
-    None when they don't. `secure`: the client used TLS; `client_cert`: it presented one.
+    None when they don't. `secure`: the client used TLS; `client_cert`: it presented one;
+    `host`: the name or address it connected to; `client_cert_problem`: why its certificate is
+    not valid now (`certificate_validity_problem`), if it isn't.
 
     gRPC reports a server that refused the handshake (no client certificate, or one from a CA
-    it doesn't trust) only as "Socket closed", so these cases are told apart by what the
-    client did.
+    it doesn't trust, or one expired) only as "Socket closed", so these cases are told apart
+    by what the client did.
     """
     if m := _VERIFY_FAILED.search(details):
+        reason = m.group(1).strip()
+        if "expired" in reason:
+            advice = "the server's certificate has expired (the server needs a renewed one)"
+        elif "not yet valid" in reason:
+            advice = (
+                "the server's certificate is not valid yet (its validity starts later: check "
+                "the certificate's dates and the clocks)"
+            )
+        else:
+            advice = (
+                "the server's certificate is not signed by a CA this client trusts (give its "
+                "CA as the trusted CA file)"
+            )
+        return f"TLS handshake failed (certificate verify failed: {reason}): {advice}"
+    if (m := _NAME_MISMATCH.search(details)) or _HOSTNAME_CHECK_FAILED in details:
+        name = m.group(1) if m else host or "the address connected to"
         return (
-            f"TLS handshake failed (certificate verify failed: {m.group(1).strip()}): the "
-            "server's certificate is not signed by a CA this client trusts (give its CA as "
-            "the trusted CA file)"
-        )
-    if m := _NAME_MISMATCH.search(details):
-        return (
-            f"TLS handshake failed: the server's certificate is not valid for {m.group(1)} "
+            f"TLS handshake failed: the server's certificate is not valid for {name} "
             "(connect by a name or address the certificate lists)"
         )
     lowered = details.lower()
@@ -295,6 +342,11 @@ def explain_connect_failure(details: str, *, secure: bool, client_cert: bool) ->
         return (
             "TLS handshake failed: the server closed the connection; it requires a client "
             "certificate (mTLS), and none was given"
+        )
+    if client_cert_problem:
+        return (
+            "TLS handshake failed: the server closed the connection; it does not accept the "
+            f"client certificate: {client_cert_problem}"
         )
     return (
         "TLS handshake failed: the server closed the connection; it does not accept the "

@@ -35,14 +35,19 @@ class ClientSettings:
 
     def unavailable(self, address: str, details: str, *, consumer: bool = False) -> str:
         """`details` of an UNAVAILABLE RPC to `address`, explained if TLS is the cause."""
-        from pygazette.auth.tls import explain_connect_failure
+        from urllib.parse import urlsplit
+
+        from pygazette.auth.tls import certificate_validity_problem, explain_connect_failure
         from pygazette.client.channel import channel_target
 
         tls = self.consumer_tls if consumer else self.broker_tls
+        cert_file = tls.cert_file if tls is not None else None
         explained = explain_connect_failure(
             details,
             secure=channel_target(address)[1],
-            client_cert=tls is not None and bool(tls.cert_file),
+            client_cert=bool(cert_file),
+            host=urlsplit(address).hostname,
+            client_cert_problem=certificate_validity_problem(cert_file) if cert_file else None,
         )
         return explained or details
 

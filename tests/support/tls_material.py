@@ -29,6 +29,7 @@ class TLSMaterial:
     other_ca: Path  # An unrelated CA ...
     other_client_cert: Path  # ... and a client certificate it signed.
     other_client_key: Path
+    ca_key: Path  # The CA's private key, for `issue_certificate`.
 
 
 def _name(common_name: str) -> x509.Name:
@@ -137,6 +138,7 @@ def generate_tls_material(directory: Path) -> TLSMaterial:
         other_ca=directory / "other-ca.pem",
         other_client_cert=directory / "other-client.pem",
         other_client_key=directory / "other-client-key.pem",
+        ca_key=directory / "ca-key.pem",
     )
     ca = _ca("pygazette test CA")
     other = _ca("unrelated test CA")
@@ -152,5 +154,52 @@ def generate_tls_material(directory: Path) -> TLSMaterial:
         _write_cert(cert_path, cert)
         _write_key(key_path, key)
     _write_cert(m.ca, ca[0])
+    _write_key(m.ca_key, ca[1])
     _write_cert(m.other_ca, other[0])
     return m
+
+
+def issue_certificate(
+    m: TLSMaterial,
+    stem: str,
+    *,
+    valid_from: datetime.timedelta = -datetime.timedelta(hours=1),
+    valid_until: datetime.timedelta = datetime.timedelta(days=2),
+    names: tuple[str, ...] = ("127.0.0.1", "localhost"),
+) -> tuple[Path, Path]:
+    """A server-and-client certificate signed by `m.ca`, valid from now + `valid_from` to now +
+    `valid_until` (either may be past or future), for `names` (IP addresses or DNS names);
+    written next to `m`'s files as `<stem>.pem` and `<stem>-key.pem`."""
+    ca_cert = x509.load_pem_x509_certificate(m.ca.read_bytes())
+    ca_key = serialization.load_pem_private_key(m.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = _key()
+    now = datetime.datetime.now(datetime.UTC)
+    sans: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            sans.append(x509.DNSName(name))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(stem))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now + valid_from)
+        .not_valid_after(now + valid_until)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = m.ca.parent / f"{stem}.pem", m.ca.parent / f"{stem}-key.pem"
+    _write_cert(cert_path, cert)
+    _write_key(key_path, key)
+    return cert_path, key_path
