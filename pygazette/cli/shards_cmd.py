@@ -350,9 +350,10 @@ def _checked_request(shard_set: ShardSet) -> cpb.ApplyRequest:
 @click.option(
     "--specs",
     "specs_path",
-    required=True,
+    default="-",
+    show_default=True,
     metavar="FILE",
-    help="Shardspace YAML to apply ('-' reads stdin).",
+    help="Shardspace YAML to apply ('-' reads stdin, as gazctl's default).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the changes instead of applying them.")
 @max_txn_size_option

@@ -377,6 +377,15 @@ def test_dry_run_checks_everything_and_applies_nothing(deployment: Deployment, p
     assert f"recovery log '{prefix}/recovery/{prefix}-nolog'" in err
 
 
+def test_apply_reads_stdin_without_specs(deployment: Deployment, prefix: str) -> None:
+    """--specs defaults to '-' (stdin), as gazctl's: `kustomize build | shards apply`."""
+    dep = deployment
+    setup_journals(dep, prefix, [f"{prefix}-piped"])
+    out = ok(dep.cli("shards", "apply", stdin=shardspace(prefix, f"- id: {prefix}-piped\n")))
+    assert "applied 1 shard change(s)" in out
+    assert [s["spec"]["id"] for s in listed(dep, f"test={prefix}")] == [f"{prefix}-piped"]
+
+
 def test_apply_checks_specs_and_referenced_journals(
     deployment: Deployment, prefix: str, tmp_path: Path
 ) -> None:
