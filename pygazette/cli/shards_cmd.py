@@ -811,6 +811,20 @@ async def prune_recovery_logs(
             plan.append(spec)
         update(advance=1)
 
+    # A file:// fragment is removed under this command's --file-root: one that is not the
+    # broker's holds none of them, and unlinking what is not there would look like success.
+    for spec in plan:
+        try:
+            local = stores.get(spec.backing_store).local_path(fragment_content_path(spec))
+        except StoreError:
+            continue  # Reported by its removal.
+        if local is not None and not await asyncio.to_thread(local.exists):
+            raise CommandError(
+                f"fragment {fragment_location(spec)} is not at {local} (removed meanwhile, or "
+                f"--file-root {stores.file_root} is not the broker's file root); nothing was "
+                "removed"
+            )
+
     update(
         description="would remove" if dry_run else "removing fragments",
         total=len(plan),

@@ -769,6 +769,49 @@ def test_prune_skips_logs_without_complete_hints(deployment: Deployment, prefix:
     assert f"warning: skipping recovery log {prefix}/recovery/{shard}: shard {shard}" in proc.stderr
 
 
+def test_prune_under_another_file_root_fails_and_removes_nothing(
+    deployment: Deployment, prefix: str, tmp_path: Path
+) -> None:
+    """`shards prune` removes file:// fragments itself, under its --file-root: one that is not
+    the broker's finds none of them. That fails, naming the root, and removes nothing; it
+    reported them removed (and exit 0) while every one stayed."""
+    dep = deployment
+    shard = f"{prefix}-root"
+    log = f"{prefix}/recovery/{shard}"
+    setup_journals(dep, prefix, [shard], fragment_length=1024)
+    apply_shards(dep, prefix, f"- id: {shard}\n")
+    wait_primary(dep, shard)
+    for round_ in range(12):
+        feed(dep, shard, f"{prefix}/in/a", [f"key-{round_}-{i}" for i in range(10)])
+
+    def prunable() -> bool:
+        hints = hints_of(dep, shard)
+        if not hints.primary_hints.HasField("hints"):
+            return False
+        dry = ok(
+            dep.cli(
+                "shards",
+                "prune",
+                "-l",
+                f"id={shard}",
+                "--dry-run",
+                "--file-root",
+                str(dep.broker.file_root),
+            )
+        )
+        return not dry.splitlines()[-1].startswith("would remove 0 ")
+
+    wait_until(prunable, "fragments that no hint needs")
+    stored = sorted(p.name for p in (dep.broker.file_root / log).iterdir())
+    elsewhere = tmp_path / "not-the-file-root"
+    elsewhere.mkdir()
+    for args in (["--dry-run", "--file-root", str(elsewhere)], ["--file-root", str(elsewhere)]):
+        err = one_line_error(dep.cli("shards", "prune", "-l", f"id={shard}", *args))
+        assert f"--file-root {elsewhere}" in err, err
+        assert "nothing was removed" in err, err
+    assert sorted(p.name for p in (dep.broker.file_root / log).iterdir()) == stored
+
+
 # errors ----------------------------------------------------------------------------------
 
 
