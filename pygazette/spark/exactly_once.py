@@ -6,10 +6,14 @@ append, whose request checks the label (`check_registers`) and, when the append 
 sets it (`union_registers`) in the same step. So the rows and the mark that they were
 written commit together, or neither does.
 
-- Streams: the label holds the micro-batch id of the last batch the partition committed.
-  An attempt of batch N appends only if the label is below N; if it is N or more, the
-  rows are already there (an earlier attempt, or a replay after a restart from the
-  checkpoint), and the attempt skips the journal.
+- Streams: the label holds the micro-batch id of the last batch the partition committed,
+  and the query that committed it (``<batch id>.<query>``, a digest of Spark's query id,
+  which a restart from the checkpoint keeps). An attempt of batch N appends only if the
+  label is below N; if it is N or more, the rows are already there (an earlier attempt, or
+  a replay after a restart from the checkpoint), and the attempt skips the journal. A label
+  of another query (a new checkpoint under the same `writerId`, whose batch ids start again
+  from 0) says nothing about this query's batches: the attempt appends. (A label of only a
+  batch id, by an older pygazette, is taken as this query's.)
 - Batch writes: the label holds ``<commit time>.<run>.<rows>``: when it was written, by
   which run of the write (one `df.write`: its tasks, retries and speculative attempts), and
   an order-independent fingerprint of the rows the partition wrote to the journal
@@ -68,12 +72,14 @@ class Fence:
 
     name: str
     epoch: int | None  # Stream micro-batch id; None for a batch write.
-    run: str = ""  # Batch writes: the run of the write (see the module's docstring).
+    run: str = ""  # Batch writes: the run of the write; streams: the query (its digest).
     rows: str = ""  # Batch writes: the fingerprint of the rows this attempt appends.
 
     @staticmethod
-    def for_stream(identity: str, partition: int, batch_id: int) -> Fence:
-        return Fence(_label(STREAM_LABEL, identity, partition), batch_id)
+    def for_stream(identity: str, partition: int, batch_id: int, query: str = "") -> Fence:
+        """The fence of a stream's partition; `query` is Spark's query id ("" if unknown)."""
+        run = hashlib.sha1(query.encode()).hexdigest()[:12] if query else ""
+        return Fence(_label(STREAM_LABEL, identity, partition), batch_id, run)
 
     @staticmethod
     def for_batch(identity: str, partition: int, run: str = "", rows: str = "") -> Fence:
@@ -84,7 +90,7 @@ class Fence:
 
     def value(self) -> str:
         if self.epoch is not None:
-            return str(self.epoch)
+            return f"{self.epoch}.{self.run}" if self.run else str(self.epoch)
         return f"{int(time.time())}.{self.run}.{self.rows}"
 
     def committed(self, current: str | None, now: float | None = None) -> bool:
@@ -93,12 +99,16 @@ class Fence:
             return False
         if self.epoch is None:
             return self._batch_committed(current, time.time() if now is None else now)
+        batch, dot, query = current.partition(".")
         try:
-            return int(current) >= self.epoch
+            written = int(batch)
         except ValueError:
-            raise FenceError(
-                f"register {self.name} holds {current!r}, not a micro-batch id"
-            ) from None
+            written = -1
+        if written < 0 or (dot and not query):
+            raise FenceError(f"register {self.name} holds {current!r}, not a micro-batch id")
+        if query and self.run and query != self.run:
+            return False  # Another query's batches: nothing of this one's.
+        return written >= self.epoch
 
     def _batch_committed(self, current: str, now: float) -> bool:
         written, *rest = current.split(".")
@@ -116,9 +126,9 @@ class Fence:
         return run == self.run or rows == self.rows
 
     def guess(self) -> str | None:
-        """The value to expect when nothing is known: the previous micro-batch."""
+        """The value to expect when nothing is known: the previous micro-batch's."""
         if self.epoch is not None and self.epoch > 0:
-            return str(self.epoch - 1)
+            return replace(self, epoch=self.epoch - 1).value()
         return None
 
 

@@ -427,7 +427,8 @@ class GazetteStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             raise SinkError("the gazette stream sink found no micro-batch id in its task")
         identity = plan.identity or _stream_identity(tc, plan)
         epoch = int(batch_id)
-        return write_task(plan, iterator, lambda p: Fence.for_stream(identity, p, epoch))
+        query = tc.getLocalProperty(QUERY_ID_PROPERTY) or ""
+        return write_task(plan, iterator, lambda p: Fence.for_stream(identity, p, epoch, query))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_outcomes(f"micro-batch {batchId}", messages)

@@ -147,3 +147,18 @@ def test_the_rows_fingerprint_ignores_order_and_batches_but_not_multiplicity() -
     assert digest(rows) == digest(rows[::-1]) == digest(rows[50:], [], rows[:50])
     assert digest(rows) != digest(rows + rows[:1])
     assert digest(rows) != digest([*rows[1:], b"other\n"])
+
+
+def test_a_stream_label_tells_its_query_from_another_under_the_same_writer_id() -> None:
+    """A stream label holds its batch id and its query: another query's (a new checkpoint
+    under the same writerId) says nothing of this one's batches; an older pygazette's (a
+    bare batch id) is taken as this query's."""
+    fence = Fence.for_stream("clicks-sink", 0, 3, "query-a")
+    assert fence.value().startswith("3.") and fence.guess() == fence.value().replace("3.", "2.")
+    mine = Fence.for_stream("clicks-sink", 0, 5, "query-a").value()
+    other = Fence.for_stream("clicks-sink", 0, 5, "query-b").value()
+    assert fence.committed(mine) and not fence.committed(other)
+    assert fence.committed("3") and not fence.committed("2")
+    for bad in ("x.1", "3.", "-1", ""):
+        with pytest.raises(FenceError, match="not a micro-batch id"):
+            fence.committed(bad)

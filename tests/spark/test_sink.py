@@ -309,3 +309,50 @@ def test_json_rows_hold_maps_as_objects_and_refuse_what_json_cannot_encode(
         with pytest.raises(PySparkException, match="framing csv cannot write column c"):
             write(spark.sql(f"SELECT {column} AS c, 1 AS n"), framing="csv")
     assert len(lines_of(gz, out)) == 1  # Nothing more was written.
+
+
+def test_a_stream_writer_id_reused_by_a_new_query_writes_its_rows(
+    spark: SparkSession,
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """A query started afresh (a new checkpoint) under a writerId an earlier query used writes
+    every row: its micro-batch ids start again from 0, and a label of the earlier query saying
+    "batch 3 written" says nothing about them (they were all skipped, silently)."""
+    out = prefix + "out"
+    create_journals(gz, journal_spec(out))
+
+    def run(source: str, first: int, checkpoint: str) -> None:
+        create_journals(gz, journal_spec(source))
+        for i in range(first, first + 40, 10):  # One micro-batch of 10 rows per append.
+            append_each(gz, source, [b"".join(json_records(i, 10))])
+        jvm = spark._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+        rows = (
+            spark.readStream.format("gazette")
+            .schema("n LONG, user STRING")
+            .option("broker", spark_broker.url)
+            .option("journals", source)
+            .option("framing", "json")
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", "10")
+            .load()
+        )
+        query = (
+            rows.writeStream.format("gazette")
+            .option("broker", spark_broker.url)
+            .option("journal", out)
+            .option("writerId", "clicks-sink")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    run(prefix + "in-1", 0, str(tmp_path / "checkpoint-1"))
+    assert sorted(d["n"] for d in jsons_of(gz, out)) == list(range(40))
+    run(prefix + "in-2", 100, str(tmp_path / "checkpoint-2"))
+    assert sorted(d["n"] for d in jsons_of(gz, out)) == [*range(40), *range(100, 140)]
