@@ -1,11 +1,12 @@
 """The etcd keyspace: a watched local mirror of every key under a root, over `aetcd`.
 
-`open()` loads the keys under the root at one revision, then a watch from the next revision
+`open()` loads the keys under the root at one revision, then a watch from that revision
 applies every change to the mirror, in revision order, and notifies listeners. The mirror's
 revision is the mod revision of the last change it applied (or the load revision), so
 `wait_for_revision(r)` for the revision `r` of a write under the root returns once the
-mirror reflects that write. A broken watch is re-established from the next revision; if
-etcd compacted past it, or is behind the mirror (replaced or restored), the mirror reloads.
+mirror reflects that write. A broken watch is re-established from the mirror's revision
+(whose events it skips); if etcd compacted past it, or is behind the mirror (replaced or
+restored), the mirror reloads.
 
 Writes go straight to etcd as transactions guarded by mod revisions, as Gazette's do. The
 lease calls that membership needs live here too: grant, keep alive, revoke.
@@ -285,7 +286,12 @@ class EtcdKeyspace(Keyspace):
                     create_request=etcd_rpc.WatchCreateRequest(
                         key=self._prefix,
                         range_end=_prefix_end(self._prefix),
-                        start_revision=self._revision + 1,
+                        # From the mirror's own revision, not the next one: its events are
+                        # skipped (`_apply`), but etcd then reports any compaction that took
+                        # a revision the mirror lacks. Resumed from a compaction revision,
+                        # a watch is accepted and misses its deletes (compaction dropped
+                        # their tombstones): the mirror would keep those keys for good.
+                        start_revision=self._revision,
                     )
                 )
             )

@@ -228,6 +228,47 @@ async def test_a_watch_restarted_past_a_compaction_reloads(
         await writer.close()
 
 
+async def test_a_watch_resumed_at_the_compaction_revision_misses_no_delete(
+    tmp_path: Path,
+) -> None:
+    """The mirror is at revision R when its watch breaks; a key is deleted at R + 1 and etcd
+    compacted at R + 1. etcd accepts a watch from its compaction revision, but compaction
+    dropped the tombstone there: a watch resumed from R + 1 got the puts of that revision
+    and never the delete, and the mirror kept the deleted key for good (a deleted journal
+    listed and resolved, a dead member or a removed assignment kept by the allocator). The
+    watch resumes from R itself (whose events the mirror has), so etcd reports any
+    compaction past it and the mirror reloads."""
+    own = EtcdProcess(tmp_path / "etcd")  # Its own: no other writer moves the revision.
+    own.start()
+    ks = EtcdKeyspace(own.url, "/r")
+    writer = EtcdKeyspace(own.url, "/r")
+    try:
+        await ks.open()
+        await writer.open()
+        r = await writer.txn([], [Put("/r/gone", b"1"), Put("/r/kept", b"1")])
+        await ks.wait_for_revision(r.revision, 10)
+        task = ks._watch_task
+        assert task is not None
+        task.cancel()
+        await asyncio.wait([task])
+        r2 = await writer.txn([], [Delete("/r/gone"), Put("/r/new", b"1")])
+        assert r2.revision == ks.revision + 1
+        await writer._client.kvstub.Compact(
+            etcd_rpc.CompactionRequest(revision=r2.revision, physical=True)
+        )
+        ks._watch_task = asyncio.create_task(ks._watch_loop())
+        await ks.wait_until(lambda: ks.get("/r/new") is not None, 10)
+        assert ks.get("/r/gone") is None, "the delete at the compaction revision was missed"
+        assert ks.get("/r/kept") is not None
+        r3 = await writer.txn([], [Put("/r/later", b"1")])
+        await ks.wait_for_revision(r3.revision, 10)
+        assert [kv.key for kv in ks.range("/r/")] == ["/r/kept", "/r/later", "/r/new"]
+    finally:
+        await ks.close()
+        await writer.close()
+        own.stop()
+
+
 async def test_a_store_revision_reached_by_writes_elsewhere_is_reached(
     etcd: EtcdProcess, etcd_root: str
 ) -> None:
