@@ -18,9 +18,13 @@ lines: `--log-format json`), at "warning" unless asked (`pygazette/cli/log_forma
 
 from __future__ import annotations
 
+import errno
 import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -69,8 +73,38 @@ SUBCOMMANDS: dict[str, LazyCommand] = {
 }
 
 
+class _Epipe(Exception):
+    """An EPIPE raised in a command, carried past click: click turns any EPIPE into a silent
+    exit status 1 (`BaseCommand.main`), whether the reader of our output went away or a write
+    to anything else failed, and `run` tells the two apart."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _RootGroup(LazyGroup):
+    """The root group: an EPIPE in parsing (help) or in a subcommand reaches `run`."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise _Epipe(exc) from exc
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise _Epipe(exc) from exc
+            raise
+
+
 @click.group(
-    cls=LazyGroup,
+    cls=_RootGroup,
     lazy_commands=SUBCOMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
@@ -141,14 +175,52 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
+# The exit status of a process killed by SIGPIPE, as a shell reports it.
+EXIT_SIGPIPE = 128 + signal.SIGPIPE
+_reader_went_away = False  # Set by _output_closed: main() then dies of SIGPIPE.
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe (or socket) whose reading end is closed: poll() has
+    POLLERR (POLLHUP for a socket) for it. Nothing else, a file or a terminal, ends in EPIPE."""
+    try:
+        poller = select.poll()
+        poller.register(1, 0)  # Errors and hang-ups are always reported.
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _output_closed(error: OSError) -> int:
+    """An EPIPE: the end of our output's reader, which ends us as it would a Unix tool (and
+    gazctl: a Go program writing to a closed stdout dies of SIGPIPE), status EXIT_SIGPIPE and
+    no message; else a write to something else failed, an error like any other."""
+    global _reader_went_away
+    if not _stdout_reader_gone():
+        return _fail(str(error))
+    _reader_went_away = True
+    try:
+        # Output still buffered is discarded, not written (and failed) at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    return EXIT_SIGPIPE
+
+
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit status, reporting expected errors in one line."""
+    """Run the CLI and return its exit status, reporting expected errors in one line;
+    EXIT_SIGPIPE, quietly, once the reader of standard output went away (`| head`)."""
     try:
         result = cli.main(
             args=list(argv) if argv is not None else None,
             prog_name="pygazette",
             standalone_mode=False,
         )
+        sys.stdout.flush()  # Its failure is the command's, not the interpreter's at exit.
+    except _Epipe as exc:
+        return _output_closed(exc.error)
     except click.UsageError as exc:
         hint = ""
         if exc.ctx is not None:
@@ -158,14 +230,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         return _fail(exc.format_message(), exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
         return _fail("interrupted", 130)
-    except BrokenPipeError:
-        # The reader of our output went away (e.g. `| head`): stop quietly.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except OSError:
-            pass
-        return 141
+    except BrokenPipeError as exc:
+        return _output_closed(exc)
     except OSError as exc:
         return _fail(str(exc))
     except Exception as exc:
@@ -184,7 +250,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     from pygazette.cli.grpc_core_tuning import tune_grpc_core
 
     tune_grpc_core()
-    sys.exit(run(argv))
+    status = run(argv)
+    if _reader_went_away:
+        # Die of the signal, as gazctl does (Python ignores SIGPIPE: a write failed instead).
+        sys.stderr.flush()
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
