@@ -226,10 +226,13 @@ class Reader(ByteStream):
             # The broker closes the stream after a non-OK status; surface the status now.
             self.response = resp
             self._last_was_metadata = True
-            if resp.status == pb.OFFSET_NOT_YET_AVAILABLE and self.request.offset == -1:
-                # As Gazette's Reader: a read from -1 stays at the write head the broker
-                # resolved (0 included), so what is appended next is read, not skipped by
-                # resolving -1 again to a later head.
+            if resp.status == pb.OFFSET_NOT_YET_AVAILABLE and (
+                self.request.offset == -1 or resp.offset > self.request.offset
+            ):
+                # As Gazette's Reader: a read stays at the offset the broker resolved: from
+                # -1, the write head (0 included), so what is appended next is read, not
+                # skipped by resolving -1 again to a later head; past fragments it skipped
+                # (persisted before begin_mod_time), where it got to.
                 self.request.offset = resp.offset
             raise error_for_status(resp.status, self.journal, resp.header)
 

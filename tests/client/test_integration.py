@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator
+from hashlib import sha1
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,7 @@ from pygazette.client import (
     read_journal,
 )
 from pygazette.protocol.errors import (
+    BrokerError,
     EtcdTransactionFailed,
     JournalNotFound,
     OffsetNotYetAvailable,
@@ -150,6 +154,34 @@ async def test_non_blocking_read_at_the_head_keeps_the_head_it_was_told(
     await append(client, J, b"def")
     assert await rr.read() == b"def"
     await empty.aclose()
+    await rr.aclose()
+
+
+async def test_a_read_skipping_to_the_head_by_mod_time_keeps_the_head_it_was_told(
+    broker: BrokerProcess, client: JournalClient
+) -> None:
+    # A read bounded by begin_mod_time skips the fragments persisted before it; when that
+    # reaches the write head, the broker answers OFFSET_NOT_YET_AVAILABLE at the head, and the
+    # reader goes on from there (as Gazette's Reader adopts the response's offset: gazctl's
+    # `journals read --from T --offsets-out F` writes the head, not the offset it began at).
+    name = "tests/client/seeded"
+    content = b"x" * 99 + b"\n"
+    path = broker.file_root / name / f"{0:016x}-{100:016x}-{sha1(content).hexdigest()}.raw"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    await create(client, journal_spec(name, codec=pb.NONE))
+    for _ in range(300):  # The journal is assigned, and its store listed, in the background.
+        with contextlib.suppress(BrokerError):
+            if await list_all_fragments(client, name):
+                break
+        await asyncio.sleep(0.1)
+
+    later = int(time.time()) + 3600
+    rr = RetryReader(client, pb.ReadRequest(journal=name, begin_mod_time=later))
+    for _ in range(2):
+        with pytest.raises(OffsetNotYetAvailable):
+            await rr.read()
+        assert rr.offset == 100
     await rr.aclose()
 
 

@@ -21,6 +21,7 @@ from tests.client.test_integration import (  # noqa: F401 (collected here agains
     J,
     create,
     journal_spec,
+    test_a_read_skipping_to_the_head_by_mod_time_keeps_the_head_it_was_told,
     test_aborted_append_leaves_nothing,
     test_apply_list_append_read_round_trip,
     test_apply_revisions_are_checked,
