@@ -44,9 +44,12 @@ from pyspark.sql.types import (
 )
 
 from pygazette.client.journal_client import JournalClient
+from pygazette.client.list_apply import list_journals
 from pygazette.message.fixed_framing import encode_fixed_frame
 from pygazette.message.framing import FramingError
 from pygazette.protocol.errors import GazetteError, JournalNotFound
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.validation import journal_spec_flags_allow_write
 from pygazette.spark import faults, runtime
 from pygazette.spark import journals as jn
 from pygazette.spark.exactly_once import AppendOutcome, Fence, RowsDigest, fenced_append
@@ -147,9 +150,9 @@ def make_plan(opts: WriteOptions, schema: StructType, *, streaming: bool) -> Sin
                 f"no journals to write: {opts.selector or ','.join(opts.journals)} matches none"
             )
         targets = tuple(found)
-    elif opts.journal is not None:
-        journal = opts.journal
-        runtime.call(opts.target, lambda c: jn.resolve_journals(c, (journal,), ""))
+    named = list(targets) or ([opts.journal] if opts.journal is not None else [])
+    if named:
+        runtime.call(opts.target, functools.partial(_writable, journals=named, error=OptionError))
 
     if opts.writer_id is not None:
         identity = opts.writer_id
@@ -329,6 +332,10 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
                     )
                 spool.write(data)
         commit = SinkCommit(partition, attempt, rows=rows)
+        if plan.route_by_column and spools:
+            # Journals named by rows are first known here: all of them must take the task's
+            # appends before the first one is made.
+            runtime.call(plan.opts.target, functools.partial(_writable, journals=list(spools)))
         fence: Fence = fence_of(partition)
         for journal in sorted(spools):
             digest = digests.get(journal)
@@ -342,6 +349,22 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
     finally:
         for spool in spools.values():
             spool.close()
+
+
+async def _writable(
+    client: JournalClient, *, journals: list[str], error: type[GazetteError] = SinkError
+) -> None:
+    """Fail with `error` unless every journal exists and takes appends."""
+    selector = pb.LabelSelector(
+        include=pb.LabelSet(labels=[pb.Label(name="name", value=j) for j in sorted(journals)])
+    )
+    specs = {j.spec.name: j.spec for j in await list_journals(client, selector)}
+    for journal in sorted(journals):
+        spec = specs.get(journal)
+        if spec is None:
+            raise error(f"journal {journal} does not exist")
+        if not journal_spec_flags_allow_write(spec):
+            raise error(f"journal {journal} is read-only (its flags refuse appends)")
 
 
 async def _append(

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pygazette.client import SyncJournalClient
+from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.spark.faults import FAULTS_ENV, token_name
 from pygazette.spark.routing import fnv1a32
 from tests.support.broker_process import BrokerProcess
@@ -356,3 +357,32 @@ def test_a_stream_writer_id_reused_by_a_new_query_writes_its_rows(
     assert sorted(d["n"] for d in jsons_of(gz, out)) == list(range(40))
     run(prefix + "in-2", 100, str(tmp_path / "checkpoint-2"))
     assert sorted(d["n"] for d in jsons_of(gz, out)) == [*range(40), *range(100, 140)]
+
+
+def test_a_task_appends_nothing_when_a_journal_it_writes_is_missing_or_read_only(
+    spark: SparkSession, spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    """A task checks every journal it writes before its first append: a journal column naming
+    a journal that does not exist fails the task with nothing appended (the journals before it,
+    in name order, had their rows appended; the task's retries then failed the job), and a
+    selector sink matching a read-only journal fails on the driver, before any task runs."""
+    a, missing = prefix + "a", prefix + "b-missing"
+    create_journals(gz, journal_spec(a))
+    rows = spark.createDataFrame([(a, 1), (missing, 2), (a, 3)], "journal STRING, n LONG")
+    with pytest.raises(PySparkException, match=f"journal {missing} does not exist"):
+        rows.coalesce(1).write.format("gazette").mode("append").option(
+            "broker", spark_broker.url
+        ).save()
+    assert lines_of(gz, a) == []
+
+    topic = prefix.strip("/").replace("/", ".")
+    outs = out_journals(gz, prefix, 2, topic)
+    read_only = journal_spec(prefix + "out-2", labels={"topic": topic})
+    read_only.flags = pb.JournalSpec.O_RDONLY
+    create_journals(gz, read_only)
+    keyed = spark.createDataFrame([(i, f"user-{i}") for i in range(30)], "n LONG, user STRING")
+    with pytest.raises(PySparkException, match=f"journal {read_only.name} is read-only"):
+        keyed.coalesce(1).write.format("gazette").mode("append").option(
+            "broker", spark_broker.url
+        ).option("selector", f"topic={topic}").option("keyColumn", "user").save()
+    assert [lines_of(gz, j) for j in outs] == [[], []]
