@@ -71,6 +71,10 @@ WRITE_OPTIONS = (
 )
 
 
+_READ_ONLY = {n.lower(): n for n in READ_OPTIONS if n not in WRITE_OPTIONS}
+_WRITE_ONLY = {n.lower(): n for n in WRITE_OPTIONS if n not in READ_OPTIONS}
+
+
 class OptionError(GazetteError, ValueError):
     """An option of the gazette data source is missing, unknown or malformed."""
 
@@ -175,6 +179,10 @@ def _lookup(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str
                     "the gazette data source takes no path: name journals with the "
                     "'journals' or 'selector' option"
                 )
+            if known is WRITE_OPTIONS and lower in _READ_ONLY:
+                raise OptionError(f"option {_READ_ONLY[lower]} applies to reads, not to writes")
+            if known is READ_OPTIONS and lower in _WRITE_ONLY:
+                raise OptionError(f"option {_WRITE_ONLY[lower]} applies to writes, not to reads")
             close = difflib.get_close_matches(lower, list(canonical), n=1)
             hint = f"did you mean {canonical[close[0]]}? " if close else ""
             raise OptionError(
@@ -480,7 +488,10 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
 
     framing = _framing(opts["framing"]) if "framing" in opts else None
 
-    writer_id = opts.get("writerId", "").strip() or None
+    writer_id = opts["writerId"].strip() if "writerId" in opts else None
+    if writer_id == "":
+        # Not the default identity: a re-run would not recognise the rows this run wrote.
+        raise OptionError("option writerId is empty (leave it out for the default identity)")
     if writer_id is not None and (len(writer_id) > 256 or not writer_id.isprintable()):
         raise OptionError("option writerId must be printable text of at most 256 characters")
 

@@ -59,6 +59,7 @@ def test_defaults_follow_the_kafka_source() -> None:
             "unknown option 'startingOffset'.*did you mean startingOffsets",
         ),
         ({"journals": "in/b", "path": "x"}, False, "takes no path"),
+        ({"journals": "in/b", "keycolumn": "k"}, True, "keyColumn applies to writes, not to"),
         ({"journals": "in//b"}, False, "invalid journal name"),
         ({"selector": "!!"}, False, "option selector"),
         ({"journals": "in/b", "framing": "xml"}, False, "unknown framing"),
@@ -168,6 +169,8 @@ def test_write_options() -> None:
             "modulo or rendezvous",
         ),
         ({"journal": "in/b", "topic": "x"}, "unknown option 'topic'"),
+        ({"journal": "in/b", "startingoffsets": "earliest"}, "startingOffsets applies to reads"),
+        ({"journal": "in/b", "writerId": " "}, "option writerId is empty"),
     ],
 )
 def test_bad_write_options_are_clear_errors(options: dict[str, str], message: str) -> None:
