@@ -232,12 +232,30 @@ class DesiredPlan:
             # or grew, or items left it), as a full solve spreads them: any of their
             # replicas may move.
             changed |= self._resolve(state, dict.fromkeys(spread), capacity)
+            # Spreading moves replicas between members: the room one left may take a
+            # replica of an item short of them (placed before that room was there).
+            if fill := self._short_with_room(capacity):
+                changed |= self._resolve(state, {item_id: set() for item_id in fill}, capacity)
+                for item_id in fill:
+                    release.setdefault(item_id, set())
         if release and not full and self._could_place_more(release, capacity):
             # Replicas kept where they were block a short item that a full solve places
             # (a member with room holds it already; a full one it could use holds an
             # item that could move to that room): re-solve everything, as Gazette does.
             changed |= self._resolve(state, dict.fromkeys(state.item_map), capacity)
         return changed
+
+    def _short_with_room(self, capacity: dict[MemberKey, int]) -> list[str]:
+        """Items short of replicas that a member with room, not holding them yet, could
+        take a replica of."""
+        room = {m for m, c in capacity.items() if c > len(self.holders.get(m, ()))}
+        if not room:
+            return []
+        return sorted(
+            item_id
+            for item_id in self.short
+            if room - {(d.zone, d.suffix) for d in self.by_item.get(item_id, ())}
+        )
 
     def _could_place_more(
         self, released: dict[str, set[MemberKey] | None], capacity: dict[MemberKey, int]

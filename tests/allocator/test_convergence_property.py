@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pygazette.allocator.allocator import ObservedState, TouchedItems
@@ -79,6 +79,19 @@ async def _rounds(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(_op, min_size=1, max_size=3), min_size=1, max_size=8))
+# Spreading item-0 (all in zone a) to m3's new room freed room on m2 that item-2, new and
+# short of a replica, was solved without: it stayed short while m2 had room.
+@example(
+    batches=[
+        [("item", 0, 2, False), ("member", ("b", "m3"), 1, False)],
+        [
+            ("member", ("a", "m2"), 2, False),
+            ("item", 1, 3, False),
+            ("member", ("a", "m1"), 3, False),
+        ],
+        [("member", ("b", "m3"), 3, False), ("item", 2, 3, False)],
+    ]
+)
 def test_rounds_settle_to_a_full_allocation(
     batches: list[list[tuple[str, object, int, bool]]],
 ) -> None:
