@@ -24,6 +24,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from pygazette.broker.fragment.spool import Spool
@@ -35,7 +37,7 @@ from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import journal_spec_flags_allow_read
 from pygazette.stores import codecs
-from pygazette.stores.store import StoreError, StoreNotFound, StoreRegistry
+from pygazette.stores.store import FragmentStore, StoreError, StoreNotFound, StoreRegistry
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +287,29 @@ async def _fragment_chunks(
     """Content [offset, until) of a persisted fragment, decompressed off the event loop."""
     store = stores.get(frag.backing_store)
     path = fragment_content_path(frag)
-    local = store.local_path(path)
+    local_path = store.local_path(path)
+    # A file is opened once and read to the end: one that retention removes meanwhile is
+    # still read through, as Gazette's broker reads the file it opened.
+    local = None if local_path is None else await asyncio.to_thread(_FragmentFile, local_path)
+    try:
+        chunks = _decoded_chunks(frag, offset, until, store, path, local)
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        if local is not None:
+            local.close_soon()
+
+
+async def _decoded_chunks(
+    frag: pb.Fragment,
+    offset: int,
+    until: int,
+    store: FragmentStore,
+    path: str,
+    local: _FragmentFile | None,
+) -> AsyncGenerator[bytes, None]:
+    """`_fragment_chunks`, of `local` if the store is a file system, else from `store`."""
     to_end = until == frag.end  # Read to the fragment's end: check the file ends there too.
     if frag.compression_codec == pb.NONE:
         pos = offset - frag.begin
@@ -295,7 +319,7 @@ async def _fragment_chunks(
             # The last range asks for a byte more: a file longer than its name says has it.
             ask = want + 1 if to_end and pos + want == end else want
             if local is not None:
-                chunk = await asyncio.to_thread(_pread_file, local, pos, ask)
+                chunk = await asyncio.to_thread(local.pread, pos, ask)
             else:
                 chunk = await store.get(path, start=pos, length=ask)
             if not chunk:
@@ -313,7 +337,7 @@ async def _fragment_chunks(
     raw_ended = False  # A read of the file came back short: nothing follows it.
     while pos < until:
         if local is not None:
-            raw = await asyncio.to_thread(_pread_file, local, raw_pos, READ_CHUNK)
+            raw = await asyncio.to_thread(local.pread, raw_pos, READ_CHUNK)
             raw_ended = len(raw) < READ_CHUNK
             encoding = "gzip"  # A file holds the bytes as written.
         else:
@@ -365,7 +389,7 @@ async def _fragment_chunks(
             if raw_ended:
                 return
             if local is not None:
-                raw = await asyncio.to_thread(_pread_file, local, raw_pos, READ_CHUNK)
+                raw = await asyncio.to_thread(local.pread, raw_pos, READ_CHUNK)
                 raw_ended = len(raw) < READ_CHUNK
             else:
                 got = await store.read(path, start=raw_pos, length=STORE_RANGE)
@@ -379,12 +403,42 @@ def _longer(path: str) -> str:
     return f"fragment {path} holds more content than its name says"
 
 
-def _pread_file(path: object, pos: int, n: int) -> bytes:
-    try:
-        with open(str(path), "rb") as f:
-            f.seek(pos)
-            return f.read(n)
-    except FileNotFoundError as exc:
-        # Removed from the store since the last listing, as an object store's missing
-        # object (a FileNotFoundError would be taken for a spool that persisted).
-        raise StoreNotFound(f"no such fragment file {path}") from exc
+class _FragmentFile:
+    """A fragment file of a file:// store, open while a read serves it (made and read on
+    worker threads)."""
+
+    def __init__(self, path: object) -> None:
+        try:
+            self._fd = os.open(str(path), os.O_RDONLY)
+        except FileNotFoundError as exc:
+            # Removed from the store since the last listing, as an object store's missing
+            # object (a FileNotFoundError would be taken for a spool that persisted).
+            raise StoreNotFound(f"no such fragment file {path}") from exc
+        self._lock = threading.Lock()  # A read in flight holds it: closing waits for it.
+
+    def pread(self, pos: int, n: int) -> bytes:
+        """Up to `n` bytes at `pos` (fewer only at the end of the file)."""
+        out = b""
+        with self._lock:
+            while len(out) < n:
+                data = os.pread(self._fd, n - len(out), pos + len(out))
+                if not data:
+                    break
+                out += data
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __del__(self) -> None:
+        # Opened for a read cancelled meanwhile (by its client), and never used.
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+
+    def close_soon(self) -> None:
+        """Close it on a worker thread, once a read still in flight there (its reader was
+        cancelled) returns."""
+        asyncio.get_running_loop().run_in_executor(None, self.close)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -59,15 +60,15 @@ async def test_a_long_read_reads_on_past_many_fragments_removed_since_its_listin
 
         # Once the read has read fragments 0, 2 and 4, retention removes it and the next.
         removals = {str(files[i]): [files[i], files[i + 1]] for i in (0, 2, 4)}
-        pread = read_service._pread_file
+        opened = read_service._FragmentFile
 
-        def pread_then_retention(path: object, pos: int, n: int) -> bytes:
-            data = pread(path, pos, n)
+        def open_then_retention(path: object) -> read_service._FragmentFile:
+            file = opened(path)
             for f in removals.pop(str(path), []):
                 f.unlink()
-            return data
+            return file
 
-        monkeypatch.setattr(read_service, "_pread_file", pread_then_retention)
+        monkeypatch.setattr(read_service, "_FragmentFile", open_then_retention)
         content, meta = await read_all(stub, name)
         assert not removals
         assert content == b"".join(chunks[i] for i in (0, 2, 4, 6, 7))
@@ -82,6 +83,60 @@ async def test_a_long_read_reads_on_past_many_fragments_removed_since_its_listin
             (pb.OK, 14000),  # The open spool.
             (pb.OFFSET_NOT_YET_AVAILABLE, 16000),
         ]
+
+
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP])
+async def test_a_fragment_removed_while_it_is_read_is_read_to_its_end(
+    broker: Broker, codec: int
+) -> None:
+    # Retention (or gazctl journals prune) removes a fragment a read is serving, after the
+    # read opened it: Gazette's broker reads on from the file it opened, to the fragment's
+    # end (8 MiB of 8 MiB, interop/bin/gazette). pygazette opened the file again for every
+    # 1 MiB it read, found it gone, listed the store again and jumped to the next fragment:
+    # the reader got 1 MiB of it, then an offset jump.
+    name = f"read/removed-while-read/{codec}"
+    first = os.urandom(4 << 20).hex().encode()  # 8 MiB, as large compressed.
+    second = b"b" * 1000
+    frags = []
+    for begin, content in ((0, first), (len(first), second)):
+        frag = pb.Fragment(
+            journal=name,
+            begin=begin,
+            end=begin + len(content),
+            compression_codec=codec,  # type: ignore[arg-type]
+        )
+        frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
+        path = broker.file_root / fragment_content_path(frag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(codecs.compress(codec, content))
+        frags.append(frag)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        assert (await apply_specs(stub, journal_spec(name, codec=codec))).status == pb.OK
+        replica = broker.resolver.resolve(name)
+        assert replica is not None
+        await replica.refresh()
+
+        content = b""
+        offsets = []
+        async for resp in stub.Read(pb.ReadRequest(journal=name, offset=0), timeout=60):
+            if not resp.content:
+                offsets.append((resp.status, resp.offset))
+                continue
+            if not content:
+                # The read is under way: retention removes the fragment, and the broker
+                # lists its store again.
+                (broker.file_root / fragment_content_path(frags[0])).unlink()
+                await replica.refresh()
+                assert len(replica.index.persisted()) == 1
+            assert resp.offset == len(content)
+            content += resp.content
+    assert content == first + second
+    assert offsets == [
+        (pb.OK, 0),
+        (pb.OK, len(first)),
+        (pb.OFFSET_NOT_YET_AVAILABLE, len(first) + len(second)),
+    ]
 
 
 @pytest.mark.parametrize("codec", [pb.GZIP, pb.ZSTANDARD, pb.SNAPPY])
