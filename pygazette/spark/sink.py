@@ -63,7 +63,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Rows of a task for one journal are held in memory up to this size, then on local disk.
+# Rows of a task are held in memory up to this size in all (whatever the number of journals
+# they go to), then on local disk.
 SPOOL_MEMORY_BYTES = 16 << 20
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -313,6 +314,7 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
     spools: dict[str, tempfile.SpooledTemporaryFile[bytes]] = {}
     digests: dict[str, RowsDigest] = {}
     rows = 0
+    in_memory = 0  # Bytes of the spools not yet rolled over to disk.
     try:
         for batch in batches:
             if not batch.num_rows:
@@ -331,6 +333,11 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
                         max_size=SPOOL_MEMORY_BYTES
                     )
                 spool.write(data)
+                in_memory += len(data)
+                if in_memory > SPOOL_MEMORY_BYTES:
+                    for s in spools.values():
+                        s.rollover()  # Those already on disk stay as they are.
+                    in_memory = 0
         commit = SinkCommit(partition, attempt, rows=rows)
         if plan.route_by_column and spools:
             # Journals named by rows are first known here: all of them must take the task's

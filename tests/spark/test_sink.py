@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pygazette.client import SyncJournalClient
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.spark.faults import FAULTS_ENV, token_name
+from pygazette.spark.framing import Framing
 from pygazette.spark.routing import fnv1a32
 from tests.support.broker_process import BrokerProcess
 from tests.support.journal_data import append_each, json_records, wait_for
@@ -386,3 +387,49 @@ def test_a_task_appends_nothing_when_a_journal_it_writes_is_missing_or_read_only
             "broker", spark_broker.url
         ).option("selector", f"topic={topic}").option("keyColumn", "user").save()
     assert [lines_of(gz, j) for j in outs] == [[], []]
+
+
+def test_a_task_holds_at_most_its_spool_budget_in_memory_however_many_journals_it_writes(
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task's rows wait for their appends in memory up to SPOOL_MEMORY_BYTES in all, then
+    on local disk. The bound was per journal: a task mapping 2 MiB of rows to each of 24
+    journals held all 48 MiB in memory (a large partition over a topic of many journals,
+    gigabytes)."""
+    import tracemalloc
+
+    import pyarrow as pa
+
+    from pygazette.spark import sink
+    from pygazette.spark.exactly_once import Fence, RowsDigest
+    from pygazette.spark.options import parse_write_options
+    from pygazette.spark.sink import SinkPlan, write_task
+
+    topic = prefix.strip("/").replace("/", ".")
+    outs = out_journals(gz, prefix, 24, topic)
+    opts = parse_write_options(
+        {"broker": spark_broker.url, "selector": f"topic={topic}", "keyColumn": "key"}
+    )
+    plan = SinkPlan(opts, Framing.LINES, ("key", "value"), tuple(outs), False, (), "t", "run")
+    monkeypatch.setattr(sink, "_task_context", lambda: (0, 0, None))
+    monkeypatch.setattr(sink, "SPOOL_MEMORY_BYTES", 4 << 20)
+    value = "v" * 1023
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for b in range(48):  # 48 MiB of rows, 1 MiB a batch.
+            keys = [f"key-{b}-{i}" for i in range(1024)]
+            yield pa.record_batch({"key": keys, "value": [value] * 1024})
+
+    RowsDigest().add([b"import what a task imports before measuring"])
+    tracemalloc.start()
+    try:
+        commit = write_task(plan, batches(), lambda p: Fence.for_batch("t", p, "run"))
+        _size, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert commit.rows == 48 * 1024 and len(commit.outcomes) == 24
+    assert sum(len(lines_of(gz, j)) for j in outs) == 48 * 1024
+    assert peak < 12 << 20, f"peak {peak / 2**20:.1f} MiB"
