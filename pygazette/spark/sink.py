@@ -437,10 +437,13 @@ class GazetteBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         committed = [m for m in messages if isinstance(m, SinkCommit)]
         log.warning(
-            "batch write %s failed; %d tasks had committed their rows (journals are "
-            "append-only). Re-run it with option writerId=%s to write the rest exactly once.",
+            "batch write %s failed after %d of its %d tasks committed their rows, and a failed "
+            "task may have appended its rows to some of its journals (journals are append-only: "
+            "nothing is rolled back). Re-run it with option writerId=%s to write the rest "
+            "exactly once: each partition skips the journals already holding its rows.",
             self.plan.identity,
             len(committed),
+            len(messages),
             self.plan.identity,
         )
 

@@ -433,3 +433,22 @@ def test_a_task_holds_at_most_its_spool_budget_in_memory_however_many_journals_i
     assert commit.rows == 48 * 1024 and len(commit.outcomes) == 24
     assert sum(len(lines_of(gz, j)) for j in outs) == 48 * 1024
     assert peak < 12 << 20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_a_failed_batch_write_says_failed_tasks_may_have_appended(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task that fails after some of its appends leaves them (its retries skip them): the
+    abort's warning says so. It counted only the tasks that finished ('0 tasks had committed
+    their rows' after a failed task had appended to a journal)."""
+    from pygazette.spark.options import parse_write_options
+    from pygazette.spark.sink import GazetteBatchWriter, SinkCommit, SinkPlan
+
+    opts = parse_write_options({"broker": "http://127.0.0.1:9", "journal": "out/a"})
+    plan = SinkPlan(opts, Framing.LINES, ("value",), (), False, ("value",), "write-1", "run")
+    with caplog.at_level("WARNING", logger="pygazette.spark.sink"):
+        GazetteBatchWriter(plan).abort([SinkCommit(0, 0), None, None])
+    assert "after 1 of its 3 tasks committed their rows, and a failed task may have appended" in (
+        caplog.text
+    )
+    assert "writerId=write-1" in caplog.text
