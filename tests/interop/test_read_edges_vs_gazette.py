@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from pygazette.client import JournalClient
+from pygazette.client import JournalClient, append
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
 from tests.interop.scenario import (
@@ -155,6 +155,34 @@ async def edges(endpoints: list[str], ident: Identity, store: Path) -> Recording
             "w: blocking at the end of the store",
             reading("w", offset=100, block=True, end_offset=150),
             during=persist_later,
+        )
+
+        # Blocking reads at the head woken by appends that roll the spool.
+        n_member = await member_endpoint(client, "n")
+        direct = Scenario(clients[n_member], ident)
+        direct.rec = s.rec
+        appends = [content("n", 10 + i, 1500) for i in range(3)]
+
+        async def append_later(chunks: list[bytes]) -> None:
+            await asyncio.sleep(0.3)
+            for chunk in chunks:
+                await append(clients[n_member], PREFIX + "n", chunk)
+
+        await direct.read(
+            "n: blocking at the head, through three appends",
+            reading("n", offset=head, block=True, end_offset=head + 4000),
+            during=lambda: append_later(appends),
+        )
+        head += 4500
+        await direct.read(
+            "n: metadata, blocking at the head",
+            reading("n", offset=head, block=True, metadata_only=True),
+            during=lambda: append_later([b"m\n"]),
+        )
+        await direct.read(
+            "n: -1, blocking, to its end",
+            reading("n", offset=-1, block=True, end_offset=head + 2 + 10),
+            during=lambda: append_later([b"0123456789abcdef\n"]),
         )
 
         # A fully suspended journal.
