@@ -103,6 +103,12 @@ READ_CONTENT_BYTES = Counter(
     "Content bytes served by this broker's Read RPCs, counted as they are sent.",
     ["journal"],
 )
+STORE_LISTING_SKIPPED = Counter(
+    "pygazette_store_listing_skipped_objects",
+    "Objects of journals' fragment store listings that are not fragments (their names do not "
+    "parse as fragment names), left out of the listings: each counted once, when a listing "
+    "first finds it.",
+)
 INVALID_RESPONSES = Counter(
     "pygazette_broker_invalid_responses_total",
     "Responses this broker received from its peers that break Gazette's protocol rules "

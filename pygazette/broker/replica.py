@@ -39,6 +39,7 @@ from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.fragment.refresher import Refresher
 from pygazette.broker.fragment.spool import PendingAppend, Spool, SpoolCorrupt, fsync_dir
+from pygazette.broker.metrics import STORE_LISTING_SKIPPED
 from pygazette.broker.pipeline import Pipeline, PipelineBroken
 from pygazette.broker.replicated_spool import ReplicatedSpool, load_frontier, run_to_completion
 from pygazette.protocol.errors import ValidationError
@@ -48,6 +49,8 @@ from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
+
+_NONE_SKIPPED: frozenset[tuple[str, str]] = frozenset()
 
 _DEFAULT_REFRESH_SECONDS = 300.0
 FIRST_LISTING_ATTEMPTS = 5
@@ -156,6 +159,9 @@ class Replica:
         self.refresh_error = ""  # Why the last store listing failed ("" once one succeeds).
         self._refresh_failures = 0  # Failed listings in a row.
         self._refresh_failed = asyncio.Event()  # Set on each failed listing.
+        # (store, path) of the objects the last listing left out (not fragments), logged
+        # once each: when a listing first finds them.
+        self._skipped: frozenset[tuple[str, str]] = _NONE_SKIPPED
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_wakeup = asyncio.Event()
         # Cluster mode (see the module docstring).
@@ -617,20 +623,43 @@ class Replica:
 
     # Store listings.
     async def list_stores(self) -> list[pb.Fragment]:
+        """The fragments of the journal's stores. An object that is not a fragment (its name
+        does not parse as one: a stray file beside them) is left out, as Gazette's listing
+        leaves it out (WalkAllStores); it is logged and counted once, when a listing first
+        finds it (Gazette warns on every listing), not on every refresh."""
         frags: list[pb.Fragment] = []
+        skipped: set[tuple[str, str]] = set()
         for url in self.spec.fragment.stores:
             store = self.stores.get(url)
             for obj in await store.list_files(self.name + "/"):
                 try:
                     frag = parse_fragment_path(self.name, obj.path)
-                except ValidationError:
-                    continue  # Not a fragment file (e.g. a stray file in the store).
+                except ValidationError as exc:
+                    skipped.add((url, obj.path))
+                    if (url, obj.path) not in self._skipped:
+                        self._skipped_object(url, obj.path, obj.mod_time, exc)
+                    continue
                 if under_another_journal(self.name, frag, self.is_journal):
                     continue  # Another journal's (`a/b/c`'s, listed under `a/b/`).
                 frag.backing_store = url
                 frag.mod_time = obj.mod_time
                 frags.append(frag)
+        self._skipped = frozenset(skipped) if skipped else _NONE_SKIPPED
         return frags
+
+    def _skipped_object(self, url: str, path: str, mod_time: int, exc: ValidationError) -> None:
+        STORE_LISTING_SKIPPED.inc()
+        log.warning(
+            "skipping an object of the fragment store that is not a fragment",
+            extra={
+                "journal": self.name,
+                "store": url.split("?", 1)[0],
+                # A file name's undecodable bytes as \xNN (JSON logs cannot hold them).
+                "path": path.encode(errors="surrogateescape").decode(errors="backslashreplace"),
+                "modTime": mod_time,
+                "error": str(exc),
+            },
+        )
 
     def refresh_interval(self) -> float:
         ri = self.spec.fragment.refresh_interval

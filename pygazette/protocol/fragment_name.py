@@ -189,8 +189,14 @@ def parse_fragment_path(journal: str, relative_path: str) -> pb.Fragment:
 
     `relative_path` is ``[<postfix>/]<begin>-<end>-<sha1><ext>``; the journal
     is given separately. The result is validated as a Fragment (journal name,
-    begin <= end, a clean postfix); any problem raises ValidationError.
+    begin <= end, a clean postfix); any problem raises ValidationError, including a path that
+    is not UTF-8 (a file name's undecodable bytes, as os.fsdecode escapes them), which a
+    Fragment's string fields cannot hold.
     """
+    try:
+        relative_path.encode()
+    except UnicodeEncodeError:
+        raise ValidationError(f"wrong Fragment format: {relative_path!r} is not UTF-8") from None
     name = relative_path
     postfix = _go_path_dir(name)
     if postfix == ".":

@@ -23,6 +23,7 @@ seconds rather than minutes (the persister and the health checker retry on their
 from __future__ import annotations
 
 import configparser
+import functools
 import os
 import re
 from datetime import timedelta
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from obstore.exceptions import BaseError
 
+from pygazette.stores import s3_listing
 from pygazette.stores.interface import StoreError
 from pygazette.stores.object_store import ObjectStore, describe
 from pygazette.stores.store_url import StoreURL
@@ -119,7 +121,17 @@ def _open_s3(url: StoreURL) -> ObjectStore:
         retry_config=retry_config(),
         credential_provider=credential_provider,  # type: ignore[arg-type]
     )
-    return ObjectStore(url, store, put_attributes=attributes)
+    return ObjectStore(
+        url,
+        store,
+        put_attributes=attributes,
+        list_raw=functools.partial(
+            s3_listing.stored_files,
+            {**config, "bucket": url.host},
+            _prefix(url) or "",
+            provider=credential_provider,
+        ),
+    )
 
 
 def _profile_credentials(url: StoreURL) -> tuple[Any, str]:

@@ -245,7 +245,7 @@ class FileStore(FragmentStore):
                     continue  # An in-flight or abandoned put.
                 full = Path(dirpath) / name
                 try:
-                    st = full.stat()
+                    st = _stat(full)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
@@ -268,3 +268,16 @@ class FileStore(FragmentStore):
         ours: `file_root`), so a store shared over NFS works wherever it is mounted.
         """
         return "file:///" + self._resolve(path).relative_to(self.root).as_posix()
+
+
+def _stat(full: Path) -> os.stat_result:
+    """A listed file's size and mod time: its target's, for a symbolic link to a fragment,
+    else the link's own, as Gazette's listing (filepath.Walk's Lstat) reports a link that
+    cannot be followed (a loop, ELOOP; a target it may not search, EACCES): an entry the
+    listing then leaves out as no fragment, rather than a listing that fails for it."""
+    try:
+        return full.stat()
+    except FileNotFoundError:
+        raise  # Removed meanwhile (or a dangling link): not listed.
+    except OSError:
+        return full.lstat()

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import obstore
-from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
+from obstore.exceptions import (
+    BaseError,
+    InvalidPathError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
 
 from pygazette.stores.interface import (
     FragmentStore,
@@ -123,11 +128,14 @@ class ObjectStore(FragmentStore):
         store: CloudStore,
         *,
         put_attributes: dict[str, str] | None = None,
+        list_raw: Callable[[str], list[StoredFile]] | None = None,
     ) -> None:
         super().__init__(url.url)
         self.parsed = url
         self._store = store
         self._put_attributes = dict(put_attributes or {})
+        # Lists a key prefix without obstore (`s3_listing`), where obstore refuses a key.
+        self._list_raw = list_raw
 
     def _key(self, path: str) -> str:
         key = self.parsed.rewrite(path)
@@ -216,6 +224,21 @@ class ObjectStore(FragmentStore):
             raise self._error("list", key, exc) from exc
 
     def _list(self, key: str) -> list[StoredFile]:
+        try:
+            return self._list_obstore(key)
+        except InvalidPathError as exc:
+            # An object whose key obstore refuses as a path ('a//b', a '.' segment, a control
+            # character) fails its whole listing, and so hid every fragment of the journal.
+            # Gazette lists every key (and skips those that are no fragments): so do we, over
+            # the store's own API where we can, else fail naming the key.
+            if self._list_raw is None:
+                raise
+            try:
+                return self._list_raw(key)
+            except StoreError as raw:
+                raise StoreError(f"{describe(exc)}; {raw}") from exc
+
+    def _list_obstore(self, key: str) -> list[StoredFile]:
         out: list[StoredFile] = []
         for chunk in obstore.list(self._store, prefix=key, chunk_size=1000):
             for meta in chunk:

@@ -108,6 +108,8 @@ def test_parse_success_cases() -> None:
         (f"/abs/0-1-{HEX}.gz", "PathPostfix: cannot begin with '/' (/abs)"),
         (f"a b/0-1-{HEX}.gz", "PathPostfix: not a valid token (a b)"),
         (f"./0-1-{HEX}.gz", "Begin: strconv.ParseInt: "),  # Go's path.Dir is "."
+        # A file name's undecodable bytes (os.fsdecode's escapes): no Fragment holds them.
+        (f"date=\udcff/0-1-{HEX}.gz", "wrong Fragment format: "),
         ("", "wrong Fragment format: "),
     ],
 )

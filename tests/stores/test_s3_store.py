@@ -177,3 +177,31 @@ async def test_storage_class_and_sse_args_are_accepted(s3_server: S3Server, tmp_
     local.write_bytes(b"x")
     await store.put_file("j/0-1-x.raw", local)
     assert await store.get("j/0-1-x.raw") == b"x"
+
+
+async def test_a_listing_holds_keys_the_object_store_client_refuses(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """S3 keys are any UTF-8; obstore refuses some as paths (an empty or '.' segment, a
+    control character) and failed the whole listing for one of them, hiding every fragment
+    beside it. They are listed as they are (the broker then skips them as no fragments)."""
+    import boto3
+
+    bucket = s3_server.create_bucket()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    keys = ["0-1-x.raw", "a//b", "./c", "d/../e", "f\x01g", "h i+j%2Fk", "date=1/0-2-y.raw"]
+    keys += [f"many/{i:04d}" for i in range(1100)]  # More than a page of the listing.
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=f"pre/j/a/{key}", Body=b"12345")
+    s3.put_object(Bucket=bucket, Key="pre/j/b/0-1-z.raw", Body=b"1")
+    store = _open(s3_server.store_url(bucket, "pre"), tmp_path)
+    listed = await store.list_files("j/a/")
+    assert sorted(f.path for f in listed) == sorted(keys)
+    assert {f.size for f in listed} == {5}
+    assert all(abs(f.mod_time - time.time()) < 120 for f in listed)
