@@ -75,6 +75,9 @@ async def edges(endpoints: list[str], ident: Identity, store: Path) -> Recording
         s = Scenario(client, ident)
         specs = [journal_spec(name, codec) for name, codec in CODECS.items()]
         specs += [journal_spec(name, pb.NONE) for name in ("young", "old", "late", "w", "sus")]
+        partial = journal_spec("ps", pb.NONE)
+        partial.replication = 2
+        specs.append(partial)
         await s.apply("apply", [change(sp) for sp in specs])
         await s.wait_assigned([sp.name for sp in specs])
 
@@ -199,6 +202,24 @@ async def edges(endpoints: list[str], ident: Identity, store: Path) -> Recording
         await s.read("sus: read", reading("sus"))
         await s.read("sus: read, blocking", reading("sus", block=True))
         await s.read("sus: read -1", reading("sus", offset=-1))
+
+        # A partially suspended journal (its content persisted, one member left).
+        await s.append("ps: append", appending("ps"), [b"partial\n"])
+        await s.append("ps: suspend", appending("ps", suspend=pb.AppendRequest.SUSPEND_NOW), [])
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            req = pb.ListRequest(selector=parse_selector(f"name={PREFIX}ps"))
+            listed = [r async for r in client.rpc_list(req)]
+            if len(listed[0].journals[0].route.members) == 1:
+                break
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await s.wait_persisted(PREFIX + "ps", 1)  # Gazette lists it at its next listing.
+        await s.fragments("ps: fragments", pb.FragmentsRequest(journal=PREFIX + "ps"))
+        await s.read("ps: read", reading("ps"))
+        await s.read("ps: read -1", reading("ps", offset=-1))
+        await s.read("ps: metadata", reading("ps", offset=3, metadata_only=True))
+        await s.read("ps: past the head", reading("ps", offset=9))
 
         # do_not_proxy to a broker holding no replica.
         member = await member_endpoint(client, "n")
