@@ -34,7 +34,8 @@ from tests.interop.scenario import (
 from tests.interop.test_append_edges_vs_gazette import compare, without_routes
 from tests.interop.test_differential import identity_of
 from tests.support.broker_cluster import BrokerCluster
-from tests.support.gazette_process import EtcdServer, GazetteBinaries
+from tests.support.broker_process import BrokerProcess
+from tests.support.gazette_process import EtcdServer, GazetteBinaries, GazetteBroker
 
 CODECS = {"n": pb.NONE, "s": pb.SNAPPY, "g": pb.GZIP}
 SIZES = [700, 300, 24, 1500, 100]
@@ -68,7 +69,11 @@ async def member_endpoint(client: JournalClient, journal: str) -> str:
         await asyncio.sleep(0.05)
 
 
-async def edges(endpoints: list[str], ident: Identity, store: Path) -> Recording:
+async def edges(
+    endpoints: list[str], ident: Identity, store: Path, *, lone: bool = False
+) -> Recording:
+    """The steps' responses; `lone`: without those a lone pygazette broker (no etcd) answers
+    otherwise on purpose (no suspension, no second broker)."""
     async with contextlib.AsyncExitStack() as stack:
         clients = {e: await stack.enter_async_context(JournalClient(e)) for e in endpoints}
         client = clients[endpoints[0]]
@@ -140,7 +145,8 @@ async def edges(endpoints: list[str], ident: Identity, store: Path) -> Recording
                 f"{name}: in the gap, metadata", reading(name, offset=150, metadata_only=True)
             )
             await s.read(f"{name}: at the gap", reading(name, offset=100, end_offset=250))
-            await s.append(f"{name}: append", appending(name), [b"after\n"])
+            if not lone:  # A lone pygazette broker appends at the end of the store.
+                await s.append(f"{name}: append", appending(name), [b"after\n"])
             await s.read(f"{name}: after append", reading(name, offset=290))
         await s.read("late: from 0", reading("late"))
         await s.read("late: from 0, metadata", reading("late", metadata_only=True))
@@ -187,6 +193,9 @@ async def edges(endpoints: list[str], ident: Identity, store: Path) -> Recording
             reading("n", offset=-1, block=True, end_offset=head + 2 + 10),
             during=lambda: append_later([b"0123456789abcdef\n"]),
         )
+
+        if lone:
+            return s.rec
 
         # A fully suspended journal.
         await s.append("sus: suspend", appending("sus", suspend=pb.AppendRequest.SUSPEND_NOW), [])
@@ -257,3 +266,22 @@ def test_read_edges_match_gazette(
             cluster.kill()
     ours, theirs = (without_routes(recordings[k]) for k in ("pygazette", "gazette"))
     compare(ours, theirs)
+
+
+def test_read_edges_of_a_lone_broker_match_gazette(
+    pygazette: BrokerProcess, gazette: GazetteBroker
+) -> None:
+    """The same against a lone broker of each system (pygazette's without etcd), up to the
+    suspensions and a second broker."""
+    for broker in (pygazette, gazette):
+        seed(broker.file_root)
+
+    async def record(broker: BrokerProcess | GazetteBroker) -> Recording:
+        ident = await identity_of(broker.url)
+        return await edges([broker.url], ident, broker.file_root, lone=True)
+
+    async def both() -> tuple[Recording, Recording]:
+        return await asyncio.gather(record(pygazette), record(gazette))
+
+    ours, theirs = asyncio.run(both())
+    compare(without_routes(ours), without_routes(theirs))
