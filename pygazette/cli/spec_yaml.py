@@ -90,6 +90,50 @@ def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int:
 
 
 StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)  # type: ignore[arg-type]
+
+
+class YamlFloat(float):
+    """A float read from YAML, with its text ("1.5", ".inf", "1.50"), as `YamlInt`."""
+
+    text: str
+
+
+def _construct_float(loader: StrictLoader, node: yaml.ScalarNode) -> float:
+    out = YamlFloat(loader.construct_yaml_float(node))  # type: ignore[no-untyped-call]
+    out.text = str(node.value)
+    return out
+
+
+class YamlBool(int):
+    """A boolean read from YAML, with its text ("true", "yes", "ON"), as `YamlInt`: an int
+    of 0 or 1, since Python's bool cannot be subclassed. `parse_bool` takes it as a bool, and
+    no integer field takes it (as gazctl, which refuses !!bool there)."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+
+def _construct_bool(loader: StrictLoader, node: yaml.ScalarNode) -> YamlBool:
+    out = YamlBool(loader.construct_yaml_bool(node))  # type: ignore[no-untyped-call]
+    out.text = str(node.value)
+    return out
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)  # type: ignore[arg-type]
+StrictLoader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)  # type: ignore[arg-type]
+# No spec field is a timestamp: one written plain (a label value 2024-01-01) is its text.
+StrictLoader.add_constructor(
+    "tag:yaml.org,2002:timestamp",
+    lambda loader, node: loader.construct_scalar(node),  # type: ignore[arg-type]
+)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, (bool, YamlBool))
+
+
 # A plain '=' resolves to YAML 1.1's 'value' tag, which SafeLoader cannot construct; it is a
 # valid label value, which gazctl writes plain.
 StrictLoader.add_constructor(
@@ -153,7 +197,7 @@ def parse_int(
         if not value.is_integer():
             raise field_error(where, f"{key}: expected an integer, got {value!r}")
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if _is_bool(value) or not isinstance(value, int):
         raise field_error(where, f"{key}: expected an integer, got {value!r}")
     if lo is not None and hi is not None and not lo <= value <= hi:
         raise field_error(where, f"{key}: {value} is out of range [{lo}, {hi}]")
@@ -161,20 +205,21 @@ def parse_int(
 
 
 def parse_str(value: Any, where: str, key: str) -> str:
-    """A string; an integer is taken as written (its decimal digits if not read from YAML)."""
+    """A string; a number or boolean read from YAML is taken as written, as gazctl (YAML v2)
+    reads a plain scalar into a string field (an integer not read from YAML: its digits)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, YamlInt):
+    if isinstance(value, (YamlInt, YamlFloat, YamlBool)):
         return value.text
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not _is_bool(value):
         return str(value)
     raise field_error(where, f"{key}: expected a string, got {value!r}")
 
 
 def parse_bool(value: Any, where: str, key: str) -> bool:
-    if not isinstance(value, bool):
+    if not _is_bool(value):
         raise field_error(where, f"{key}: expected true or false, got {value!r}")
-    return value
+    return bool(value)
 
 
 def parse_duration_ns(
@@ -182,7 +227,7 @@ def parse_duration_ns(
 ) -> int:
     """Nanoseconds of a non-negative Go duration (or 0; a negative one too with
     `allow_negative`); `examples` ("1s or 100ms") are named when the value is not a string."""
-    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+    if isinstance(value, int) and not _is_bool(value) and value == 0:
         return 0
     if not isinstance(value, str):
         raise field_error(where, f"{key}: expected a duration such as {examples}, got {value!r}")

@@ -314,6 +314,36 @@ def test_parse_errors_name_the_shard_and_field(text: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "written",
+    ["true", "yes", "ON", "False", "no", "1.5", ".5", "1.50", "1.0e+3", ".inf", "2024-01-01"],
+)
+def test_a_string_written_as_a_boolean_float_or_date_is_its_text(written: str) -> None:
+    """gazctl (YAML v2) reads a plain scalar into a string field as its text; PyYAML resolves
+    these to bools, floats and dates, and the shardspace was refused ('labels.value: expected
+    a string, got True')."""
+    text = (
+        "common:\n  max_txn_duration: 1s\n  disable: yes\n  sources:\n  - journal: aa/bb\n"
+        f"shards:\n- id: {written}-x\n  labels:\n  - name: tier\n    value: {written}\n"
+    )
+    (change,) = apply_request(parse_shardspace(text)).changes
+    assert [(lb.name, lb.value) for lb in change.upsert.labels.labels] == [("tier", written)]
+    assert change.upsert.disable is True  # A boolean field still reads YAML's booleans.
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("hot_standbys: true", "hot_standbys: expected an integer, got True"),
+        ("max_txn_duration: false", "max_txn_duration: expected a duration such as"),
+        ("disable: 1.0", "disable: expected true or false, got 1.0"),
+    ],
+)
+def test_a_boolean_or_float_in_another_kind_of_field_is_refused(field: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        parse_shardspace(f"shards:\n- id: abcd\n  {field}\n")
+
+
+@pytest.mark.parametrize(
     ("shard", "message"),
     [
         ("id: ab", r"shard 'ab': Id: invalid length \(2; expected 4 <= length <= 512\)"),
