@@ -452,3 +452,34 @@ def test_a_failed_batch_write_says_failed_tasks_may_have_appended(
         caplog.text
     )
     assert "writerId=write-1" in caplog.text
+
+
+def test_a_journal_column_sink_needs_only_the_append_capability(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A task checks its journals with a List when its token allows one; a token of the
+    APPEND capability alone (a writer's least privilege) still writes, as before the check."""
+    import base64
+
+    from pygazette.auth.capability import Capability
+    from pygazette.auth.claims import Claims
+    from pygazette.auth.keyed_auth import KeyedAuth
+
+    keys = base64.b64encode(b"spark-sink-auth-key".ljust(32, b"k")).decode()
+    broker = BrokerProcess(tmp_path / "data", extra_args=["--auth-keys", keys])
+    broker.start()
+    try:
+        signer = KeyedAuth(keys)
+        with SyncJournalClient(broker.url, auth=signer) as admin:
+            out = "spark/append-only/out"
+            create_journals(admin, journal_spec(out))
+            append_only = signer.sign(Claims(Capability.APPEND), ttl=3600)
+            rows = spark.createDataFrame(
+                [(out, f"row {i}") for i in range(20)], "journal STRING, value STRING"
+            )
+            rows.write.format("gazette").mode("append").option("broker", broker.url).option(
+                "authToken", append_only
+            ).save()
+            assert sorted(lines_of(admin, out)) == sorted(f"row {i}".encode() for i in range(20))
+    finally:
+        broker.kill()
