@@ -2,9 +2,11 @@
 
 The broker and consumer layers must not depend on the gateway, so the CLI composes them: a
 broker's HTTP port serves `/metrics` (prometheus-client's registry, the broker's state and
-Gazette's RPC counters), `/debug/live`, `/debug/ready` (the broker's `ready_reason`) and the
-journal gateway, a gRPC client of the broker's own endpoint carrying only what an HTTP client
-sends (its `Authorization` header). A consumer's serves metrics and health. With the
+Gazette's RPC counters), `/debug/live`, `/debug/ready` (the broker's `ready_reason`), Gazette's
+JSON API for journals (`POST /v1/journals/list`, `/v1/journals/read`) and the journal gateway:
+gRPC clients of the broker's own endpoint carrying only what an HTTP client sends (its
+`Authorization` header). A consumer's serves metrics, health and the JSON API for shards
+(`POST /v1/shards/list`, `/v1/shards/stat`), a gRPC client of its own endpoint. With the
 server's TLS material the port serves HTTPS.
 """
 
@@ -16,10 +18,12 @@ from typing import Any, TypeVar
 import click
 
 from pygazette.auth.tls import ClientTLS, ServerTLS, server_ssl_context
+from pygazette.client.channel import Connection
 from pygazette.client.journal_client import JournalClient
 from pygazette.gateway.exposition import MetricsExposition
 from pygazette.gateway.health import Readiness
 from pygazette.gateway.http_server import HttpServer
+from pygazette.gateway.json_api import JOURNAL_METHODS, SHARD_METHODS, JsonApi
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,29 +67,38 @@ class _SideHttp:
         texts: Iterable[Callable[[], str]] = (),
         tls: ServerTLS | None = None,
         gateway: Callable[[], JournalClient] | None = None,
+        shard_api: Callable[[], Connection] | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.readiness = readiness
         self.metrics = MetricsExposition(collectors, texts)
         self.tls = tls
         self.gateway = gateway
+        self.shard_api = shard_api
         self.client: JournalClient | None = None
+        self.connection: Connection | None = None  # The shard API's, to the consumer.
         self.server: HttpServer | None = None
 
     async def start(self) -> None:
+        json_api = None
+        # In the running loop: gRPC binds channels to it.
         if self.gateway is not None:
-            self.client = self.gateway()  # In the running loop: gRPC binds channels to it.
+            self.client = self.gateway()
+            json_api = JsonApi(self.client.channel, JOURNAL_METHODS)
+        if self.shard_api is not None:
+            self.connection = self.shard_api()
+            json_api = JsonApi(self.connection.channel, SHARD_METHODS)
         self.server = HttpServer.for_server(
             readiness=self.readiness,
             metrics=self.metrics,
             journal_client=self.client,
             ssl_context=server_ssl_context(self.tls) if self.tls is not None else None,
+            json_api=json_api,
         )
         try:
             self.port = await self.server.start(self.host, self.port)
         except OSError as exc:
-            if self.client is not None:
-                await self.client.close()
+            await self._close_clients()
             raise click.ClickException(
                 f"cannot serve HTTP on {self.host}:{self.port}: {exc.strerror or exc}"
             ) from None
@@ -94,9 +107,15 @@ class _SideHttp:
         if self.server is not None:
             await self.server.stop()
             self.server = None
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
         if self.client is not None:
             await self.client.close()
             self.client = None
+        if self.connection is not None:
+            await self.connection.close()
+            self.connection = None
 
 
 def broker_http(
@@ -133,6 +152,24 @@ def consumer_http(
     collectors: Iterable[Any],
     *,
     tls: ServerTLS | None = None,
+    endpoint: Callable[[], str] | None = None,
+    peer_tls: ClientTLS | None = None,
 ) -> _SideHttp:
-    """A consumer process's HTTP side: metrics and health (HTTPS with the process's TLS)."""
-    return _SideHttp(address or host, port, readiness=readiness, collectors=collectors, tls=tls)
+    """A consumer process's HTTP side: metrics and health (HTTPS with the process's TLS) and,
+    given the process's gRPC `endpoint`, the JSON API for shards."""
+    shard_api = None
+    if endpoint is not None:
+
+        def shard_api() -> Connection:
+            if tls is None:
+                return Connection(endpoint())
+            return Connection(endpoint(), tls=peer_tls or ClientTLS())
+
+    return _SideHttp(
+        address or host,
+        port,
+        readiness=readiness,
+        collectors=collectors,
+        tls=tls,
+        shard_api=shard_api,
+    )

@@ -76,7 +76,8 @@ def load_app(spec: str) -> Application:
 
 
 def _consumer_http(process: ConsumerProcess) -> SideServer | None:
-    """The process's HTTP port (None without --http-port): metrics and health."""
+    """The process's HTTP port (None without --http-port): metrics, health and the JSON API for
+    shards (POST /v1/shards/list, /v1/shards/stat)."""
     cfg = process.config
     if not cfg.http_port:
         return None
@@ -92,6 +93,8 @@ def _consumer_http(process: ConsumerProcess) -> SideServer | None:
         process.ready_reason,
         [ShardCollector(process.local_replicas), LeaseCollector(member_session)],
         tls=cfg.tls,
+        endpoint=lambda: process.endpoint,
+        peer_tls=cfg.peer_tls,
     )
 
 

@@ -1,5 +1,6 @@
 """A server's HTTP port (`--http-port`): an aiohttp server for `/metrics`, `/debug/live`,
-`/debug/ready` and, on a broker, the journal gateway on every other path.
+`/debug/ready`, Gazette's JSON API under `/v1/` (`json_api`: journals on a broker, shards on a
+consumer) and, on a broker, the journal gateway on every other path.
 
 Given an `ssl.SSLContext` (the server's TLS material; it asks for and verifies client
 certificates when the server runs mTLS) it serves HTTPS.
@@ -17,6 +18,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.gateway.exposition import MetricsExposition
 from pygazette.gateway.health import Readiness, health_routes
 from pygazette.gateway.journal_gateway import JournalGateway
+from pygazette.gateway.json_api import JsonApi
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,13 @@ class HttpServer:
         journal_client: JournalClient | None = None,
         ssl_context: ssl.SSLContext | None = None,
         max_append_bytes: int = 0,
+        json_api: JsonApi | None = None,
     ) -> HttpServer:
-        """Health and metrics; with `journal_client`, the journal gateway too."""
+        """Health and metrics; with `json_api`, the JSON API under /v1/; with `journal_client`,
+        the journal gateway on every other path."""
         routes = [*health_routes(readiness), *metrics.routes()]
+        if json_api is not None:
+            routes += json_api.routes()  # Before the journal gateway's catch-all.
         if journal_client is not None:
             routes += JournalGateway(journal_client, max_append_bytes=max_append_bytes).routes()
         return cls(routes, ssl_context=ssl_context)

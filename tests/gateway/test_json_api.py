@@ -1,0 +1,262 @@
+"""Gazette's JSON API (`POST /v1/journals/list`, `/v1/journals/read`) on the HTTP port of real
+broker processes: bodies byte for byte against the broker's own gRPC answers, errors as
+grpc-gateway writes them, authorization through the broker's, and a blocking read that ends
+(its RPC too) when the HTTP client goes away. Side by side with Gazette's broker:
+tests/interop/test_json_api_vs_gazette.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import grpc.aio
+import pytest
+
+from pygazette.auth.capability import Capability
+from pygazette.auth.claims import Claims
+from pygazette.auth.keyed_auth import KeyedAuth
+from pygazette.gateway.jsonpb import marshal
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec
+from tests.support.broker_process import BrokerProcess
+from tests.support.http_scrape import scrape, value, wait_status
+from tests.support.ports import free_port
+
+KEYS = base64.b64encode(b"json-api-test-key".ljust(32, b"k")).decode()
+NOT_IMPLEMENTED = b'{"code":12,"message":"Not Implemented","details":[]}'
+
+
+def _serve(root: Path, *args: str) -> tuple[BrokerProcess, str]:
+    http_port = free_port()
+    proc = BrokerProcess(root / "data", extra_args=["--http-port", str(http_port), *args])
+    proc.start()
+    base = f"http://127.0.0.1:{http_port}"
+    wait_status(base + "/debug/ready")
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
+    proc, base = _serve(tmp_path_factory.mktemp("json-api"))
+    try:
+        yield proc, base
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+async def stub(served: tuple[BrokerProcess, str]) -> AsyncIterator[pb_grpc.JournalStub]:
+    async with grpc.aio.insecure_channel(served[0].address) as channel:
+        yield pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+
+
+async def post(
+    url: str, body: bytes | str, headers: dict[str, str] | None = None, method: str = "POST"
+) -> tuple[int, dict[str, str], bytes]:
+    async with aiohttp.ClientSession() as session:
+        async with session.request(
+            method, url, data=body, headers=headers, allow_redirects=False
+        ) as resp:
+            return resp.status, dict(resp.headers), await resp.read()
+
+
+def results(body: bytes) -> list[dict[str, object]]:
+    assert body.endswith(b"\n"), body
+    return [json.loads(line)["result"] for line in body.splitlines()]
+
+
+async def test_list_is_the_list_rpc_in_json(
+    served: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    _, base = served
+    spec = journal_spec("json-api/list", labels={"topic": "a=b"})
+    spec.fragment.path_postfix_template = 'x{{/* <&>" */}}'
+    spec.fragment.refresh_interval.FromSeconds(90)
+    spec.fragment.flush_interval.FromMilliseconds(90500)
+    assert (await apply_specs(stub, spec)).status == pb.OK
+    sel = '{"selector":{"include":{"labels":[{"name":"topic","value":"a=b"}]}}}'
+    status, headers, body = await post(base + "/v1/journals/list", sel)
+    assert status == 200
+    assert headers["Content-Type"] == "application/json"
+    assert headers["Grpc-Metadata-Content-Type"] == "application/grpc"
+    assert headers["Transfer-Encoding"] == "chunked"
+    # Byte for byte the broker's own answer to the same request, as gogo jsonpb writes it.
+    req = pb.ListRequest(selector=pb.LabelSelector())
+    req.selector.include.labels.add(name="topic", value="a=b")
+    [grpc_resp] = [r async for r in stub.List(req)]
+    assert body == b'{"result":' + marshal(grpc_resp) + b"}\n"
+    text = body.decode()
+    assert '"pathPostfixTemplate":"x{{/* \\u003c\\u0026\\u003e\\" */}}"' in text  # As Go.
+    assert '"refreshInterval":"90s"' in text and '"flushInterval":"90.500s"' in text
+    assert '"length":"1048576"' in text and '"suspend":null' in text  # int64s as strings.
+    assert '"compressionCodec":"NONE"' in text  # Enums by name.
+    # Field names either way, unknown fields ignored, an empty body an empty request.
+    for other in (sel + " trailing", sel[:-1] + ',"x":1}'):
+        assert (await post(base + "/v1/journals/list", other))[2] == body
+    assert (await post(base + "/v1/journals/list", ""))[0] == 200
+
+
+async def test_read_streams_each_response(
+    served: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    _, base = served
+    journal = "json-api/read"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    assert (await append(stub, journal, b"hello\n", b"world\n")).status == pb.OK
+    status, headers, body = await post(base + "/v1/journals/read", f'{{"journal":"{journal}"}}')
+    assert status == 200 and headers["Transfer-Encoding"] == "chunked"
+    grpc_resps = [r async for r in stub.Read(pb.ReadRequest(journal=journal))]
+    meta, content, head = results(body)
+    assert body.splitlines()[1:] == [b'{"result":' + marshal(r) + b"}" for r in grpc_resps[1:]]
+    assert meta["status"] == "OK" and meta["writeHead"] == "12" and meta["content"] is None
+    assert meta["fragment"]["end"] == "12"  # type: ignore[index]
+    assert content == {
+        "status": "OK",
+        "header": None,
+        "offset": "0",
+        "writeHead": "0",
+        "fragment": None,
+        "fragmentUrl": "",
+        "content": base64.b64encode(b"hello\nworld\n").decode(),
+    }
+    assert head["status"] == "OFFSET_NOT_YET_AVAILABLE" and head["offset"] == "12"
+    # Quoted or not, snake_case or camelCase: the same request.
+    ranged = f'{{"journal":"{journal}","offset":3,"end_offset":"7"}}'
+    [_, part] = results((await post(base + "/v1/journals/read", ranged))[2])
+    assert base64.b64decode(str(part["content"])) == b"lo\nw"
+    # Not found is the RPC's status, in a result.
+    [missing] = results((await post(base + "/v1/journals/read", '{"journal":"json-api/no"}'))[2])
+    assert missing["status"] == "JOURNAL_NOT_FOUND"
+
+
+async def test_refusals_as_grpc_gateway_writes_them(served: tuple[BrokerProcess, str]) -> None:
+    _, base = served
+    read = base + "/v1/journals/read"
+    cases = [
+        ("x", b'{"code":3,"message":"invalid character \'x\' looking for beginning of value",'),
+        ("{", b'{"code":3,"message":"unexpected EOF",'),
+        ('{"block":"yes"}', b'{"code":3,"message":"json: cannot unmarshal string into Go value '),
+        ('{"journal":5}', b'{"code":3,"message":"json: cannot unmarshal number into Go value of'),
+        ('{"offset":1.5}', b'{"code":3,"message":"json: cannot unmarshal number 1.5 into Go v'),
+        ("[]", b'{"code":3,"message":"json: cannot unmarshal array into Go value of type map'),
+    ]
+    for body, start in cases:
+        status, headers, got = await post(read, body)
+        assert (status, headers["Content-Type"]) == (400, "application/json"), body
+        assert got.startswith(start) and got.endswith(b',"details":[]}'), (body, got)
+    # An invalid request reaches the broker, whose error ends the stream (no result before it).
+    status, headers, got = await post(read, '{"journal":"bad name"}')
+    assert status == 400 and headers["Transfer-Encoding"] == "chunked"
+    assert got == (
+        b'{"error":{"grpcCode":3,"httpCode":400,"message":"Journal: not a valid token '
+        b'(bad name)","httpStatus":"Bad Request","details":[]}}'
+    )
+    # Other methods and paths: 501; OPTIONS (CORS preflight) 200; /v1 redirected.
+    for method, url in [
+        ("GET", read),
+        ("PUT", read),
+        ("POST", base + "/v1/journals/append"),
+        ("POST", read + "/"),
+        ("POST", read + ":watch"),
+    ]:
+        status, headers, got = await post(url, "{}", method=method)
+        assert (status, got) == (501, NOT_IMPLEMENTED), (method, url)
+    assert (await post(read, "", method="OPTIONS"))[:3:2] == (200, b"")
+    status, headers, got = await post(base + "/v1", "{}")
+    assert (status, headers["Location"], got) == (307, "/v1/", b"")
+
+
+async def test_authorization_is_the_brokers(tmp_path: Path) -> None:
+    proc, base = _serve(tmp_path, "--auth-keys", KEYS)
+    try:
+        journal = "json-api/auth"
+        token = "Bearer " + KeyedAuth(KEYS).sign(Claims(Capability.ALL))
+        async with grpc.aio.insecure_channel(proc.address) as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            await stub.Apply(
+                pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=journal_spec(journal))]),
+                metadata=(("authorization", token),),
+            )
+        body = f'{{"journal":"{journal}"}}'
+        status, _, got = await post(base + "/v1/journals/read", body)
+        assert status in (401, 403), got
+        error = json.loads(got)["error"]
+        assert error["httpCode"] == status and error["grpcCode"] in (7, 16)
+        status, _, got = await post(base + "/v1/journals/list", "{}")
+        assert status in (401, 403), got
+        # A token without the capability is refused as over gRPC.
+        read_only = "Bearer " + KeyedAuth(KEYS).sign(Claims(Capability.READ))
+        status, _, got = await post(base + "/v1/journals/list", "{}", {"Authorization": read_only})
+        assert status == 403 and json.loads(got)["error"]["grpcCode"] == 7
+        status, _, got = await post(base + "/v1/journals/read", body, {"Authorization": token})
+        assert status == 200
+        assert [r["status"] for r in results(got)] == ["OFFSET_NOT_YET_AVAILABLE"]
+    finally:
+        proc.kill()
+
+
+def _reads_open(base: str) -> float:
+    samples = scrape(base)
+    started = value(samples, "gazette_journal_server_started_totals_total", operation="Read")
+    completed = sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "gazette_journal_server_completed_totals_total"
+        and ("operation", "Read") in labels
+    )
+    return started - completed
+
+
+async def test_a_blocking_read_streams_and_ends_with_its_client(
+    served: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    _, base = served
+    journal = "json-api/blocking"
+    assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+    assert await asyncio.to_thread(_reads_open, base) == 0
+    port = int(base.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps({"journal": journal, "block": True}).encode()
+    writer.write(
+        b"POST /v1/journals/read HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    # Nothing is written until the broker sends a response (nor does Gazette's gateway): the
+    # read waits, open on the broker.
+    for _ in range(200):
+        if await asyncio.to_thread(_reads_open, base) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(_reads_open, base) == 1
+
+    async def next_result() -> dict[str, object]:
+        size = int((await reader.readline()).strip(), 16)
+        chunk = await reader.readexactly(size + 2)
+        return results(chunk[:-2])[0]
+
+    # An append reaches the open response as it commits.
+    assert (await append(stub, journal, b"streamed\n")).status == pb.OK
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Transfer-Encoding: chunked" in head
+    while not (streamed := await asyncio.wait_for(next_result(), 10))["content"]:
+        assert streamed["status"] == "OK"  # Metadata of the fragment the content is in.
+    assert streamed["content"] == base64.b64encode(b"streamed\n").decode()
+    # The read blocks for more, until the client goes away: the gateway's call to the broker
+    # ends with it.
+    assert await asyncio.to_thread(_reads_open, base) == 1
+    # The client goes away: the gateway's call to the broker ends with it.
+    writer.close()
+    await writer.wait_closed()
+    for _ in range(200):
+        if await asyncio.to_thread(_reads_open, base) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(_reads_open, base) == 0, "the Read RPC outlived its client"
