@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import BinaryIO
@@ -58,8 +59,18 @@ BATCH_LABEL_TTL_SECONDS = 24 * 3600
 MAX_ATTEMPTS = 16
 CHUNK = 1 << 20
 
-# Registers last seen per journal in this process: guesses for the next append's check.
-_registers: dict[str, pb.LabelSet] = {}
+# Registers last seen per journal in this process: guesses for the next append's check, for
+# the journals appended to last (a Python worker lives on across tasks, and a sink may write
+# to ever more journals).
+REGISTER_CACHE_JOURNALS = 1024
+_registers: OrderedDict[str, pb.LabelSet] = OrderedDict()
+
+
+def _remember(journal: str, registers: pb.LabelSet) -> None:
+    _registers[journal] = registers
+    _registers.move_to_end(journal)
+    while len(_registers) > REGISTER_CACHE_JOURNALS:
+        _registers.popitem(last=False)
 
 
 class FenceError(GazetteError):
@@ -246,7 +257,7 @@ async def fenced_append(
                 raise
             known = pb.LabelSet()
             known.CopyFrom(resp_now.registers)
-            _registers[journal] = known
+            _remember(journal, known)
             current = _value(known, fence.name)
             continue
         except BaseException:
@@ -254,7 +265,7 @@ async def fenced_append(
             raise
         registers = pb.LabelSet()
         registers.CopyFrom(resp.registers)
-        _registers[journal] = registers
+        _remember(journal, registers)
         if on_commit is not None:
             on_commit(journal)
         return AppendOutcome(journal, True, resp.commit.begin, resp.commit.end)

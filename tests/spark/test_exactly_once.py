@@ -162,3 +162,16 @@ def test_a_stream_label_tells_its_query_from_another_under_the_same_writer_id() 
     for bad in ("x.1", "3.", "-1", ""):
         with pytest.raises(FenceError, match="not a micro-batch id"):
             fence.committed(bad)
+
+
+async def test_the_register_guesses_of_a_process_are_bounded(
+    client: JournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Python worker keeps the registers of the journals it appended to last, not of every
+    journal it ever wrote (a sink writing by a journal column goes on to ever more)."""
+    monkeypatch.setattr(eo, "REGISTER_CACHE_JOURNALS", 3)
+    journals = [await fresh(client, f"{J}/bounded-{i}") for i in range(5)]
+    for j in journals:
+        outcome = await fenced_append(client, j, io.BytesIO(b"r\n"), Fence.for_stream("q", 0, 0))
+        assert outcome.appended
+    assert list(eo._registers) == journals[-3:]
