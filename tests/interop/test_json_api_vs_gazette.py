@@ -1,0 +1,296 @@
+"""Gazette's JSON API side by side: the same HTTP requests (real `curl`) to Gazette's broker
+(interop/bin/gazette on etcd: grpc-gateway on its service port) and to a pygazette broker's
+HTTP port, holding the same journals and content. Status lines, headers (all but Date and
+Server) and bodies must be byte-identical once the values that differ between two clusters
+are masked (etcd cluster/member ids and revisions, ports, where a fragment is persisted).
+
+Known differences, asserted as such: a request the broker's validation refuses is UNKNOWN
+(HTTP 500) on Gazette's, whose handler returns a plain error, and INVALID_ARGUMENT (400) on
+pygazette's, with the same message; a token lacking a capability is UNAUTHENTICATED (401) on
+Gazette's and PERMISSION_DENIED (403) on pygazette's; a malformed token's message is each JWT
+library's own.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pygazette.auth.capability import Capability
+from pygazette.auth.claims import Claims
+from pygazette.auth.keyed_auth import KeyedAuth
+from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.rpc_helpers import journal_spec
+from tests.interop.conftest import BROKER_ID
+from tests.support.broker_process import BrokerProcess
+from tests.support.gazette_process import EtcdServer, GazetteBinaries, GazetteBroker
+from tests.support.http_scrape import wait_status
+from tests.support.ports import free_port
+
+CURL = shutil.which("curl") or "/usr/bin/curl"
+KEYS = base64.b64encode(b"json-api-interop-key".ljust(32, b"k")).decode()
+
+pytestmark = [
+    pytest.mark.skipif(not Path(CURL).exists(), reason="needs the curl binary"),
+    pytest.mark.timeout(240),
+]
+
+_VOLATILE = re.compile(
+    rb'"(clusterId|memberId|revision|raftTerm|modRevision|createRevision)":"[0-9]+"'
+)
+_HOSTPORT = re.compile(rb"127\.0\.0\.1:[0-9]+")
+_PERSISTED = re.compile(rb'"backingStore":"[^"]*","modTime":"[0-9]+"')
+_URL = re.compile(rb'"fragmentUrl":"[^"]*"')
+
+
+def masked(body: bytes) -> bytes:
+    body = _VOLATILE.sub(rb'"\1":"N"', body)
+    body = _HOSTPORT.sub(b"HOST", body)
+    body = _PERSISTED.sub(b'"backingStore":"B","modTime":"M"', body)
+    return _URL.sub(b'"fragmentUrl":"U"', body)
+
+
+Answer = tuple[str, list[tuple[str, str]], bytes]
+
+
+def curl(base: str, args: list[str]) -> Answer:
+    out = subprocess.run(
+        [CURL, "-s", "-i", "-m", "10", *[a.replace("BASE", base) for a in args]],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = sorted(
+        (k.lower(), v.strip())
+        for k, _, v in (line.partition(":") for line in lines[1:])
+        if k.lower() not in ("date", "server")
+    )
+    return lines[0], headers, masked(body)
+
+
+def _post(path: str, body: str, *headers: str) -> list[str]:
+    extra = [arg for h in headers for arg in ("-H", h)]
+    return ["-X", "POST", *extra, f"BASE{path}", "--data-binary", body]
+
+
+READ = "/v1/journals/read"
+LIST = "/v1/journals/list"
+JOURNAL = "interop/json-api/a=b%2C+c"
+
+# Answered byte for byte alike.
+SAME: list[list[str]] = [
+    _post(LIST, "{}"),
+    _post(LIST, '{"selector":{"include":{"labels":[{"name":"topic","value":"x"}]}}}'),
+    _post(LIST, '{"selector":{"exclude":{"labels":[{"name":"topic","prefix":true}]}},"x":[]}'),
+    _post(LIST, '{"watch_resume":{},"pageLimit":"x"}'),
+    _post(READ, f'{{"journal":"{JOURNAL}"}}'),
+    _post(READ, f'{{"journal":"{JOURNAL}","offset":"12"}}'),
+    _post(READ, f'{{"journal":"{JOURNAL}","offset":3,"end_offset":"7"}}'),
+    _post(READ, f'{{"journal":"{JOURNAL}","metadataOnly":true,"offset":-1}}'),
+    _post(READ, f'{{"journal":"{JOURNAL}","offset":"\\u0031","doNotProxy":false}}'),
+    _post(READ, '{"journal":"interop/json-api/none"}'),
+    _post(READ, f'{{"journal":"{JOURNAL}"}}trailing'),
+    # Go's decoding errors.
+    *[
+        _post(READ, body)
+        for body in [
+            "x",
+            "{",
+            "[]",
+            '"str"x',
+            "12x",
+            '{"journal":5}',
+            '{"offset":"abc"}',
+            '{"offset":1.5}',
+            '{"offset":99999999999999999999}',
+            '{"offset":"-"}',
+            '{"offset":"1e"}',
+            '{"offset":"1 2"}',
+            '{"offset":""}',
+            '{"offset":"tr"}',
+            '{"block":"yes"}',
+            '{"header":5}',
+            '{"a":}',
+            '{"a" 1}',
+            '{"a":1 "b":2}',
+            "{1:2}",
+            "[1 2]",
+            '{"a":"\\x"}',
+            '{"a":"\\u12g4"}',
+            '{"a":-x}',
+            '{"a":1.x}',
+            '{"a":tru}',
+            "{\"a\":'x'}",
+            "é",
+            '{"header":{"etcd":{"revision":"x"}}}',
+            '{"header":{"processId":"x"}}',
+            '{"header":{"route":{"members":5}}}',
+            '{"header":{"route":{"primary":4294967296}}}',
+            '{"header":{"etcd":{"clusterId":-1}}}',
+        ]
+    ],
+    _post(LIST, '{"selector":{"include":{"labels":[{"name":5}]}}}'),
+    _post(LIST, '{"selector":{"include":{"labels":{}}}}'),
+    # Routing, methods, CORS preflight and redirects of Go's ServeMux.
+    ["-X", "GET", f"BASE{LIST}"],
+    ["-X", "PUT", f"BASE{LIST}", "-d", "{}"],
+    ["-X", "HEAD", f"BASE{LIST}"],
+    _post("/v1/journals/append", "{}"),
+    _post(LIST + "/", "{}"),
+    _post(LIST + ":watch", "{}"),
+    _post("/v1/", "{}"),
+    _post("/v1", "{}"),
+    ["-X", "GET", "BASE/v1?x=1&y=<"],
+    ["-X", "POST", "--path-as-is", "BASE/v1//journals/list", "-d", "{}"],
+    ["-X", "OPTIONS", f"BASE{LIST}"],
+    ["-X", "OPTIONS", "BASE/v1/zz", "-H", "Origin: http://x"],
+    _post(LIST, "a=b", "Content-Type: application/x-www-form-urlencoded"),
+    _post(
+        LIST,
+        "a=b",
+        "X-HTTP-Method-Override: GET",
+        "Content-Type: application/x-www-form-urlencoded",
+    ),
+    _post(READ, "{}", "Grpc-Timeout: xx"),
+    _post(READ, "{}", "Grpc-Metadata-Foo-Bin: !!"),
+    _post(READ, '{"journal":"interop/json-api/none"}', "Grpc-Metadata-Foo: bar"),
+]
+
+# Refused by the broker's validation: UNKNOWN on Gazette's, INVALID_ARGUMENT on pygazette's.
+VALIDATION = [
+    _post(READ, '{"journal":"bad name"}'),
+    _post(READ, '{"nope":1}'),
+    _post(READ, ""),
+    _post(READ, "null"),
+    _post(LIST, '{"selector":{"include":{"labels":[{"name":"bad label"}]}}}'),
+]
+
+
+def _serve_pygazette(root: Path, *args: str) -> tuple[BrokerProcess, str]:
+    http_port = free_port()
+    proc = BrokerProcess(
+        root / "data", extra_args=["--id", BROKER_ID, "--http-port", str(http_port), *args]
+    )
+    proc.data_dir.parent.mkdir(parents=True, exist_ok=True)
+    proc.start()
+    base = f"http://127.0.0.1:{http_port}"
+    wait_status(base + "/debug/ready")
+    return proc, base
+
+
+@pytest.fixture
+def pygazette_http(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
+    proc, base = _serve_pygazette(tmp_path / "pygazette")
+    try:
+        yield proc, base
+    finally:
+        proc.kill()
+
+
+def _spec() -> pb.JournalSpec:
+    spec = journal_spec(JOURNAL, codec=pb.SNAPPY, labels={"topic": "x", "content-type": "y"})
+    spec.fragment.refresh_interval.FromSeconds(30)
+    spec.fragment.retention.FromMilliseconds(5400500)
+    spec.fragment.flush_interval.FromMilliseconds(90500)
+    spec.fragment.path_postfix_template = '{{/* <&>" */}}'
+    spec.flags = pb.JournalSpec.O_RDWR
+    spec.max_append_rate = 1000
+    return spec
+
+
+def _prepare(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+    """The same journal and content on both brokers."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=_spec())])
+        assert stub.Apply(req, metadata=metadata).status == pb.OK
+        deadline = time.monotonic() + 30
+        while True:
+            resp = stub.Append(
+                iter(
+                    [
+                        pb.AppendRequest(journal=JOURNAL),
+                        pb.AppendRequest(content=b"hello\nworld\n"),
+                        pb.AppendRequest(),
+                    ]
+                ),
+                metadata=metadata,
+            )
+            if resp.status == pb.OK or time.monotonic() > deadline:
+                break  # (A journal just created may not have its primary yet.)
+            time.sleep(0.05)
+        assert resp.status == pb.OK, pb.Status.Name(resp.status)
+
+
+def test_json_api_answers_as_gazettes(
+    gazette: GazetteBroker, pygazette_http: tuple[BrokerProcess, str]
+) -> None:
+    proc, py_base = pygazette_http
+    _prepare(gazette.address)
+    _prepare(proc.address)
+    differ = []
+    for args in SAME:
+        theirs, ours = curl(gazette.url, args), curl(py_base, args)
+        if theirs != ours:
+            differ.append((args, theirs, ours))
+    assert differ == [], "\n".join(f"{a}\n  gazette:   {t}\n  pygazette: {o}" for a, t, o in differ)
+
+    # A blocking read cut by its Grpc-Timeout: 504 on both (the texts are each gRPC client's).
+    blocking = _post(
+        READ, f'{{"journal":"{JOURNAL}","offset":"12","block":true}}', "Grpc-Timeout: 300m"
+    )
+    for answer in (curl(gazette.url, blocking), curl(py_base, blocking)):
+        assert answer[0] == "HTTP/1.1 504 Gateway Timeout", answer
+        assert answer[2].startswith(b'{"error":{"grpcCode":4,"httpCode":504,"message":'), answer
+
+    for args in VALIDATION:
+        theirs, ours = curl(gazette.url, args), curl(py_base, args)
+        assert theirs[0] == "HTTP/1.1 500 Internal Server Error", (args, theirs)
+        assert ours[0] == "HTTP/1.1 400 Bad Request", (args, ours)
+        assert theirs[2].replace(b'"grpcCode":2,"httpCode":500', b"X").replace(
+            b'"Internal Server Error"', b"Y"
+        ) == ours[2].replace(b'"grpcCode":3,"httpCode":400', b"X").replace(
+            b'"Bad Request"', b"Y"
+        ), args
+
+
+def test_authorization_answers_as_gazettes(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    gazette = GazetteBroker(
+        binaries.gazette, etcd, tmp_path / "gazette", broker_id=BROKER_ID, auth_keys=KEYS
+    )
+    gazette.start()
+    proc, py_base = _serve_pygazette(tmp_path / "pygazette", "--auth-keys", KEYS)
+    try:
+        signer = KeyedAuth(KEYS)
+        every = "Bearer " + signer.sign(Claims(Capability.ALL))
+        for address in (gazette.address, proc.address):
+            _prepare(address, (("authorization", every),))
+        read = f'{{"journal":"{JOURNAL}"}}'
+        for token in ["", "Basic abc", every]:
+            header = [f"Authorization: {token}"] if token else []
+            for args in (_post(READ, read, *header), _post(LIST, "{}", *header)):
+                assert curl(gazette.url, args) == curl(py_base, args), (token, args)
+        # A token without the capability: Gazette's UNAUTHENTICATED, pygazette's
+        # PERMISSION_DENIED, with the same message.
+        read_only = "Authorization: Bearer " + signer.sign(Claims(Capability.READ))
+        theirs = curl(gazette.url, _post(LIST, "{}", read_only))
+        ours = curl(py_base, _post(LIST, "{}", read_only))
+        assert (theirs[0], ours[0]) == ("HTTP/1.1 401 Unauthorized", "HTTP/1.1 403 Forbidden")
+        message = b'"message":"authorization is missing required LIST capability"'
+        assert message in theirs[2] and message in ours[2]
+    finally:
+        proc.kill()
+        gazette.kill()
