@@ -46,6 +46,7 @@ from pygazette.cli.spec_yaml import (
     check_keys,
     duration_field,
     field_error,
+    go_yaml_quotes,
     labels_to_yaml,
     load_document,
     parse_bool,
@@ -384,7 +385,9 @@ _LINE_BREAKS = frozenset("\n\r\x85\u2028\u2029")
 
 
 def _represent_str(dumper: _Dumper, value: str) -> yaml.ScalarNode:
-    if _LINE_BREAKS.intersection(value):
+    # gazctl double-quotes a string that would read as another type ("", "true", "1.5"):
+    # so does this, where PyYAML would single-quote (some: '1e3', 'Y') or leave plain.
+    if _LINE_BREAKS.intersection(value) or go_yaml_quotes(value):
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
     return dumper.represent_str(value)
 

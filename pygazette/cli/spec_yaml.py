@@ -9,7 +9,9 @@ Durations are Go durations ("5m", "1h30m", "100ms") in YAML, protobuf Durations 
 
 from __future__ import annotations
 
+import datetime
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ __all__ = [
     "check_keys",
     "duration_field",
     "field_error",
+    "go_yaml_quotes",
     "labels_to_yaml",
     "load_document",
     "parse_bool",
@@ -83,8 +86,11 @@ class YamlInt(int):
     text: str
 
 
-def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int:
-    out = YamlInt(loader.construct_yaml_int(node))  # type: ignore[no-untyped-call]
+def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int | str:
+    try:
+        out = YamlInt(loader.construct_yaml_int(node))  # type: ignore[no-untyped-call]
+    except ValueError:  # PyYAML resolves "0x_" to an int it cannot read: it is text.
+        return str(node.value)
     out.text = str(node.value)
     return out
 
@@ -98,8 +104,11 @@ class YamlFloat(float):
     text: str
 
 
-def _construct_float(loader: StrictLoader, node: yaml.ScalarNode) -> float:
-    out = YamlFloat(loader.construct_yaml_float(node))  # type: ignore[no-untyped-call]
+def _construct_float(loader: StrictLoader, node: yaml.ScalarNode) -> float | str:
+    try:
+        out = YamlFloat(loader.construct_yaml_float(node))  # type: ignore[no-untyped-call]
+    except ValueError:  # As "0x_" for ints ("._"): text.
+        return str(node.value)
     out.text = str(node.value)
     return out
 
@@ -172,6 +181,83 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
             return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
         return problem
     return " ".join(str(exc).split())
+
+
+# Writing ---------------------------------------------------------------------------------
+
+# What gopkg.in/yaml.v2 (gazctl's YAML, v2.4.0: resolve.go) reads from a plain scalar as
+# something other than a string.
+_GO_YAML_WORDS = frozenset(
+    "y Y yes Yes YES true True TRUE on On ON n N no No NO false False FALSE off Off OFF "
+    "~ null Null NULL .nan .NaN .NAN .inf .Inf .INF +.inf +.Inf +.INF -.inf -.Inf -.INF <<".split()
+) | {""}
+_GO_YAML_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_GO_YAML_BASE60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+_GO_INT = re.compile(
+    r"([-+]?)(0[xX]([0-9a-fA-F]+)|0[oO]([0-7]+)|0[bB]([01]+)|0([0-7]*)|([1-9][0-9]*))"
+)
+_GO_TIMESTAMP = re.compile(
+    r"(\d{4})-(\d{1,2})-(\d{1,2})"
+    r"(?:(?:[Tt](\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.\d+)?(?:Z|[-+]\d{2}:\d{2}))"
+    r"|(?: (\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.\d+)?))?"
+)
+
+
+def _go_int(text: str) -> bool:
+    """Whether Go's strconv.ParseInt(text, 0, 64), or ParseUint, takes `text`."""
+    m = _GO_INT.fullmatch(text)
+    if m is None:
+        return False
+    sign, _, hexa, octal, binary, zero_octal, decimal = m.groups()
+    digits, base = next(
+        (d, b)
+        for d, b in ((hexa, 16), (octal, 8), (binary, 2), (zero_octal, 8), (decimal, 10))
+        if d is not None
+    )
+    value = int(digits or "0", base)
+    return value <= (1 << 63) - (sign != "-") if sign else value < 1 << 64
+
+
+def _go_float(text: str) -> bool:
+    """Whether Go's strconv.ParseFloat(text, 64) takes `text` (of `_GO_YAML_FLOAT`'s form)."""
+    return math.isfinite(float(text))
+
+
+def _go_timestamp(text: str) -> bool:
+    """Whether yaml.v2's parseTimestamp takes `text` (a date, or a date and time)."""
+    m = _GO_TIMESTAMP.fullmatch(text)
+    if m is None:
+        return False
+    year, month, day = (int(x) for x in m.group(1, 2, 3))
+    clock = [int(x) for x in (m.group(4, 5, 6) if m.group(4) else m.group(7, 8, 9)) if x]
+    try:
+        datetime.date(year, month, day)
+    except ValueError:
+        return False
+    return not clock or (clock[0] < 24 and clock[1] < 60 and clock[2] < 60)
+
+
+def go_yaml_quotes(text: str) -> bool:
+    """Whether gazctl's YAML (gopkg.in/yaml.v2) writes the string `text` double-quoted: a
+    plain scalar of it would read back as a boolean, number, null or timestamp (encode.go's
+    stringv). PyYAML single-quotes what its own resolver would misread: writing these
+    double-quoted makes a listing byte for byte gazctl's."""
+    if text in _GO_YAML_WORDS or _GO_YAML_BASE60.fullmatch(text):
+        return True
+    first = text[0]
+    if first == ".":
+        return bool(_GO_YAML_FLOAT.fullmatch(text)) and _go_float(text)
+    if first not in "+-0123456789":
+        return False
+    if _go_timestamp(text):
+        return True
+    plain = text.replace("_", "")
+    if _go_int(plain) or (_GO_YAML_FLOAT.fullmatch(plain) and _go_float(plain)):
+        return True
+    for prefix, sign in (("0b", ""), ("-0b", "-")):
+        if plain.startswith(prefix) and _go_int(f"{sign}0b{plain[len(prefix) :]}"):
+            return True
+    return False
 
 
 # Fields ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ back byte for byte as gazctl writes it."""
 from __future__ import annotations
 
 import pytest
+from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -142,6 +143,45 @@ def test_listing_of_one_shard_hoists_all_but_its_id() -> None:
     assert text.endswith("shards:\n- id: shard-A\n  revision: 7\n")
     assert "  sources:\n  - journal: journal/A\n" in text
     assert flatten(parse_shardspace(text)) == [ShardEntry(spec=spec, revision=7)]
+
+
+def test_a_listing_quotes_strings_as_gazctl_does() -> None:
+    """gazctl's YAML (yaml.v2) double-quotes a string that would read as something else;
+    PyYAML single-quoted these ('1', 'true', '2024-01-01') or left some plain (1e3, Y, 0o17,
+    which yaml.v2 reads as numbers and booleans). The expected text is gazctl v0.103.0's
+    `shards list -o yaml` of such shards."""
+    values = ["", "1", "true", "Y", "n", "1e3", "0o17", "09", ".5", "2024-01-01", "-", "x1"]
+    shards = [
+        cpb.ListResponse.Shard(
+            spec=cpb.ShardSpec(
+                id=f"shard-{i:02d}",
+                max_txn_duration=duration_pb2.Duration(seconds=1),
+                labels=label_set([("tier", v)]),
+            ),
+            mod_revision=3,
+        )
+        for i, v in enumerate(values)
+    ]
+    text = dump_shardspace(from_list(shards))
+    written = [line.split("value: ", 1)[1] for line in text.splitlines() if "value: " in line]
+    assert written == [
+        '""',
+        '"1"',
+        '"true"',
+        '"Y"',
+        '"n"',
+        '"1e3"',
+        '"0o17"',
+        '"09"',
+        '".5"',
+        '"2024-01-01"',
+        "'-'",
+        "x1",
+    ]
+    # And each reads back as written, as do the ones PyYAML would misread (0x_: an int).
+    assert [e.spec for e in flatten(parse_shardspace(text))] == [s.spec for s in shards]
+    odd = text.replace('"2024-01-01"', "0x_")
+    assert flatten(parse_shardspace(odd))[9].spec.labels.labels[0].value == "0x_"
 
 
 def test_empty_listing() -> None:
