@@ -44,6 +44,7 @@ def http_options(what: str = "") -> Callable[[F], F]:
             metavar="ADDRESS",
             help="Interface address of the HTTP port [default: the gRPC address].",
         ),
+        allow_origin_option("BROKER_ALLOW_ORIGIN"),
     ]
 
     def decorate(fn: F) -> F:
@@ -52,6 +53,19 @@ def http_options(what: str = "") -> Callable[[F], F]:
         return fn
 
     return decorate
+
+
+def allow_origin_option(envvar: str) -> Callable[[F], F]:
+    """`--allow-origin` (repeatable): Gazette's `--broker.allow-origin` /
+    `--consumer.allow-origin`, CORS headers on the JSON API for requests from these origins."""
+    return click.option(
+        "--allow-origin",
+        "allow_origins",
+        multiple=True,
+        envvar=envvar,
+        metavar="ORIGIN",
+        help="Origin to allow in CORS contexts of the JSON API under /v1/ (repeatable).",
+    )
 
 
 class _SideHttp:
@@ -68,6 +82,7 @@ class _SideHttp:
         tls: ServerTLS | None = None,
         gateway: Callable[[], JournalClient] | None = None,
         shard_api: Callable[[], Connection] | None = None,
+        allow_origins: Iterable[str] = (),
     ) -> None:
         self.host, self.port = host, port
         self.readiness = readiness
@@ -75,6 +90,7 @@ class _SideHttp:
         self.tls = tls
         self.gateway = gateway
         self.shard_api = shard_api
+        self.allow_origins = tuple(allow_origins)
         self.client: JournalClient | None = None
         self.connection: Connection | None = None  # The shard API's, to the consumer.
         self.server: HttpServer | None = None
@@ -84,10 +100,14 @@ class _SideHttp:
         # In the running loop: gRPC binds channels to it.
         if self.gateway is not None:
             self.client = self.gateway()
-            json_api = JsonApi(self.client.channel, JOURNAL_METHODS)
+            json_api = JsonApi(
+                self.client.channel, JOURNAL_METHODS, allow_origins=self.allow_origins
+            )
         if self.shard_api is not None:
             self.connection = self.shard_api()
-            json_api = JsonApi(self.connection.channel, SHARD_METHODS)
+            json_api = JsonApi(
+                self.connection.channel, SHARD_METHODS, allow_origins=self.allow_origins
+            )
         self.server = HttpServer.for_server(
             readiness=self.readiness,
             metrics=self.metrics,
@@ -119,7 +139,11 @@ class _SideHttp:
 
 
 def broker_http(
-    port: int, address: str, tls: ServerTLS | None, peer_tls: ClientTLS | None
+    port: int,
+    address: str,
+    tls: ServerTLS | None,
+    peer_tls: ClientTLS | None,
+    allow_origins: Iterable[str] = (),
 ) -> Callable[[Any], _SideHttp] | None:
     """The broker's HTTP side (None when `port` is 0): a `Broker` → `SideServer` factory."""
     if not port:
@@ -139,6 +163,7 @@ def broker_http(
             texts=[broker.rpc_counters.exposition],
             tls=tls,
             gateway=gateway_client,
+            allow_origins=allow_origins,
         )
 
     return build
@@ -154,6 +179,7 @@ def consumer_http(
     tls: ServerTLS | None = None,
     endpoint: Callable[[], str] | None = None,
     peer_tls: ClientTLS | None = None,
+    allow_origins: Iterable[str] = (),
 ) -> _SideHttp:
     """A consumer process's HTTP side: metrics and health (HTTPS with the process's TLS) and,
     given the process's gRPC `endpoint`, the JSON API for shards."""
@@ -172,4 +198,5 @@ def consumer_http(
         collectors=collectors,
         tls=tls,
         shard_api=shard_api,
+        allow_origins=allow_origins,
     )

@@ -21,7 +21,7 @@ from pygazette.allocator.session import MemberSession
 from pygazette.auth.configured import AUTH_KEYS_ENV
 from pygazette.auth.keyed_auth import parse_auth_keys
 from pygazette.auth.tls import TLSConfigError
-from pygazette.cli.http_port import consumer_http
+from pygazette.cli.http_port import allow_origin_option, consumer_http
 from pygazette.cli.listen import check_listen_address
 from pygazette.cli.log_format import configure_from_options, log_options
 from pygazette.cli.tls_flags import (
@@ -95,6 +95,7 @@ def _consumer_http(process: ConsumerProcess) -> SideServer | None:
         tls=cfg.tls,
         endpoint=lambda: process.endpoint,
         peer_tls=cfg.peer_tls,
+        allow_origins=cfg.allow_origins,
     )
 
 
@@ -173,6 +174,7 @@ def _options(with_app: bool) -> list[Any]:
             default="",
             help="Interface address of the HTTP port [default: --host].",
         ),
+        allow_origin_option("CONSUMER_ALLOW_ORIGIN"),
         log_options,
         server_tls_flags("CONSUMER"),
         client_tls_flags("broker", "BROKER", "brokers"),
@@ -230,6 +232,7 @@ def _serve(app: Application, app_name: str, **kw: Any) -> None:
         hints_interval=kw["hints_interval"],
         http_port=kw.get("http_port") or 0,
         http_address=kw.get("http_address") or "",
+        allow_origins=tuple(kw.get("allow_origins") or ()),
         auth_keys=kw.get("auth_keys") or "",
     )
     check_listen_address(config.host, config.port)

@@ -255,6 +255,7 @@ def serve(
     auth_keys: str,
     http_port: int,
     http_address: str,
+    allow_origins: tuple[str, ...],
     log_level: str | None,
     log_format: str,
     **tls_flags: str,
@@ -327,7 +328,7 @@ def serve(
     tune_gc()
     raise_open_file_limit()
     try:
-        side = broker_http(http_port, http_address, config.tls, config.peer_tls)
+        side = broker_http(http_port, http_address, config.tls, config.peer_tls, allow_origins)
         asyncio.run(run_broker(config, side))
     except MemberFailed as exc:
         raise click.ClickException(f"left the cluster: {exc}") from None

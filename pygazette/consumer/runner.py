@@ -92,6 +92,8 @@ class ConsumerConfig:
     # `host`).
     http_port: int = 0
     http_address: str = ""
+    # Origins the HTTP port's JSON API allows in CORS contexts (--allow-origin).
+    allow_origins: tuple[str, ...] = ()
     # TLS of the Shard gRPC port (mTLS with a CA), towards https:// peers (proxied Stats),
     # brokers and etcd; None: plaintext (or system roots for https:// URLs).
     tls: ServerTLS | None = None

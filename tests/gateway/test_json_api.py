@@ -260,3 +260,32 @@ async def test_a_blocking_read_streams_and_ends_with_its_client(
             break
         await asyncio.sleep(0.05)
     assert await asyncio.to_thread(_reads_open, base) == 0, "the Read RPC outlived its client"
+
+
+async def test_cors_of_allowed_origins() -> None:
+    """As Gazette's CORSWrapper (--allow-origin): headers for an allowed Origin, OPTIONS 200."""
+    from pygazette.gateway.exposition import MetricsExposition
+    from pygazette.gateway.health import ReadyState
+    from pygazette.gateway.http_server import HttpServer
+    from pygazette.gateway.json_api import JOURNAL_METHODS, JsonApi
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}") as channel:
+        api = JsonApi(channel, JOURNAL_METHODS, allow_origins=["http://app.example"])
+        server = HttpServer.for_server(
+            readiness=ReadyState(), metrics=MetricsExposition(), json_api=api
+        )
+        port = await server.start("127.0.0.1", 0)
+        try:
+            url = f"http://127.0.0.1:{port}/v1/journals/read"
+            allowed = {"Origin": "http://app.example"}
+            status, headers, body = await post(url, "", allowed, method="OPTIONS")
+            assert (status, body) == (200, b"")
+            assert headers["Access-Control-Allow-Origin"] == "http://app.example"
+            assert headers["Access-Control-Allow-Methods"] == "GET, POST, OPTIONS"
+            assert "Authorization" in headers["Access-Control-Allow-Headers"]
+            status, headers, body = await post(url, "x", allowed)
+            assert status == 400 and headers["Access-Control-Allow-Origin"] == "http://app.example"
+            status, headers, _ = await post(url, "x", {"Origin": "http://other.example"})
+            assert status == 400 and "Access-Control-Allow-Origin" not in headers
+        finally:
+            await server.stop()

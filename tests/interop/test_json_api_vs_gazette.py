@@ -294,3 +294,37 @@ def test_authorization_answers_as_gazettes(
     finally:
         proc.kill()
         gazette.kill()
+
+
+def test_cors_answers_as_gazettes(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    origin = "http://app.example"
+    gazette = GazetteBroker(
+        binaries.gazette,
+        etcd,
+        tmp_path / "gazette",
+        broker_id=BROKER_ID,
+        extra_args=[f"--broker.allow-origin={origin}"],
+    )
+    gazette.start()
+    proc, py_base = _serve_pygazette(tmp_path / "pygazette", "--allow-origin", origin)
+    try:
+        for address in (gazette.address, proc.address):
+            _prepare(address)
+        read = f'{{"journal":"{JOURNAL}"}}'
+        for header in (f"Origin: {origin}", "Origin: http://other.example"):
+            for args in (
+                ["-X", "OPTIONS", f"BASE{READ}", "-H", header],
+                ["-X", "OPTIONS", "BASE/v1/anything", "-H", header],
+                _post(READ, read, header),
+                _post(LIST, "x", header),
+                ["-X", "GET", f"BASE{LIST}", "-H", header],
+            ):
+                theirs, ours = curl(gazette.url, args), curl(py_base, args)
+                assert theirs == ours, (args, theirs, ours)
+        allowed = curl(py_base, ["-X", "OPTIONS", f"BASE{READ}", "-H", f"Origin: {origin}"])
+        assert ("access-control-allow-origin", origin) in allowed[1]
+    finally:
+        proc.kill()
+        gazette.kill()
