@@ -201,11 +201,20 @@ def _open_raw(
     parts = urlsplit(url)
     codec = fragment.compression_codec
     if parts.scheme == "file":
-        path = Path(unquote(parts.path))
+        # A URL's path is percent-encoded, but brokers sign a file:// store's fragment as its
+        # path verbatim (as Gazette's does), and journal names may hold '%': a path that
+        # doesn't decode to a file is tried as it is.
+        paths = [unquote(parts.path), parts.path]
         if file_root is not None:
-            path = Path(file_root) / unquote(parts.path).lstrip("/")
+            paths = [str(Path(file_root) / p.lstrip("/")) for p in paths]
+        path = Path(paths[0])
         try:
-            fobj: IO[bytes] = open(path, "rb")  # Closed by the FragmentReader.
+            try:
+                fobj: IO[bytes] = open(path, "rb")  # Closed by the FragmentReader.
+            except FileNotFoundError:
+                if paths[1] == paths[0]:
+                    raise
+                fobj = open(paths[1], "rb")
         except OSError as exc:
             raise FragmentOpenError(f"cannot open fragment file {path}: {exc}") from exc
         if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:

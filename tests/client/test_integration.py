@@ -318,6 +318,37 @@ async def test_do_not_proxy_reads_persisted_fragments_directly(
     assert rest == second
 
 
+async def test_fragments_of_a_journal_named_with_a_percent_sign_are_read_directly(
+    broker: BrokerProcess, client: JournalClient
+) -> None:
+    # Journal names may hold '%' (Gazette's path symbols), and brokers sign a file:// store's
+    # fragment as its path verbatim (Gazette: "file://" + path): 'p%41' stays 'p%41'. The
+    # client took the URL's path as percent-encoded and looked for 'pA': never there, so
+    # every fragment of such a journal was read through the broker instead.
+    spec = journal_spec("tests/client/p%41q", codec=pb.NONE)
+    spec.fragment.length = 1024  # The first append's fragment closes (and persists) at the next.
+    await create(client, spec)
+    first = b"a" * 2000 + b"\n"
+    for data in (first, b"b\n"):
+        for _ in range(300):  # Gazette assigns the journal in the background.
+            with contextlib.suppress(BrokerError):
+                await append(client, spec.name, data)
+                break
+            await asyncio.sleep(0.1)
+    for _ in range(300):  # Persisting (and, for Gazette, listing it) happens in the background.
+        fragments = await list_all_fragments(client, spec.name)
+        if fragments[0].spec.backing_store:
+            break
+        await asyncio.sleep(0.1)
+    assert fragments[0].spec.backing_store == "file:///"
+
+    rr = RetryReader(client, spec.name, do_not_proxy=True, file_root=broker.file_root)
+    assert await rr.read() == first
+    assert rr.reader.fragment_url.startswith("file:///tests/client/p%41q/")
+    assert rr.reader.direct is not None  # Read from the store, not through the broker.
+    await rr.aclose()
+
+
 async def test_a_fragment_url_failing_to_open_is_read_through_the_broker_alone(
     broker: BrokerProcess, client: JournalClient, tmp_path: Path
 ) -> None:

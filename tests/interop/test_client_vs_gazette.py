@@ -29,6 +29,7 @@ from tests.client.test_integration import (  # noqa: F401 (collected here agains
     test_blocking_reads_see_later_appends,
     test_do_not_proxy_reads_persisted_fragments_directly,
     test_fragments_cover_the_journal,
+    test_fragments_of_a_journal_named_with_a_percent_sign_are_read_directly,
     test_large_append_is_chunked_and_reads_back,
     test_non_blocking_read_at_the_head_keeps_the_head_it_was_told,
     test_non_blocking_read_at_the_head_raises,
