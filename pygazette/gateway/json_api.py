@@ -106,6 +106,7 @@ _HTTP_STATUS = {
     grpc.StatusCode.DATA_LOSS: 500,
 }
 JSON = "application/json"
+_GRPC_TYPE = "application/grpc"
 _CORS_METHODS = "GET, POST, OPTIONS"
 _CORS_HEADERS = (
     "Cache-Control, Content-Language, Content-Length, Content-Type, Expires, Last-Modified, "
@@ -222,7 +223,7 @@ def _base64_error(value: str, _exc: Exception) -> str:
 def _metadata_headers(initial: Any) -> list[tuple[str, str]]:
     """The RPC's response headers as grpc-gateway forwards them: `Grpc-Metadata-<Key>`
     (content-type first: gRPC's own, which grpc-go's client lists among them)."""
-    headers = [("Grpc-Metadata-Content-Type", "application/grpc")]
+    headers = [("Grpc-Metadata-Content-Type", _GRPC_TYPE)]
     for key, value in initial or ():
         if key.endswith("-bin") or key == "content-type":
             continue
@@ -294,7 +295,7 @@ class JsonApi:
             )
         if method.streamed:
             return await self._streamed(request, method, req, metadata, timeout, cors)
-        return await self._unary(method, req, metadata, timeout, cors)
+        return await self._unary(request, method, req, metadata, timeout, cors)
 
     def _match(self, request: web.Request) -> Method | None:
         verb = request.method
@@ -356,6 +357,7 @@ class JsonApi:
 
     async def _unary(
         self,
+        request: web.Request,
         method: Method,
         req: Message,
         metadata: list[tuple[str, str | bytes]],
@@ -371,17 +373,35 @@ class JsonApi:
             msg = await call
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            return web.Response(
+            # A failed unary call ends trailers-only: grpc-go's client has gRPC's content-type
+            # in its trailers, which grpc-gateway sends as HTTP trailers.
+            resp = web.StreamResponse(
                 status=_HTTP_STATUS.get(code, 500),
-                body=_status_body(code, _message(exc, seconds)),
-                headers={"Content-Type": JSON, **cors},
+                headers={"Content-Type": JSON, "Trailer": "Grpc-Trailer-Content-Type", **cors},
             )
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write(_status_body(code, _message(exc, seconds)))
+            await _end_with_trailers(request, resp, [("Grpc-Trailer-Content-Type", _GRPC_TYPE)])
+            return resp
         finally:
             call.cancel()
         resp = web.Response(status=200, body=marshal(msg), headers={"Content-Type": JSON, **cors})
         for key, value in _metadata_headers(await call.initial_metadata()):
             resp.headers.add(key, value)
         return resp
+
+
+async def _end_with_trailers(
+    request: web.Request, resp: web.StreamResponse, trailers: list[tuple[str, str]]
+) -> None:
+    """End a chunked response with HTTP trailers (aiohttp writes none of its own: the last
+    chunk is written here, the writer's chunking turned off for it)."""
+    writer: Any = request.writer
+    writer.chunked = False
+    last = b"0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in trailers) + b"\r\n"
+    await writer.write(last)
+    await resp.write_eof()
 
 
 def _message(exc: grpc.aio.AioRpcError, seconds: float | None) -> str:

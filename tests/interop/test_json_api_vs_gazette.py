@@ -13,7 +13,9 @@ library's own.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -27,6 +29,13 @@ import pytest
 from pygazette.auth.capability import Capability
 from pygazette.auth.claims import Claims
 from pygazette.auth.keyed_auth import KeyedAuth
+from pygazette.gateway.exposition import MetricsExposition
+from pygazette.gateway.health import ReadyState
+from pygazette.gateway.http_server import HttpServer
+from pygazette.gateway.json_api import JOURNAL_METHODS, SHARD_METHODS, JsonApi
+from pygazette.gateway.jsonpb import marshal
+from pygazette.protocol.pb import consumer_pb2 as cpb
+from pygazette.protocol.pb import consumer_pb2_grpc as cpb_grpc
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import journal_spec
@@ -34,6 +43,7 @@ from tests.interop.conftest import BROKER_ID
 from tests.support.broker_process import BrokerProcess
 from tests.support.gazette_process import EtcdServer, GazetteBinaries, GazetteBroker
 from tests.support.http_scrape import wait_status
+from tests.support.listening_process import start_listening
 from tests.support.ports import free_port
 
 CURL = shutil.which("curl") or "/usr/bin/curl"
@@ -62,7 +72,7 @@ def masked(body: bytes) -> bytes:
 Answer = tuple[str, list[tuple[str, str]], bytes]
 
 
-def curl(base: str, args: list[str]) -> Answer:
+def curl(base: str, args: list[str], mask: bool = True) -> Answer:
     out = subprocess.run(
         [CURL, "-s", "-i", "-m", "10", *[a.replace("BASE", base) for a in args]],
         capture_output=True,
@@ -76,7 +86,7 @@ def curl(base: str, args: list[str]) -> Answer:
         for k, _, v in (line.partition(":") for line in lines[1:])
         if k.lower() not in ("date", "server")
     )
-    return lines[0], headers, masked(body)
+    return lines[0], headers, masked(body) if mask else body
 
 
 def _post(path: str, body: str, *headers: str) -> list[str]:
@@ -328,3 +338,135 @@ def test_cors_answers_as_gazettes(
     finally:
         proc.kill()
         gazette.kill()
+
+
+async def test_the_gateway_in_front_of_gazettes_broker_answers_as_gazettes(
+    gazette: GazetteBroker,
+) -> None:
+    """pygazette's JSON API calling Gazette's broker answers every request exactly as Gazette's
+    own gateway does (nothing masked but Date and Server): the translation alone compared."""
+    await asyncio.to_thread(_prepare, gazette.address)
+    async with grpc.aio.insecure_channel(gazette.address) as channel:
+        server = HttpServer.for_server(
+            readiness=ReadyState(),
+            metrics=MetricsExposition(),
+            json_api=JsonApi(channel, JOURNAL_METHODS),
+        )
+        port = await server.start("127.0.0.1", 0)
+        try:
+            ours_base = f"http://127.0.0.1:{port}"
+            differ = []
+            for args in [*SAME, *VALIDATION]:
+                theirs = await asyncio.to_thread(curl, gazette.url, args, False)
+                ours = await asyncio.to_thread(curl, ours_base, args, False)
+                if theirs != ours:
+                    differ.append((args, theirs, ours))
+            assert differ == [], "\n".join(
+                f"{a}\n  gazette:   {t}\n  pygazette: {o}" for a, t, o in differ
+            )
+        finally:
+            await server.stop()
+
+
+SUMMER = Path(__file__).resolve().parents[2] / "interop" / "bin" / "summer"
+CHUNKS = "interop/json-api/chunks/part-000"
+
+
+@pytest.mark.skipif(not SUMMER.exists(), reason="needs Gazette's summer (build-stream-sum)")
+async def test_the_gateway_in_front_of_gazettes_consumer_answers_as_gazettes(
+    gazette: GazetteBroker, tmp_path: Path
+) -> None:
+    """Gazette's consumer (the stream-sum `summer`) answers /v1/shards/list and /stat through
+    its own gateway and through pygazette's exactly alike (nothing masked but Date and Server);
+    and pygazette's bodies are its gRPC answers in jsonpb."""
+    labels = {"content-type": "application/x-ndjson"}
+    with grpc.insecure_channel(gazette.address) as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        specs = [
+            journal_spec(CHUNKS, labels={**labels, "app.gazette.dev/message-type": "Chunk"}),
+            journal_spec(
+                "interop/json-api/logs/part-000",
+                labels={"content-type": "application/x-gazette-recoverylog"},
+            ),
+        ]
+        req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s) for s in specs])
+        assert stub.Apply(req).status == pb.OK
+    tmp = tmp_path / "summer-tmp"
+    tmp.mkdir()
+    summer, port = start_listening(
+        lambda p: [
+            str(SUMMER),
+            "serve",
+            "--consumer.zone=local",
+            "--consumer.host=127.0.0.1",
+            f"--consumer.port={p}",
+            "--consumer.id=summer-0",
+            f"--broker.address={gazette.url}",
+            f"--broker.file-root={gazette.file_root}",
+            f"--etcd.address={gazette.etcd.url}",
+            f"--etcd.prefix={gazette.prefix}-consumer",
+            "--log.level=warn",
+        ],
+        tmp_path / "summer.log",
+        env={**os.environ, "TMPDIR": str(tmp)},
+        what="summer",
+    )
+    try:
+        summer_url = f"http://127.0.0.1:{port}"
+        spec = cpb.ShardSpec(
+            id="part-000",
+            recovery_log_prefix="interop/json-api/logs",
+            hint_prefix="/interop-json-api-hints",
+            sources=[cpb.ShardSpec.Source(journal=CHUNKS)],
+        )
+        spec.max_txn_duration.FromSeconds(1)
+        spec.labels.labels.add(name="store", value="sqlite")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            shards = cpb_grpc.ShardStub(channel)  # type: ignore[no-untyped-call]
+            applied = await shards.Apply(
+                cpb.ApplyRequest(changes=[cpb.ApplyRequest.Change(upsert=spec)])
+            )
+            assert applied.status == cpb.OK
+            for _ in range(400):
+                listed = await shards.List(cpb.ListRequest())
+                codes = [s.code for shard in listed.shards for s in shard.status]
+                if codes == [cpb.ReplicaStatus.PRIMARY]:
+                    break
+                await asyncio.sleep(0.05)
+            assert codes == [cpb.ReplicaStatus.PRIMARY]
+            server = HttpServer.for_server(
+                readiness=ReadyState(),
+                metrics=MetricsExposition(),
+                json_api=JsonApi(channel, SHARD_METHODS),
+            )
+            ours_port = await server.start("127.0.0.1", 0)
+            try:
+                ours_base = f"http://127.0.0.1:{ours_port}"
+                cases = [
+                    _post("/v1/shards/list", "{}"),
+                    _post("/v1/shards/list", ""),
+                    _post("/v1/shards/list", '{"selector":{"include":{"labels":[{"name":"x"}]}}}'),
+                    _post("/v1/shards/stat", '{"shard":"part-000"}'),
+                    _post("/v1/shards/stat", '{"shard":"part-000","readThrough":{"a/b":"0"}}'),
+                    _post("/v1/shards/stat", '{"shard":"none-such"}'),
+                    _post("/v1/shards/stat", '{"shard":5}'),
+                    _post("/v1/shards/stat", '{"readThrough":[]}'),
+                    _post("/v1/shards/stat", '{"readThrough":{"a":"x"}}'),
+                    _post("/v1/shards/stat", '{"extension":"!"}'),
+                    _post("/v1/shards/stat", "{"),
+                    _post("/v1/journals/list", "{}"),
+                    ["-X", "GET", "BASE/v1/shards/list"],
+                    ["-X", "OPTIONS", "BASE/v1/shards/list"],
+                ]
+                for args in cases:
+                    theirs = await asyncio.to_thread(curl, summer_url, args, False)
+                    ours = await asyncio.to_thread(curl, ours_base, args, False)
+                    assert theirs == ours, (args, theirs, ours)
+                # The bodies are the RPCs' answers in jsonpb (a unary RPC: no newline).
+                body = (await asyncio.to_thread(curl, ours_base, cases[0], False))[2]
+                assert body == marshal(await shards.List(cpb.ListRequest()))
+            finally:
+                await server.stop()
+    finally:
+        summer.kill()
+        summer.wait(10)
