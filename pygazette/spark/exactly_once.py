@@ -31,8 +31,10 @@ and a late (zombie) attempt of an older batch never overwrites a newer one.
 
 Batch-write labels are removed (piggybacked on later sink appends to the same journal)
 once older than `BATCH_LABEL_TTL_SECONDS`; stream labels stay (one per partition).
-Gazette treats a journal with no registers at all as matching any check; the protocol is
-correct under that rule and without it.
+Gazette treats a journal with no registers at all as matching any check, and keeps registers
+only in its replicas' memory: on Gazette, a journal whose brokers all restart loses its
+labels, and an attempt that comes after appends again. pygazette recovers them from its
+local spools (not yet once a journal's last spool was persisted and removed).
 """
 
 from __future__ import annotations

@@ -15,7 +15,14 @@ import time
 
 import pytest
 
-from pygazette.client import JournalClient, append, apply_journals, read_journal
+from pygazette.client import (
+    JournalClient,
+    append,
+    apply_journals,
+    list_all_fragments,
+    read_journal,
+)
+from pygazette.protocol.errors import GazetteError
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 from tests.support.broker_process import BrokerProcess
@@ -112,3 +119,66 @@ def test_sink_fences_do_on_gazette_what_they_do_on_pygazette(
     assert theirs == ours
     assert ours[:8] == [True, False, True, True, True, False, True, 1]
     assert ours[8:14] == [True, False, False, True, True, True]
+
+
+async def _labels_across_a_restart(url: str, restart: object) -> tuple[list[str], list[str]]:
+    """The sink labels of a journal before and after its lone broker is killed and started
+    again (`restart`), its first fragment persisted."""
+    journal = "spark/fence/restart"
+    s = spec(journal)
+    s.fragment.length = 1024  # The first append fills a fragment, persisted at once.
+    fence = Fence.for_stream("w", 0, 5, "query-a")
+    async with JournalClient(url) as client:
+        await apply_journals(client, [pb.ApplyRequest.Change(upsert=s, expect_mod_revision=0)])
+        eo._registers.clear()
+        for _ in range(100):  # Until the journal is assigned to the broker.
+            try:
+                rows = io.BytesIO(b"r" * 2047 + b"\n")
+                assert (await fenced_append(client, journal, rows, fence)).appended
+                break
+            except GazetteError as exc:
+                if exc.status != pb.NO_JOURNAL_PRIMARY_BROKER:
+                    raise
+                await asyncio.sleep(0.1)
+        before = [label.name for label in (await append(client, journal, b"")).registers.labels]
+        for _ in range(300):  # Until the first fragment is persisted.
+            if any(f.spec.backing_store for f in await list_all_fragments(client, journal)):
+                break
+            await asyncio.sleep(0.1)
+    restart()  # type: ignore[operator]
+    async with JournalClient(url) as client:
+        for _ in range(200):
+            try:
+                resp = await append(client, journal, b"")
+                break
+            except GazetteError as exc:
+                if exc.status == pb.INDEX_HAS_GREATER_OFFSET:  # Gazette: its spool is gone.
+                    await append(client, journal, b"", offset=2048)  # gazctl's reset-head.
+                await asyncio.sleep(0.1)
+        return before, [label.name for label in resp.registers.labels]
+
+
+def _restart(broker: GazetteBroker | BrokerProcess) -> None:
+    broker.kill()
+    broker.start()
+
+
+@pytest.mark.timeout(120)
+def test_sink_labels_do_not_survive_a_restart_of_gazettes_broker(gazette: GazetteBroker) -> None:
+    """Why the README says the fence is lost on Gazette when a journal's brokers restart:
+    Gazette holds registers in its replicas' memory only."""
+    name = Fence.for_stream("w", 0, 5).name
+    theirs = asyncio.run(_labels_across_a_restart(gazette.url, lambda: _restart(gazette)))
+    assert theirs == ([name], [])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pygazette recovers registers from local spools only: a journal whose last spool "
+    "was persisted (and removed) has none after a broker restart (broker/replica.py recover)",
+)
+@pytest.mark.timeout(120)
+def test_sink_labels_survive_a_restart_of_pygazettes_broker(pygazette: BrokerProcess) -> None:
+    name = Fence.for_stream("w", 0, 5).name
+    ours = asyncio.run(_labels_across_a_restart(pygazette.url, lambda: _restart(pygazette)))
+    assert ours == ([name], [name])
