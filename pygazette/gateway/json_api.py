@@ -336,20 +336,17 @@ class JsonApi:
                         resp = web.StreamResponse(status=200, headers=headers)
                         for key, value in _metadata_headers(await call.initial_metadata()):
                             resp.headers.add(key, value)
-                        resp.enable_chunked_encoding()
-                        await resp.prepare(request)
+                        await _prepare_chunked(request, resp)
                     await resp.write(b'{"result":' + marshal(msg) + b"}\n")
             except grpc.aio.AioRpcError as exc:
                 status, chunk = _stream_error(exc.code(), _message(exc, seconds))
                 if resp is None:
                     resp = web.StreamResponse(status=status, headers={"Content-Type": JSON, **cors})
-                    resp.enable_chunked_encoding()
-                    await resp.prepare(request)
+                    await _prepare_chunked(request, resp)
                 await resp.write(chunk)
             if resp is None:  # The RPC ended without a response.
                 resp = web.StreamResponse(status=200, headers={"Content-Type": JSON, **cors})
-                resp.enable_chunked_encoding()
-                await resp.prepare(request)
+                await _prepare_chunked(request, resp)
             await resp.write_eof()
             return resp
         finally:
@@ -379,8 +376,7 @@ class JsonApi:
                 status=_HTTP_STATUS.get(code, 500),
                 headers={"Content-Type": JSON, "Trailer": "Grpc-Trailer-Content-Type", **cors},
             )
-            resp.enable_chunked_encoding()
-            await resp.prepare(request)
+            await _prepare_chunked(request, resp)
             await resp.write(_status_body(code, _message(exc, seconds)))
             await _end_with_trailers(request, resp, [("Grpc-Trailer-Content-Type", _GRPC_TYPE)])
             return resp
@@ -392,12 +388,23 @@ class JsonApi:
         return resp
 
 
+async def _prepare_chunked(request: web.Request, resp: web.StreamResponse) -> None:
+    """Send `resp`'s headers for a body of unknown length: chunked (HTTP/1.1), else ended by
+    closing the connection (HTTP/1.0, as Go's net/http does)."""
+    if request.version >= (1, 1):
+        resp.enable_chunked_encoding()
+    await resp.prepare(request)
+
+
 async def _end_with_trailers(
     request: web.Request, resp: web.StreamResponse, trailers: list[tuple[str, str]]
 ) -> None:
     """End a chunked response with HTTP trailers (aiohttp writes none of its own: the last
     chunk is written here, the writer's chunking turned off for it)."""
     writer: Any = request.writer
+    if not writer.chunked:  # HTTP/1.0: no trailers.
+        await resp.write_eof()
+        return
     writer.chunked = False
     last = b"0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in trailers) + b"\r\n"
     await writer.write(last)
