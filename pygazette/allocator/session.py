@@ -3,7 +3,8 @@
 The key says the member exists (and, in its value, what it can take); the lease says it is
 alive. `start` grants the lease and creates the key, waiting out an earlier incarnation's
 key if one still exists under another lease (it vanishes when that lease expires). A
-keep-alive refreshes the lease every third of its TTL; if the lease can't be refreshed
+keep-alive refreshes the lease every third of its TTL (a refresh etcd is slow to answer is
+waited for, a failed one retried within half a second); if the lease can't be refreshed
 before it would expire (or etcd reports it gone), `lost` is set and the member must stop
 acting as one — its key and all its assignments are gone or about to be.
 
@@ -30,6 +31,8 @@ from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put
 log = logging.getLogger(__name__)
 
 ANNOUNCE_RETRY_SECONDS = 0.5
+# How soon a failed lease refresh is tried again (Gazette's etcd client: retryConnWait).
+KEEP_ALIVE_RETRY_SECONDS = 0.5
 
 
 class MemberSession:
@@ -100,13 +103,23 @@ class MemberSession:
         return result.revision
 
     def _keep_alive(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The keep-alive thread: refresh every third of the TTL until stopped or lost."""
+        """The keep-alive thread: refresh every third of the TTL until stopped or lost.
+
+        A refresh waits for etcd's answer as long as the lease may still be alive (a slow
+        etcd still renews it in time), and a failed one is retried soon, not a third of the
+        TTL later; the lease is lost once a TTL passed since the last answer. So Gazette's
+        keep-alive does: its requests wait on a stream, resent every half second."""
         interval = self.lease_ttl / 3
         last_ok = time.monotonic()
+        failing = False
         while not self._stop.is_set():
             sent = time.monotonic()
+            wait = interval
             try:
-                ttl = self.ks.keep_alive_blocking(self.lease, within=interval)
+                ttl = self.ks.keep_alive_blocking(
+                    self.lease,
+                    within=max(KEEP_ALIVE_RETRY_SECONDS, last_ok + self.lease_ttl - sent),
+                )
             except KeyspaceUnavailable as exc:
                 if self._stop.is_set():
                     return
@@ -117,17 +130,21 @@ class MemberSession:
                     )
                     self._lose(loop)
                     return
-                log.warning("lease keep-alive failed (will retry)", extra={"error": str(exc)})
+                if not failing:
+                    log.warning("lease keep-alive failed (will retry)", extra={"error": str(exc)})
+                failing = True
+                wait = KEEP_ALIVE_RETRY_SECONDS
             else:
                 if ttl <= 0:
                     log.error("etcd lease expired", extra={"key": self.key})
                     self._lose(loop)
                     return
                 last_ok = time.monotonic()
+                failing = False
                 self.slowest_keep_alive = max(self.slowest_keep_alive, last_ok - sent)
                 self.keep_alives += 1
                 self.lease_deadline = sent + ttl
-            self._stop.wait(interval)
+            self._stop.wait(wait)
 
     def _lose(self, loop: asyncio.AbstractEventLoop) -> None:
         """(The keep-alive thread.) The lease is lost: nothing may commit from now on, and
