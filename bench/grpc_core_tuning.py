@@ -45,6 +45,8 @@ def _mode_env(mode: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT)
     if mode == "pygazette":
         tune_grpc_core(env)
+    else:  # bench/raw_grpc_server.py tunes itself as pygazette does, unless told not to.
+        env[DEFAULTS_ENV] = "1"
     return env
 
 

@@ -7,6 +7,11 @@ Run: python bench/raw_grpc_server.py PORT [--heap-tuning]
 With --heap-tuning it applies the process heap settings `pygazette serve` applies
 (pygazette/broker/heap_tuning.py), so the broker can also be compared with a baseline that
 shares them.
+
+It runs gRPC's core as every `pygazette` process does (pygazette/cli/grpc_core_tuning.py:
+the EventEngine TCP listener and client experiments off, set before gRPC loads), so that a
+broker and this baseline differ only in what serves the RPCs; `PYGAZETTE_GRPC_DEFAULTS=1`
+keeps gRPC's defaults (bench/grpc_core_tuning.py's baseline).
 """
 
 from __future__ import annotations
@@ -15,11 +20,15 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator
 
-import grpc
+from pygazette.cli.grpc_core_tuning import tune_grpc_core
 
-from pygazette.broker.heap_tuning import tune_heap_for_large_messages
-from pygazette.protocol.pb import protocol_pb2 as pb
-from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+tune_grpc_core()  # Before grpc loads, as pygazette's entry point does.
+
+import grpc  # noqa: E402
+
+from pygazette.broker.heap_tuning import tune_heap_for_large_messages  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
 
 CHUNK = b"\0" * (1 << 20)
 
