@@ -96,6 +96,12 @@ class FragmentReader(ByteStream):
             raise FragmentReadError(f"fragment reader of {_describe(self.fragment)} is closed")
         try:
             out, raw_eof = await asyncio.to_thread(self._pull, raw)
+        except asyncio.CancelledError:
+            # The worker thread may still be reading `raw` (a stalled store): closing it
+            # waits for that read, so it is closed in the background.
+            self._raw = None
+            asyncio.get_running_loop().run_in_executor(None, _close_quietly, raw)
+            raise
         except BaseException:
             await self.aclose()
             raise

@@ -15,7 +15,9 @@ EOF or errors is `RetryReader`'s job.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc.aio
 
@@ -26,6 +28,8 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.response_check import check_read_response, invalid_response
 from pygazette.protocol.errors import error_for_status
 from pygazette.protocol.pb import protocol_pb2 as pb
+
+T = TypeVar("T")
 
 
 def read_request(
@@ -103,6 +107,8 @@ class Reader(ByteStream):
         self._eof = False
         self._error: BaseException | None = None
         self._cancelled = False
+        # A direct fragment read (or open) in progress, which `cancel` interrupts.
+        self._waiting: asyncio.Future[Any] | None = None
 
     # Inspection ---------------------------------------------------------------------------
 
@@ -184,7 +190,7 @@ class Reader(ByteStream):
                 if end_offset:
                     remain = end_offset - self.request.offset
                     limit = remain if n < 0 else min(n, remain)
-                chunk = await self._direct.read(limit)
+                chunk = await self._interruptible(self._direct.read(limit))
                 if not chunk:
                     await self._finish()
                     return b""
@@ -272,8 +278,10 @@ class Reader(ByteStream):
             and resp.HasField("fragment")
         ):
             self._last_was_metadata = False
-            self._direct = await open_fragment_url(
-                resp.fragment, self.request.offset, resp.fragment_url, file_root=self.file_root
+            self._direct = await self._interruptible(
+                open_fragment_url(
+                    resp.fragment, self.request.offset, resp.fragment_url, file_root=self.file_root
+                )
             )
             return
         self._eof = True
@@ -290,11 +298,26 @@ class Reader(ByteStream):
         if direct is not None:
             await direct.aclose()
 
+    async def _interruptible(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work`, awaited so that `cancel` interrupts it (a direct read of a fragment URL
+        waits on a store: Gazette's Reader has its context abort the HTTP request)."""
+        if self._cancelled:
+            work.close()
+            raise ReaderCancelled(f"read of {self.journal} was cancelled")
+        waiting: asyncio.Future[T] = asyncio.ensure_future(work)
+        self._waiting = waiting
+        try:
+            return await waiting
+        finally:
+            self._waiting = None
+
     def cancel(self) -> None:
         """Abort the RPC. A read blocked in another task raises `ReaderCancelled`."""
         self._cancelled = True
         if self._call is not None:
             self._call.cancel()
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     async def aclose(self) -> None:
         """Abort the RPC (if still open) and release a directly opened fragment."""

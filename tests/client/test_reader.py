@@ -4,6 +4,8 @@ reads, retries and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from pathlib import Path
 
 import grpc
@@ -18,6 +20,7 @@ from pygazette.client import (
     RetryReader,
     read_journal,
 )
+from pygazette.client.fragment_reader import RAW_CHUNK_SIZE
 from pygazette.protocol.errors import JournalNotFound, NotAllowed, OffsetNotYetAvailable
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores import codecs
@@ -239,6 +242,63 @@ async def test_cancel_interrupts_a_blocked_read(
         await task
     with pytest.raises(ReaderCancelled):
         await rr.read()
+
+
+class _StallingStore:
+    """An HTTP server that answers a GET with `sent` bytes of a longer body (or, with
+    `sent` None, nothing at all), then stalls until it is closed."""
+
+    def __init__(self, sent: bytes | None) -> None:
+        self.sent = sent
+        self.requested = threading.Event()
+        self.release = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/fragment"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.recv(65536)
+            self.requested.set()
+            if self.sent is not None:
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(self.sent) + 1000}\r\n\r\n"
+                conn.sendall(head.encode() + self.sent)
+            self.release.wait(60)
+
+    def close(self) -> None:
+        self.release.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("sent", [None, b"x" * RAW_CHUNK_SIZE], ids=["opening", "reading"])
+async def test_cancel_interrupts_a_direct_read_of_a_stalled_store(
+    fake: FakeBroker, fake_client: JournalClient, sent: bytes | None
+) -> None:
+    # cancel() aborts a read in progress, as Gazette's RetryReader.Cancel does (its context
+    # aborts the fragment's HTTP request too). A read waiting on a store's GET, to open a
+    # fragment URL or for more of its body, went on waiting until the GET timed out (60 s).
+    store = _StallingStore(sent)
+    try:
+        end = RAW_CHUNK_SIZE + 1000
+        fake.journal.read_scripts.append([metadata(0, begin=0, end=end, url=store.url)])
+        rr = RetryReader(fake_client, J, do_not_proxy=True, backoff=no_backoff)
+        if sent is not None:
+            assert await rr.read() == sent
+        task = asyncio.create_task(rr.read())
+        assert await asyncio.to_thread(store.requested.wait, 30)
+        await asyncio.sleep(0.1)  # The read waits on the store.
+        assert not task.done()
+        rr.cancel()
+        async with asyncio.timeout(10):
+            with pytest.raises(ReaderCancelled):
+                await task
+        with pytest.raises(ReaderCancelled):
+            await rr.read()
+        await rr.aclose()
+    finally:
+        store.close()
 
 
 async def test_task_cancellation_propagates(fake: FakeBroker, fake_client: JournalClient) -> None:
