@@ -441,4 +441,7 @@ class _FragmentFile:
     def close_soon(self) -> None:
         """Close it on a worker thread, once a read still in flight there (its reader was
         cancelled) returns."""
-        asyncio.get_running_loop().run_in_executor(None, self.close)
+        try:
+            asyncio.get_running_loop().run_in_executor(None, self.close)
+        except RuntimeError:  # The loop's executor is shut down (the broker is stopping).
+            self.close()
