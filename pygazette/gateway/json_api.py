@@ -127,6 +127,16 @@ class _Refused(Exception):
         self.message = message
 
 
+def _overridden(request: web.Request) -> bool:
+    """Whether the request's method is overridden (`X-HTTP-Method-Override` on a POST of a
+    form, grpc-gateway's "path length fallback")."""
+    return bool(
+        request.method == "POST"
+        and request.headers.get("X-HTTP-Method-Override")
+        and request.headers.get("Content-Type") == "application/x-www-form-urlencoded"
+    )
+
+
 def _status_body(code: grpc.StatusCode, message: str) -> bytes:
     """A google.rpc.Status as the gateway's DefaultHTTPProtoErrorHandler writes it."""
     return f'{{"code":{code.value[0]},"message":{go_json_string(message)},"details":[]}}'.encode()
@@ -282,6 +292,8 @@ class JsonApi:
                 raise _Refused(grpc.StatusCode.UNIMPLEMENTED, "Not Implemented")
             metadata, timeout = _call_options(request)
             body = await request.read()
+            if _overridden(request):
+                body = b""  # Go's ParseForm has read the form body: an empty request.
             req = method.request()
             try:
                 decode(body, req)
@@ -299,13 +311,8 @@ class JsonApi:
 
     def _match(self, request: web.Request) -> Method | None:
         verb = request.method
-        override = request.headers.get("X-HTTP-Method-Override")
-        if (
-            override
-            and verb == "POST"
-            and request.headers.get("Content-Type") == "application/x-www-form-urlencoded"
-        ):
-            verb = override.upper()
+        if _overridden(request):
+            verb = request.headers["X-HTTP-Method-Override"].upper()
         if verb != "POST":
             return None  # Gazette's API has POST methods only (others: 501).
         last = posixpath.basename(request.path)

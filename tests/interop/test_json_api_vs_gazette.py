@@ -184,6 +184,14 @@ VALIDATION = [
     _post(READ, '{"nope":1}'),
     _post(READ, ""),
     _post(READ, "null"),
+    # A form POSTed with a method override: grpc-gateway's ParseForm reads it, the request is
+    # empty.
+    _post(
+        READ,
+        "a=b",
+        "X-HTTP-Method-Override: post",
+        "Content-Type: application/x-www-form-urlencoded",
+    ),
     _post(LIST, '{"selector":{"include":{"labels":[{"name":"bad label"}]}}}'),
 ]
 
