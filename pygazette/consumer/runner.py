@@ -359,6 +359,15 @@ async def run_consumer(
     ended = asyncio.ensure_future(process.ended())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait([ended, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if stopping.done() and not ended.done():
+        process.not_ready = "draining"
+        # Membership may fail while the shards move (the lease lost, the key deleted): then
+        # the consumer leaves at once, as Gazette's, not at the end of the drain.
+        draining = asyncio.ensure_future(process.drain())
+        await asyncio.wait([draining, ended], return_when=asyncio.FIRST_COMPLETED)
+        if not draining.done():
+            draining.cancel()
+            await asyncio.wait([draining])
     if ended.done() and ended.exception() is not None:
         stopping.cancel()
         log.error("leaving the consumer group", extra={"error": str(ended.exception())})
@@ -367,9 +376,6 @@ async def run_consumer(
             await http.stop()
         await process.stop(failed=True)
         raise ConsumerFailed(str(ended.exception()))
-    if stopping.done():
-        process.not_ready = "draining"
-        await process.drain()
     ended.cancel()
     stopping.cancel()
     process.not_ready = "stopping"

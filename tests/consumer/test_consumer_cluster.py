@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -85,7 +87,7 @@ class Group:
         self.layout = KeyLayout(PREFIX)
         self.ks = EtcdKeyspace(etcd.url, PREFIX)
 
-    def add(self, env: dict[str, str] | None = None) -> ConsumerProcess:
+    def add(self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> ConsumerProcess:
         n = len(self.consumers)
         proc = ConsumerProcess(
             self.tmp / f"consumer-{n}",
@@ -94,7 +96,7 @@ class Group:
             etcd=self.etcd.url,
             etcd_prefix=PREFIX,
             member_id=f"member-{n}",
-            extra_args=["--lease-ttl", LEASE, "--hints-interval", "1s"],
+            extra_args=["--lease-ttl", LEASE, "--hints-interval", "1s", *args],
             env=env,
         )
         self.consumers.append(proc)
@@ -163,9 +165,7 @@ class Group:
 
 
 @pytest.fixture
-async def group(
-    tmp_path: Path, etcd: EtcdProcess, broker: BrokerProcess
-) -> AsyncIterator[Group]:
+async def group(tmp_path: Path, etcd: EtcdProcess, broker: BrokerProcess) -> AsyncIterator[Group]:
     g = Group(tmp_path, etcd, broker)
     await g.ks.open()
     async with JournalClient(broker.url) as client:
@@ -311,6 +311,52 @@ async def test_frozen_primary_is_fenced_after_takeover(group: Group) -> None:
         assert_exactly_once(outputs, inputs.sent)
         assert await log_write_head(client) > log_head
         del a, b
+
+
+async def test_a_draining_consumer_hands_its_shard_over_and_exits_zero(group: Group) -> None:
+    """SIGTERM: the consumer marks itself exiting, its shard moves to the other member, and
+    it exits 0 once it holds none, well before its drain timeout (30 s)."""
+    draining = group.add()
+    group.add()
+    await group.apply(shard_spec(standbys=0, log=False))
+    assert await group.wait_primary() is draining
+    assert draining.proc is not None
+    draining.proc.send_signal(signal.SIGTERM)
+    termed = time.monotonic()
+    assert await asyncio.to_thread(draining.wait_exit, 25.0) == 0, draining.log()
+    assert time.monotonic() - termed < 20, draining.log()
+    await group.wait_primary(not_=draining)
+
+
+async def test_a_draining_consumer_that_loses_its_lease_exits_at_once(group: Group) -> None:
+    """SIGTERM starts a drain that can't finish (the other member takes no shards); etcd then
+    goes away for good. The consumer's lease lapses after its TTL (3 s) and, as Gazette's
+    consumer (and pygazette's broker), it must leave then, non-zero: it holds no shard any
+    more and handed none over. It waited out the rest of its drain (30 s) and exited 0."""
+    draining = group.add()
+    group.add(args=("--shard-limit", "0"))
+    await group.apply(shard_spec(standbys=0, log=False))
+    assert await group.wait_primary() is draining
+    assert draining.proc is not None
+    draining.proc.send_signal(signal.SIGTERM)
+    key = group.layout.member_key(draining.zone, draining.member_id)
+
+    def exiting() -> bool:
+        kv = group.ks.get(key)
+        return kv is not None and cpb.ConsumerSpec.FromString(kv.value).exiting
+
+    await group.wait_for(exiting, "the consumer marks itself exiting")
+    group.etcd.stop()  # The lease can't be kept alive.
+    lost_at = time.monotonic()
+    try:
+        code = await asyncio.to_thread(draining.wait_exit, 20.0)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"still draining {time.monotonic() - lost_at:.0f} s after etcd went away\n"
+            f"{draining.log()}"
+        ) from None
+    assert code != 0, draining.log()
+    assert "lease" in draining.log()
 
 
 async def log_write_head(client: JournalClient) -> int:
