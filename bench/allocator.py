@@ -11,11 +11,15 @@ leader exits and its allocator returns. pygazette's allocator runs in this proce
 in-memory embedded keyspace (no etcd); Gazette's benchmark runs from the Go module cache
 with its etcdtest server (a real etcd on a unix socket), at the same sizes.
 
-Reported for both: wall time, solver time (per solve: count, total, mean, max), and
-assignment adds / removes / packs; and pygazette's ratios to Gazette. On a shared machine
-wall times swing with load: pygazette's CPU seconds (whole run, and the solver's) and the
-CPU of `go test` with its children (etcd, the toolchain, Go's b.N=1 warm-up run) are
-steadier.
+Reported for both: wall time, CPU seconds, solver time (per solve: count, total, mean,
+max), and assignment adds / removes / packs; and pygazette's ratios to Gazette. On a shared
+machine wall times swing with load; CPU seconds are steadier. pygazette's are this process's
+over the run. Gazette's test binary is compiled first, untimed (`go test -c`), and run on
+its own: its CPU is the binary's and its etcd's. Go runs a benchmark at b.N = 1 before
+b.N = n, so for n > 1 the CPU of a b.N = 1 run of the same binary (measured once, right
+before) is taken out: `cpu_seconds` is the b.N = n run's alone, beside the whole process's
+(`cpu_seconds_with_warmup`) and the warm-up's. (Before, Gazette's CPU was that of `go test`:
+the toolchain's compile and link, the warm-up run and the measured run together.)
 
     python bench/allocator.py [--sizes 1,2,5,10] [--no-go]
 
@@ -35,6 +39,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -223,13 +228,40 @@ _STAMP = re.compile(r'time="([0-9T:-]+)Z"')
 _NSOP = re.compile(r"^(?:\S*simulated-deploy\S*)?\s+(\d+)\s+(\d+) ns/op", re.M)
 
 
-def gazette_deploy(n: int, go: str) -> dict[str, Any]:
-    """Gazette's benchmark at b.N = n (Go runs b.N = 1 first; figures are of the n run)."""
+def build_gazette_bench(go: str, into: Path) -> Path:
+    """Compile Gazette's allocator test binary into `into` (untimed: not the benchmark's)."""
+    binary = into / "allocator.test"
+    subprocess.run(
+        [go, "test", "-c", "-o", str(binary), GO_PACKAGE],
+        cwd=REPO / "interop",
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
+    return binary
+
+
+def measured_run_cpu(total: float, warmup: float | None, n: int) -> float:
+    """CPU seconds of a benchmark's b.N = n run alone, from its process's `total` and the
+    CPU of a separate b.N = 1 run (`warmup`): Go runs b.N = 1 first whenever n > 1."""
+    if n == 1:
+        return total
+    if warmup is None:
+        raise ValueError("n > 1 needs the CPU of a b.N = 1 run")
+    return max(0.0, total - warmup)
+
+
+def run_gazette_bench(binary: Path, n: int, work: Path) -> tuple[str, int, float, float]:
+    """Run the test binary at b.N = n in `work` (etcdtest's sockets and data directory go
+    into the working directory); (output, exit code, seconds, CPU seconds of the binary
+    and its children: etcd)."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=work))
     started = time.perf_counter()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
-        [go, "test", GO_PACKAGE, "-run", "^$", "-bench", GO_BENCH, f"-benchtime={n}x"],
-        cwd=REPO / "interop",
+        [str(binary), "-test.run", "^$", "-test.bench", GO_BENCH, f"-test.benchtime={n}x"],
+        cwd=run_dir,
         capture_output=True,
         text=True,
         timeout=3600,
@@ -237,25 +269,34 @@ def gazette_deploy(n: int, go: str) -> dict[str, Any]:
     total = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
-    out = proc.stdout + proc.stderr
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return proc.stdout + proc.stderr, proc.returncode, total, cpu
+
+
+def gazette_deploy(
+    n: int, binary: Path, work: Path, warmup_cpu: float | None = None
+) -> dict[str, Any]:
+    """Gazette's benchmark at b.N = n (Go runs b.N = 1 first; figures are of the n run).
+    `warmup_cpu`: the CPU of a b.N = 1 run, taken out of this one's (needed for n > 1)."""
+    out, returncode, total, cpu = run_gazette_bench(binary, n, work)
     finals = _FINAL.findall(out)
     ns_all = _NSOP.findall(out)
     runs = 2 if n > 1 else 1  # Go runs b.N = 1 first.
     note = None
     if len(finals) < runs:
-        raise RuntimeError(f"go test failed ({proc.returncode}): {out[-2000:]}")
+        raise RuntimeError(f"go test failed ({returncode}): {out[-2000:]}")
     # The n run: after the b.N=1 run's final metrics.
     tail = out.split('msg="final metrics"')[-2] if n > 1 else out
-    if ns_all and proc.returncode == 0:
+    if ns_all and returncode == 0:
         wall = int(ns_all[-1][1]) * int(ns_all[-1][0]) / 1e9
     else:
         # It finished its run but failed after (e.g. etcd timing out on cleanup under
         # load): the run's wall time from its log's timestamps (1 s resolution).
         stamps = _STAMP.findall(out.split('msg="final metrics"')[runs - 1])
         if len(stamps) < 2:
-            raise RuntimeError(f"go test failed ({proc.returncode}): {out[-2000:]}")
+            raise RuntimeError(f"go test failed ({returncode}): {out[-2000:]}")
         wall = (_parse_stamp(stamps[-1]) - _parse_stamp(stamps[0])).total_seconds()
-        note = f"go test exited {proc.returncode} after the run; wall time from log timestamps"
+        note = f"go test exited {returncode} after the run; wall time from log timestamps"
     adds, packs, removes = (int(x) for x in finals[runs - 1])
     solves = []
     for value, unit in _SOLVED.findall(tail):
@@ -266,9 +307,12 @@ def gazette_deploy(n: int, go: str) -> dict[str, Any]:
         "items": n * 2000,
         "wall_seconds": round(wall, 3),
         "note": note,
-        "go_test_seconds": round(total, 1),
-        # Of `go test` and its children (the b.N=1 run too, etcd, the toolchain).
-        "go_test_cpu_seconds": round(cpu, 1),
+        "process_seconds": round(total, 1),
+        # The b.N = n run's (the test binary's and etcd's), the b.N = 1 run's taken out.
+        "cpu_seconds": round(measured_run_cpu(cpu, warmup_cpu, n), 1),
+        # Of the whole test binary and etcd: the b.N = 1 run too, when n > 1.
+        "cpu_seconds_with_warmup": round(cpu, 1),
+        "warmup_cpu_seconds": None if n == 1 else round(warmup_cpu or 0.0, 1),
         "solver": _solver_summary(solves),
         "adds": adds,
         "removes": removes,
@@ -301,13 +345,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     go = None if args.no_go else _find_go()
     if not args.no_go and go is None:
         parser.error("go not found (install it, or pass --no-go)")
+    work = Path(tempfile.mkdtemp(prefix="pygazette-bench-allocator-"))
+    try:
+        run_sizes(sizes, go, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_sizes(sizes: list[int], go: str | None, work: Path) -> None:
+    binary = None if go is None else build_gazette_bench(go, work)
+    warmup_cpu: float | None = None  # Of a b.N = 1 run, measured once when some n > 1.
     results = []
     for n in sizes:
         row: dict[str, Any] = {"n": n, "pygazette": asyncio.run(simulated_deploy(n))}
         print(f"N={n} pygazette: {row['pygazette']['wall_seconds']} s", file=sys.stderr)
-        if go is not None:
+        if binary is not None:
             try:
-                row["gazette"] = gazette_deploy(n, go)
+                if n > 1 and warmup_cpu is None:
+                    warmup_cpu = run_gazette_bench(binary, 1, work)[3]
+                row["gazette"] = gazette_deploy(n, binary, work, warmup_cpu)
+                if n == 1:  # A b.N = 1 run: the warm-up of the larger sizes.
+                    warmup_cpu = row["gazette"]["cpu_seconds"]
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 row["gazette"] = {"error": str(exc)[-1000:]}
                 results.append(row)
@@ -316,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"N={n} gazette: {g['wall_seconds']} s", file=sys.stderr)
             row["ratios"] = {
                 "wall": round(p["wall_seconds"] / g["wall_seconds"], 2),
+                "cpu": round(p["cpu_seconds"] / max(g["cpu_seconds"], 1e-9), 2),
                 "solver_total": round(
                     p["solver"]["total_seconds"] / max(g["solver"]["total_seconds"], 1e-9), 2
                 ),
@@ -328,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cpus": os.cpu_count(),
         "pygazette_keyspace": "embedded, in memory",
         "gazette_keyspace": "etcd (etcdtest, unix socket)",
+        "baseline": "Gazette's own benchmark (allocator/benchmark_test.go, v0.103.0) at the "
+        "same sizes, same run; its CPU: the test binary and etcd in the b.N = n run, "
+        "compile and the b.N = 1 warm-up excluded",
         "results": results,
     }
     print(json.dumps(doc, indent=2))
