@@ -206,16 +206,25 @@ async def test_authorization_is_the_brokers(tmp_path: Path) -> None:
         proc.kill()
 
 
-def _reads_open(base: str) -> float:
+def _reads_open(base: str, operation: str = "Read") -> float:
+    """RPCs of `operation` the broker has open (started, not completed)."""
     samples = scrape(base)
-    started = value(samples, "gazette_journal_server_started_totals_total", operation="Read")
+    started = value(samples, "gazette_journal_server_started_totals_total", operation=operation)
     completed = sum(
         v
         for (name, labels), v in samples.items()
         if name == "gazette_journal_server_completed_totals_total"
-        and ("operation", "Read") in labels
+        and ("operation", operation) in labels
     )
     return started - completed
+
+
+async def _wait_open(base: str, operation: str, count: int) -> None:
+    for _ in range(200):
+        if await asyncio.to_thread(_reads_open, base, operation) == count:
+            return
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(_reads_open, base, operation) == count, operation
 
 
 async def test_a_blocking_read_streams_and_ends_with_its_client(
@@ -294,3 +303,28 @@ async def test_cors_of_allowed_origins() -> None:
             assert status == 400 and "Access-Control-Allow-Origin" not in headers
         finally:
             await server.stop()
+
+
+async def test_a_watched_listing_streams_and_ends_with_its_client(
+    served: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    _, base = served
+    await _wait_open(base, "List", 0)
+    body = json.dumps(
+        {"watch": True, "selector": {"include": {"labels": [{"name": "watched", "value": "w"}]}}}
+    )
+    async with aiohttp.ClientSession() as session:
+        async with session.post(base + "/v1/journals/list", data=body) as resp:
+            assert resp.status == 200
+            first = json.loads(await asyncio.wait_for(resp.content.readline(), 10))["result"]
+            assert first["status"] == "OK"
+            await _wait_open(base, "List", 1)
+            spec = journal_spec("json-api/watched", labels={"watched": "w"})
+            assert (await apply_specs(stub, spec)).status == pb.OK
+            names: list[str] = []
+            while "json-api/watched" not in names:
+                line = await asyncio.wait_for(resp.content.readline(), 10)
+                result = json.loads(line)["result"]
+                names += [j["spec"]["name"] for j in result["journals"]]
+    # The client went away: the watch's List RPC ends with it.
+    await _wait_open(base, "List", 0)
