@@ -63,6 +63,7 @@ class FragmentReader(ByteStream):
         self._buf = b""
         self._pos = 0
         self._eof = False
+        self._pulling = False  # A worker thread is reading the raw source.
 
     async def skip_to(self, offset: int) -> None:
         """Discard content up to journal `offset`, which must lie in [offset, fragment.end]."""
@@ -94,17 +95,23 @@ class FragmentReader(ByteStream):
         raw = self._raw
         if raw is None:
             raise FragmentReadError(f"fragment reader of {_describe(self.fragment)} is closed")
+        self._pulling = True
         try:
             out, raw_eof = await asyncio.to_thread(self._pull, raw)
         except asyncio.CancelledError:
             # The worker thread may still be reading `raw` (a stalled store): closing it
             # waits for that read, so it is closed in the background.
+            self._pulling = False
             self._raw = None
             asyncio.get_running_loop().run_in_executor(None, _close_quietly, raw)
             raise
         except BaseException:
+            self._pulling = False
             await self.aclose()
             raise
+        self._pulling = False
+        if self._raw is None:  # Closed meanwhile (`aclose`, from another task).
+            raise FragmentReadError(f"fragment reader of {_describe(self.fragment)} is closed")
         self._decoded_end += len(out)
         if self._decoded_end > self.fragment.end:
             await self.aclose()
@@ -145,8 +152,14 @@ class FragmentReader(ByteStream):
     async def aclose(self) -> None:
         """Release the underlying file or connection. Idempotent."""
         raw, self._raw = self._raw, None
-        if raw is not None:
-            await asyncio.to_thread(raw.close)
+        if raw is None:
+            return
+        if self._pulling:
+            # A read in flight on a worker thread holds it (a stalled store, say): closing
+            # it waits for that read, so it is closed in the background.
+            asyncio.get_running_loop().run_in_executor(None, _close_quietly, raw)
+            return
+        await asyncio.to_thread(raw.close)
 
 
 async def new_fragment_reader(

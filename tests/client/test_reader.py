@@ -301,6 +301,30 @@ async def test_cancel_interrupts_a_direct_read_of_a_stalled_store(
         store.close()
 
 
+async def test_a_reader_closed_while_a_direct_read_waits_on_a_stalled_store(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    # cancel() and aclose() at once, as the recovery-log player drops a reader: aclose
+    # released the fragment by closing its HTTP body, which waits for the read in flight on
+    # it: up to the GET's timeout (60 s).
+    store = _StallingStore(b"x" * RAW_CHUNK_SIZE)
+    try:
+        end = RAW_CHUNK_SIZE + 1000
+        fake.journal.read_scripts.append([metadata(0, begin=0, end=end, url=store.url)])
+        rr = RetryReader(fake_client, J, do_not_proxy=True, backoff=no_backoff)
+        assert await rr.read() == store.sent
+        task = asyncio.create_task(rr.read())
+        await asyncio.sleep(0.2)  # The read waits on the store.
+        assert not task.done()
+        async with asyncio.timeout(10):
+            rr.cancel()
+            await rr.aclose()
+            with pytest.raises(ReaderCancelled):
+                await task
+    finally:
+        store.close()
+
+
 async def test_task_cancellation_propagates(fake: FakeBroker, fake_client: JournalClient) -> None:
     fake.journal.read_scripts.append([Hang()])
     rr = RetryReader(fake_client, J, block=True, backoff=no_backoff)
