@@ -130,19 +130,12 @@ def journals_yaml(journals: Sequence[pb.ListResponse.Journal]) -> str:
 
 
 def listing_json(listing: message.Message) -> str:
-    """A List response (of journals or shards) as indented JSON: proto field names, and
-    fields at their zero values included."""
-    from google.protobuf import json_format  # Costly to import: only for JSON output.
+    """A List response (of journals or shards) as gazctl's `--format json` writes it, byte for
+    byte: gogo jsonpb with OrigName and EmitDefaults (proto field names, every field, in
+    declaration order, compact; no line break at its end)."""
+    from pygazette.gateway import jsonpb  # Only for JSON output.
 
-    return (
-        json_format.MessageToJson(
-            listing,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-            indent=2,
-        )
-        + "\n"
-    )
+    return jsonpb.marshal(listing, orig_name=True).decode()
 
 
 def listing_proto_text(listing: message.Message) -> str:

@@ -229,13 +229,13 @@ def _scalar(field: Any, value: Any, in_list: bool = False) -> str:
     return _go_float(value)
 
 
-def _message_value(field: Any, value: Message) -> str:
+def _message_value(field: Any, value: Message, orig_name: bool = False) -> str:
     if field.message_type.full_name == _DURATION:
         return _duration(value.seconds, value.nanos)  # type: ignore[attr-defined]
-    return _object(value)
+    return _object(value, orig_name)
 
 
-def _object(msg: Message) -> str:
+def _object(msg: Message, orig_name: bool = False) -> str:
     parts = []
     for field in _go_fields(msg.DESCRIPTOR):
         if field.containing_oneof is not None and msg.WhichOneof(field.containing_oneof.name) != (
@@ -256,31 +256,32 @@ def _object(msg: Message) -> str:
                     ktext = f'"{k}"'
                 v = value[k]
                 if vfield.type == _F.TYPE_MESSAGE:
-                    vtext = _message_value(vfield, v)
+                    vtext = _message_value(vfield, v, orig_name)
                 else:
                     vtext = _scalar(vfield, v, in_list=True)
                 entries.append(f"{ktext}:{vtext}")
             text = "{" + ",".join(entries) + "}"
         elif field.is_repeated:
             if field.type == _F.TYPE_MESSAGE:
-                items = [_message_value(field, v) for v in value]
+                items = [_message_value(field, v, orig_name) for v in value]
             else:
                 items = [_scalar(field, v, in_list=True) for v in value]
             text = "[" + ",".join(items) + "]"
         elif field.type == _F.TYPE_MESSAGE:
             if _key(field) in _NOT_NULLABLE or msg.HasField(field.name):
-                text = _message_value(field, value)
+                text = _message_value(field, value, orig_name)
             else:
                 text = "null"
         else:
             text = _scalar(field, value)
-        parts.append(f'"{field.json_name}":{text}')
+        parts.append(f'"{field.name if orig_name else field.json_name}":{text}')
     return "{" + ",".join(parts) + "}"
 
 
-def marshal(msg: Message) -> bytes:
-    """`msg` as Gazette's gateway writes it (gogo jsonpb with EmitDefaults, compact)."""
-    return _object(msg).encode()
+def marshal(msg: Message, *, orig_name: bool = False) -> bytes:
+    """`msg` as Gazette's gateway writes it (gogo jsonpb with EmitDefaults, compact); with
+    `orig_name`, fields by their .proto names (`OrigName: true`), as gazctl's `-o json`."""
+    return _object(msg, orig_name).encode()
 
 
 # Reading JSON as Go's encoding/json scans it.

@@ -32,7 +32,7 @@ def suspension(broker: BrokerProcess) -> dict[str, tuple[str, int]]:
     out = ok(cli(broker.url, "journals", "list", "-l", "prefix=susp/", "--format", "json"))
     found = {}
     for j in json.loads(out)["journals"]:
-        s = j["spec"].get("suspend", {})
+        s = j["spec"].get("suspend") or {}  # null when unset, as gazctl writes it
         found[j["spec"]["name"]] = (s.get("level", "NONE"), int(s.get("offset", 0)))
     return found
 
