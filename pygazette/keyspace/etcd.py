@@ -5,8 +5,8 @@ applies every change to the mirror, in revision order, and notifies listeners. T
 revision is the mod revision of the last change it applied (or the load revision), so
 `wait_for_revision(r)` for the revision `r` of a write under the root returns once the
 mirror reflects that write. A broken watch is re-established from the mirror's revision
-(whose events it skips); if etcd compacted past it, or is behind the mirror (replaced or
-restored), the mirror reloads.
+(whose events it skips); if etcd compacted past it, is behind the mirror (replaced or
+restored), or is another cluster, the mirror reloads.
 
 Writes go straight to etcd as transactions guarded by mod revisions, as Gazette's do. The
 lease calls that membership needs live here too: grant, keep alive, revoke.
@@ -301,6 +301,13 @@ class EtcdKeyspace(Keyspace):
                     raise KeyspaceUnavailable("watch stream ended")
                 if resp.compact_revision:
                     raise _Reload("etcd compacted past the mirror's revision")
+                cluster = self._identity.cluster_id
+                if cluster and resp.header.cluster_id and resp.header.cluster_id != cluster:
+                    # Another etcd cluster (the store replaced): its revisions are not the
+                    # mirror's, whatever they are (Gazette's keyspace checks it too).
+                    raise _Reload(
+                        f"etcd is another cluster ({resp.header.cluster_id}, not {cluster})"
+                    )
                 if 0 < resp.header.revision < self._revision:
                     # The store is behind the mirror: it was replaced (data lost, or
                     # restored from a snapshot). The watch would wait for the mirror's
@@ -336,7 +343,7 @@ class EtcdKeyspace(Keyspace):
         self._revision = revision
         hdr = resp.header
         self._identity = ClusterIdentity(
-            self._identity.cluster_id or int(hdr.cluster_id), int(hdr.member_id), int(hdr.raft_term)
+            int(hdr.cluster_id) or self._identity.cluster_id, int(hdr.member_id), int(hdr.raft_term)
         )
         puts = [kv for kv in map(self._kvs.get, touched) if kv is not None]
         deletes = [key for key in touched if key not in self._kvs]

@@ -329,6 +329,51 @@ async def test_a_request_fenced_on_a_store_revision_passes(
         await ks.close()
 
 
+async def test_a_watch_resumed_on_another_etcd_cluster_reloads(tmp_path: Path) -> None:
+    """etcd replaced under a running mirror by another cluster (its data lost and the member
+    recreated under another cluster token) that reached a revision past the mirror's before
+    the watch resumed: nothing in the revisions tells, and the watch went on in the new store
+    from the old one's revision, mixing the old store's keys (never deleted in the new one)
+    with the new store's changes. Gazette's keyspace checks each response's cluster ID
+    (checkHeader); the mirror now reloads when it changes."""
+    import shutil
+
+    own = EtcdProcess(tmp_path / "etcd")
+    own.start()
+    ks = EtcdKeyspace(own.url, "/r")
+    try:
+        await ks.open()
+        r = await ks.txn([], [Put("/r/old", b"x")])
+        await ks.wait_for_revision(r.revision, 10)
+        old_cluster = ks.identity.cluster_id
+        task = ks._watch_task
+        assert task is not None
+        task.cancel()
+        await asyncio.wait([task])
+        own.stop()
+        shutil.rmtree(tmp_path / "etcd")
+        own.extra_args.append("--initial-cluster-token=another")
+        own.start()  # A new, empty cluster on the same ports.
+        writer = EtcdKeyspace(own.url, "/elsewhere")
+        await writer.open()
+        try:
+            for i in range(r.revision + 2):
+                last = await writer.txn([], [Put(f"/elsewhere/{i}", b"y")])
+            assert writer.identity.cluster_id != old_cluster
+            new = await writer.txn([], [Put("/r/new", b"y")])
+        finally:
+            await writer.close()
+        assert last.revision > r.revision
+        ks._watch_task = asyncio.create_task(ks._watch_loop())
+        await ks.wait_until(lambda: ks.get("/r/new") is not None, 15)
+        assert ks.get("/r/old") is None, "the other cluster's keys were kept"
+        assert ks.identity.cluster_id != old_cluster
+        assert ks.revision >= new.revision
+    finally:
+        await ks.close()
+        own.stop()
+
+
 async def test_a_store_whose_revision_went_back_is_reloaded(tmp_path: Path) -> None:
     """etcd replaced under a running mirror (its data lost, or restored from an older
     snapshot) is at a revision below the mirror's. A watch resumed from the mirror's next
