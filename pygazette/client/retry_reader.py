@@ -25,6 +25,7 @@ logged and read again after a backoff, as Gazette's RetryReader does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -119,6 +120,7 @@ class RetryReader(ByteStream):
             )
         self.reader = Reader(client, request, file_root=file_root)
         self._cancelled = False
+        self._cancel_event = asyncio.Event()  # Set by `cancel()`: ends a backoff at once.
         # Set while a fragment whose URL failed to open is read through the broker: its end,
         # where fragment URLs are asked for (`do_not_proxy`) again.
         self._proxied_until: int | None = None
@@ -264,7 +266,10 @@ class RetryReader(ByteStream):
         )
 
     async def _sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        """Back off for `seconds`, or until `cancel()`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._cancel_event.wait()
         if self._cancelled:
             raise ReaderCancelled(f"read of {self.journal} was cancelled")
 
@@ -306,6 +311,7 @@ class RetryReader(ByteStream):
     def cancel(self) -> None:
         """Abort the current read; it and every later read raise `ReaderCancelled`."""
         self._cancelled = True
+        self._cancel_event.set()
         self.reader.cancel()
 
     async def aclose(self) -> None:

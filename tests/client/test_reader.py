@@ -325,6 +325,24 @@ async def test_a_reader_closed_while_a_direct_read_waits_on_a_stalled_store(
         store.close()
 
 
+async def test_cancel_interrupts_a_retry_reader_backing_off(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    # cancel() ends a RetryReader waiting out its backoff between attempts at once, as
+    # Gazette's (which selects on its context and the backoff timer); it slept the backoff
+    # out first (up to 5 s between attempts).
+    fake.journal.read_scripts.extend([[Abort()]] * 3)
+    rr = RetryReader(fake_client, J, backoff=lambda attempt: 30.0)
+    task = asyncio.create_task(rr.read())
+    assert await asyncio.to_thread(fake.journal.read_started.wait, 30)
+    await asyncio.sleep(0.2)  # The attempt failed: the reader backs off.
+    assert not task.done()
+    rr.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(ReaderCancelled):
+            await task
+
+
 async def test_task_cancellation_propagates(fake: FakeBroker, fake_client: JournalClient) -> None:
     fake.journal.read_scripts.append([Hang()])
     rr = RetryReader(fake_client, J, block=True, backoff=no_backoff)
