@@ -9,7 +9,11 @@ Figures, all measured in this run on the same journal data (JSON lines):
   store and to a local S3 server (moto_server on loopback), per codec;
 - read: MB/s of a whole journal read back through a broker (proxied: the broker fetches,
   decompresses and streams the fragments) beside a direct read (`do_not_proxy`: the client
-  fetches each fragment from its signed URL and decompresses it), per store.
+  fetches each fragment from its signed URL and decompresses it), per store. A file store's
+  fragments are opened under the broker's file root (`file_root`, as a client sharing the
+  broker's file system is configured). A direct read that fell back to the broker for any
+  fragment (a URL this process could not open) fails the run: without `file_root`, every
+  "direct" read of the file store was such a fallback, i.e. a proxied read.
 
     python bench/fragments.py [--mb 32] [--fragment-mb 8] [--quick]
 
@@ -39,7 +43,7 @@ from pygazette.broker.fragment.fragment_index import FragmentIndex  # noqa: E402
 from pygazette.broker.fragment.persister import Persister  # noqa: E402
 from pygazette.broker.fragment.spool import Spool  # noqa: E402
 from pygazette.client.journal_client import JournalClient  # noqa: E402
-from pygazette.client.retry_reader import read_journal  # noqa: E402
+from pygazette.client.retry_reader import RetryReader, chunks_of  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
 from pygazette.stores import codecs  # noqa: E402
@@ -148,16 +152,32 @@ async def persist_run(
     return elapsed
 
 
-async def read_runs(broker: BrokerProcess, journal: str, size: int, runs: int) -> dict[str, float]:
+async def read_runs(
+    broker: BrokerProcess, journal: str, size: int, runs: int, file_root: Path | None = None
+) -> dict[str, float]:
+    """Proxied and direct reads of `journal`; `file_root`: where its file:// store's
+    fragments are, for direct reads of a file store."""
     async with JournalClient(broker.url) as client:
 
         async def read(direct: bool) -> float:
+            rr = RetryReader(client, journal, do_not_proxy=direct, file_root=file_root)
             t = time.perf_counter()
             n = 0
-            async for chunk in read_journal(client, journal, do_not_proxy=direct):
-                n += len(chunk)
+            try:
+                async for chunk in chunks_of(rr):
+                    n += len(chunk)
+                seconds = time.perf_counter() - t
+                # Fragments whose URL could not be opened, read through the broker instead.
+                through_broker = rr._proxied_fragments
+            finally:
+                await rr.aclose()
             assert n == size, (n, size)
-            return time.perf_counter() - t
+            if direct and through_broker:
+                raise RuntimeError(
+                    f"{journal}: a direct read fell back to the broker for {through_broker} "
+                    "fragments (their URLs could not be opened here)"
+                )
+            return seconds
 
         proxied = min([await read(False) for _ in range(runs)])
         direct = min([await read(True) for _ in range(runs)])
@@ -243,7 +263,10 @@ async def main(mb: int, fragment_mb: int, quick: bool) -> dict[str, object]:
             broker.stop()  # Persists every spool: reads come from the stores.
             broker.start()
             for target in stores:
-                reads[target] = await read_runs(broker, f"bench/read/{target}", len(data), runs)
+                root = broker.file_root if target == "file" else None
+                reads[target] = await read_runs(
+                    broker, f"bench/read/{target}", len(data), runs, root
+                )
         finally:
             broker.kill()
         result["read_snappy"] = reads
