@@ -18,11 +18,14 @@ the young GC generations, which makes the collector's full passes frequent and l
 Take batches with `get` / `get_nowait`, which release their room.
 
 Batches hold at most `batch_messages` messages (a large read is sequenced that many at a
-time, each batch with its own exact checkpoint): a transaction closes only between batches,
-so this bounds how far it runs past `max_txn_duration`, and with the bounded queue it lets
-a transaction close (nothing is ready) while the readers still have content to deliver, so
+time, each batch with its own exact checkpoint): with the bounded queue this lets a
+transaction close (nothing is ready) while the readers still have content to deliver, so
 that the next transaction pipelines with its commit, as Gazette's message-at-a-time loop
-does.
+does. A transaction reaching `max_txn_duration` within a batch closes there, between two
+messages, as Gazette's does: each batch keeps a copy of its journal's sequencer as it was
+before the batch and the read-uncommitted envelopes it sequenced, from which
+`checkpoint_within` has the checkpoint as of any of its messages (the rest of the batch goes
+to the next transaction).
 
 A batch may be empty: a read that committed nothing is queued as such, with its read-through
 offset and the sequencer's `begun` and `newest_open`: one that began a producer's
@@ -43,7 +46,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.message.envelope import Envelope, ProducerState
 from pygazette.message.framing import Framing
 from pygazette.message.reader import ReadCommitted
-from pygazette.message.sequencer import Sequencer
+from pygazette.message.sequencer import QueueOutcome, Sequencer
 from pygazette.protocol.pb import consumer_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,15 @@ class SourceBatch:
     newest_open: int = 0
     # The end of the last duplicate or rolled-back message read (`Sequencer.dropped_through`).
     dropped_through: int = 0
+    # What sequences the batch again, to checkpoint part of it (`checkpoint_within`): a
+    # copy of the journal's sequencer as it was before the batch, the read-uncommitted
+    # envelopes it sequenced into the batch (in chunks), and the transactions it read again
+    # meanwhile (begin, end, producer, its envelopes); None where unknown.
+    before: Sequencer | None = None
+    inputs: tuple[list[Envelope], ...] | None = None
+    replays: tuple[tuple[int, int, bytes, list[Envelope]], ...] = ()
+    # Messages of the batch consumed by an earlier transaction (`envelopes` are the rest).
+    preceding: int = 0
 
 
 class SourceReaders:
@@ -143,6 +155,7 @@ class SourceReaders:
             block=True,
             include_acks=True,
         )
+        before = _copy(sequencer)
         async with reader:
             while True:
                 try:
@@ -156,17 +169,23 @@ class SourceReaders:
                     await self._put(SourceBatch(journal, error=exc))
                     return
                 offsets, states = sequencer.checkpoint(PRUNE_HORIZON_NS)
+                read_through = offsets.get(journal, offset)
+                inputs = reader.batch_inputs
                 await self._put(
                     SourceBatch(
                         journal,
                         batch,
-                        offsets.get(journal, offset),
+                        read_through,
                         states,
                         begun=sequencer.begun,
                         newest_open=sequencer.newest_open(),
                         dropped_through=sequencer.dropped_through.get(journal, 0),
+                        before=before,
+                        inputs=None if inputs is None else tuple(inputs),
+                        replays=tuple(reader.batch_replays),
                     )
                 )
+                before = _copy(sequencer)
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -175,3 +194,57 @@ class SourceReaders:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+
+
+def checkpoint_within(batch: SourceBatch, index: int) -> tuple[int, list[ProducerState]] | None:
+    """The journal's read-through offset and producer states once the messages of `batch`
+    before `envelopes[index]` (ACKs included) are consumed: the checkpoint of a transaction
+    closed between two of its messages, as Gazette's closes between any two. A copy of the
+    sequencer as it was before the batch sequences its inputs again and stops there: between
+    two inputs, or between two messages one ACK commits (the producer's clock is then the
+    last consumed one's, and the rest are read again on recovery, as Gazette's sequencer
+    checkpoints them). None where that cannot be had."""
+    if batch.before is None or batch.inputs is None:
+        return None
+    journal = batch.journal
+    seq = batch.before.copy()  # The batch's own stays as it was (its rest may split again).
+    rest, preceding = batch.envelopes, batch.preceding
+    wanted = preceding + index
+    replays = iter(batch.replays)
+    done = 0
+    try:
+        for chunk in batch.inputs:
+            for env in chunk:
+                if done == wanted:
+                    return _checkpoint_of(seq, journal)
+                if seq.queue_uncommitted(env) == QueueOutcome.ACK_COMMIT_REPLAY:
+                    # The reader read it again at this point: the same envelopes.
+                    replay = next(replays, None)
+                    if replay is None or replay[:3] != (
+                        *seq.replay_range()[1:],
+                        seq.replay_producer(),
+                    ):
+                        return None
+                    seq.start_replay(replay[3])
+                while seq.step():
+                    if done == wanted:
+                        return _checkpoint_of(seq, journal)  # Within one commit's messages.
+                    at = done - preceding
+                    if at >= len(rest) or (at >= 0 and seq.dequeued is not rest[at]):
+                        return None  # Not the batch as it was sequenced.
+                    done += 1
+    except (RuntimeError, AssertionError):  # ReplayError too: not as it was sequenced.
+        return None
+    return _checkpoint_of(seq, journal) if done == wanted else None
+
+
+def _copy(sequencer: Sequencer) -> Sequencer | None:
+    try:
+        return sequencer.copy()
+    except RuntimeError:  # Dequeuing (a sequence resumed after a failed replay).
+        return None
+
+
+def _checkpoint_of(seq: Sequencer, journal: str) -> tuple[int, list[ProducerState]]:
+    offsets, states = seq.checkpoint(PRUNE_HORIZON_NS)
+    return offsets[journal], states

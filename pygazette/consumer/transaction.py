@@ -3,9 +3,11 @@
 A transaction begins with the first ready batch of source messages and consumes batches
 until it may close: once `min_txn_duration` has passed, no batch is ready and the previous
 transaction has fully committed (its store commit and its ACK appends); or at once when
-`max_txn_duration` has passed (it then stalls until the previous one is done: a transaction
-never commits before its predecessor). Meanwhile the previous transaction's commit runs,
-so consuming and committing overlap (pipelining).
+`max_txn_duration` has passed, waiting for a batch or between two messages of one, as
+Gazette's txnStep checks its timer before each message (the rest of the batch goes to the
+next transaction, `source_reader.checkpoint_within`; it then stalls until the previous one
+is done: a transaction never commits before its predecessor). Meanwhile the previous
+transaction's commit runs, so consuming and committing overlap (pipelining).
 
 Wait-for-ACK (Gazette's, unless the spec's `disable_wait_for_ack`): while a producer's
 transaction that began (in a source journal) since the last commit still awaits its ACK,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -43,7 +46,7 @@ from pygazette.consumer.checkpoint import (
 from pygazette.consumer.metrics import TXN_SECONDS
 from pygazette.consumer.progress import Progress
 from pygazette.consumer.shard_api import Shard
-from pygazette.consumer.source_reader import SourceBatch, SourceReaders
+from pygazette.consumer.source_reader import SourceBatch, SourceReaders, checkpoint_within
 from pygazette.consumer.store import CommitFuture, Store, StoreFenced
 from pygazette.message.envelope import ProducerState
 from pygazette.message.publisher import Publisher
@@ -162,6 +165,9 @@ class Transactions:
         self.progress = progress
         self.lease_check = lease_check
         self._get: asyncio.Task[SourceBatch] | None = None
+        # The rest of a batch whose transaction closed at max_txn_duration within it: the
+        # next transaction begins with it.
+        self._carry: SourceBatch | None = None
         self._ended: set[str] = set()
         self.offsets: dict[str, int] = {}
         self.states: dict[str, list[ProducerState]] = {}
@@ -225,6 +231,9 @@ class Transactions:
     ) -> SourceBatch | None:
         """The next batch; None on timeout, on stop, or when `prev` finished first (if it
         wasn't done already)."""
+        if self._carry is not None:
+            batch, self._carry = self._carry, None
+            return batch
         if self._get is None:
             self._get = asyncio.ensure_future(self.readers.get())
         waits: set[asyncio.Future[Any]] = {self._get, stop_wait}
@@ -239,6 +248,9 @@ class Transactions:
 
     def _ready(self) -> SourceBatch | None:
         """A batch that is ready now, without waiting."""
+        if self._carry is not None:
+            batch, self._carry = self._carry, None
+            return batch
         if self._get is not None:
             if not self._get.done():
                 return None
@@ -285,12 +297,23 @@ class Transactions:
         if batch.ended:
             self._ended.add(batch.journal)
 
-    async def _consume(self, batch: SourceBatch) -> tuple[int, int]:
-        """Hand a batch's messages (not its ACKs) to the application."""
+    async def _consume(
+        self, batch: SourceBatch, deadline: float | None = None, *, first: bool = False
+    ) -> tuple[int, int]:
+        """Hand a batch's messages (not its ACKs) to the application. Once `deadline` has
+        passed (max_txn_duration: Gazette's txnStep checks its timer before each message),
+        it stops between two messages, if it can checkpoint there (`checkpoint_within`), and
+        leaves the rest of the batch to the next transaction (`_carry`); the `first` batch of
+        a transaction gives it one message at least."""
         shard, store, publisher = self.shard, self.store, self.publisher
         consume = self.app.consume_message
         messages = nbytes = 0
-        for env in batch.envelopes:
+        clock = time.monotonic
+        for i, env in enumerate(batch.envelopes):
+            if deadline is not None and (i or not first) and clock() >= deadline:
+                if self._close_within(batch, i):
+                    return messages, nbytes
+                deadline = None  # It cannot close here: the whole batch, then.
             nbytes += env.end - env.begin
             if env.flags == ACK_TXN:
                 continue
@@ -305,6 +328,22 @@ class Transactions:
             self._begun[batch.journal] = batch.begun
             self._newest_open[batch.journal] = batch.newest_open
         return messages, nbytes
+
+    def _close_within(self, batch: SourceBatch, index: int) -> bool:
+        """Checkpoint `batch` as of its first `index` messages consumed and carry the rest to
+        the next transaction; False if it cannot be checkpointed there."""
+        if index == 0:
+            self._carry = batch  # None of it consumed: the checkpoint stays as it is.
+            return True
+        within = checkpoint_within(batch, index)
+        if within is None:
+            return False
+        self.offsets[batch.journal], self.states[batch.journal] = within
+        # Its `begun` and `newest_open` (wait-for-ACK) apply once the rest is consumed.
+        self._carry = dataclasses.replace(
+            batch, envelopes=batch.envelopes[index:], preceding=batch.preceding + index
+        )
+        return True
 
     def _awaits_ack(self) -> bool:
         """Whether a producer's transaction begun since the last commit awaits its ACK
@@ -357,9 +396,10 @@ class Transactions:
         spec = self.shard.spec
         min_dur = spec.min_txn_duration.ToTimedelta().total_seconds()
         max_dur = spec.max_txn_duration.ToTimedelta().total_seconds() or 1.0
-        messages, nbytes = await self._consume(first)
+        closing = began + max_dur
+        messages, nbytes = await self._consume(first, closing, first=True)
         prev_done = False
-        while True:
+        while self._carry is None:  # Else it closed at max_txn_duration, within a batch.
             if not prev_done and prev.done():
                 await self._complete(prev)
                 prev_done = True
@@ -381,7 +421,7 @@ class Transactions:
                 if batch is None:
                     continue
             self._check(batch)
-            m, b = await self._consume(batch)
+            m, b = await self._consume(batch, closing)
             messages += m
             nbytes += b
         if not prev_done:

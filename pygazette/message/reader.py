@@ -242,6 +242,12 @@ class ReadCommitted:
         # so far: kept while a replay is awaited, so that a call failed or cancelled there
         # (its envelopes already taken from `_pending`, some sequenced) is resumed by the next.
         self._sequencing: tuple[list[Envelope], int, list[Envelope]] | None = None
+        # The read-uncommitted envelopes the last `next_batch` sequenced, in chunks (None if
+        # it resumed a sequencing begun by an earlier call): with a copy of the sequencer
+        # before that call, what sequences its batch again (`SourceBatch.inputs`).
+        self.batch_inputs: list[list[Envelope]] | None = []
+        # And the replays it read: (begin, end, producer, the producer's envelopes).
+        self.batch_replays: list[tuple[int, int, bytes, list[Envelope]]] = []
 
     def __aiter__(self) -> ReadCommitted:
         return self
@@ -263,6 +269,8 @@ class ReadCommitted:
         through them)."""
         ready = self._ready
         seq, journal = self.sequencer, self.journal
+        self.batch_inputs = [] if self._sequencing is None and not ready else None
+        self.batch_replays = []
         while not ready:
             read_through = seq.offsets.get(journal)
             await self._fill(limit)
@@ -291,6 +299,8 @@ class ReadCommitted:
             else:
                 self._pending_at = len(batch)
             self._sequencing = (batch, 0, [])
+            if self.batch_inputs is not None:
+                self.batch_inputs.append(batch)
         batch, i, out = self._sequencing
         n = len(batch)
         while True:
@@ -336,6 +346,7 @@ class ReadCommitted:
                     continue  # Raised once already, when first read.
                 if env.producer == producer:
                     envelopes.append(env)
+        self.batch_replays.append((begin, end, producer, envelopes))
         self.sequencer.start_replay(envelopes)
 
     async def aclose(self) -> None:

@@ -101,6 +101,15 @@ class _Partial:
         self.min_clock = self.max_clock = clock
         self.begin = self.ring_start = self.ring_stop = -1
 
+    def copy(self) -> _Partial:
+        other = _Partial(self.jp, self.min_clock, self.max_clock, self.begin)
+        other.ring_start, other.ring_stop, other.serial = (
+            self.ring_start,
+            self.ring_stop,
+            self.serial,
+        )
+        return other
+
 
 class Sequencer:
     """Sequences read-uncommitted envelopes into read-committed ones (see module doc)."""
@@ -138,6 +147,7 @@ class Sequencer:
         self._next: list[int] = []
         self._size = size
         self._head = 0
+        self._quiet = False  # A copy sequencing envelopes again logs nothing of them.
         for state in states:
             jp = (state.journal, bytes(state.producer))
             self._partials[jp] = _Partial(jp, state.last_ack, state.last_ack, state.begin)
@@ -440,6 +450,39 @@ class Sequencer:
         self._pending.clear()
         return dict(self._offsets), states
 
+    def copy(self) -> Sequencer:
+        """An independent copy, between sequences (nothing dequeuing): it sequences the same
+        envelopes as this one would from here, silently (a consumer checkpointing within a
+        batch, `source_reader.checkpoint_within`). Costs its producers and its ring (two
+        lists of `buffer` slots, once it has one)."""
+        if self._emit is not None or self._replay is not None:
+            raise RuntimeError("cannot copy a sequencer while it dequeues")
+        other = Sequencer.__new__(Sequencer)
+        partials = {jp: p.copy() for jp, p in self._partials.items()}
+
+        def mapped(p: _Partial) -> _Partial:
+            same = partials.get(p.jp)
+            return same if same is not None and self._partials.get(p.jp) is p else p.copy()
+
+        other.dequeued = None
+        other._dequeued_clock = 0
+        other._dequeued_slot = -1
+        other._offsets = dict(self._offsets)
+        other._partials = partials
+        other._pending = {mapped(p) for p in self._pending}
+        other._open = {mapped(p) for p in self._open}
+        other.begun = self.begun
+        other.dropped_through = dict(self.dropped_through)
+        other._emit = None
+        other._direct = None
+        other._replay = None
+        other._ring = list(self._ring)
+        other._next = list(self._next)
+        other._size = self._size
+        other._head = self._head
+        other._quiet = True
+        return other
+
     # Ring ---------------------------------------------------------------------------------
 
     def _ring_env(self, slot: int) -> Envelope:
@@ -477,6 +520,8 @@ class Sequencer:
         self._head = (head + 1) % self._size
 
     def _log_error(self, env: Envelope, partial: _Partial, msg: str) -> None:
+        if self._quiet:
+            return
         log.error(
             msg,
             extra={

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -391,3 +392,82 @@ async def test_transaction_durations_run_from_when_begin_txn_returns(
             run.result()
         await reached
     assert app.sizes[0] == 4, app.sizes
+
+
+async def publish_spans(client: JournalClient, n: int, span: int) -> dict[str, int]:
+    """n messages per source, in producers' transactions of `span` messages, each
+    committed by its ACK (the sequencer dequeues a span's messages at its ACK, at once);
+    returns each source's write head."""
+    heads: dict[str, int] = {}
+    async with AppendService(client) as service:
+        pub = Publisher(service)
+        for src in SOURCES:
+            for first in range(0, n, span):
+                msgs = [{"key": f"k{i % 7}", "n": i} for i in range(first, min(n, first + span))]
+                for aa in pub.publish_uncommitted_many(lambda _m, src=src: (src, NDJSON), msgs):
+                    await aa
+                for intent in pub.build_ack_intents():
+                    ack = service.append(intent.journal, intent.intent)
+                    await ack
+                    assert ack.response is not None
+                    heads[src] = ack.response.commit.end
+    return heads
+
+
+class Slow(Counter):
+    """Takes MESSAGE_SECONDS of the event loop's thread per message (an application's CPU
+    work), and records how many messages each of its transactions began to consume after
+    its max_txn_duration had passed (it may then stall on its predecessor's commit, as
+    Gazette's does: that is not consuming)."""
+
+    MESSAGE_SECONDS = 0.002
+
+    def __init__(self, max_seconds: float, fail_at: int = -1) -> None:
+        super().__init__(fail_at)
+        self.max_seconds = max_seconds
+        self.late: list[int] = []
+        self._closing = 0.0
+
+    def begin_txn(self, shard: Any, store: Any) -> None:
+        # Its transaction's clock starts once this returns: a millisecond of leeway.
+        self._closing = time.monotonic() + self.max_seconds + 0.001
+        self.late.append(0)
+
+    def consume_message(self, shard: Any, store: Any, env: Envelope, pub: Publisher) -> None:
+        if time.monotonic() > self._closing:
+            self.late[-1] += 1
+        time.sleep(self.MESSAGE_SECONDS)
+        super().consume_message(shard, store, env, pub)
+
+
+@pytest.mark.parametrize("spans", [False, True], ids=["committed", "spans"])
+async def test_max_txn_duration_closes_a_transaction_between_messages(
+    client: JournalClient, spans: bool
+) -> None:
+    """As Gazette's (txnStep checks its timer before each message it consumes): a transaction
+    closes at max_txn_duration however many messages are ready, within a batch of them and
+    within a producer's transaction being dequeued. Transactions closed only between the
+    source readers' batches (up to 1,024 messages): over 2 s each here, against 250 ms.
+    Closed within a batch, the checkpoint is exactly as of the messages consumed: a primary
+    failing later and the next one recovering count every message once."""
+    n = 1200
+    heads = await publish_spans(client, n, span=300) if spans else await publish_inputs(client, n)
+    max_seconds = 0.25
+    spec = shard_spec(min_ms=0, max_ms=int(max_seconds * 1000))
+    store, progress = MemoryStore({"counts": {}}), Progress()
+    app = Slow(max_seconds, fail_at=1500)  # After several transactions closed within batches.
+    with pytest.raises(RuntimeError, match="injected failure"):
+        await run_until(client, app, store, heads, progress, spec)
+    assert app.txns >= 4, app.late
+    # Once max_txn_duration has passed, a transaction consumes no further message (the one
+    # at hand may have begun just before). Without the fix: hundreds, the rest of a batch.
+    assert max(app.late) <= 1, app.late
+
+    again = Slow(max_seconds)
+    await run_until(client, again, store, heads, Progress(), spec)
+    assert max(again.late) <= 1, again.late
+    assert sum(store.committed_state["counts"].values()) == 2 * n
+    outputs = await committed_outputs(client)
+    assert sorted((o["src"], o["n"]) for o in outputs) == sorted(
+        (s, i) for s in SOURCES for i in range(n)
+    )
