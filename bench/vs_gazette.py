@@ -3,11 +3,15 @@
 The workloads of `bench/append_read.py` — 1 MiB appends (throughput), 4 KiB appends (commit
 latency), a read of spooled content and a read of persisted fragments — run against a
 pygazette broker and against Gazette's own broker (with etcd, built by
-interop/build-binaries), each on a fresh data directory, one after the other. Figures are
-given for both, with pygazette/Gazette ratios (above 1: pygazette is faster, or for
-latencies, slower).
+interop/build-binaries), each on a fresh data directory, one after the other, in `--rounds`
+rounds (2 by default) that alternate which system goes first, so that load from other
+processes that comes and goes does not weigh on one system only. Each figure is the median
+over the rounds (every round's is listed), with pygazette/Gazette ratios (above 1:
+pygazette is faster, or for latencies, slower), and beside it the CPU time the broker
+process spent on each workload (per append, or per GB read), which the machine's other load
+disturbs far less.
 
-    python bench/vs_gazette.py [--quick]
+    python bench/vs_gazette.py [--quick] [--rounds 2]
 
 With `--go-client` both brokers are driven by Gazette's own Go client instead
 (`bench/gazette_go_client.py`, `interop/loadgen`): single broker and 3 brokers at r=2 and r=3,
@@ -40,9 +44,11 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +77,7 @@ from tests.support.gazette_process import (  # noqa: E402
     GazetteBroker,
     gazette_binaries,
 )
+from tests.support.process_cpu import cpu_seconds  # noqa: E402
 
 GAZETTE_VERSION = "go.gazette.dev/core v0.103.0"
 
@@ -89,8 +96,18 @@ async def wait_assigned(stub: pb_grpc.JournalStub, names: list[str]) -> None:
     raise TimeoutError("journals not assigned")
 
 
-async def workloads(address: str, sizes: tuple[int, int, int, int]) -> dict[str, Any]:
+async def workloads(address: str, sizes: tuple[int, int, int, int], pid: int) -> dict[str, Any]:
+    """Every workload against the broker at `address` (process `pid`, whose CPU each workload
+    is charged)."""
     n_big, n_small, read_mib, persist_mib = sizes
+    cpu: dict[str, float] = {}
+
+    async def metered(name: str, run: Any) -> Any:
+        before = cpu_seconds(pid)
+        result = await run
+        cpu[name] = cpu_seconds(pid) - before
+        return result
+
     async with grpc.aio.insecure_channel(address, options=OPTIONS) as channel:
         stub = pb_grpc.JournalStub(channel)
         persisted_spec = spec("bench/persisted", 16 * MiB, pb.NONE)
@@ -103,9 +120,10 @@ async def workloads(address: str, sizes: tuple[int, int, int, int]) -> dict[str,
         await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s) for s in specs]))
         await wait_assigned(stub, [s.name for s in specs])
 
-        big = await append_run(stub, "bench/tail", MiB, n_big)
-        small = await append_run(stub, "bench/small", 4096, n_small)
-        tail_read = await read_run(stub, "bench/tail", 0, read_mib * MiB)
+        # (append_run's 20 warm-up appends are charged too: 7% of the quick 4 KiB run.)
+        big = await metered("big", append_run(stub, "bench/tail", MiB, n_big))
+        small = await metered("small", append_run(stub, "bench/small", 4096, n_small))
+        tail_read = await metered("tail_read", read_run(stub, "bench/tail", 0, read_mib * MiB))
 
         chunk = os.urandom(MiB)
         for _ in range(persist_mib):
@@ -120,58 +138,119 @@ async def workloads(address: str, sizes: tuple[int, int, int, int]) -> dict[str,
             if time.monotonic() > deadline:
                 raise TimeoutError("fragments were not persisted")
             await asyncio.sleep(0.1)
-        persisted_read = await read_run(stub, "bench/persisted", 0, max(f.end for f in stored))
-    return {"big": big, "small": small, "tail_read": tail_read, "persisted_read": persisted_read}
+        persisted_end = max(f.end for f in stored)
+        persisted_read = await metered(
+            "persisted_read", read_run(stub, "bench/persisted", 0, persisted_end)
+        )
+    warm = min(20, n_big), min(20, n_small)
+    return {
+        "big": big,
+        "small": small,
+        "tail_read": tail_read,
+        "persisted_read": persisted_read,
+        "broker_cpu_ms_per_append_1mib": round(cpu["big"] * 1e3 / (n_big + warm[0]), 3),
+        "broker_cpu_ms_per_append_4kib": round(cpu["small"] * 1e3 / (n_small + warm[1]), 3),
+        "broker_cpu_s_per_gb_tail_read": round(cpu["tail_read"] * 1e9 / (read_mib * MiB), 3),
+        "broker_cpu_s_per_gb_persisted_read": round(cpu["persisted_read"] * 1e9 / persisted_end, 3),
+    }
 
 
-async def main(quick: bool) -> dict[str, object]:
+async def main(quick: bool, rounds: int = 2) -> dict[str, object]:
     sizes = (50, 500, 64, 48) if quick else (300, 3000, 256, 128)
     binaries = gazette_binaries()
     tmp = Path(tempfile.mkdtemp(prefix="pygazette-vs-gazette-"))
     try:
-        return await run_both(binaries, tmp, sizes)
+        return await run_both(binaries, tmp, sizes, rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def run_both(
-    binaries: GazetteBinaries, tmp: Path, sizes: tuple[int, int, int, int]
-) -> dict[str, object]:
-    ours = BrokerProcess(tmp / "pygazette" / "data")
+async def run_pygazette(tmp: Path, sizes: tuple[int, int, int, int]) -> dict[str, Any]:
+    ours = BrokerProcess(tmp / "data")
     ours.data_dir.parent.mkdir(parents=True)
     ours.start()
     try:
-        py = await workloads(ours.address, sizes)
+        assert ours.proc is not None
+        return await workloads(ours.address, sizes, ours.proc.pid)
     finally:
         ours.stop()
 
+
+async def run_gazette(
+    binaries: GazetteBinaries, tmp: Path, sizes: tuple[int, int, int, int]
+) -> dict[str, Any]:
     etcd = EtcdServer(binaries.etcd, tmp / "etcd" / "data")
     etcd.data_dir.parent.mkdir(parents=True)
     etcd.start()
     theirs = GazetteBroker(binaries.gazette, etcd, tmp / "gazette")
     try:
         theirs.start()
-        go = await workloads(theirs.address, sizes)
+        assert theirs.proc is not None
+        return await workloads(theirs.address, sizes, theirs.proc.pid)
     finally:
         theirs.kill()
         etcd.stop()
 
-    def both(key: str, field: str | None = None) -> dict[str, Any]:
-        p = py[key] if field is None else py[key][field]
-        g = go[key] if field is None else go[key][field]
-        return {"pygazette": p, "gazette": g, "ratio": ratio(p, g)}
 
+def round_orders(rounds: int) -> list[tuple[str, str]]:
+    """Which system goes first in each round: pygazette, then Gazette, alternately."""
+    return [
+        ("pygazette", "gazette") if r % 2 == 0 else ("gazette", "pygazette") for r in range(rounds)
+    ]
+
+
+FIGURES: dict[str, Callable[[dict[str, Any]], float]] = {
+    "append_1mib_mb_per_s": lambda d: d["big"]["mb_per_s"],
+    "append_4kib_per_s": lambda d: d["small"]["appends_per_s"],
+    "commit_latency_4kib_p50_ms": lambda d: d["small"]["p50_ms"],
+    "commit_latency_4kib_p99_ms": lambda d: d["small"]["p99_ms"],
+    "tail_read_mb_per_s": lambda d: d["tail_read"],
+    "persisted_read_mb_per_s": lambda d: d["persisted_read"],
+    "broker_cpu_ms_per_append_1mib": lambda d: d["broker_cpu_ms_per_append_1mib"],
+    "broker_cpu_ms_per_append_4kib": lambda d: d["broker_cpu_ms_per_append_4kib"],
+    "broker_cpu_s_per_gb_tail_read": lambda d: d["broker_cpu_s_per_gb_tail_read"],
+    "broker_cpu_s_per_gb_persisted_read": lambda d: d["broker_cpu_s_per_gb_persisted_read"],
+}
+
+
+def compare_rounds(py: list[dict[str, Any]], go: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds for both systems, the ratio pygazette/Gazette of
+    the medians, and every round's figure."""
+    out: dict[str, Any] = {}
+    for name, get in FIGURES.items():
+        p = [get(d) for d in py]
+        g = [get(d) for d in go]
+        mp, mg = round(statistics.median(p), 3), round(statistics.median(g), 3)
+        out[name] = {
+            "pygazette": mp,
+            "gazette": mg,
+            "ratio": ratio(mp, mg),
+            "rounds": {"pygazette": p, "gazette": g},
+        }
+    return out
+
+
+async def run_both(
+    binaries: GazetteBinaries, tmp: Path, sizes: tuple[int, int, int, int], rounds: int
+) -> dict[str, object]:
+    runs: dict[str, list[dict[str, Any]]] = {"pygazette": [], "gazette": []}
+    for r, order in enumerate(round_orders(rounds)):
+        for system in order:
+            where = tmp / f"{system}-{r}"
+            if system == "pygazette":
+                runs[system].append(await run_pygazette(where, sizes))
+            else:
+                runs[system].append(await run_gazette(binaries, where, sizes))
     return {
         "benchmark": "vs_gazette",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "baseline": f"Gazette broker ({GAZETTE_VERSION}, etcd 3.6), same run, same workloads",
-        "append_1mib_mb_per_s": both("big", "mb_per_s"),
-        "append_4kib_per_s": both("small", "appends_per_s"),
-        "commit_latency_4kib_p50_ms": both("small", "p50_ms"),
-        "commit_latency_4kib_p99_ms": both("small", "p99_ms"),
-        "tail_read_mb_per_s": both("tail_read"),
-        "persisted_read_mb_per_s": both("persisted_read"),
-        "details": {"pygazette": py, "gazette": go},
+        "rounds": rounds,
+        "order": "alternating: pygazette first in even rounds, Gazette first in odd ones",
+        "statistic": "median over rounds; ratio pygazette/Gazette of the medians",
+        **compare_rounds(runs["pygazette"], runs["gazette"]),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "details": runs,
     }
 
 
@@ -261,7 +340,10 @@ if __name__ == "__main__":
         "and 3 brokers at r=2 and r=3",
     )
     parser.add_argument(
-        "--rounds", type=int, default=None, help="--go-client (2), --stream-sum (1): rounds"
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds: 2 (alternating which system goes first); --stream-sum: 1",
     )
     parser.add_argument(
         "--smoke",
@@ -310,4 +392,4 @@ if __name__ == "__main__":
     elif args.go_client:
         print(json.dumps(go_client_main(args), indent=2))
     else:
-        print(json.dumps(asyncio.run(main(args.quick)), indent=2))
+        print(json.dumps(asyncio.run(main(args.quick, args.rounds or 2)), indent=2))
