@@ -13,6 +13,7 @@ so peers take over at once instead of after the lease TTL.
 Failing: if the lease can't be kept alive (etcd unreachable for a TTL, or the process was
 frozen past it), or the member key disappears, the broker stops serving immediately — it
 may no longer hold any journal — and exits with an error for its supervisor to restart it.
+A lease that may still be alive (the key deleted by hand) is revoked as it leaves.
 """
 
 from __future__ import annotations
@@ -235,7 +236,8 @@ class ClusterMember:
         self.resolver.stop_serving()
 
     async def leave(self, *, graceful: bool) -> None:
-        """Stop replicas and allocation, then give up membership (revoking the lease)."""
+        """Stop replicas and allocation, then give up membership (revoking the lease).
+        `graceful`: the member drained (else its membership failed)."""
         self.resolver.stop_serving()
         tasks = [t for t in [*self._tasks, self._allocator_task] if t is not None]
         for task in tasks:
@@ -248,8 +250,12 @@ class ClusterMember:
         await self.pulser.stop()
         await self.appends.stop()
         await self.resolver.stop()
-        log.info("replicas stopped; leaving the cluster", extra={"revoke_lease": graceful})
-        await self.session.close(revoke=graceful)
+        log.info("replicas stopped; leaving the cluster", extra={"graceful": graceful})
+        # The lease is revoked whenever it may still be alive, a failed member's too (its key
+        # deleted by hand): its assignments go with it at once, as Gazette's session closes
+        # its lease when its tasks end, instead of blocking its journals until it lapses. A
+        # lease known lost is left alone (`MemberSession.close`).
+        await self.session.close(revoke=True)
         await self.peers.close()
         await self.keyspace.close()
         log.info("left the cluster")

@@ -309,8 +309,8 @@ class Broker:
         `persist_within` if longer).
 
         In cluster mode, replicas stop first (so peers' streams end), then the server, and
-        the lease is revoked unless the broker `failed` (then its lease is gone already or
-        must lapse on its own).
+        the lease is revoked, unless it was lost (`failed`: membership was lost, its lease or
+        its key).
         """
         self.ready_reason = "stopping"
         if self._side is not None:

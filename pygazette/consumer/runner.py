@@ -289,7 +289,10 @@ class ConsumerProcess:
         if self._server is not None:
             await self._server.stop(2.0)
             await self.service.close()
-        await self.session.close(revoke=not failed)
+        # Revoked whenever it may still be alive, a failed member's too (its key deleted by
+        # hand): its assignments go with it and its shards move at once, as Gazette's
+        # session closes its lease when its tasks end. One known lost is left alone.
+        await self.session.close(revoke=True)
         await self.client.close()
         await self.keyspace.close()
         if self._lock_fd >= 0:

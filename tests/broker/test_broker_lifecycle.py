@@ -191,6 +191,39 @@ async def test_a_broker_whose_member_key_is_deleted_leaves_and_rejoins(
         await cluster.close()
 
 
+async def test_a_broker_whose_member_key_is_deleted_revokes_its_lease_as_it_leaves(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """The primary's member key is deleted by hand. The broker leaves (non-zero) and, as
+    Gazette's does (its session closes the lease as its tasks end), revokes its lease, which
+    is still alive: its assignments go with it and the journal goes on elsewhere at once.
+    Left to lapse, the lease (30 s here) kept the broker's assignments, and the journal's
+    appends failed ('unusable peer endpoint') until it expired."""
+    cluster = Cluster(tmp_path, etcd, etcd_root, lease_ttl="30s")
+    for i in range(3):
+        cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
+    journal = "lifecycle/keyless-revoked"
+    try:
+        await cluster.start()
+        spec = journal_spec(journal, replication=2)
+        assert (await apply_specs(cluster.stub(cluster.brokers[0]), spec)).status == pb.OK
+        await cluster.wait_ready([journal], 2)
+        primary = cluster.primary_of(journal)
+        assert primary is not None
+        ks = await cluster.observe()
+        await ks.txn([], [Delete(cluster.layout.member_key(primary.zone, primary.suffix))])
+        assert await asyncio.to_thread(primary.wait_exit, 10.0) != 0, primary.log()
+        await cluster.wait_for(
+            lambda p=primary: p not in cluster.members_of(journal) and cluster.ready(journal, 2),
+            "the journal goes on without the broker, before its lease would lapse",
+            within=15.0,
+        )
+        other = next(b for b in cluster.running() if b is not primary)
+        assert (await append_once(cluster.stub(other), journal, b"after\n")).status == pb.OK
+    finally:
+        await cluster.close()
+
+
 async def test_no_spool_directory_is_left_of_a_journal_gone_from_the_broker(
     tmp_path: Path, etcd: EtcdProcess, etcd_root: str
 ) -> None:

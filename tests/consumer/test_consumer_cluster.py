@@ -25,7 +25,7 @@ from pygazette.client.reader import Reader
 from pygazette.consumer.recoverylog import Player
 from pygazette.consumer.shard_client import ShardClient
 from pygazette.keyspace.etcd import EtcdKeyspace
-from pygazette.keyspace.keyspace import Put
+from pygazette.keyspace.keyspace import Delete, Put
 from pygazette.keyspace.layout import KeyLayout
 from pygazette.message.publisher import Publisher
 from pygazette.message.reader import ReadCommitted
@@ -357,6 +357,26 @@ async def test_a_draining_consumer_that_loses_its_lease_exits_at_once(group: Gro
         ) from None
     assert code != 0, draining.log()
     assert "lease" in draining.log()
+
+
+async def test_a_consumer_whose_member_key_is_deleted_revokes_its_lease_as_it_leaves(
+    group: Group,
+) -> None:
+    """The primary's member key is deleted by hand: it leaves (non-zero) and, as Gazette's
+    consumer does, revokes its lease, still alive, so that its assignments go with it and
+    the standby takes the shard over at once. Left to lapse, the lease (30 s here) kept the
+    shard's primary assignment and the standby waited for it."""
+    primary = group.add(args=("--lease-ttl", "30s"))
+    group.add(args=("--lease-ttl", "30s"))
+    await group.apply(shard_spec(standbys=1, log=True))
+    assert await group.wait_primary() is primary
+    await group.wait_standby()
+    key = group.layout.member_key(primary.zone, primary.member_id)
+    assert (await group.ks.txn([], [Delete(key)])).succeeded
+    assert await asyncio.to_thread(primary.wait_exit, 10.0) != 0, primary.log()
+    deleted = time.monotonic()
+    await group.wait_primary(not_=primary)
+    assert time.monotonic() - deleted < 15, "the standby waited for the lease to lapse"
 
 
 async def log_write_head(client: JournalClient) -> int:
