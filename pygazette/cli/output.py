@@ -139,10 +139,10 @@ def listing_json(listing: message.Message) -> str:
 
 
 def listing_proto_text(listing: message.Message) -> str:
-    """A response in protobuf text format (gazctl's --format proto)."""
-    from google.protobuf import text_format
+    """A response in protobuf text format, byte for byte as gazctl's --format proto."""
+    from pygazette.gateway import jsonpb  # Only for this output.
 
-    return text_format.MessageToString(listing)
+    return jsonpb.marshal_text(listing)
 
 
 def human_bytes(n: int) -> str:

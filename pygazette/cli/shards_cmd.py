@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import grpc
 import grpc.aio
-from google.protobuf import text_format
 
 from pygazette.cli import output
 from pygazette.cli.client_settings import CliState, client_settings
@@ -386,7 +385,7 @@ def apply_cmd(
 
     resp = run_session(ctx, consumer, broker, run)
     if resp is None:
-        click.echo(text_format.MessageToString(request), nl=False)
+        click.echo(output.listing_proto_text(request), nl=False)
         return
     log.info("successfully applied", extra={"revision": resp.header.etcd.revision})
     click.echo(
@@ -550,7 +549,7 @@ def list_cmd(
     elif fmt == "json":
         click.echo(output.listing_json(listing), nl=False)
     else:
-        click.echo(text_format.MessageToString(listing), nl=False)
+        click.echo(output.listing_proto_text(listing), nl=False)
 
 
 # edit ------------------------------------------------------------------------------------

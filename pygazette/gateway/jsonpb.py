@@ -34,7 +34,7 @@ from google.protobuf.message import Message
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.go_duration import parse_duration
 
-__all__ = ["JsonError", "decode", "go_json_string", "marshal"]
+__all__ = ["JsonError", "decode", "go_json_string", "marshal", "marshal_text"]
 
 _F = FieldDescriptor
 
@@ -282,6 +282,105 @@ def marshal(msg: Message, *, orig_name: bool = False) -> bytes:
     """`msg` as Gazette's gateway writes it (gogo jsonpb with EmitDefaults, compact); with
     `orig_name`, fields by their .proto names (`OrigName: true`), as gazctl's `-o json`."""
     return _object(msg, orig_name).encode()
+
+
+# Protobuf text, as gazctl prints it (`--format proto`, `apply --dry-run`).
+
+
+def _text_string(data: bytes) -> str:
+    """gogo's writeString: bytes outside printable ASCII as 3-digit octal escapes."""
+    out = ['"']
+    for c in data:
+        if c == 0x0A:
+            out.append("\\n")
+        elif c == 0x0D:
+            out.append("\\r")
+        elif c == 0x09:
+            out.append("\\t")
+        elif c == 0x22:
+            out.append('\\"')
+        elif c == 0x5C:
+            out.append("\\\\")
+        elif 0x20 <= c < 0x7F:
+            out.append(chr(c))
+        else:
+            out.append(f"\\{c:03o}")
+    out.append('"')
+    return "".join(out)
+
+
+def _text_scalar(field: Any, value: Any) -> str:
+    t = field.type
+    if t == _F.TYPE_STRING:
+        return _text_string(value.encode())
+    if t == _F.TYPE_BYTES:
+        return _text_string(value)
+    if t == _F.TYPE_BOOL:
+        return "true" if value else "false"
+    if t == _F.TYPE_ENUM:
+        ev = field.enum_type.values_by_number.get(value)
+        return ev.name if ev is not None else str(value)
+    if t in _INT_KINDS:
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(value)  # Not in Gazette's messages.
+
+
+def _text_message(msg: Message, indent: str, out: list[str]) -> None:
+    for field in _go_fields(msg.DESCRIPTOR):
+        if field.containing_oneof is not None and msg.WhichOneof(field.containing_oneof.name) != (
+            field.name
+        ):
+            continue
+        value = getattr(msg, field.name)
+        head = f"{indent}{field.name}: "
+        if _is_map(field):
+            kfield = field.message_type.fields_by_name["key"]
+            vfield = field.message_type.fields_by_name["value"]
+            for k in sorted(value):
+                out.append(f"{head}<\n{indent}  key: {_text_scalar(kfield, k)}\n")
+                v = value[k]
+                if vfield.type == _F.TYPE_MESSAGE:
+                    out.append(f"{indent}  value: <\n")
+                    _text_message(v, indent + "    ", out)
+                    out.append(f"{indent}  >\n")
+                else:
+                    out.append(f"{indent}  value: {_text_scalar(vfield, v)}\n")
+                out.append(f"{indent}>\n")
+        elif field.is_repeated:
+            for v in value:
+                if field.type == _F.TYPE_MESSAGE:
+                    out.append(f"{head}<\n")
+                    _text_message(v, indent + "  ", out)
+                    out.append(f"{indent}>\n")
+                else:
+                    out.append(f"{head}{_text_scalar(field, v)}\n")
+        elif field.type == _F.TYPE_MESSAGE:
+            by_value = _key(field) in _NOT_NULLABLE
+            if field.message_type.full_name == _DURATION and by_value:
+                # A time.Duration (stdduration): an int64 in Go, left out when zero.
+                if not (value.seconds or value.nanos):  # type: ignore[attr-defined]
+                    continue
+            elif not by_value and not msg.HasField(field.name):
+                continue
+            out.append(f"{head}<\n")
+            _text_message(value, indent + "  ", out)
+            out.append(f"{indent}>\n")
+        elif field.containing_oneof is not None or value:
+            out.append(f"{head}{_text_scalar(field, value)}\n")
+
+
+def marshal_text(msg: Message) -> str:
+    """`msg` in protobuf text format as gazctl prints it (gogo's proto.MarshalText over
+    Gazette's structs): `name: <` … `>` for messages, zero scalars left out, messages Go holds
+    by value always written (a zero duration, an int64 there, left out), strings escaped
+    byte by byte."""
+    out: list[str] = []
+    _text_message(msg, "", out)
+    return "".join(out)
 
 
 # Reading JSON as Go's encoding/json scans it.
