@@ -320,9 +320,12 @@ class Reader(ByteStream):
             self._waiting.cancel()
 
     async def aclose(self) -> None:
-        """Abort the RPC (if still open) and release a directly opened fragment."""
+        """Abort the RPC (if still open) and release a directly opened fragment (a read in
+        progress raises `ReaderCancelled`)."""
         self._cancelled = True
         self._eof = True
+        if self._waiting is not None:
+            self._waiting.cancel()
         await self._teardown()
 
     def __repr__(self) -> str:

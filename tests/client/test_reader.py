@@ -325,6 +325,28 @@ async def test_a_reader_closed_while_a_direct_read_waits_on_a_stalled_store(
         store.close()
 
 
+async def test_aclose_ends_a_direct_read_waiting_on_a_stalled_store(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    # aclose() aborts the read in progress, as it aborts a Read RPC a read waits on: a read
+    # waiting on a store's GET went on waiting until the GET timed out (60 s).
+    store = _StallingStore(b"x" * RAW_CHUNK_SIZE)
+    try:
+        end = RAW_CHUNK_SIZE + 1000
+        fake.journal.read_scripts.append([metadata(0, begin=0, end=end, url=store.url)])
+        reader = Reader(fake_client, J, do_not_proxy=True)
+        assert await reader.read() == store.sent
+        task = asyncio.create_task(reader.read())
+        await asyncio.sleep(0.2)  # The read waits on the store.
+        assert not task.done()
+        async with asyncio.timeout(10):
+            await reader.aclose()
+            with pytest.raises(ReaderCancelled):
+                await task
+    finally:
+        store.close()
+
+
 async def test_cancel_interrupts_a_retry_reader_backing_off(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
