@@ -38,6 +38,7 @@ from pygazette.broker.allocation import JournalDecoder, assignments_advertise, r
 from pygazette.broker.append_fsm import ClusterAppends
 from pygazette.broker.append_service import AppendLimits
 from pygazette.broker.cluster_resolver import ClusterResolver
+from pygazette.broker.fragment import kept_registers
 from pygazette.broker.fragment.frontier_log import FILE_NAME as FRONTIER_FILE
 from pygazette.broker.fragment.frontier_log import LEGACY_FILE, FrontierLog
 from pygazette.broker.fragment.persister import Persister
@@ -321,6 +322,7 @@ class ClusterMember:
                 # No spools (and none will come: not served here): its frontier is of no
                 # more use, and a journal of that name served here later starts afresh.
                 self.frontiers.forget(name)
+                kept_registers.forget(kept_registers.path_of(self.spool_root, directory.name))
                 # Nor its directory (forgotten first: a directory left is swept again).
                 with contextlib.suppress(OSError):
                     directory.rmdir()
@@ -431,6 +433,7 @@ def _persist_aside(
         frontiers=frontiers,
     )
     orphan.spool_dir = aside
+    orphan.keeps_registers = False  # Not served here: its registers are its route's business.
     # Closed spools too are cut to the confirmed frontier (content in doubt beyond it:
     # `Replica.recover_spools`), as on a restart: the route went on without us.
     orphan.recover_replicated()

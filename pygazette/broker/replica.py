@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
+from pygazette.broker.fragment import kept_registers
 from pygazette.broker.fragment.fragment_index import FragmentIndex
 from pygazette.broker.fragment.frontier_log import FrontierLog
 from pygazette.broker.fragment.persister import Persister
@@ -152,6 +153,13 @@ class Replica:
         self.index = FragmentIndex(spec.name)
         self.spool: Spool | None = None
         self.registers = pb.LabelSet()
+        # Registers kept for a restart once every spool is persisted (`keep_registers`):
+        # their file, the end of the last ones kept, and (single-node) those found at
+        # recovery, taken once the first listing shows the write head they were kept at.
+        self.kept_registers_path = kept_registers.path_of(spool_root, self.spool_dir.name)
+        self._kept_end = -1
+        self._kept_found: tuple[int, pb.LabelSet] | None = None
+        self.keeps_registers = True  # Not the replica persisting a journal's orphaned spools.
         self.pipeline = asyncio.Lock()
         self.limiter = RateLimiter(spec.max_append_rate)
         self._refresher: Refresher | None = None  # Lists its stores (shared, see `start`).
@@ -297,6 +305,7 @@ class Replica:
                     },
                 )
             if spool.end == spool.begin:
+                self.keep_registers(spool)  # Its header's registers: the journal's at its end.
                 spool.delete()
                 continue
             recovered.append(spool)
@@ -304,6 +313,10 @@ class Replica:
             self.index.add_local(spool)
         if recovered:
             self.registers = recovered[-1].registers
+        else:
+            self._kept_found = kept_registers.load(self.kept_registers_path, self.name)
+            if self._kept_found is not None:
+                self._kept_end = self._kept_found[0]
         for spool in recovered[:-1]:
             mark_path = marks.get(spool.log_path.stem)
             mark = None if mark_path is None else _read_held_mark(mark_path)
@@ -330,6 +343,13 @@ class Replica:
         self.clustered = True
         confirmed = load_frontier(self)
         self.recover_spools(confirmed=confirmed)
+        if self._kept_found is not None:
+            # No spool: the replica starts at the confirmed frontier (`ReplicatedSpool`), the
+            # head its registers were kept at if they are the journal's there.
+            end, registers = self._kept_found
+            self._kept_found = None
+            if confirmed is not None and end == confirmed and self.spool is None:
+                self.registers = registers
         self.rspool = ReplicatedSpool(self, confirmed)
 
     def start_clustered(self) -> None:
@@ -661,6 +681,31 @@ class Replica:
             },
         )
 
+    def keep_registers(self, spool: Spool) -> None:
+        """`spool`'s files go, its content being in a store (or none): keep the registers at
+        its end for a restart that finds no spool of the journal (`kept_registers`), unless
+        later ones are kept already. Nothing is written for a journal that never had any."""
+        if not self.keeps_registers or spool.end < self._kept_end:
+            return
+        if self._kept_end < 0 and not spool.registers.labels:
+            return
+        try:
+            kept_registers.save(
+                self.kept_registers_path, self.name, spool.end, spool.registers, sync=self.sync
+            )
+        except OSError as exc:
+            log.warning(
+                "cannot keep the journal's registers",
+                extra={"journal": self.name, "error": str(exc)},
+            )
+            return
+        self._kept_end = spool.end
+
+    def forget_kept_registers(self) -> None:
+        """The journal leaves this broker (or is deleted): its kept registers go too."""
+        kept_registers.forget(self.kept_registers_path)
+        self._kept_end = -1
+
     def refresh_interval(self) -> float:
         ri = self.spec.fragment.refresh_interval
         seconds = ri.seconds + ri.nanos / 1e9
@@ -670,7 +715,15 @@ class Replica:
         started = self.index.listing_started()
         listing = await self.list_stores()
         for spool in self.index.replace_persisted(listing, started):
+            self.keep_registers(spool)
             spool.delete()  # Already persisted (by an earlier run, or another broker).
+        if self._kept_found is not None and self.index.first_refresh_done.is_set():
+            # Single-node, no spool recovered: the registers kept at the write head the first
+            # listing shows are the journal's (kept at another end, they are not).
+            end, registers = self._kept_found
+            self._kept_found = None
+            if self.spool is None and not self.registers.labels and self.index.end_offset == end:
+                self.registers = registers
 
     async def await_first_listing(self, failures: int = FIRST_LISTING_ATTEMPTS) -> str:
         """Wait for the first store listing; "" once it landed, else why it keeps failing.

@@ -172,11 +172,6 @@ def test_sink_labels_do_not_survive_a_restart_of_gazettes_broker(gazette: Gazett
     assert theirs == ([name], [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pygazette recovers registers from local spools only: a journal whose last spool "
-    "was persisted (and removed) has none after a broker restart (broker/replica.py recover)",
-)
 @pytest.mark.timeout(120)
 def test_sink_labels_survive_a_restart_of_pygazettes_broker(pygazette: BrokerProcess) -> None:
     name = Fence.for_stream("w", 0, 5).name

@@ -116,6 +116,14 @@ class _Job:
     queued: bool = False  # Queued for its store, and counted in its backlog (`_put`).
 
 
+def _keep_registers(target: PersistTarget, spool: Spool) -> None:
+    """Before a persisted spool's files go: its journal keeps the registers at its end, if it
+    keeps registers (`Replica.keep_registers`)."""
+    keep = getattr(target, "keep_registers", None)
+    if keep is not None:
+        keep(spool)
+
+
 class Persister:
     def __init__(
         self,
@@ -410,6 +418,7 @@ class Persister:
             stores = list(spec.fragment.stores)
             if spool.end == spool.begin:
                 job.target.index.remove_local(spool)
+                _keep_registers(job.target, spool)
                 spool.delete()
                 return None
             if not stores:
@@ -529,6 +538,7 @@ class Persister:
                         frag.mod_time = int(time.time())
                     index.add_persisted(other)
                 index.remove_local(spool)
+                _keep_registers(job.target, spool)
                 spool.delete()
                 SPOOL_PERSISTED.inc()
                 return
@@ -568,6 +578,7 @@ class Persister:
         index = job.target.index
         index.add_persisted(frag)
         index.remove_local(spool)
+        _keep_registers(job.target, spool)
         spool.delete()
         self.persisted_count += 1
         SPOOL_PERSISTED.inc()
