@@ -195,9 +195,10 @@ def journals() -> None:
 @click.option(
     "--specs",
     "specs_path",
-    required=True,
+    default="-",
+    show_default=True,
     metavar="FILE",
-    help="Journalspace YAML to apply ('-' reads stdin).",
+    help="Journalspace YAML to apply ('-' reads stdin, as gazctl's default).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the changes instead of applying them.")
 @max_txn_size_option

@@ -71,6 +71,13 @@ def apply_example(broker: BrokerProcess) -> None:
     assert b"applied 5" in out
 
 
+def test_apply_reads_stdin_without_specs(broker: BrokerProcess) -> None:
+    """--specs defaults to '-' (stdin), as gazctl's: `kustomize build | journals apply`."""
+    out = ok(cli(broker.url, "journals", "apply", stdin=EXAMPLE.read_bytes()))
+    assert b"applied 5" in out
+    assert sorted(listed_names(broker)) == sorted(EXAMPLE_JOURNALS)
+
+
 def test_apply_then_list_in_every_format(broker: BrokerProcess) -> None:
     apply_example(broker)
 
