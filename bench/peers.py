@@ -22,7 +22,11 @@ Workloads, each on a fresh log (journal, topic, stream) with one partition:
   the log; publish -> delivery to the consumer, p50/p99 (ms), in one process.
 
 Every throughput figure is the best of R rounds (all rounds listed: the machine is shared,
-and a slow round measures the neighbours); latency is the round with the lowest p99. The
+and a slow round measures the neighbours); latency is the round with the lowest p99. Each
+throughput figure also carries the CPU time the system's server processes (with their
+reaped children: e.g. Redis' AOF rewrite) and this process (the client, its library's
+threads included) spent on it, per message and per GB; `cpu_comparison` sets those side by
+side, which the load of other processes on a shared machine disturbs far less. The
 `comparison` section puts each workload's figures side by side, with pygazette's ratio to
 every peer (throughput: pygazette / peer, higher is better; latency: pygazette / peer,
 lower is better), and `targets` checks issue 13's: pygazette >= 1.0x every peer's publish
@@ -124,6 +128,44 @@ def large_messages(n: int, seed: int) -> list[Message]:
 # Workloads -------------------------------------------------------------------------------
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds process `pid` and its reaped children have used (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """The CPU a system's servers and this process (the client) spend from `start()`."""
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        self.server0 = self.client0 = 0.0
+
+    def _server(self) -> float:
+        return sum(process_cpu(pid) for pid in self.system.server_pids())
+
+    def start(self) -> None:
+        self.server0, self.client0 = self._server(), time.process_time()
+
+    def figures(self, count: int, nbytes: int) -> dict[str, float]:
+        server = self._server() - self.server0
+        return cpu_figures(server, time.process_time() - self.client0, count, nbytes)
+
+
+def cpu_figures(server: float, client: float, count: int, nbytes: int) -> dict[str, float]:
+    total = server + client
+    return {
+        "server_cpu_s": round(server, 3),
+        "client_cpu_s": round(client, 3),
+        "cpu_us_per_msg": round(total * 1e6 / count, 2) if count else 0.0,
+        "cpu_s_per_gb": round(total * 1e9 / nbytes, 3) if nbytes else 0.0,
+    }
+
+
 def rate(count: int, nbytes: int, seconds: float) -> dict[str, float]:
     return {
         "msgs_per_s": round(count / seconds, 1),
@@ -140,13 +182,18 @@ async def throughput(
     # Untimed warm-up: connections, metadata and routes of the new log.
     warmup = msgs[: 1 if large else 100]
     await system.publish(log, warmup)
+    cpu = CpuMeter(system)
+    cpu.start()
     t0 = time.perf_counter()
     await system.publish(log, msgs)
     published = rate(len(msgs), len(msgs) * size, time.perf_counter() - t0)
+    published.update(cpu.figures(len(msgs), len(msgs) * size))
     total = len(warmup) + len(msgs)
+    cpu.start()
     t0 = time.perf_counter()
     nbytes = await system.consume(log, total)
     consumed = rate(total, nbytes, time.perf_counter() - t0)
+    consumed.update(cpu.figures(total, nbytes))
     return published, consumed
 
 
@@ -319,6 +366,42 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return table
 
 
+CPU_FIGURES = {
+    "publish_small": "cpu_us_per_msg",
+    "consume_small": "cpu_us_per_msg",
+    "publish_large": "cpu_s_per_gb",
+    "consume_large": "cpu_s_per_gb",
+}
+
+
+def compare_cpu(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each throughput workload's CPU (servers and client) per message or per GB, side by
+    side, with pygazette's ratio to every peer (lower is better: < 1 costs less CPU)."""
+    table: dict[str, Any] = {}
+    for workload, key in CPU_FIGURES.items():
+        figures: dict[str, float | None] = {}
+        for name, r in results.items():
+            section = r.get(workload) if "error" not in r and "skipped" not in r else None
+            figures[name] = section.get(key) if section else None
+        ratios: dict[str, dict[str, float | None]] = {}
+        for ours in PYGAZETTE:
+            mine = figures.get(ours)
+            if mine is None:
+                continue
+            ratios[ours] = {
+                peer: round(mine / theirs, 3) if mine and theirs else None
+                for peer, theirs in figures.items()
+                if peer not in PYGAZETTE
+            }
+        table[workload] = {
+            "unit": key,
+            "better": "lower",
+            "figures": figures,
+            "pygazette_over_peer": ratios,
+        }
+    return table
+
+
 def targets(table: dict[str, Any]) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
     for ours, peers in TARGET_PEERS.items():
@@ -391,6 +474,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
             results[system.name] = {"error": f"{type(exc).__name__}: {exc}"}
     doc["systems"] = results
     doc["comparison"] = compare(results)
+    doc["cpu_comparison"] = compare_cpu(results)
     doc["targets"] = targets(doc["comparison"])
     doc["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return doc, ok

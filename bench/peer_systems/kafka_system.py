@@ -110,6 +110,9 @@ class KafkaSystem(System):
             return "confluent-kafka is not installed (pip install -e '.[dev]')"
         return fetch_jars(jar_dir())
 
+    def server_pids(self) -> list[int]:
+        return [p.proc.pid for p in self.procs if p.proc is not None and p.proc.poll() is None]
+
     def settings(self) -> dict[str, Any]:
         import confluent_kafka
 

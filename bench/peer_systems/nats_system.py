@@ -49,6 +49,10 @@ class NatsSystem(System):
             return "nats-py is not installed (pip install -e '.[dev]')"
         return None
 
+    def server_pids(self) -> list[int]:
+        proc = self.proc.proc if self.proc is not None else None
+        return [proc.pid] if proc is not None and proc.poll() is None else []
+
     def settings(self) -> dict[str, Any]:
         binary = nats_binary()
         assert binary is not None

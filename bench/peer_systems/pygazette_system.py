@@ -68,6 +68,9 @@ class PygazetteSystem(System):
             return "etcd is not installed (.ci/install-system-deps installs it)"
         return None
 
+    def server_pids(self) -> list[int]:
+        return [p.proc.pid for p in self.procs if p.proc is not None and p.proc.poll() is None]
+
     def settings(self) -> dict[str, Any]:
         return {
             "servers": 1 if self.replication == 1 else 3,

@@ -45,6 +45,10 @@ class RedisSystem(System):
             return "redis (redis-py) is not installed (pip install -e '.[dev]')"
         return None
 
+    def server_pids(self) -> list[int]:
+        proc = self.proc.proc if self.proc is not None else None
+        return [proc.pid] if proc is not None and proc.poll() is None else []
+
     def settings(self) -> dict[str, Any]:
         import redis
 

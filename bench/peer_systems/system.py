@@ -30,6 +30,11 @@ class System(abc.ABC):
         cannot run (a server binary is missing), or None."""
         return None
 
+    def server_pids(self) -> list[int]:
+        """The process IDs of every server process of the system running now (brokers,
+        etcd, controllers): the benchmark charges each workload their CPU."""
+        return []
+
     @abc.abstractmethod
     def settings(self) -> dict[str, Any]:
         """Server version, client, durability and batching settings, for the JSON output."""
