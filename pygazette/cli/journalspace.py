@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from pygazette.cli.spec_yaml import (
+    SpecDumper,
     check_keys,
     duration_field,
     field_error,
@@ -529,6 +530,10 @@ def node_to_yaml_obj(node: Node) -> dict[str, Any]:
 
 def dump_journalspace(node: Node) -> str:
     """The node as a YAML document that `parse_journalspace` reads back."""
-    return yaml.safe_dump(
-        node_to_yaml_obj(node), sort_keys=False, default_flow_style=False, allow_unicode=True
+    return yaml.dump(
+        node_to_yaml_obj(node),
+        Dumper=SpecDumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
     )

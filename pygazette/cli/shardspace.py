@@ -43,10 +43,10 @@ from typing import Any
 import yaml
 
 from pygazette.cli.spec_yaml import (
+    SpecDumper,
     check_keys,
     duration_field,
     field_error,
-    go_yaml_quotes,
     labels_to_yaml,
     load_document,
     parse_bool,
@@ -376,30 +376,11 @@ def shard_set_to_yaml_obj(shard_set: ShardSet) -> dict[str, Any]:
     return {"common": common, "shards": shards}
 
 
-class _Dumper(yaml.SafeDumper):
-    """Writes strings holding line breaks double-quoted (escaped), so that every string
-    reads back exactly: plain and single-quoted styles fold or drop some line breaks."""
-
-
-_LINE_BREAKS = frozenset("\n\r\x85\u2028\u2029")
-
-
-def _represent_str(dumper: _Dumper, value: str) -> yaml.ScalarNode:
-    # gazctl double-quotes a string that would read as another type ("", "true", "1.5"):
-    # so does this, where PyYAML would single-quote (some: '1e3', 'Y') or leave plain.
-    if _LINE_BREAKS.intersection(value) or go_yaml_quotes(value):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
-    return dumper.represent_str(value)
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
 def dump_shardspace(shard_set: ShardSet) -> str:
     """The shardspace as YAML that `parse_shardspace` (and gazctl) reads back."""
     return yaml.dump(
         shard_set_to_yaml_obj(shard_set),
-        Dumper=_Dumper,
+        Dumper=SpecDumper,
         sort_keys=False,
         default_flow_style=False,
         allow_unicode=True,

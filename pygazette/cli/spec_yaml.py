@@ -24,6 +24,7 @@ from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 __all__ = [
+    "SpecDumper",
     "StrictLoader",
     "check_keys",
     "duration_field",
@@ -258,6 +259,25 @@ def go_yaml_quotes(text: str) -> bool:
         if plain.startswith(prefix) and _go_int(f"{sign}0b{plain[len(prefix) :]}"):
             return True
     return False
+
+
+class SpecDumper(yaml.SafeDumper):
+    """Writes strings as gazctl's YAML does where PyYAML would not: double-quoted if a plain
+    scalar of it would read as another type (`go_yaml_quotes`: "", "1", "true", "1e3"), and
+    double-quoted (escaped) if it holds line breaks, so that it reads back exactly (plain and
+    single-quoted styles fold or drop some line breaks)."""
+
+
+_LINE_BREAKS = frozenset("\n\r\x85\u2028\u2029")
+
+
+def _represent_str(dumper: SpecDumper, value: str) -> yaml.ScalarNode:
+    if _LINE_BREAKS.intersection(value) or go_yaml_quotes(value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+    return dumper.represent_str(value)
+
+
+SpecDumper.add_representer(str, _represent_str)
 
 
 # Fields ----------------------------------------------------------------------------------

@@ -260,9 +260,9 @@ children:
 - name: foo/baz/2
   labels:
   - name: other-name
-    value: ''
+    value: ""
   revision: 1234
-"""
+"""  # Gazette's fixture (broker/journalspace/node_test.go), but for path_postfix_template.
     tree = parse_journalspace(text)
     assert dump_journalspace(tree) == text
     flat = [n for n in _pushed_down(tree).walk_journals()]
@@ -398,3 +398,30 @@ def test_listing_round_trips_through_hoisted_yaml(listing: list[pb.ListResponse.
     expected = sorted(listing, key=lambda j: j.spec.name)
     assert [c.upsert for c in changes] == [j.spec for j in expected]
     assert [c.expect_mod_revision for c in changes] == [j.mod_revision for j in expected]
+
+
+def test_a_listing_quotes_strings_as_gazctl_does() -> None:
+    """gazctl's YAML (yaml.v2) double-quotes a string that would read as something else;
+    PyYAML single-quoted these ('1', 'true', '') or left some plain (Y, which yaml.v2 reads
+    as true). The expected lines are gazctl v0.103.0's `journals list -o yaml` of such labels."""
+    values = ["1", "true", "Y", "", "2024-01-01", "plain"]
+    listing = []
+    for i, value in enumerate(values):
+        spec = pb.JournalSpec(name=f"quo/j{i}", replication=1)
+        spec.labels.CopyFrom(label_set([("flag", value), ("content-type", "text/csv")]))
+        spec.fragment.length = 1024
+        spec.fragment.compression_codec = pb.NONE
+        spec.fragment.refresh_interval.seconds = 1
+        listing.append(pb.ListResponse.Journal(spec=spec, mod_revision=5))
+    text = dump_journalspace(from_list(listing))
+    written = [line.split("value: ", 1)[1] for line in text.splitlines() if "value: " in line]
+    assert [w for w in written if w != "text/csv"] == [
+        '"1"',
+        '"true"',
+        '"Y"',
+        '""',
+        '"2024-01-01"',
+        "plain",
+    ]
+    changes = apply_request(parse_journalspace(text)).changes
+    assert [c.upsert for c in changes] == [j.spec for j in listing]
