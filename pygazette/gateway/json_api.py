@@ -44,7 +44,6 @@ from __future__ import annotations
 import base64
 import binascii
 import http
-import logging
 import posixpath
 import re
 from collections.abc import Callable, Sequence
@@ -61,8 +60,6 @@ from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 __all__ = ["JOURNAL_METHODS", "SHARD_METHODS", "JsonApi", "Method"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
