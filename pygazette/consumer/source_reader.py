@@ -23,9 +23,9 @@ transaction close (nothing is ready) while the readers still have content to del
 that the next transaction pipelines with its commit, as Gazette's message-at-a-time loop
 does. A transaction reaching `max_txn_duration` within a batch closes there, between two
 messages, as Gazette's does: each batch keeps a copy of its journal's sequencer as it was
-before the batch and the read-uncommitted envelopes it sequenced, from which
-`checkpoint_within` has the checkpoint as of any of its messages (the rest of the batch goes
-to the next transaction).
+before it (or before the few batches it links to, sharing their copy) and the
+read-uncommitted envelopes they sequenced, from which `checkpoint_within` has the
+checkpoint as of any of its messages (the rest of the batch goes to the next transaction).
 
 A batch may be empty: a read that committed nothing is queued as such, with its read-through
 offset and the sequencer's `begun` and `newest_open`: one that began a producer's
@@ -57,6 +57,21 @@ __all__ = ["SourceBatch", "SourceReaders"]
 PRUNE_HORIZON_NS = 24 * 3600 * 1_000_000_000
 
 
+# Inputs sequenced again at most by `checkpoint_within` before a batch's own (a new copy of
+# the sequencer is taken once the batches since the last copy sequenced this many).
+RESEQUENCE_SPAN = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Prior:
+    """A batch read since the sequencer's copy (`SourceBatch.before`) and before the batch
+    that links to it: its inputs and replays, and the one before it (None: the first)."""
+
+    prev: _Prior | None
+    inputs: tuple[list[Envelope], ...]
+    replays: tuple[tuple[int, int, bytes, list[Envelope]], ...]
+
+
 @dataclass(slots=True)
 class SourceBatch:
     journal: str
@@ -72,12 +87,17 @@ class SourceBatch:
     # The end of the last duplicate or rolled-back message read (`Sequencer.dropped_through`).
     dropped_through: int = 0
     # What sequences the batch again, to checkpoint part of it (`checkpoint_within`): a
-    # copy of the journal's sequencer as it was before the batch, the read-uncommitted
-    # envelopes it sequenced into the batch (in chunks), and the transactions it read again
-    # meanwhile (begin, end, producer, its envelopes); None where unknown.
+    # copy of the journal's sequencer as it was before `prior` (the batches read since that
+    # copy was taken, sequenced again first) and the batch, the read-uncommitted envelopes it
+    # sequenced into the batch (in chunks), and the transactions it read again meanwhile
+    # (begin, end, producer, its envelopes); None where unknown. A copy is shared by the
+    # batches of `RESEQUENCE_SPAN` inputs: one for each would hold a copy of the ring (two
+    # lists of its slots, 64 KiB at 4,096) per queued batch, and a tailing reader's batches
+    # are one append each.
     before: Sequencer | None = None
     inputs: tuple[list[Envelope], ...] | None = None
     replays: tuple[tuple[int, int, bytes, list[Envelope]], ...] = ()
+    prior: _Prior | None = None
     # Messages of the batch consumed by an earlier transaction (`envelopes` are the rest).
     preceding: int = 0
 
@@ -156,6 +176,8 @@ class SourceReaders:
             include_acks=True,
         )
         before = _copy(sequencer)
+        prior: _Prior | None = None
+        since = 0  # Inputs of `prior`.
         async with reader:
             while True:
                 try:
@@ -170,7 +192,8 @@ class SourceReaders:
                     return
                 offsets, states = sequencer.checkpoint(PRUNE_HORIZON_NS)
                 read_through = offsets.get(journal, offset)
-                inputs = reader.batch_inputs
+                inputs = None if reader.batch_inputs is None else tuple(reader.batch_inputs)
+                replays = tuple(reader.batch_replays)
                 await self._put(
                     SourceBatch(
                         journal,
@@ -181,11 +204,17 @@ class SourceReaders:
                         newest_open=sequencer.newest_open(),
                         dropped_through=sequencer.dropped_through.get(journal, 0),
                         before=before,
-                        inputs=None if inputs is None else tuple(inputs),
-                        replays=tuple(reader.batch_replays),
+                        inputs=inputs,
+                        replays=replays,
+                        prior=prior,
                     )
                 )
-                before = _copy(sequencer)
+                if inputs is not None and before is not None:
+                    since += sum(len(chunk) for chunk in inputs)
+                if inputs is None or before is None or since >= RESEQUENCE_SPAN:
+                    before, prior, since = _copy(sequencer), None, 0
+                else:
+                    prior = _Prior(prior, inputs, replays)
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -200,7 +229,8 @@ def checkpoint_within(batch: SourceBatch, index: int) -> tuple[int, list[Produce
     """The journal's read-through offset and producer states once the messages of `batch`
     before `envelopes[index]` (ACKs included) are consumed: the checkpoint of a transaction
     closed between two of its messages, as Gazette's closes between any two. A copy of the
-    sequencer as it was before the batch sequences its inputs again and stops there: between
+    sequencer as it was before the batch (or before its `prior` batches, sequenced again
+    first) sequences its inputs again and stops there: between
     two inputs, or between two messages one ACK commits (the producer's clock is then the
     last consumed one's, and the rest are read again on recovery, as Gazette's sequencer
     checkpoints them). None where that cannot be had."""
@@ -212,7 +242,17 @@ def checkpoint_within(batch: SourceBatch, index: int) -> tuple[int, list[Produce
     wanted = preceding + index
     replays = iter(batch.replays)
     done = 0
+    priors: list[_Prior] = []
+    link = batch.prior
+    while link is not None:
+        priors.append(link)
+        link = link.prev
     try:
+        for link in reversed(priors):
+            # As the source reader sequenced it (and checkpointed after it).
+            if not _sequence_again(seq, link):
+                return None
+            seq.checkpoint(PRUNE_HORIZON_NS)
         for chunk in batch.inputs:
             for env in chunk:
                 if done == wanted:
@@ -236,6 +276,29 @@ def checkpoint_within(batch: SourceBatch, index: int) -> tuple[int, list[Produce
     except (RuntimeError, AssertionError):  # ReplayError too: not as it was sequenced.
         return None
     return _checkpoint_of(seq, journal) if done == wanted else None
+
+
+def _sequence_again(seq: Sequencer, link: _Prior) -> bool:
+    """Sequence a batch's inputs again on `seq`, as they were sequenced (its replays read
+    where they were); False if they don't sequence as they did."""
+    replays = iter(link.replays)
+    out: list[Envelope] = []
+    for chunk in link.inputs:
+        i, n = 0, len(chunk)
+        while i < n:
+            i = seq.sequence(chunk, i, out)
+            if seq.dequeuing:
+                replay = next(replays, None)
+                if replay is None or replay[:3] != (
+                    *seq.replay_range()[1:],
+                    seq.replay_producer(),
+                ):
+                    return False
+                seq.start_replay(replay[3])
+                while seq.step():
+                    pass
+            out.clear()
+    return next(replays, None) is None
 
 
 def _copy(sequencer: Sequencer) -> Sequencer | None:
