@@ -129,7 +129,31 @@ def server_tls_from_flags(flags: Mapping[str, Any]) -> tuple[ServerTLS | None, C
         )
     except TLSConfigError as exc:
         raise _fail(exc) from None
+    _warn_if_not_valid_now(server.cert_file if server is not None else None, "server")
+    if (
+        peer is not None
+        and peer.cert_file
+        and (server is None or peer.cert_file != server.cert_file)
+    ):
+        _warn_if_not_valid_now(peer.cert_file, "peer")
     return server, peer
+
+
+def _warn_if_not_valid_now(cert_file: Any, what: str) -> None:
+    """Log a warning if the certificate is expired or not valid yet: it is read once, at
+    start, and every client (or peer) would refuse it in the handshake, each with an error
+    of its own, while this process says nothing."""
+    if not cert_file:
+        return
+    import logging
+
+    from pygazette.auth.tls import certificate_validity_problem
+
+    problem = certificate_validity_problem(cert_file)
+    if problem is not None:
+        logging.getLogger(__name__).warning(
+            f"the {what} certificate is not valid now: {problem}; TLS clients will refuse it"
+        )
 
 
 def client_tls_from_flags(flags: Mapping[str, Any], service: str) -> ClientTLS | None:

@@ -109,6 +109,12 @@ def test_unusable_certificates_fail_in_one_line_naming_the_cause(
     assert "the server's certificate is not valid yet" in line, line
     assert "not signed by a CA" not in line, line
 
+    # Each broker said so as it started (a certificate is read once, at start).
+    assert "the server certificate is not valid now: certificate" in broker_with["expired"].log()
+    assert "expired at" in broker_with["expired"].log()
+    assert "is not valid before" in broker_with["future"].log()
+    assert "not valid now" not in broker_with["mtls"].log()
+
     for host in ("127.0.0.1", "localhost"):
         line = error(https(broker_with["elsewhere"], host))
         assert f"the server's certificate is not valid for {host}" in line, line
