@@ -167,7 +167,8 @@ def _options(with_app: bool) -> list[Any]:
             default=0,
             show_default=True,
             envvar="CONSUMER_HTTP_PORT",
-            help="Port for HTTP: /metrics, /debug/ready, /debug/live (0: off).",
+            help="Port for HTTP: /metrics, /debug/ready, /debug/live and Gazette's JSON API "
+            "(POST /v1/shards/list, /v1/shards/stat) (0: off).",
         ),
         click.option(
             "--http-address",

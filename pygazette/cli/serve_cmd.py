@@ -221,7 +221,10 @@ def _duration_option(ctx: click.Context, param: click.Parameter, value: object) 
     "interval or a day), as 'journals suspend' does; an append resumes them. With --etcd.",
 )
 @log_options
-@http_options(", and the journal gateway: GET/HEAD/PUT /<journal>")
+@http_options(
+    ", Gazette's JSON API (POST /v1/journals/list, /v1/journals/read), and the journal "
+    "gateway: GET/HEAD/PUT /<journal>"
+)
 @server_tls_flags("BROKER")
 @client_tls_flags("etcd", "ETCD", "etcd")
 @click.option(
@@ -320,7 +323,7 @@ def serve(
         scheme = "https" if config.tls is not None else "http"
         announce(
             f"HTTP on {scheme}://{http_address or host}:{http_port}: /metrics, /debug/ready, "
-            "/debug/live, and journals at /<journal name>"
+            "/debug/live, the JSON API at /v1/journals/, and journals at /<journal name>"
         )
     # `kill -USR1 <pid>` dumps every thread's stack to stderr (diagnosing a stuck broker).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
