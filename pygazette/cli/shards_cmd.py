@@ -684,6 +684,7 @@ class PruneReport:
     bytes_total: int = 0
     bytes_pruned: int = 0
     skipped_journals: int = 0
+    skipped_logs: int = 0
     pruned: list[pb.Fragment] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -788,6 +789,7 @@ async def prune_recovery_logs(
 
     for journal, reason in sorted(skip.items()):
         report.warnings.append(f"skipping recovery log {journal}: {reason}")
+    report.skipped_logs = len(skip)
 
     # Decide every removal first, so that a refusal removes nothing.
     plan: list[pb.Fragment] = []
@@ -812,17 +814,21 @@ async def prune_recovery_logs(
 
     # A file:// fragment is removed under this command's --file-root: one that is not the
     # broker's holds none of them, and unlinking what is not there would look like success.
+    # A dry run (which needs no access to the stores) warns of it.
     for spec in plan:
         try:
             local = stores.get(spec.backing_store).local_path(fragment_content_path(spec))
         except StoreError:
             continue  # Reported by its removal.
         if local is not None and not await asyncio.to_thread(local.exists):
-            raise CommandError(
+            missing = (
                 f"fragment {fragment_location(spec)} is not at {local} (removed meanwhile, or "
-                f"--file-root {stores.file_root} is not the broker's file root); nothing was "
-                "removed"
+                f"--file-root {stores.file_root} is not the broker's file root)"
             )
+            if not dry_run:
+                raise CommandError(f"{missing}; nothing was removed")
+            report.warnings.append(f"{missing}: a run would remove nothing")
+            break
 
     update(
         description="would remove" if dry_run else "removing fragments",
@@ -898,7 +904,7 @@ def prune_cmd(
         f"{verb} {report.fragments_pruned} of {report.fragments_total} fragment(s) "
         f"({output.human_bytes(report.bytes_pruned)} of "
         f"{output.human_bytes(report.bytes_total)}) of {report.shards_total} shard(s)"
-        + (f"; skipped {len(report.warnings)} recovery log(s)" if report.warnings else "")
+        + (f"; skipped {report.skipped_logs} recovery log(s)" if report.skipped_logs else "")
     )
     if report.failures:
         raise CommandError(
