@@ -64,6 +64,12 @@ def _credentials(
     return key_id, secret, token
 
 
+def _environ(*names: str) -> str:
+    """The first of these environment variables set (obstore's S3 settings from the
+    environment: AWS_ENDPOINT or AWS_ENDPOINT_URL, AWS_REGION or AWS_DEFAULT_REGION)."""
+    return next((os.environ[n] for n in names if os.environ.get(n)), "")
+
+
 def list_objects(
     config: Mapping[str, Any],
     key_prefix: str,
@@ -72,9 +78,24 @@ def list_objects(
     """(key, size, mod time in Unix seconds) of every object under `key_prefix` (a full key
     prefix, the store's own prefix included) of the bucket `config` names."""
     bucket = str(config["bucket"])
-    region = str(config.get("region") or os.environ.get("AWS_REGION") or "us-east-1")
-    endpoint = str(config.get("endpoint") or f"https://s3.{region}.amazonaws.com").rstrip("/")
-    virtual = str(config.get("virtual_hosted_style_request", "false")).lower() == "true"
+    # Where obstore sends the store's requests: its config, else the environment's settings
+    # it reads (every AWS_ variable), else AWS in us-east-1.
+    region = str(
+        config.get("region") or _environ("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1"
+    )
+    endpoint = str(
+        config.get("endpoint")
+        or _environ("AWS_ENDPOINT", "AWS_ENDPOINT_URL")
+        or f"https://s3.{region}.amazonaws.com"
+    ).rstrip("/")
+    virtual = (
+        str(
+            config["virtual_hosted_style_request"]
+            if "virtual_hosted_style_request" in config
+            else _environ("AWS_VIRTUAL_HOSTED_STYLE_REQUEST") or "false"
+        ).lower()
+        == "true"
+    )
     split = urllib.parse.urlsplit(endpoint)
     if virtual:
         host, path = f"{bucket}.{split.netloc}", split.path + "/"

@@ -205,3 +205,47 @@ async def test_a_listing_holds_keys_the_object_store_client_refuses(
     assert sorted(f.path for f in listed) == sorted(keys)
     assert {f.size for f in listed} == {5}
     assert all(abs(f.mod_time - time.time()) < 120 for f in listed)
+
+
+def test_a_raw_listing_goes_where_the_store_does_with_the_environments_endpoint_and_region(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store whose endpoint and region come from the environment (obstore reads AWS_ENDPOINT
+    and AWS_DEFAULT_REGION, as it reads every AWS_ setting) lists keys obstore refuses from that
+    endpoint too, signed for that region; it signed for us-east-1 and sent the listing to
+    AWS's s3.us-east-1.amazonaws.com, another service, with the store's key id."""
+    from pygazette.stores import s3_listing
+
+    monkeypatch.setenv("AWS_ENDPOINT", "https://objects.example.test:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    sent: list[urllib.request.Request] = []
+
+    class _Answer:
+        def __enter__(self) -> _Answer:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def read(self) -> bytes:
+            return (
+                b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                b"<IsTruncated>false</IsTruncated><Contents><Key>pre/j/a//b</Key>"
+                b"<Size>5</Size><LastModified>2026-11-30T07:00:00.000Z</LastModified>"
+                b"</Contents></ListBucketResult>"
+            )
+
+    def urlopen(request: urllib.request.Request, timeout: float) -> _Answer:
+        sent.append(request)
+        return _Answer()
+
+    monkeypatch.setattr(s3_listing.urllib.request, "urlopen", urlopen)
+    store = _open("s3://bkt/pre/", tmp_path)
+    listed = store._list_raw("j/")
+    assert [(f.path, f.size) for f in listed] == [("a//b", 5)]
+    (request,) = sent
+    assert request.full_url.startswith("https://objects.example.test:9000/bkt?")
+    assert "/eu-west-3/s3/aws4_request" in request.get_header("Authorization")
