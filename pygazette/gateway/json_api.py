@@ -110,7 +110,9 @@ _CORS_HEADERS = (
     "Pragma, Authorization"
 )
 _METADATA_PREFIX = "grpc-metadata-"
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_TIMEOUT_NANOS = {"H": 3600 * 10**9, "M": 60 * 10**9, "S": 10**9, "m": 10**6, "u": 1000, "n": 1}
+# Longer deadlines are as good as none (and more than gRPC's deadline arithmetic takes).
+_MAX_DEADLINE = 10.0**8
 _METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
 _PRINTABLE = re.compile(r"[\x20-\x7e]*")
 
@@ -174,14 +176,25 @@ def _clean_path(path: str) -> str:
     return clean
 
 
-def _grpc_timeout(value: str) -> float:
-    """Seconds of a `Grpc-Timeout` header (gRPC's "<digits><unit>"), as grpc-gateway reads it."""
-    if not 2 <= len(value) <= 9 or value[-1] not in _TIMEOUT_UNITS:
+def _grpc_timeout(value: str) -> float | None:
+    """Seconds of a `Grpc-Timeout` header ("<integer><unit>"), as grpc-gateway's
+    timeoutDecode reads it (0: no deadline). A deadline already past (at most a microsecond:
+    gone before Go's client starts the call) fails the request as Go's client fails it."""
+    digits, unit = value[:-1], value[-1:]
+    if (
+        len(value) < 2
+        or unit not in _TIMEOUT_NANOS
+        or not re.fullmatch(r"[+-]?[0-9]+", digits)
+        or not -(1 << 63) <= int(digits) < 1 << 63
+    ):
         raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid grpc-timeout: {value}")
-    digits = value[:-1]
-    if not re.fullmatch(r"[+-]?[0-9]+", digits):
-        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"invalid grpc-timeout: {value}")
-    return int(digits) * _TIMEOUT_UNITS[value[-1]]
+    # Go's int64 nanoseconds, overflow and all.
+    nanos = (int(digits) * _TIMEOUT_NANOS[unit] + (1 << 63)) % (1 << 64) - (1 << 63)
+    if nanos == 0:
+        return None
+    if nanos <= 1000:
+        raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded")
+    return min(nanos / 1e9, _MAX_DEADLINE)
 
 
 def _call_options(request: web.Request) -> tuple[list[tuple[str, str | bytes]], float | None]:

@@ -179,6 +179,12 @@ SAME: list[list[str]] = [
         "Content-Type: application/x-www-form-urlencoded",
     ),
     _post(READ, "{}", "Grpc-Timeout: xx"),
+    _post(READ, "{}", "Grpc-Timeout: 1"),
+    _post(READ, "{}", "Grpc-Timeout: 5x"),
+    _post(READ, "{}", "Grpc-Timeout: 1n"),  # Past before the call starts.
+    _post(READ, "{}", "Grpc-Timeout: -3S"),
+    _post(READ, '{"journal":"interop/json-api/none"}', "Grpc-Timeout: 0S"),  # No deadline.
+    _post(READ, '{"journal":"interop/json-api/none"}', "Grpc-Timeout: +99999999999S"),
     _post(READ, "{}", "Grpc-Metadata-Foo-Bin: !!"),
     _post(READ, '{"journal":"interop/json-api/none"}', "Grpc-Metadata-Foo: bar"),
 ]
