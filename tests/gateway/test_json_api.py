@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -349,3 +350,43 @@ async def test_a_watched_listing_streams_and_ends_with_its_client(
                 names += [j["spec"]["name"] for j in result["journals"]]
     # The client went away: the watch's List RPC ends with it.
     await _wait_open(base, "List", 0)
+
+
+async def test_over_https_with_client_certificates(tmp_path: Path) -> None:
+    """With the server's TLS material the API is HTTPS (mTLS here), and its calls reach the
+    broker's TLS gRPC port."""
+    from pygazette.auth.tls import ClientTLS, channel_credentials
+    from tests.support.tls_material import generate_tls_material
+
+    m = generate_tls_material(tmp_path / "tls")
+    http_port = free_port()
+    proc = BrokerProcess(
+        tmp_path / "data",
+        extra_args=[
+            "--http-port", str(http_port),
+            "--server-cert-file", str(m.server_cert),
+            "--server-cert-key-file", str(m.server_key),
+            "--server-ca-file", str(m.ca),
+            "--peer-ca-file", str(m.ca),
+        ],
+        tls=ClientTLS(m.ca, m.client_cert, m.client_key),
+    )  # fmt: skip
+    journal = "json-api/tls"
+    try:
+        await asyncio.to_thread(proc.start)
+        credentials = channel_credentials(ClientTLS(m.ca, m.client_cert, m.client_key))
+        async with grpc.aio.secure_channel(proc.address, credentials) as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            assert (await apply_specs(stub, journal_spec(journal))).status == pb.OK
+            assert (await append(stub, journal, b"secure\n")).status == pb.OK
+        curl = [
+            "curl", "-sS", "--cacert", str(m.ca), "--cert", str(m.client_cert),
+            "--key", str(m.client_key), "-X", "POST", "--data-binary",
+            json.dumps({"journal": journal}), f"https://127.0.0.1:{http_port}/v1/journals/read",
+        ]  # fmt: skip
+        out = await asyncio.to_thread(subprocess.run, curl, capture_output=True, timeout=60)
+        responses = results(out.stdout)
+        content = [r["content"] for r in responses if r["content"]]
+        assert content == [base64.b64encode(b"secure\n").decode()], out
+    finally:
+        proc.kill()
