@@ -358,6 +358,7 @@ class ClusterMember:
                 log.info("dropping spools of a deleted journal", extra={"journal": name})
                 shutil.rmtree(aside, ignore_errors=True)
                 self.frontiers.forget(name)
+                kept_registers.forget(kept_registers.path_of(self.spool_root, directory.name))
                 continue
             log.info("persisting orphaned spools", extra={"journal": name})
             assert item is not None

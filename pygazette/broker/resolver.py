@@ -108,7 +108,12 @@ class Resolver:
             self._stop(name, self.replicas.pop(name))
 
     def _stop(self, name: str, replica: Replica) -> asyncio.Task[None]:
-        """Stop a replica no longer served here, persisting its spools."""
+        """Stop a replica no longer served here, persisting its spools. The journal's kept
+        registers go (and its spools, persisted now, keep none): they were the journal's as
+        served here, and a journal of its name served here again (created again, or handed
+        back after its route went on elsewhere) has its registers from elsewhere or none."""
+        replica.keeps_registers = False
+        replica.forget_kept_registers()
         task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)

@@ -316,3 +316,43 @@ async def test_the_orphan_sweep_leaves_spools_still_waiting_to_persist_alone(
         assert stored == {(0, 4): b"one\n", (4, 8): b"two\n"}
     finally:
         await broker.stop()
+
+
+async def test_a_journal_created_again_has_none_of_the_deleted_ones_registers(
+    tmp_path: Path,
+) -> None:
+    """Registers kept for a journal whose spools are all persisted (`kept_registers`) are
+    the journal's: a journal deleted and created again starts without registers, as
+    Gazette's (and as before they were kept), though its old fragments give it the same
+    write head. The deleted journal's persisted spool kept its registers, and the new
+    replica took them back at its first listing: a fence of the old journal's writer."""
+    store = tmp_path / "store"
+    store.mkdir()
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data", port=0, file_root=store))
+    await broker.start()
+    fence = pb.LabelSet(labels=[pb.Label(name="owner", value="old-writer")])
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+            resp = await _append_when_served(stub, b"x")  # Rolls the spool (first write).
+            assert resp.status == pb.OK
+            resp = await append(stub, JOURNAL, b"one\n", union_registers=fence)
+            assert resp.status == pb.OK and resp.registers == fence
+            end = resp.commit.end
+            delete = pb.ApplyRequest.Change(delete=JOURNAL, expect_mod_revision=-1)
+            assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+            # Its stopped replica persists its spool (all of the content is in the store).
+            deadline = time.monotonic() + 30
+            while not any(
+                p.name.endswith(".raw") and f"-{end:016x}-" in p.name for p in store.rglob("*")
+            ):
+                assert time.monotonic() < deadline, "the deleted journal's spool persisted"
+                await asyncio.sleep(0.05)
+            assert (await apply_specs(stub, journal_spec(JOURNAL))).status == pb.OK
+            resp = await _append_when_served(stub, b"two\n")
+            assert resp.status == pb.OK
+            assert resp.commit.begin == end  # Its old fragments are its history.
+            assert resp.registers == pb.LabelSet()
+    finally:
+        await broker.stop()
