@@ -52,6 +52,19 @@ _RPC_TIMEOUT = 10.0
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 # Fail watches on an etcd member cut off from its cluster's leader, as Gazette does.
 _REQUIRE_LEADER = (("hasleader", "true"),)
+# Both channels to etcd: connections are pinged (a dead one is noticed within ~10 s, as
+# Gazette's DialKeepAliveTime does; etcd refuses pings more often than every 5 s by default),
+# and a lost one is reconnected within a second of etcd being back. gRPC's core (1.85) times
+# a ping's acknowledgement out by ping_timeout_ms (one minute by default), not by
+# keepalive_timeout_ms: without it a dead connection went unnoticed for a minute or more.
+_CHANNEL_OPTIONS = {
+    "grpc.keepalive_time_ms": 5000,
+    "grpc.keepalive_timeout_ms": 5000,
+    "grpc.http2.ping_timeout_ms": 5000,
+    "grpc.keepalive_permit_without_calls": 1,
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
 
 
 def parse_etcd_url(url: str) -> tuple[str, int]:
@@ -144,11 +157,7 @@ class EtcdKeyspace(Keyspace):
             port=port,
             timeout=None,
             options={
-                "grpc.keepalive_time_ms": 5000,
-                "grpc.keepalive_timeout_ms": 5000,
-                "grpc.keepalive_permit_without_calls": 1,
-                "grpc.initial_reconnect_backoff_ms": 100,
-                "grpc.max_reconnect_backoff_ms": 1000,
+                **_CHANNEL_OPTIONS,
                 # The initial load is one Range of everything under the root: over gRPC's
                 # default 4 MiB at ~10,000 journals (as etcd's Go client, no limit).
                 "grpc.max_receive_message_length": -1,
@@ -458,10 +467,15 @@ class EtcdKeyspace(Keyspace):
         doesn't wait for the event loop, so a busy loop can't starve the lease."""
         with self._sync_lock:
             if self._sync_channel is None:
+                # Pinged as the other one is: a connection that died silently is noticed and
+                # replaced while the lease lives (a refresh waits on it as long as that).
+                options = list(_CHANNEL_OPTIONS.items())
                 if self._credentials is not None:
-                    self._sync_channel = grpc.secure_channel(self._target, self._credentials)
+                    self._sync_channel = grpc.secure_channel(
+                        self._target, self._credentials, options=options
+                    )
                 else:
-                    self._sync_channel = grpc.insecure_channel(self._target)
+                    self._sync_channel = grpc.insecure_channel(self._target, options=options)
             channel = self._sync_channel
         stub = etcd_rpc.LeaseStub(channel)
         try:

@@ -13,8 +13,10 @@ from pygazette.allocator.allocator import MemberKeyMissing
 from pygazette.allocator.metrics import LeaseCollector
 from pygazette.allocator.session import MemberSession, membership_ended
 from pygazette.keyspace.etcd import EtcdKeyspace
+from pygazette.keyspace.keyspace import Put
 from pygazette.keyspace.layout import KeyLayout
 from tests.support.etcd_process import EtcdProcess
+from tests.support.tcp_proxy import TcpProxy
 
 TTL = 2.0
 
@@ -83,6 +85,47 @@ async def test_lease_kept_alive_through_etcd_stalls_shorter_than_its_ttl(tmp_pat
         await session.close()
         await ks.close()
         own.stop()
+
+
+async def test_lease_kept_alive_when_its_connection_to_etcd_dies_silently(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """The keep-alive's connection to etcd dies silently (a NAT or firewall losing its state:
+    nothing comes back on it, no reset) while etcd itself stays reachable. Gazette's client
+    pings its connections (DialKeepAliveTime) and moves to a new one; pygazette's keep-alive
+    channel didn't, so each refresh waited on the dead connection until the lease was lost."""
+    proxy = TcpProxy(etcd.client_port)
+    ks = EtcdKeyspace(proxy.url, etcd_root)
+    key = KeyLayout(etcd_root).member_key("zone-a", "silent")
+    session = MemberSession(ks, key, b"1", lease_ttl=12.0)
+    try:
+        await ks.open()
+        await session.start()
+        refreshed = session.keep_alives
+        async with asyncio.timeout(10):
+            while session.keep_alives == refreshed:  # noqa: ASYNC110 (a thread's counter)
+                await asyncio.sleep(0.01)
+        proxy.stall_open()  # Right after a refresh: the whole TTL is left to notice.
+        stalled, refreshed = time.monotonic(), session.keep_alives
+        async with asyncio.timeout(20):
+            while session.keep_alives == refreshed and not session.lost.is_set():  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        assert not session.lost.is_set(), "the lease was lost while etcd was reachable"
+        assert time.monotonic() - stalled < 12.0
+        existing = await ks.get_remote(key)
+        assert existing is not None and existing.lease == session.lease
+        # The mirror's watch, on the other channel, moved to a new connection too.
+        writer = EtcdKeyspace(etcd.url, etcd_root)
+        await writer.open()
+        try:
+            written = await writer.txn([], [Put(etcd_root + "/after-the-stall", b"1")])
+        finally:
+            await writer.close()
+        await ks.wait_for_revision(written.revision, 15)
+    finally:
+        await session.close()
+        await ks.close()
+        proxy.close()
 
 
 async def ks_key_gone(etcd: EtcdProcess, root: str, key: str) -> bool:

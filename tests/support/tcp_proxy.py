@@ -4,7 +4,9 @@ It forwards connections to a target port. `blackhole()` makes it drop every byte
 sends back (requests still go through), as a network losing responses would; `reset()` then
 cuts every open connection, so clients see a transport failure and reconnect. `cut()` resets
 every connection and refuses new ones until `restore()`, so the target looks down without
-losing its state. It runs on its own event loop thread, usable from any test.
+losing its state. `stall_open()` drops what the target sends back on the connections open
+now only (new ones forward normally), as a connection silently lost in the network would be.
+It runs on its own event loop thread, usable from any test.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class TcpProxy:
         self._blackhole = False
         self._cut = False
         self._writers: set[asyncio.StreamWriter] = set()
+        self._stalled: set[asyncio.StreamWriter] = set()  # Client sides of stalled ones.
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -59,12 +62,27 @@ class TcpProxy:
             return
         self._writers.update((client_w, target_w))
 
-        await relay(client_r, client_w, target_r, target_w, lambda: self._blackhole)
+        await relay(
+            client_r,
+            client_w,
+            target_r,
+            target_w,
+            lambda: self._blackhole or client_w in self._stalled,
+        )
         self._writers.difference_update((client_w, target_w))
+        self._stalled.discard(client_w)
 
     def blackhole(self) -> None:
         """Drop everything the target sends back, from now on (until `reset`)."""
         self._blackhole = True
+
+    def stall_open(self) -> None:
+        """Drop what the target sends back on the connections open now (not on new ones)."""
+
+        async def stall() -> None:
+            self._stalled.update(self._writers)
+
+        self._call(stall())
 
     def reset(self) -> None:
         """Cut every open connection, and forward normally again."""
