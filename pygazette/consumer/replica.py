@@ -7,12 +7,14 @@ stopped when the assignment goes away. Its life:
    into a fresh local directory, reporting BACKFILL; once the player has read through the
    log's write head, STANDBY — and keep tailing the log.
    Without one, a standby just waits (STANDBY).
-2. Promoted (its assignment becomes slot 0): inject a hand-off into the log under a new
-   author — which reads the log to its write head first (a standby takes over only once
-   it is caught up) and takes the log's author register, fencing every earlier primary's
-   recorder — then open the store on the played files with a Recorder of that author,
-   restore the checkpoint, rotate the verified hints into the backup keys, report PRIMARY
-   and run transactions (`transaction.Transactions`), storing recorded hints periodically.
+2. Promoted (its assignment becomes slot 0), once the consumer's lease is surely alive (a
+   promotion seen by a process frozen past its lease is stale): inject a hand-off into the
+   log under a new author — which reads the log to its write head first (a standby takes
+   over only once it is caught up) and takes the log's author register, fencing every
+   earlier primary's recorder — then open the store on the played files with a Recorder
+   of that author, restore the checkpoint, rotate the verified hints into the backup keys,
+   report PRIMARY and run transactions (`transaction.Transactions`), storing recorded
+   hints periodically.
 3. A failure of the infrastructure under it — the lease uncertain through an etcd restart,
    an in-doubt recovery log append, a fenced log, an unreachable fragment store, a full
    disk (`transient_failure.is_transient`) — abandons the transaction (nothing of it is
@@ -481,6 +483,8 @@ class ShardReplica:
                 await self._until(self._promoted, self._stopping, task=play)
             if self._stopping.is_set():
                 return None
+            if not await self._lease_before_handoff(play):
+                return None
             author = Author.random()
             began = time.monotonic()
             player.inject_handoff(author)
@@ -502,6 +506,27 @@ class ShardReplica:
                 play.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await play
+
+    async def _lease_before_handoff(self, play: asyncio.Task[Any]) -> bool:
+        """Wait until the consumer's lease is surely alive before taking the log (False if
+        stopped first). A promotion seen while it may have expired (the process frozen past
+        its lease, its watch then delivering what happened before the lease lapsed) is stale:
+        handing the log off then would fence the primary that took over meanwhile. The
+        player keeps tailing while this waits."""
+        if self.ctx.lease_check():
+            return True
+        log.warning(
+            "promoted while the consumer's lease may have expired: waiting for it before "
+            "taking the recovery log",
+            extra={"shard": self.id},
+        )
+        while not self.ctx.lease_check():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RESTART_BACKOFF_FIRST):
+                    await self._until(self._stopping, task=play)
+            if self._stopping.is_set():
+                return False
+        return True
 
     async def _framing(self, journal: str) -> Framing | None:
         new_framing = getattr(self.ctx.app, "new_framing", None)

@@ -51,6 +51,7 @@ from tests.consumer.test_consumer_cluster import (
     Inputs,
     assert_exactly_once,
     committed_outputs,
+    log_write_head,
     shard_spec,
 )
 from tests.support.broker_process import BrokerProcess
@@ -258,6 +259,40 @@ async def test_a_deposed_primary_does_not_take_the_log_back(
         h.lease_ok = True
         await asyncio.wait_for(replica._ended.wait(), 30)  # Stopped, not recovered.
         assert h.codes().count("PRIMARY") == 1, h.codes()  # Never primary again.
+    finally:
+        await replica.stop()
+
+
+async def test_a_standby_promoted_while_its_lease_may_have_expired_waits_to_take_the_log(
+    tmp_path: Path, client: JournalClient
+) -> None:
+    """A standby promoted by a view of the keyspace it may no longer be entitled to (its
+    process was frozen past its lease, and the watch delivers the promotion made before the
+    lease expired): it must not hand the log off to itself, which would fence the primary
+    that took over meanwhile, until its lease is surely alive again (as a replica
+    recovering again waits). Found freezing a standby promoted while frozen."""
+    h = _Harness(tmp_path, client)
+    spec = shard_spec()
+    standby = KeyValue(f"/assignments/{SHARD}#local#1", b"", 1, 1)
+    replica = ShardReplica(h.ctx, spec, standby, h.report)
+    replica.update(spec, standby, 1, [])
+    try:
+        await h.wait(lambda: replica.status.code == cpb.ReplicaStatus.STANDBY)
+        head = await log_write_head(client)
+        h.lease_ok = False
+        primary = KeyValue(f"/assignments/{SHARD}#local#0", b"", 2, 2)
+        replica.update(spec, primary, 0, [])
+        # Nothing to wait on but time: it must do nothing while the lease is in doubt.
+        with contextlib.suppress(TimeoutError):
+            await h.wait(lambda: replica.is_primary, within=2.0)
+        assert await log_write_head(client) == head  # No hand-off: the log is not fenced.
+        assert not replica.is_primary, h.codes()
+        h.lease_ok = True
+        await h.wait(lambda: replica.is_primary)
+        assert await log_write_head(client) > head
+        inputs = Inputs(client)
+        await inputs.publish(50)
+        assert_exactly_once(await committed_outputs(client, inputs.sent, 60), inputs.sent)
     finally:
         await replica.stop()
 
