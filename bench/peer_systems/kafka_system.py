@@ -100,6 +100,7 @@ class KafkaSystem(System):
         self.producer: Any = None
         self.latency_producer: Any = None
         self.errors: list[str] = []
+        self.prepared: dict[str, Any] = {}  # Connected consumers, by topic.
 
     def prepare(self) -> str | None:
         if shutil.which("java") is None:
@@ -263,6 +264,9 @@ class KafkaSystem(System):
         )
 
     async def stop(self) -> None:
+        for consumer in self.prepared.values():  # Of a run that failed before its read.
+            await asyncio.to_thread(consumer.close)
+        self.prepared.clear()
         for p in (self.producer, self.latency_producer):
             if p is not None:
                 await asyncio.to_thread(p.flush, 10)
@@ -317,11 +321,19 @@ class KafkaSystem(System):
         await asyncio.to_thread(run)
         self._check()
 
+    async def prepare_consume(self, log: str) -> None:
+        def connect() -> Any:
+            consumer = self._consumer()
+            consumer.list_topics(log, timeout=30)  # Connected, with the topic's metadata.
+            return consumer
+
+        self.prepared[log] = await asyncio.to_thread(connect)
+
     async def consume(self, log: str, count: int) -> int:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         def run() -> int:
-            consumer = self._consumer()
+            consumer = self.prepared.pop(log, None) or self._consumer()
             consumer.assign([TopicPartition(log, 0, OFFSET_BEGINNING)])
             n = nbytes = 0
             loads = orjson.loads

@@ -56,6 +56,12 @@ class System(abc.ABC):
         """Publish every message as fast as the client allows; return once all are
         acknowledged by the server with the system's durability setting."""
 
+    async def prepare_consume(self, log: str) -> None:
+        """Before `consume` is timed: set up what a reader already has when it starts
+        reading (a connected client). pygazette's, NATS' and Redis' clients are connected
+        already; Kafka's consumer is a new client of its own."""
+        return None
+
     @abc.abstractmethod
     async def consume(self, log: str, count: int) -> int:
         """Read `count` messages from the start of the log, decoding each; returns the

@@ -62,3 +62,61 @@ def test_a_gone_process_costs_nothing() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert process_cpu(proc.pid) == 0.0
+
+
+def test_latency_from_schedule_counts_the_wait_of_late_sends() -> None:
+    """Coordinated omission: a message sent 50 ms late (its publisher blocked) and delivered
+    1 ms after its send waited 51 ms from when it was due."""
+    from peers import from_schedule
+
+    scheduled = [i * 0.001 for i in range(100)]
+    sent = [d + 0.0001 for d in scheduled]  # On time: a sleep's overshoot.
+    sent[50] = scheduled[50] + 0.050
+    received = [s + 0.001 for s in sent]
+    figures = from_schedule(scheduled, sent, received)
+    assert figures["sent_late"] == 1
+    assert figures["p50_ms_from_schedule"] == 1.0
+    assert figures["p99_ms_from_schedule"] == 51.0
+
+
+def test_a_consumers_connection_is_set_up_before_the_read_is_timed() -> None:
+    """Kafka's consumer is a new client, connecting inside the timed read, where the other
+    systems' readers use clients connected already: the set-up is now untimed."""
+    import asyncio
+    import time
+    from pathlib import Path as _Path
+
+    from peer_systems.system import System
+    from peers import throughput
+
+    class Slow(System):
+        name = "slow-connect"
+
+        def settings(self) -> dict[str, object]:
+            return {}
+
+        async def start(self, tmp: _Path) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        async def create(self, log: str, large: bool) -> None: ...
+
+        async def publish(self, log: str, msgs: object) -> None: ...
+
+        async def prepare_consume(self, log: str) -> None:
+            await asyncio.sleep(0.3)  # Connecting.
+
+        async def consume(self, log: str, count: int) -> int:
+            return count * 200
+
+        async def tail(self, log: str, on_message: object) -> object: ...
+
+        async def send(self, log: str, msg: object) -> None: ...
+
+        async def flush(self, log: str) -> None: ...
+
+    msgs = [{"n": i} for i in range(1000)]
+    started = time.perf_counter()
+    _, consumed = asyncio.run(throughput(Slow(), "log", msgs, False, 200))  # type: ignore[arg-type]
+    assert time.perf_counter() - started >= 0.3
+    assert consumed["seconds"] < 0.1
