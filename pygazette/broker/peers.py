@@ -86,9 +86,12 @@ class Peers:
                 [
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                    # Notice a dead or frozen peer within seconds, not minutes.
+                    # Notice a dead or frozen peer within seconds, not minutes. (gRPC's core
+                    # times a ping's acknowledgement out by ping_timeout_ms, a minute by
+                    # default, not by keepalive_timeout_ms.)
                     ("grpc.keepalive_time_ms", 2000),
                     ("grpc.keepalive_timeout_ms", 2000),
+                    ("grpc.http2.ping_timeout_ms", 2000),
                     ("grpc.keepalive_permit_without_calls", 0),
                     ("grpc.http2.max_pings_without_data", 0),
                     ("grpc.initial_reconnect_backoff_ms", 100),
