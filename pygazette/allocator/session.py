@@ -31,6 +31,7 @@ from pygazette.keyspace.keyspace import Compare, KeyspaceUnavailable, Put
 log = logging.getLogger(__name__)
 
 ANNOUNCE_RETRY_SECONDS = 0.5
+MARK_EXITING_RETRY_SECONDS = 0.5  # A failed mark of a draining member, tried again.
 # How soon a failed lease refresh is tried again (Gazette's etcd client: retryConnWait).
 KEEP_ALIVE_RETRY_SECONDS = 0.5
 
@@ -166,6 +167,36 @@ class MemberSession:
             await asyncio.to_thread(thread.join)
         if revoke and self.lease and not self.lost.is_set():
             await self.ks.revoke_lease(self.lease)
+
+
+async def mark_exiting(session: MemberSession, value: bytes, deadline: float, what: str) -> bool:
+    """Announce `value` (the member's spec, marked exiting) before a drain; whether it is.
+
+    An update etcd fails to answer may still have been applied (etcd went away as it
+    committed), and a brief outage ends: so a failed one is tried again, every
+    MARK_EXITING_RETRY_SECONDS, until the mirror shows the value, an update succeeds,
+    `deadline` passes, or the session is lost (False: the caller's membership ends, and it
+    must leave as a failed member, not as one that drained)."""
+    warned = False
+    while not session.lost.is_set():
+        kv = session.ks.get(session.key)
+        if kv is not None and kv.value == value:
+            return True
+        try:
+            await session.update(value)
+            return True
+        except Exception as exc:
+            if not warned:
+                log.warning(
+                    f"cannot mark this {what} exiting yet (retrying)", extra={"error": str(exc)}
+                )
+                warned = True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            log.warning(f"cannot mark this {what} exiting: leaving without a drain")
+            return False
+        await asyncio.sleep(min(MARK_EXITING_RETRY_SECONDS, remaining))
+    return False
 
 
 async def membership_ended(lost: asyncio.Event, allocator: asyncio.Task[None]) -> str | None:

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from pygazette.allocator.allocator import Allocator, ObservedState
-from pygazette.allocator.session import MemberSession, membership_ended
+from pygazette.allocator.session import MemberSession, mark_exiting, membership_ended
 from pygazette.auth.authorizer import Authorizer
 from pygazette.auth.tls import ClientTLS
 from pygazette.broker.allocation import JournalDecoder, assignments_advertise, route_of
@@ -210,12 +210,9 @@ class ClusterMember:
         spec = pb.BrokerSpec()
         spec.CopyFrom(self.spec)
         spec.exiting = True
-        try:
-            await self.session.update(spec.SerializeToString())
-        except Exception as exc:
-            log.warning("cannot mark this broker exiting", extra={"error": str(exc)})
-            return
         deadline = time.monotonic() + self.config.drain_timeout
+        if not await mark_exiting(self.session, spec.SerializeToString(), deadline, "broker"):
+            return
         while time.monotonic() < deadline:
             state = self.observed.current
             if state.local_member < 0 or not state.local_items:

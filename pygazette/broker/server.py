@@ -377,6 +377,8 @@ async def run_broker(
         if not draining.done():
             draining.cancel()
             await asyncio.wait([draining])
+        elif not ended.done() and member.session.lost.is_set():
+            await asyncio.wait([ended])  # The drain gave up as membership ended: failed.
     if ended.done() and ended.exception() is not None:
         stopping.cancel()
         log.error("leaving the cluster", extra={"error": str(ended.exception())})

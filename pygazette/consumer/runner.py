@@ -35,7 +35,7 @@ import grpc
 import grpc.aio
 
 from pygazette.allocator.allocator import Allocator, ObservedState
-from pygazette.allocator.session import MemberSession, membership_ended
+from pygazette.allocator.session import MemberSession, mark_exiting, membership_ended
 from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.auth.request_guard import RequestGuard
 from pygazette.auth.server_interceptor import AuthServerInterceptor
@@ -259,12 +259,9 @@ class ConsumerProcess:
         spec = cpb.ConsumerSpec()
         spec.CopyFrom(self.spec)
         spec.exiting = True  # Its shards move to other members.
-        try:
-            await self.session.update(spec.SerializeToString())
-        except Exception as exc:
-            log.warning("cannot mark this consumer exiting", extra={"error": str(exc)})
-            return
         deadline = time.monotonic() + self.config.drain_timeout
+        if not await mark_exiting(self.session, spec.SerializeToString(), deadline, "consumer"):
+            return
         while time.monotonic() < deadline:
             state = self.observed.current
             if state.local_member < 0 or not state.local_items:
@@ -371,6 +368,8 @@ async def run_consumer(
         if not draining.done():
             draining.cancel()
             await asyncio.wait([draining])
+        elif not ended.done() and process.session.lost.is_set():
+            await asyncio.wait([ended])  # The drain gave up as membership ended: failed.
     if ended.done() and ended.exception() is not None:
         stopping.cancel()
         log.error("leaving the consumer group", extra={"error": str(ended.exception())})

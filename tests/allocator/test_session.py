@@ -11,9 +11,9 @@ import pytest
 
 from pygazette.allocator.allocator import MemberKeyMissing
 from pygazette.allocator.metrics import LeaseCollector
-from pygazette.allocator.session import MemberSession, membership_ended
+from pygazette.allocator.session import MemberSession, mark_exiting, membership_ended
 from pygazette.keyspace.etcd import EtcdKeyspace
-from pygazette.keyspace.keyspace import Put
+from pygazette.keyspace.keyspace import KeyspaceUnavailable, Put
 from pygazette.keyspace.layout import KeyLayout
 from tests.support.etcd_process import EtcdProcess
 from tests.support.tcp_proxy import TcpProxy
@@ -167,3 +167,59 @@ async def test_membership_ends_drained_lost_or_with_its_key_missing() -> None:
     task = asyncio.create_task(allocator(RuntimeError("bug"), go))
     with pytest.raises(RuntimeError, match="bug"):
         await membership_ended(asyncio.Event(), task)
+
+
+class _Kv:
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+
+class _FlakyEtcd:
+    """A mirror and an update that fails `failures` times: `applied` says whether a failed
+    update still reached etcd (its answer lost), as when etcd goes away as it commits."""
+
+    def __init__(self, failures: int, *, applied: bool = False) -> None:
+        self.value = b"serving"
+        self.failures = failures
+        self.applied = applied
+        self.calls = 0
+
+    def get(self, key: str) -> _Kv:
+        return _Kv(self.value)
+
+
+class _Session:
+    def __init__(self, ks: _FlakyEtcd) -> None:
+        self.ks = ks
+        self.key = "members/m"
+        self.lost = asyncio.Event()
+
+    async def update(self, value: bytes) -> int:
+        self.ks.calls += 1
+        if self.ks.calls <= self.ks.failures:
+            if self.ks.applied:
+                self.ks.value = value
+            raise KeyspaceUnavailable("etcd: UNAVAILABLE")
+        self.ks.value = value
+        return 1
+
+
+async def test_marking_a_member_exiting_retries_a_failed_update() -> None:
+    """A drain's mark once gave up at the first failed update, and the member then left as
+    if it had drained (exit 0), though etcd may have taken the mark (its answer lost) and
+    its lease be about to lapse. It is tried again until the deadline or the session's end."""
+    session = _Session(_FlakyEtcd(failures=2))
+    deadline = time.monotonic() + 10
+    assert await mark_exiting(session, b"exiting", deadline, "member")  # type: ignore[arg-type]
+    assert session.ks.calls == 3
+    # Applied though unanswered: the mirror showing it is enough.
+    session = _Session(_FlakyEtcd(failures=5, applied=True))
+    assert await mark_exiting(session, b"exiting", deadline, "member")  # type: ignore[arg-type]
+    assert session.ks.calls == 1
+    # Past the deadline, or once the session is lost: not marked.
+    session = _Session(_FlakyEtcd(failures=100))
+    near = time.monotonic() + 0.3
+    assert not await mark_exiting(session, b"exiting", near, "member")  # type: ignore[arg-type]
+    session = _Session(_FlakyEtcd(failures=100))
+    asyncio.get_running_loop().call_later(0.3, session.lost.set)
+    assert not await mark_exiting(session, b"exiting", deadline, "member")  # type: ignore[arg-type]
