@@ -17,10 +17,6 @@ processes in two zones, sharing one `file://` store root. Then:
   above is polled with such Lists, so it is never finer than one of them;
 - **first append** to each journal: one small append to every journal, 64 at a time,
   through broker 1; rate, errors (by status or gRPC code), broker CPU per append;
-- **first-append floor** (both systems run, unless `--no-floor`): the gRPC calls a first
-  append makes, priced on bare grpc.aio, and each replica's first spool's file-system work
-  priced on this disk for both systems, where each made its files (`first_append_floor`,
-  `spool_file_costs`): what is left is pygazette's own code;
 - **RSS per journal replica**: the brokers' summed RSS growth over the empty cluster,
   after convergence and after the first appends, divided by N x R;
 - **idle**: each broker's CPU (% of one core) and etcd's revision delta (its writes)
@@ -798,41 +794,6 @@ def compare(py: dict[str, Any], go: dict[str, Any]) -> dict[str, Any]:
 
 
 FLOOR_SHAPES = ("append_call", "unary_call")
-SPOOL_PROBE_COUNT = 300  # First spools (and Gazette spool files) made to price their files.
-
-
-def spool_file_costs(spool_root: Path, gazette_tmp: Path, n: int = SPOOL_PROBE_COUNT) -> dict:
-    """CPU microseconds of the file-system work of one replica's first spool, on this
-    machine's disk, in the same run: pygazette makes the journal's spool directory and the
-    spool's two named files (content and log, so that an acknowledged append survives a
-    crash: DESIGN.md invariant 3), here in the spool root its brokers used; Gazette makes
-    one temporary file and unlinks it at once (its spools do not survive a crash: it
-    re-replicates), in the TMPDIR its brokers used. An inode's cost on ext4 depends on where
-    the file system places a new directory (scans of recently deleted inodes), so the two
-    may differ for that alone: both are priced where each system made its files."""
-    probe = spool_root / f".#fs-probe-{uuid.uuid4().hex[:8]}"  # No journal's name.
-    probe.mkdir(parents=True)
-    try:
-        t0 = time.process_time()
-        for i in range(n):
-            d = probe / f"j{i}"
-            os.mkdir(d)
-            for name in ("0000000000000000.spool", "0000000000000000.log"):
-                os.close(os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
-        py_us = (time.process_time() - t0) * 1e6 / n
-        t0 = time.process_time()
-        for _ in range(n):
-            fd, path = tempfile.mkstemp(prefix="spool", dir=gazette_tmp)
-            os.unlink(path)
-            os.close(fd)
-        go_us = (time.process_time() - t0) * 1e6 / n
-    finally:
-        shutil.rmtree(probe, ignore_errors=True)
-    return {
-        "pygazette_first_spool_us": round(py_us, 1),
-        "gazette_spool_file_us": round(go_us, 1),
-        "where": {"pygazette": str(spool_root), "gazette": str(gazette_tmp)},
-    }
 
 
 def first_append_floor(
@@ -842,7 +803,6 @@ def first_append_floor(
     py: dict[str, Any],
     go: dict[str, Any],
     cpus: int,
-    files: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the gRPC calls of a first append cost on bare `grpc.aio` (no broker code at all),
     and the rate that allows at best beside Gazette's.
@@ -858,10 +818,6 @@ def first_append_floor(
     CPU (measured in this run), it bounds the rate the machine's cores can carry (a kind
     bound: etcd, the disk and the kernel's share of loopback traffic are left out).
     `pygazette_above_floor_ms` is then what pygazette's own code costs a first append.
-
-    With `files` (`spool_file_costs`), the file-system work of the first spool on each of
-    the R replicas is priced for both systems too, and `pygazette_above_floor_and_files_ms`
-    is what is left of pygazette's first append: its own Python.
     """
 
     def us(shape: str, side: str) -> float:
@@ -880,23 +836,6 @@ def first_append_floor(
     # The same client code in both runs; the lower of its two costs (the kinder ceiling).
     client_ms = min(py_first["client_cpu_ms_per_append"], go_first["client_cpu_ms_per_append"])
     ceiling = cpus * 1000 / (floor_ms + client_ms)
-    extra: dict[str, Any] = {}
-    if files is not None:
-        py_files_ms = r * files["pygazette_first_spool_us"] / 1000
-        go_files_ms = r * files["gazette_spool_file_us"] / 1000
-        extra = {
-            "spool_files": files,
-            "spool_files_ms_per_first_append": {
-                "pygazette": round(py_files_ms, 3),
-                "gazette": round(go_files_ms, 3),
-            },
-            "pygazette_above_floor_and_files_ms": round(
-                py_first["broker_cpu_ms_per_append"] - floor_ms - py_files_ms, 3
-            ),
-            "gazette_without_files_ms": round(
-                go_first["broker_cpu_ms_per_append"] - go_files_ms, 3
-            ),
-        }
     return {
         "grpc_call_costs_us": costs,
         "floor_parts_us": parts,
@@ -912,14 +851,7 @@ def first_append_floor(
         "rate_ceiling_vs_gazette": ratio(ceiling, go_first["per_s"]),
         "reads": "rate_ceiling_vs_gazette is the best first_append_per_s ratio a broker whose "
         "only cost were grpc.aio's calls could reach on this machine's cores; "
-        "pygazette_above_floor_ms is what pygazette's own code adds to each first append"
-        + (
-            "; spool_files_ms_per_first_append is the file-system part of each system's "
-            "first append on this disk, pygazette_above_floor_and_files_ms what is left"
-            if files is not None
-            else ""
-        ),
-        **extra,
+        "pygazette_above_floor_ms is what pygazette's own code adds to each first append",
     }
 
 
@@ -1047,11 +979,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             costs = grpc_call_cost.medians(
                 grpc_call_cost.call_costs(FLOOR_SHAPES, FLOOR_COUNT, FLOOR_ROUNDS)
             )
-            files = spool_file_costs(
-                tmp / "pygazette" / "broker-00" / "data" / "spools", Path(tempfile.gettempdir())
-            )
             report["first_append_floor"] = first_append_floor(
-                costs, args.brokers, args.replication, py, go, os.cpu_count() or 1, files
+                costs, args.brokers, args.replication, py, go, os.cpu_count() or 1
             )
     report["failures"] = {s: failures(r) for s, r in results.items()}
     return report
