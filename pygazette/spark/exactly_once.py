@@ -34,7 +34,7 @@ once older than `BATCH_LABEL_TTL_SECONDS`; stream labels stay (one per partition
 Gazette treats a journal with no registers at all as matching any check, and keeps registers
 only in its replicas' memory: on Gazette, a journal whose brokers all restart loses its
 labels, and an attempt that comes after appends again. pygazette recovers them from its
-local spools (not yet once a journal's last spool was persisted and removed).
+local spools, and keeps those at a persisted spool's end (`broker.fragment.kept_registers`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ async def sequences(url: str) -> list[object]:
     """Fenced appends of streams and batch writes: retries, zombies, races, expiry, other
     queries; what each did, the journals' content and their sink registers."""
     seen: list[object] = []
+    started = int(time.time())
     async with JournalClient(url) as client:
         names = [f"spark/fence/{k}" for k in ("stream", "race", "batch")]
         await apply_journals(
@@ -102,11 +103,16 @@ async def sequences(url: str) -> list[object]:
             content = b"".join([c async for c in read_journal(client, journal)])
             seen.append(content)
             resp = await append(client, journal, b"")  # Nothing appended: the registers.
-            labels = sorted(
-                (label.name, label.value.split(".")[0] if "spark.w" in label.name else label.value)
-                for label in resp.registers.labels
-            )
-            seen.append(labels)
+            labels = []
+            for label in resp.registers.labels:
+                value = label.value
+                if label.name.startswith(eo.BATCH_LABEL):
+                    # <commit time>.<run>.<rows>: the time differs between the two runs
+                    # (a second may tick between them); it must be this run's, not copied.
+                    at, _, value = value.partition(".")
+                    assert started - 1 <= int(at) <= time.time() + 1, label
+                labels.append((label.name, value))
+            seen.append(sorted(labels))
     return seen
 
 
