@@ -20,9 +20,11 @@ What goes back, as grpc-gateway v1.16 writes it:
   blocking read or a watched listing streams for as long as the client keeps the request
   open (a client going away cancels the call). An RPC that fails ends the body with
   `{"error":{"grpcCode":…,"httpCode":…,"message":…,"httpStatus":…,"details":[]}}` (no
-  newline); failing before any response, the HTTP status is the error's (INVALID_ARGUMENT →
-  400, UNAUTHENTICATED → 401, PERMISSION_DENIED → 403, NOT_FOUND → 404, UNAVAILABLE → 503,
-  UNKNOWN → 500, … as `runtime.HTTPStatusFromCode`).
+  newline); failing before any response, the HTTP status is the error's (UNAUTHENTICATED →
+  401, NOT_FOUND → 404, UNAVAILABLE → 503, UNKNOWN → 500, … as `runtime.HTTPStatusFromCode`).
+  The codes are those of Gazette's servers: a request the server's validation refuses
+  (INVALID_ARGUMENT from pygazette's) is UNKNOWN → 500, and a token lacking a capability
+  (PERMISSION_DENIED from pygazette's) UNAUTHENTICATED → 401, with the server's message.
 - a unary RPC (Stat, shard List): 200 and the response, or the error as below.
 - a request the gateway refuses itself: the status as `{"code":…,"message":…,"details":[]}`:
   a body that is not the request's JSON → 400 with Go's decoding error ("invalid character
@@ -101,6 +103,13 @@ _HTTP_STATUS = {
     grpc.StatusCode.INTERNAL: 500,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DATA_LOSS: 500,
+}
+# The codes pygazette's servers answer where Gazette's answer another: a request refused by
+# validation (Gazette's handlers return a plain error: UNKNOWN) and a token lacking a
+# capability (Gazette's verifier: UNAUTHENTICATED). The API answers Gazette's.
+_GAZETTES_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.PERMISSION_DENIED: grpc.StatusCode.UNAUTHENTICATED,
 }
 JSON = "application/json"
 _GRPC_TYPE = "application/grpc"
@@ -356,7 +365,7 @@ class JsonApi:
                         await _prepare_chunked(request, resp)
                     await resp.write(b'{"result":' + marshal(msg) + b"}\n")
             except grpc.aio.AioRpcError as exc:
-                status, chunk = _stream_error(exc.code(), _message(exc, seconds))
+                status, chunk = _stream_error(_code(exc), _message(exc, seconds))
                 if resp is None:
                     resp = web.StreamResponse(status=status, headers={"Content-Type": JSON, **cors})
                     await _prepare_chunked(request, resp)
@@ -386,7 +395,7 @@ class JsonApi:
         try:
             msg = await call
         except grpc.aio.AioRpcError as exc:
-            code = exc.code()
+            code = _code(exc)
             # A failed unary call ends trailers-only: grpc-go's client has gRPC's content-type
             # in its trailers, which grpc-gateway sends as HTTP trailers.
             resp = web.StreamResponse(
@@ -426,6 +435,12 @@ async def _end_with_trailers(
     last = b"0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in trailers) + b"\r\n"
     await writer.write(last)
     await resp.write_eof()
+
+
+def _code(exc: grpc.aio.AioRpcError) -> grpc.StatusCode:
+    """The failed call's code, as Gazette's server would have answered it."""
+    code = exc.code()
+    return _GAZETTES_CODE.get(code, code)
 
 
 def _message(exc: grpc.aio.AioRpcError, seconds: float | None) -> str:
