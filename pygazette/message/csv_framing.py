@@ -289,6 +289,10 @@ class CSVFraming(Framing):
             # Go's reader has no limit on a field's size; Python's csv module refuses one
             # larger than csv.field_size_limit() (128 KiB unless raised).
             return _go_fields(text)
+        if '"' in text and _WELL_FORMED_LINE(payload) is None:
+            # Python's csv module reads a quote within an unquoted field as text (even
+            # strict); Go's reader refuses it (ErrBareQuote), as `_go_fields` does.
+            return _go_fields(text)
         try:
             rows = list(csv.reader([text], strict=True))
         except csv.Error as exc:
