@@ -36,7 +36,10 @@ MAX_MESSAGE_SIZE = 64 << 20
 
 # Keepalive pings only while an RPC is open. Five minutes is the smallest ping interval a gRPC
 # server accepts by default, so long idle blocking reads are never cut off for "too many
-# pings"; a killed server is noticed at once anyway, as its TCP connection is reset.
+# pings"; a killed server is noticed at once anyway, as its TCP connection is reset. A ping
+# unanswered for KEEPALIVE_TIMEOUT_MS (a frozen server, a connection lost in the network) fails
+# the connection's RPCs UNAVAILABLE. gRPC's core times a ping's acknowledgement out by
+# grpc.http2.ping_timeout_ms (a minute by default), not by keepalive_timeout_ms: both are set.
 KEEPALIVE_TIME_MS = 5 * 60 * 1000
 KEEPALIVE_TIMEOUT_MS = 20 * 1000
 
@@ -95,6 +98,7 @@ def open_channel(address: str, **channel: Unpack[ChannelOptions]) -> tuple[str, 
         ("grpc.max_send_message_length", max_message_size),
         ("grpc.keepalive_time_ms", channel.get("keepalive_time_ms", KEEPALIVE_TIME_MS)),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 0),
         # Reconnect quickly after a server restart instead of gRPC's default backoff of
         # up to two minutes; retry policies above the channel add their own backoff.
