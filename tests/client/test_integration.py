@@ -28,6 +28,7 @@ from pygazette.client import (
     list_journals,
     read_journal,
 )
+from pygazette.client.errors import OffsetJump
 from pygazette.protocol.errors import (
     BrokerError,
     EtcdTransactionFailed,
@@ -419,3 +420,82 @@ def test_sync_client_round_trip(broker: BrokerProcess) -> None:
         assert b"".join(client.read(J, offset=7, end_offset=14)) == b"line 2\n"
         assert client.list_all_fragments(J)[-1].spec.end == 28
         assert [j.spec.name for j in client.list_journals("suite=client")] == [J]
+
+
+async def test_a_gap_in_old_fragments_is_reported_as_one_offset_jump(
+    broker: BrokerProcess, client: JournalClient
+) -> None:
+    # Fragments persisted long ago with a span missing between them (removed from the store
+    # by hand, or by another process's retention): a RetryReader reading through the broker
+    # reports the gap as one OffsetJump and reads on, blocking or not, and a read that starts
+    # inside the gap jumps to its end. (Both brokers jump a gap only before fragments older
+    # than six hours: a younger one may be a fragment still being persisted.)
+    name = "tests/client/gap"
+    old = time.time() - 86400
+    parts = {0: b"a" * 99 + b"\n", 200: b"c" * 99 + b"\n", 300: b"d" * 99 + b"\n"}
+    for begin, content in parts.items():
+        path = broker.file_root / name / (
+            f"{begin:016x}-{begin + 100:016x}-{sha1(content).hexdigest()}.raw"
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.utime(path, (old, old))
+    await create(client, journal_spec(name, codec=pb.NONE))
+    for _ in range(300):  # The journal is assigned, and its store listed, in the background.
+        with contextlib.suppress(BrokerError):
+            if len(await list_all_fragments(client, name)) == 3:
+                break
+        await asyncio.sleep(0.1)
+
+    for block in (False, True):
+        rr = RetryReader(client, name, block=block, end_offset=400 if block else 0)
+        data, jumps = await _read_noting_jumps(rr)
+        assert jumps == [(100, 200)], block
+        assert data == parts[0] + parts[200] + parts[300]
+        assert rr.offset == 400
+        await rr.aclose()
+
+    rr = RetryReader(client, name, offset=150)
+    assert await _read_noting_jumps(rr) == (parts[200] + parts[300], [(150, 200)])
+    await rr.aclose()
+
+
+async def _read_noting_jumps(rr: RetryReader) -> tuple[bytes, list[tuple[int, int]]]:
+    """What `rr` reads to its end offset or the write head, and its jumps (from, to)."""
+    data, jumps = b"", []
+    while True:
+        try:
+            chunk = await rr.read()
+        except OffsetJump as jump:
+            jumps.append((jump.requested, jump.offset))
+            continue
+        except OffsetNotYetAvailable:
+            return data, jumps
+        if not chunk:
+            return data, jumps
+        data += chunk
+
+
+async def test_an_append_whose_task_is_cancelled_before_its_commit_leaves_nothing(
+    client: JournalClient,
+) -> None:
+    # A task cancelled while its append streams content (the commit chunk not yet sent)
+    # commits none of it, and the journal takes the next append at once.
+    await append(client, J, b"before\n")
+    sent_one = asyncio.Event()
+
+    async def content() -> AsyncIterator[bytes]:
+        yield b"x" * (1 << 20)
+        yield b"y" * 10  # The first chunk is handed to the RPC once this one is asked for.
+        sent_one.set()
+        await asyncio.Event().wait()  # Never: the task is cancelled here.
+        yield b"never"
+
+    task = asyncio.create_task(append(client, J, content(), chunk_size=1 << 20))
+    await asyncio.wait_for(sent_one.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(30):
+        await append(client, J, b"after\n")
+    assert await read_to_head(client) == b"before\nafter\n"
