@@ -289,17 +289,21 @@ class CSVFraming(Framing):
             # Go's reader has no limit on a field's size; Python's csv module refuses one
             # larger than csv.field_size_limit() (128 KiB unless raised).
             return _go_fields(text)
-        if '"' in text and _WELL_FORMED_LINE(payload) is None:
-            # Python's csv module reads a quote within an unquoted field as text (even
-            # strict); Go's reader refuses it (ErrBareQuote), as `_go_fields` does.
-            return _go_fields(text)
         try:
             rows = list(csv.reader([text], strict=True))
         except csv.Error as exc:
             raise MessageDecodeError(f"invalid CSV record: {exc}") from None
         if len(rows) != 1 or not rows[0]:
             raise MessageDecodeError("empty CSV record")
-        return rows[0]
+        fields = rows[0]
+        if '"' in text and any('"' in field for field in fields):
+            # Python's csv module reads a quote within an unquoted field as text (even
+            # strict), where Go's reader refuses the record (ErrBareQuote): a field holds
+            # a quote, so the record is read by Go's rules unless it is well-formed (the
+            # quote was a doubled one within a quoted field).
+            if _WELL_FORMED_LINE(payload) is None:
+                return _go_fields(text)
+        return fields
 
     def get_uuid(self, msg: Any) -> str | None:
         if not msg or not msg[0]:
