@@ -44,9 +44,11 @@ Departures from Gazette, all for safety under failures:
   never acknowledged: a new pipeline cuts it from every replica, primary included, and an
   append that failed never surfaces later. A spool that completes (rolls, or leaves this
   broker) is cut the same way first, so a roll waits until everything before it is
-  confirmed. An append cut short while it waits (its client gone), and any failed round,
-  breaks the pipeline: every append in flight behind it fails with it (UNAVAILABLE: it was
-  confirmed nowhere, and never surfaces), and the next append builds a new pipeline. The
+  confirmed. A failed round breaks the pipeline: every append in flight behind it fails
+  with it (UNAVAILABLE: it was confirmed nowhere, and never surfaces), and the next append
+  builds a new pipeline. A client that goes away breaks nothing, as with Gazette: mid-stream
+  its content is rolled back on every peer, and once its commit went out the commit goes on
+  (its client may not learn of it); the appends in flight around it are answered. The
   one exception: an append whose confirmation went out but was not acknowledged by every
   peer before the failure is in doubt (a peer that took the confirmation keeps it, and the
   journal may continue from that peer); it fails with UNKNOWN, as an append whose
@@ -163,6 +165,14 @@ class _Checked(NamedTuple):
 
 class ReplicationFailed(Exception):
     pass
+
+
+@dataclass(slots=True)
+class _ClientGone:
+    """Whether an append whose client went away mid-stream was rolled back on every peer
+    (`ClusterAppends._stream`)."""
+
+    rolled_back: bool = False
 
 
 async def _one_empty_chunk() -> AsyncIterator[pb.AppendRequest]:
@@ -419,8 +429,9 @@ class ClusterAppends:
             return checked
         registers, roll_to, suspending = checked
         rs = journal.rspool
+        gone = _ClientGone()
         try:
-            outcome = await self._stream(first, it, res, journal, pln, registers, roll_to)
+            outcome = await self._stream(first, it, res, journal, pln, registers, roll_to, gone)
         except PipelineBroken as exc:
             rs.rollback()
             await journal.close_replication(graceful=False)
@@ -428,6 +439,11 @@ class ClusterAppends:
         except AppendAborted:
             raise  # Rolled back on every peer: the pipeline is still in step.
         except BaseException:
+            if gone.rolled_back and pln.ok:
+                # The client went away mid-stream and every peer rolled its content back:
+                # the pipeline is in step, and the appends in flight before this one go on
+                # (as Gazette's).
+                raise
             # Cut short otherwise (the client went away or its deadline passed, mid-round):
             # a round may have reached some peers and not others, and our spool may hold a
             # commit no peer confirmed. Never run another round on this pipeline: the next
@@ -875,7 +891,10 @@ class ClusterAppends:
         pln: Pipeline,
         registers: pb.LabelSet,
         roll_to: int,
+        gone: _ClientGone,
     ) -> pb.AppendResponse | PendingCommit:
+        """Stream the client's content and commit it; `gone` tells a client that went away
+        mid-stream whether its content was rolled back on every peer."""
         rs = journal.rspool
         spec = res.spec
         assert rs is not None and spec is not None
@@ -941,8 +960,9 @@ class ClusterAppends:
         except FlowControlUnderflow as exc:
             error = AppendAborted(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            # The client went away: roll back everywhere before giving up the pipeline.
-            await self._roll_back(journal, pln, registers)
+            # The client went away: roll back everywhere (`_as_primary` keeps the pipeline
+            # if every peer did).
+            gone.rolled_back = await self._roll_back(journal, pln, registers)
             raise
 
         if rs.delta == 0 and error is None and status == pb.OK and committing:
@@ -1008,16 +1028,20 @@ class ClusterAppends:
 
     async def _roll_back(
         self, journal: JournalRuntime, pln: Pipeline, registers: pb.LabelSet
-    ) -> None:
+    ) -> bool:
+        """Drop the content streamed for an append, here and on every peer: whether every
+        peer did (else the pipeline is closed)."""
         rs = journal.rspool
         assert rs is not None
         rs.rollback()
         if not pln.ok:
-            return
+            return False
         try:
             await _round(pln, rs.fragment(), registers)
         except PipelineBroken:
             await journal.close_replication(graceful=False)
+            return False
+        return True
 
     async def stop(self) -> None:
         tasks = list(self._tasks)
@@ -1213,10 +1237,9 @@ class PendingCommit:
             raise AppendAborted(
                 grpc.StatusCode.UNAVAILABLE, f"replication of {self.journal.name} failed: {exc}"
             ) from exc
-        except BaseException:
-            # Cut short (the client went away): what it appended must not surface later.
-            pln.fail("an append was cut short while its commit was in flight")
-            raise
+        # Cut short otherwise (the client went away): its commit went out to every peer and
+        # goes on (as Gazette's, which doesn't roll back a commit it sent): its client may
+        # not learn of it, and the appends behind it are answered in turn.
         finally:
             if not self.answered.done():
                 self.answered.set_result(None)

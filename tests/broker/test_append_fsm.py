@@ -19,7 +19,7 @@ import pytest
 
 from pygazette.auth.client_interceptor import auth_interceptors
 from pygazette.auth.keyed_auth import KeyedAuth
-from pygazette.broker import replicate_service
+from pygazette.broker import pipeline, replicate_service
 from pygazette.broker.replica import Replica
 from pygazette.broker.replicate_service import ReplicateAborted
 from pygazette.broker.server import Broker, BrokerConfig
@@ -189,9 +189,12 @@ async def test_an_append_given_up_mid_commit_leaves_no_trace(
     cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The client gives up (its deadline passes) while the primary waits for the round that
-    confirms its append: the primary must not carry on with that pipeline as if nothing
-    happened (it used to, rolling the spool with the unconfirmed append in it, which then
-    persisted beside what the cluster wrote at the same offsets)."""
+    confirms its append, which the replicas never answer: the primary must not carry on
+    with that pipeline as if nothing happened (it used to, rolling the spool with the
+    unconfirmed append in it, which then persisted beside what the cluster wrote at the
+    same offsets). The client's leaving breaks nothing (as with Gazette: other appends may
+    be in flight); the unanswered round does, once ACK_TIMEOUT_SECONDS pass."""
+    monkeypatch.setattr(pipeline, "ACK_TIMEOUT_SECONDS", 3.0)
     unconfirmed = UnconfirmedCommits("hold")
     monkeypatch.setattr(replicate_service, "_apply", unconfirmed.apply)
     acked = [(_record("first"), await cluster.append_until_ok(0, _record("first"), 30))]
