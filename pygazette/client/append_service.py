@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import threading
@@ -143,11 +144,21 @@ class OpFuture:
             pass  # Resolved concurrently.
 
     async def wait(self) -> None:
-        """Wait for the operation; raise its error."""
-        if self._future.done():
-            self._future.result()
-            return
-        await asyncio.wrap_future(self._future)
+        """Wait for the operation; raise its error. Cancelling the wait leaves the operation
+        alone (others may wait for it, or depend on it)."""
+        if not self._future.done():
+            # Not asyncio.wrap_future: cancelling what it returns cancels the shared future,
+            # which failed the operation for every waiter and dependent, done or not.
+            loop = asyncio.get_running_loop()
+            woken: asyncio.Future[None] = loop.create_future()
+
+            def wake(_f: object) -> None:
+                with contextlib.suppress(RuntimeError):  # The waiter's loop closed meanwhile.
+                    loop.call_soon_threadsafe(_wake, woken)
+
+            self._future.add_done_callback(wake)
+            await woken
+        self._future.result()
 
     def __await__(self) -> Any:
         return self.wait().__await__()

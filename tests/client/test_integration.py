@@ -16,7 +16,9 @@ import pytest
 
 from pygazette.client import (
     Appender,
+    AppendService,
     JournalClient,
+    OpFuture,
     Reader,
     RetryReader,
     SyncJournalClient,
@@ -499,3 +501,32 @@ async def test_an_append_whose_task_is_cancelled_before_its_commit_leaves_nothin
     async with asyncio.timeout(30):
         await append(client, J, b"after\n")
     assert await read_to_head(client) == b"before\nafter\n"
+
+
+async def test_a_waiter_cancelled_leaves_the_async_append_it_awaited_alone(
+    client: JournalClient,
+) -> None:
+    # A task that stops waiting for an AsyncAppend (cancelled, or a wait_for timing out)
+    # leaves the append as it was: it goes out, and its other waiters and dependents see it
+    # commit. `await op` wrapped the op's shared future with asyncio.wrap_future, whose
+    # cancellation cancels that future: the append committed, but every waiter got
+    # CancelledError and a dependent append failed (DependencyFailed).
+    other = "tests/client/dependent"
+    await create(client, journal_spec(other))
+    async with AppendService(client) as service:
+        gate = OpFuture()  # Holds the append back until the waiter below is cancelled.
+        aa = service.append(J, b"one\n", dependencies=[gate])
+        dependent = service.append(other, b"two\n", dependencies=[aa])
+        waiter = asyncio.create_task(aa.wait())
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(aa, 0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        gate.resolve()
+        async with asyncio.timeout(30):
+            await aa
+            await dependent
+        assert aa.error() is None
+    assert await read_to_head(client) == b"one\n"
+    assert await read_to_head(client, other) == b"two\n"

@@ -23,6 +23,7 @@ from tests.client.test_integration import (  # noqa: F401 (collected here agains
     journal_spec,
     test_a_gap_in_old_fragments_is_reported_as_one_offset_jump,
     test_a_read_skipping_to_the_head_by_mod_time_keeps_the_head_it_was_told,
+    test_a_waiter_cancelled_leaves_the_async_append_it_awaited_alone,
     test_aborted_append_leaves_nothing,
     test_an_append_whose_task_is_cancelled_before_its_commit_leaves_nothing,
     test_apply_list_append_read_round_trip,
