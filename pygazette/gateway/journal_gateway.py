@@ -13,19 +13,27 @@ Responses carry Gazette's headers: `X-Route-Token` (the journal's route) and `Lo
 journal at its primary broker); for reads `Content-Range: bytes <offset>-<MaxInt64>/<MaxInt64>`,
 `X-Write-Head`, `X-Fragment-Name`, `X-Fragment-Location` (a fragment URL, when the broker gave
 one) and `X-Fragment-Last-Modified`; for appends `X-Commit-Begin`, `X-Commit-End`,
-`X-Commit-SHA1-Sum` and `X-Write-Head`. Response statuses map as Gazette maps them: OK → 206
-(reads) / 204 (appends), JOURNAL_NOT_FOUND → 404, OFFSET_NOT_YET_AVAILABLE → 416,
-INSUFFICIENT_JOURNAL_BROKERS → 503 (reads), any other status → 500 with its name as the body;
-a malformed request → 400. Where Gazette answers a failed RPC with 500, the gateway maps the
-gRPC code: UNAUTHENTICATED → 401, PERMISSION_DENIED → 403, UNAVAILABLE → 503,
-INVALID_ARGUMENT → 400, DEADLINE_EXCEEDED → 408, the rest → 500. A broker response that
-breaks Gazette's rules (`client.response_check`) is 502, or ends a GET's streamed content.
+`X-Commit-SHA1-Sum` and `X-Write-Head`. Response statuses map as Gazette maps them: a read's
+OK → 206, JOURNAL_NOT_FOUND → 404, OFFSET_NOT_YET_AVAILABLE → 416, INSUFFICIENT_JOURNAL_BROKERS
+→ 503, any other status → 500 with its name as the body; an append's OK → 204, any other
+status → 500 with the error Gazette's client.Appender returns (JOURNAL_NOT_FOUND too); a
+malformed request → 400 with gorilla/schema's or net/url's message. Errors are written as Go's
+http.Error writes them (`X-Content-Type-Options: nosniff`). Where Gazette answers a failed RPC
+with 500, the gateway maps the gRPC code: UNAUTHENTICATED → 401, PERMISSION_DENIED → 403,
+UNAVAILABLE → 503, INVALID_ARGUMENT → 400, DEADLINE_EXCEEDED → 408, the rest → 500 (Gazette's
+gateway signs its RPCs with the broker's own key, whatever the request's `Authorization`, so
+its answers never refuse one). A broker response that breaks Gazette's rules
+(`client.response_check`) is 502, or ends a GET's streamed content.
 
 A GET streams: each content chunk is written to the client as the broker sends it, and the
 read follows the journal across fragments; it ends when the broker ends the stream (a
 non-blocking read at the write head, the client going away, or a jump in offsets, which,
-as in Gazette, ends the response and leaves the client to retry from where it got to).
-Unlike Gazette, no `X-Close-Error` trailer is sent (aiohttp cannot send trailers).
+as in Gazette, ends the response and leaves the client to retry from where it got to). As
+Gazette's (Go's net/http), the headers go with the first content, its `Content-Type` sniffed
+from its first bytes (`sniff.detect_content_type`: text/plain, text/html, … or
+application/octet-stream), and the `X-Close-Error` trailer says why the content ended
+(`OFFSET_NOT_YET_AVAILABLE`, `offset jump`, `broker terminated RPC`, a gRPC error). A HEAD's 206
+has no Content-Type.
 
 A PUT is one atomic append: the body is streamed into the Append RPC in chunks as it
 arrives, and commits only once all of it has; a client that goes away mid-body leaves
@@ -48,6 +56,9 @@ from aiohttp import web
 from pygazette.client.errors import InvalidResponse
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.response_check import check_read_response, check_response
+from pygazette.gateway.json_api import end_with_trailers, prepare_chunked
+from pygazette.gateway.jsonpb import go_quote
+from pygazette.gateway.sniff import SNIFF_LEN, detect_content_type
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.fragment_name import fragment_file_name, sha1sum_to_hex
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -69,6 +80,8 @@ FRAGMENT_LOCATION_HEADER = "X-Fragment-Location"
 FRAGMENT_NAME_HEADER = "X-Fragment-Name"
 ROUTE_TOKEN_HEADER = "X-Route-Token"
 WRITE_HEAD_HEADER = "X-Write-Head"
+CLOSE_ERROR_HEADER = "X-Close-Error"
+BROKER_TERMINATED = "broker terminated RPC"
 COMMIT_BEGIN_HEADER = "X-Commit-Begin"
 COMMIT_END_HEADER = "X-Commit-End"
 COMMIT_SUM_HEADER = "X-Commit-SHA1-Sum"
@@ -78,7 +91,6 @@ _READ_STATUS = {
     pb.INSUFFICIENT_JOURNAL_BROKERS: 503,
     pb.OFFSET_NOT_YET_AVAILABLE: 416,
 }
-_APPEND_STATUS = {pb.JOURNAL_NOT_FOUND: 404}
 _GRPC_STATUS = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.PERMISSION_DENIED: 403,
@@ -89,8 +101,10 @@ _GRPC_STATUS = {
 # What Go's strconv.ParseInt takes in base 10 (Python's int() takes more: "1_0", " 5", other
 # scripts' digits).
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+# strconv.ParseBool's, and gorilla/schema's "on".
+_TRUE = {"1", "t", "T", "TRUE", "true", "True", "on"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 class BadRequest(ValueError):
@@ -102,7 +116,30 @@ class AppendTooLarge(Exception):
 
 
 def _error(status: int, text: str) -> web.Response:
-    return web.Response(status=status, text=text + "\n")
+    """An error as Go's http.Error writes it."""
+    return web.Response(
+        status=status, text=text + "\n", headers={"X-Content-Type-Options": "nosniff"}
+    )
+
+
+def _read_status_error(resp: pb.ReadResponse) -> str:
+    """The error Gazette's client.Reader returns for a response's non-OK status."""
+    return pb.Status.Name(resp.status)
+
+
+def _append_status_error(resp: pb.AppendResponse) -> str:
+    """The error Gazette's client.Appender returns for a response's non-OK status."""
+    name = pb.Status.Name(resp.status)
+    if resp.status == pb.FRAGMENT_STORE_UNHEALTHY:
+        return f"{resp.store_health_error}: {name}"  # errors.WithMessage.
+    return name
+
+
+def go_rpc_error(exc: grpc.aio.AioRpcError) -> str:
+    """A failed call's error as grpc-go writes it ("rpc error: code = … desc = …")."""
+    code = exc.code()
+    name = "Canceled" if code == grpc.StatusCode.CANCELLED else code.name.title().replace("_", "")
+    return f"rpc error: code = {name} desc = {exc.details() or ''}"
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
@@ -130,28 +167,96 @@ def _metadata(request: web.Request) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", token),)
 
 
+def _unescape(text: str) -> str:
+    """Go's url.QueryUnescape (BadRequest with its EscapeError's message)."""
+    data = text.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i = 0
+    while i < len(data):
+        c = data[i]
+        if c == 0x25:  # '%'
+            pair = data[i + 1 : i + 3]
+            if len(pair) < 2 or not all(b in _HEX for b in pair):
+                raise BadRequest(f"invalid URL escape {go_quote(data[i : i + 3])}")
+            out.append(int(pair, 16))
+            i += 3
+            continue
+        out.append(0x20 if c == 0x2B else c)  # '+' is a space.
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _parse_query(raw: str) -> dict[str, list[str]]:
+    """Go's url.ParseQuery of a raw query string (BadRequest with its first error)."""
+    values: dict[str, list[str]] = {}
+    error: str | None = None
+    for part in raw.split("&"):
+        if ";" in part:
+            error = "invalid semicolon separator in query"
+            continue
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            key, value = _unescape(key), _unescape(value)
+        except BadRequest as exc:
+            error = error or str(exc)
+            continue
+        values.setdefault(key, []).append(value)
+    if error is not None:
+        raise BadRequest(error)
+    return values
+
+
+def _schema_error(errors: list[str]) -> BadRequest:
+    """gorilla/schema's MultiError of `errors` (one of them, and how many others)."""
+    others = len(errors) - 1
+    if others == 0:
+        return BadRequest(errors[0])
+    return BadRequest(f"{errors[0]} (and {others} other error{'s' if others > 1 else ''})")
+
+
+def _decode_query(
+    request: web.Request, fields: tuple[str, ...], errors: list[str]
+) -> dict[str, tuple[str, str]]:
+    """The query's (name, value) of each of `fields` it gives, as gorilla/schema decodes a query
+    into a struct: names matched case-insensitively, the last value of a name taken, an empty
+    one left out (the field keeps its zero value); any other name is an error (added to
+    `errors`)."""
+    decoded: dict[str, tuple[str, str]] = {}
+    for key, values in _parse_query(request.rel_url.raw_query_string).items():
+        field = key.lower()
+        if field not in fields:
+            errors.append(f"schema: invalid path {_quoted(key)}")
+        elif values[-1]:
+            decoded[field] = (key, values[-1])
+    return decoded
+
+
+def _quoted(text: str) -> str:
+    return go_quote(text.encode("utf-8", "surrogateescape"))
+
+
 def parse_read_request(request: web.Request) -> pb.ReadRequest:
-    """The ReadRequest of a GET or HEAD, as Gazette's gateway decodes it (BadRequest if not)."""
+    """The ReadRequest of a GET or HEAD, as Gazette's gateway decodes it (BadRequest with its
+    message if not)."""
     offset, block = 0, False
-    for key, value in request.query.items():
-        name = key.lower()
-        if name in ("offset", "block") and value == "":
-            continue  # As gorilla/schema decodes it: the field keeps its zero value.
-        if name == "offset":
-            if not _DECIMAL.fullmatch(value):
-                raise BadRequest(f"invalid offset {value!r}")
+    errors: list[str] = []
+    query = _decode_query(request, ("offset", "block"), errors)
+    if "offset" in query:
+        key, value = query["offset"]
+        if _DECIMAL.fullmatch(value) and -(1 << 63) <= int(value) <= MAX_INT64:
             offset = int(value)
-            if not -(1 << 63) <= offset <= MAX_INT64:
-                raise BadRequest(f"invalid offset {value!r}")
-        elif name == "block":
-            if value in _TRUE:
-                block = True
-            elif value in _FALSE:
-                block = False
-            else:
-                raise BadRequest(f"invalid block {value!r}")
         else:
-            raise BadRequest(f"schema: invalid path {key!r}")
+            errors.append(f"schema: error converting value for {_quoted(key)}")
+    if "block" in query:
+        key, value = query["block"]
+        if value in _TRUE:
+            block = True
+        elif value not in _FALSE:
+            errors.append(f"schema: error converting value for {_quoted(key)}")
+    if errors:
+        raise _schema_error(errors)
     req = pb.ReadRequest(
         journal=request.path[1:],
         offset=offset,
@@ -166,8 +271,10 @@ def parse_read_request(request: web.Request) -> pb.ReadRequest:
 
 
 def parse_append_request(request: web.Request) -> pb.AppendRequest:
-    for key in request.query:
-        raise BadRequest(f"schema: invalid path {key!r}")
+    errors: list[str] = []
+    _decode_query(request, (), errors)
+    if errors:
+        raise _schema_error(errors)
     req = pb.AppendRequest(journal=request.path[1:])
     try:
         validate_append_request(req)
@@ -294,36 +401,51 @@ class JournalGateway:
             return refused
 
         resp = web.StreamResponse(status=206)
-        resp.content_type = "application/octet-stream"
         _add_read_headers(resp, request, first)
-        await resp.prepare(request)
         if req.metadata_only:
+            # Go's server gives an empty HEAD response no Content-Type.
+            await resp.prepare(request)
             await resp.write_eof()
             return resp
+        # As Gazette's: the X-Close-Error trailer says why the content ended.
+        resp.headers["Trailer"] = CLOSE_ERROR_HEADER
         offset = first.offset
+        close_error = BROKER_TERMINATED
         try:
             async for chunk in responses:
                 content = chunk.content  # Taken once: each access copies the bytes.
                 check_read_response(req.journal, chunk, content)
                 if chunk.status != pb.OK:
-                    break  # E.g. OFFSET_NOT_YET_AVAILABLE at the head of a non-blocking read.
+                    # E.g. OFFSET_NOT_YET_AVAILABLE at the head of a non-blocking read.
+                    close_error = _read_status_error(chunk)
+                    break
                 if chunk.offset != offset:
                     # An offset jump (metadata of a fragment past a gap, too) ends the
                     # response: its bytes would read as the ones at `offset`. The client
                     # retries from where it got to, and is told of the jump then.
+                    close_error = "offset jump"
                     break
                 if content:
+                    if not resp.prepared:
+                        # Headers go with the first content, typed as Go's server types a
+                        # response from its first bytes (as Gazette's gateway answers).
+                        resp.content_type = detect_content_type(content[:SNIFF_LEN])
+                        await prepare_chunked(request, resp)
                     await resp.write(content)
                     offset += len(content)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.warning("http gateway: read failed mid-stream", extra={"error": str(exc)})
+            close_error = go_rpc_error(exc)
         except InvalidResponse as exc:
             # Ends the response where the valid content ended; the client retries from there.
             log.error("http gateway: invalid response from the broker", extra={"error": str(exc)})
+            close_error = str(exc)
         except (ConnectionResetError, ConnectionError):
             return resp  # The client went away.
-        await resp.write_eof()
+        if not resp.prepared:
+            await prepare_chunked(request, resp)
+        await end_with_trailers(request, resp, [(CLOSE_ERROR_HEADER, close_error)])
         return resp
 
     # Appends.
@@ -355,9 +477,8 @@ class JournalGateway:
             log.error("http gateway: invalid response from the broker", extra={"error": str(exc)})
             return _error(502, f"{exc}; the append's outcome is unknown")
         if resp.status != pb.OK:
-            out = _error(_APPEND_STATUS.get(resp.status, 500), pb.Status.Name(resp.status))
-            _add_route_headers(out, request, resp.header)
-            return out
+            # Gazette's gateway answers the error its client.Appender returns: a 500.
+            return _error(500, _append_status_error(resp))
         out = web.Response(status=204)
         _add_route_headers(out, request, resp.header)
         commit = resp.commit

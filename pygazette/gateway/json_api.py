@@ -61,7 +61,14 @@ from pygazette.gateway.jsonpb import JsonError, decode, go_json_string, marshal
 from pygazette.protocol.pb import consumer_pb2 as cpb
 from pygazette.protocol.pb import protocol_pb2 as pb
 
-__all__ = ["JOURNAL_METHODS", "SHARD_METHODS", "JsonApi", "Method"]
+__all__ = [
+    "JOURNAL_METHODS",
+    "SHARD_METHODS",
+    "JsonApi",
+    "Method",
+    "end_with_trailers",
+    "prepare_chunked",
+]
 
 
 @dataclass(frozen=True)
@@ -362,17 +369,17 @@ class JsonApi:
                         resp = web.StreamResponse(status=200, headers=headers)
                         for key, value in _metadata_headers(await call.initial_metadata()):
                             resp.headers.add(key, value)
-                        await _prepare_chunked(request, resp)
+                        await prepare_chunked(request, resp)
                     await resp.write(b'{"result":' + marshal(msg) + b"}\n")
             except grpc.aio.AioRpcError as exc:
                 status, chunk = _stream_error(_code(exc), _message(exc, seconds))
                 if resp is None:
                     resp = web.StreamResponse(status=status, headers={"Content-Type": JSON, **cors})
-                    await _prepare_chunked(request, resp)
+                    await prepare_chunked(request, resp)
                 await resp.write(chunk)
             if resp is None:  # The RPC ended without a response.
                 resp = web.StreamResponse(status=200, headers={"Content-Type": JSON, **cors})
-                await _prepare_chunked(request, resp)
+                await prepare_chunked(request, resp)
             await resp.write_eof()
             return resp
         finally:
@@ -402,9 +409,9 @@ class JsonApi:
                 status=_HTTP_STATUS.get(code, 500),
                 headers={"Content-Type": JSON, "Trailer": "Grpc-Trailer-Content-Type", **cors},
             )
-            await _prepare_chunked(request, resp)
+            await prepare_chunked(request, resp)
             await resp.write(_status_body(code, _message(exc, seconds)))
-            await _end_with_trailers(request, resp, [("Grpc-Trailer-Content-Type", _GRPC_TYPE)])
+            await end_with_trailers(request, resp, [("Grpc-Trailer-Content-Type", _GRPC_TYPE)])
             return resp
         finally:
             call.cancel()
@@ -414,7 +421,7 @@ class JsonApi:
         return resp
 
 
-async def _prepare_chunked(request: web.Request, resp: web.StreamResponse) -> None:
+async def prepare_chunked(request: web.Request, resp: web.StreamResponse) -> None:
     """Send `resp`'s headers for a body of unknown length: chunked (HTTP/1.1), else ended by
     closing the connection (HTTP/1.0, as Go's net/http does)."""
     if request.version >= (1, 1):
@@ -422,7 +429,7 @@ async def _prepare_chunked(request: web.Request, resp: web.StreamResponse) -> No
     await resp.prepare(request)
 
 
-async def _end_with_trailers(
+async def end_with_trailers(
     request: web.Request, resp: web.StreamResponse, trailers: list[tuple[str, str]]
 ) -> None:
     """End a chunked response with HTTP trailers (aiohttp writes none of its own: the last

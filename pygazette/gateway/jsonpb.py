@@ -34,7 +34,7 @@ from google.protobuf.message import Message
 from pygazette.protocol.errors import ValidationError
 from pygazette.protocol.go_duration import parse_duration
 
-__all__ = ["JsonError", "decode", "go_json_string", "marshal", "marshal_text"]
+__all__ = ["JsonError", "decode", "go_json_string", "go_quote", "marshal", "marshal_text"]
 
 _F = FieldDescriptor
 
@@ -425,7 +425,7 @@ _GO_CHAR_ESCAPES = {
 }
 
 
-def _go_quote(data: bytes) -> str:
+def go_quote(data: bytes) -> str:
     """strconv.Quote of `data` (what Go's %q writes of a byte slice)."""
     out = ['"']
     text = data.decode("utf-8", "surrogateescape")
@@ -455,7 +455,7 @@ def _quote_char(c: int) -> str:
         return "'\\''"
     if c == ord('"'):
         return "'\"'"
-    return "'" + _go_quote(chr(c).encode())[1:-1] + "'"
+    return "'" + go_quote(chr(c).encode())[1:-1] + "'"
 
 
 class _Scanner:
@@ -762,7 +762,7 @@ def _field_value(field: Any, node: _Node) -> Any:
         name = node.raw[1:-1]
         ev = field.enum_type.values_by_name.get(name.decode("utf-8", "replace"))
         if ev is None:
-            raise JsonError(f"unknown value {_go_quote(name)} for enum {field.enum_type.full_name}")
+            raise JsonError(f"unknown value {go_quote(name)} for enum {field.enum_type.full_name}")
         return ev.number
     if field.type in _INT_KINDS or field.type in (_F.TYPE_DOUBLE, _F.TYPE_FLOAT):
         if node.kind == "string":
@@ -777,7 +777,7 @@ def _set_duration(target: Message, node: _Node) -> None:
     try:
         ns = parse_duration(node.value)
     except ValidationError:
-        text = _go_quote(node.value.encode())
+        text = go_quote(node.value.encode())
         raise JsonError(f"bad Duration: time: invalid duration {text}") from None
     sign = -1 if ns < 0 else 1
     target.seconds = sign * (abs(ns) // 1_000_000_000)  # type: ignore[attr-defined]
