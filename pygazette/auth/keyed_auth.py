@@ -8,6 +8,8 @@ authorization out across a running cluster.
 Verification follows Gazette: a token must carry `exp`; `iat` and `nbf`, if present, must
 not lie in the future; 5 seconds of clock skew are allowed either way. The claims are decoded
 and judged as Gazette's Go verifier does (`claims.claims_from_json`), not by PyJWT's rules.
+Refusals are worded as golang-jwt words them (a token cut short, a signing method other than
+HS256/HS384, a signature no key made, its times), except where a token's JSON doesn't decode.
 
 Signed tokens are cached per (capability, selector) until half their lifetime has passed, so
 a hot path doesn't sign per call.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 import threading
 import time
@@ -183,9 +186,9 @@ class KeyedAuth:
         if not now < claims.expires_at + leeway:
             return "token is expired"
         if claims.not_before is not None and now < claims.not_before - leeway:
-            return "token is not valid yet (nbf)"
+            return "token is not valid yet"
         if claims.issued_at is not None and now < claims.issued_at - leeway:
-            return "token used before issued (iat)"
+            return "token used before issued"
         return None
 
     def _decode(self, token: str) -> dict[str, object]:
@@ -193,6 +196,9 @@ class KeyedAuth:
         are Go's to decode and judge (`claims_from_json`, `_time_problem`): PyJWT's own
         checks refuse tokens Gazette takes (any `aud`, a `sub` of null) and take ones it
         refuses."""
+        refusal = _unverifiable(token)
+        if refusal is not None:
+            raise AuthRefused(f"verifying Authorization: {refusal}", unauthenticated=True)
         last: Exception | None = None
         for key in self.keys:
             try:
@@ -205,4 +211,37 @@ class KeyedAuth:
             except jwt.PyJWTError as exc:
                 last = exc
                 break
-        raise AuthRefused(f"verifying Authorization: {last}", unauthenticated=True)
+        if isinstance(last, jwt.InvalidSignatureError):
+            message = "token signature is invalid: signature is invalid"  # No key signed it.
+        else:
+            message = str(last)
+        raise AuthRefused(f"verifying Authorization: {message}", unauthenticated=True)
+
+
+# The signing methods golang-jwt knows (others are "unavailable").
+_GO_METHODS = frozenset(
+    "HS256 HS384 HS512 RS256 RS384 RS512 PS256 PS384 PS512 ES256 ES384 ES512 EdDSA none".split()
+)
+
+
+def _unverifiable(token: str) -> str | None:
+    """Why golang-jwt's parser refuses `token` before checking its signature, in its words,
+    for the refusals an operator meets (a token cut short, a method other than HS256 and
+    HS384); None: PyJWT is left to judge it."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return "token is malformed: token contains an invalid number of segments"
+    try:
+        header = json.loads(base64.urlsafe_b64decode(parts[0] + "=" * (-len(parts[0]) % 4)))
+    except (ValueError, binascii.Error):
+        return None  # PyJWT's message.
+    if not isinstance(header, dict):
+        return None
+    alg = header.get("alg")
+    if not isinstance(alg, str):
+        return "token is unverifiable: signing method (alg) is unspecified"
+    if alg not in _GO_METHODS:
+        return "token is unverifiable: signing method (alg) is unavailable"
+    if alg not in VERIFY_ALGORITHMS:
+        return f"token signature is invalid: signing method {alg} is invalid"
+    return None

@@ -10,10 +10,13 @@ other: the claims' JSON, capabilities and selectors are Gazette's.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +24,11 @@ import grpc
 import grpc.aio
 import pytest
 
+from pygazette.auth.capability import Capability
 from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.client import JournalClient, Reader, append, apply_journals, list_all
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from tests.broker.rpc_helpers import journal_spec
 from tests.support.broker_process import BrokerProcess
 from tests.support.gazette_process import EtcdServer, GazetteBinaries, GazetteBroker
@@ -168,3 +173,74 @@ def test_pygazette_cli_against_authorizing_gazette(secure_gazette: GazetteBroker
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.decode().splitlines() if line.strip()]
     assert len(lines) == 1 and "UNAUTHENTICATED" in lines[0], proc.stderr
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _token(payload: dict[str, object], key: bytes, header: dict[str, object] | None = None) -> str:
+    """A token signed as written (PyJWT's encoder refuses some of these headers)."""
+    head = header or {"alg": "HS256", "typ": "JWT"}
+    alg = str(head.get("alg"))
+    digest = {"HS384": hashlib.sha384, "HS512": hashlib.sha512}.get(alg, hashlib.sha256)
+    signed = _b64(json.dumps(head).encode()) + "." + _b64(json.dumps(payload).encode())
+    return signed + "." + _b64(hmac.new(key, signed.encode(), digest).digest())
+
+
+def test_tokens_are_refused_as_gazettes_refuses_them(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The same tokens to Gazette's and pygazette's brokers, both with two `--auth-keys`
+    (rotation): each is served or refused alike, with the same code and message."""
+    keys = f"{KEYS},{WRONG}"
+    gazette = GazetteBroker(binaries.gazette, etcd, tmp_path / "gazette", auth_keys=keys)
+    gazette.start()
+    pygazette = BrokerProcess(tmp_path / "pygazette" / "data", extra_args=["--auth-keys", keys])
+    pygazette.data_dir.parent.mkdir(parents=True, exist_ok=True)
+    pygazette.start()
+    first, second = base64.b64decode(KEYS), base64.b64decode(WRONG)
+    now = int(time.time())
+    claims: dict[str, object] = {"cap": int(Capability.READ), "exp": now + 600}
+    tokens = {
+        "first key": _token(claims, first),
+        "second key": _token(claims, second),
+        "hs384": _token(claims, second, {"alg": "HS384", "typ": "JWT"}),
+        "another key": _token(claims, b"another key"),
+        "hs512": _token(claims, first, {"alg": "HS512", "typ": "JWT"}),
+        "none": _token(claims, first, {"alg": "none", "typ": "JWT"}),
+        "unknown alg": _token(claims, first, {"alg": "XY256", "typ": "JWT"}),
+        "no alg": _token(claims, first, {"typ": "JWT"}),
+        "two segments": "abc.def",
+        "four segments": _token(claims, first) + ".x",
+        "expired": _token({**claims, "exp": now - 60}, first),
+        "no exp": _token({"cap": int(Capability.READ)}, first),
+        "issued later": _token({**claims, "iat": now + 60}, first),
+        "not yet valid": _token({**claims, "nbf": now + 60}, first),
+        "within leeway": _token({**claims, "exp": now - 2, "iat": now + 2, "nbf": now + 2}, first),
+    }
+    try:
+        answers = {}
+        for broker in (gazette, pygazette):
+            with grpc.insecure_channel(broker.address) as channel:
+                stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+                for name, token in tokens.items():
+                    req = pb.ReadRequest(journal="sec/none", offset=0)
+                    md = (("authorization", f"Bearer {token}"),)
+                    try:
+                        first_resp = next(iter(stub.Read(req, metadata=md, timeout=10)))
+                        answer = pb.Status.Name(first_resp.status)
+                    except grpc.RpcError as exc:
+                        answer = f"{exc.code().name}: {exc.details()}"
+                    answers[broker is gazette, name] = answer
+        assert answers[True, "first key"] == "JOURNAL_NOT_FOUND"  # Served.
+        assert answers[True, "another key"].startswith("UNAUTHENTICATED: verifying")
+        differ = {
+            name: (answers[True, name], answers[False, name])
+            for name in tokens
+            if answers[True, name] != answers[False, name]
+        }
+        assert differ == {}
+    finally:
+        pygazette.kill()
+        gazette.kill()

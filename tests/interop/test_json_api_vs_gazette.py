@@ -7,7 +7,8 @@ are masked (etcd cluster/member ids and revisions, ports, where a fragment is pe
 A request the broker's validation refuses is UNKNOWN (HTTP 500) on Gazette's, whose handler
 returns a plain error, and a token lacking a capability UNAUTHENTICATED (401): pygazette's
 gRPC codes for them (INVALID_ARGUMENT, PERMISSION_DENIED) are answered as those, so both are
-compared byte for byte. A malformed token's message is each JWT library's own.
+compared byte for byte. A malformed token's message is Gazette's for the refusals an operator
+meets (tests/interop/test_auth_interop.py), else PyJWT's.
 """
 
 from __future__ import annotations
