@@ -1,4 +1,5 @@
-"""`/metrics`: the process's Prometheus metrics in the text exposition format (0.0.4).
+"""`/metrics` (and `/debug/metrics`, Gazette's path): the process's Prometheus metrics in the
+text exposition format (0.0.4).
 
 It renders prometheus-client's default registry (every module-level metric, and the process,
 platform and GC collectors: CPU seconds, resident memory, open file descriptors…), then the
@@ -51,4 +52,5 @@ class MetricsExposition:
             resp.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
             return resp
 
-        return [web.get("/metrics", metrics)]
+        # Also where Gazette's servers have them, for scrapers configured for Gazette.
+        return [web.get("/metrics", metrics), web.get("/debug/metrics", metrics)]

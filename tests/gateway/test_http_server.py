@@ -63,3 +63,7 @@ async def test_metrics_exposition(served: tuple[str, ReadyState, RpcCounters]) -
         ({"operation": "Read", "status": 'odd "status"\n'}, 1.0)
     ]
     assert 'gazette_journal_server_started_totals{operation="Read"} 1.0\n' in text
+    # Also at Gazette's path, for scrapers configured for Gazette's servers.
+    status, body = await asyncio.to_thread(get, base + "/debug/metrics")
+    assert status == 200
+    assert {f.name for f in text_string_to_metric_families(body.decode())} == set(families)
