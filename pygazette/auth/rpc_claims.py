@@ -44,9 +44,17 @@ REQUIRED_CAPABILITY: dict[str, Capability] = {
     S + "Unassign": Capability.APPLY,
 }
 
-# Lifetime of the tokens clients sign per method (seconds): an hour, as Gazette's clients
-# sign them (List, Read, Append and Replicate may stream for long), Apply a minute.
-TOKEN_TTL: dict[str, float] = {J + "Apply": 60.0, S + "Apply": 60.0}
+# Lifetime of the tokens clients sign per method (seconds), as Gazette's clients sign them:
+# an hour (List, Read, Append and Replicate may stream for long), but a journal Apply and every
+# (unary) Shard RPC a minute.
+TOKEN_TTL: dict[str, float] = {
+    J + "Apply": 60.0,
+    S + "Stat": 60.0,
+    S + "List": 60.0,
+    S + "Apply": 60.0,
+    S + "GetHints": 60.0,
+    S + "Unassign": 60.0,
+}
 
 
 def journal_name_selector(journal: str) -> pb.LabelSelector:
