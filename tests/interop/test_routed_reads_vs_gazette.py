@@ -107,3 +107,40 @@ def test_a_routed_read_follows_its_journal_past_a_killed_primary(
         asyncio.run(run())
     finally:
         cluster.kill()
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_a_routed_do_not_proxy_read_sent_to_a_broker_without_a_replica_goes_to_one(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path, system: str
+) -> None:
+    """A do_not_proxy read sent to a broker holding no replica is answered NOT_JOURNAL_BROKER
+    with the journal's route in its header; the RetryReader's next attempt goes to the
+    primary that route names (as Gazette's routed client updates its route from the header)."""
+    cluster = BrokerCluster(system, binaries, etcd, tmp_path / system, "/routed", brokers=2)
+    cluster.start()
+
+    async def run() -> None:
+        spec = pb.JournalSpec(name=J, replication=1)
+        spec.fragment.length = 1 << 20
+        spec.fragment.compression_codec = pb.NONE
+        spec.fragment.stores.append("file:///")
+        spec.fragment.refresh_interval.seconds = 1
+        async with contextlib.AsyncExitStack() as stack:
+            first = await stack.enter_async_context(RoutedJournalClient(cluster.endpoints[0]))
+            await apply_journals(first, [pb.ApplyRequest.Change(upsert=spec)])
+            route = await route_of(first, 1)
+            ids = [f"{system}-{i}" for i in range(2)]
+            (outside,) = {0, 1} - {ids.index(route.members[0].suffix)}
+            client = await stack.enter_async_context(
+                RoutedJournalClient(cluster.endpoints[outside])
+            )
+            await append_retrying(client, b"one\n")
+            rr = RetryReader(client, J, do_not_proxy=True, end_offset=4)
+            assert await asyncio.wait_for(rr.read(), 10) == b"one\n"
+            assert client.routed_reads == 1
+            await rr.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        cluster.kill()
