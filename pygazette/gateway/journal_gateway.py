@@ -485,7 +485,8 @@ class JournalGateway:
         out.headers[COMMIT_BEGIN_HEADER] = str(commit.begin)
         out.headers[COMMIT_END_HEADER] = str(commit.end)
         out.headers[WRITE_HEAD_HEADER] = str(commit.end)
-        out.headers[COMMIT_SUM_HEADER] = sha1sum_to_hex(commit.sum)
+        # As Go's Header.Add writes the name: canonically (X-Commit-Sha1-Sum).
+        out.headers[COMMIT_SUM_HEADER.title()] = sha1sum_to_hex(commit.sum)
         return out
 
 
