@@ -39,11 +39,14 @@ offset is not recognised.
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 from dataclasses import dataclass, field
 
 import orjson
 
+from pygazette.message.csv_framing import CSVFraming
 from pygazette.message.framing import Framing as MessageFraming
 from pygazette.message.framing import MessageDecodeError
 from pygazette.message.json_framing import JSONFraming
@@ -69,6 +72,11 @@ def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int
             text = msg.get(framing.uuid_field) if type(msg) is dict else None
             if type(text) is not str or not text:
                 text = framing.get_uuid(msg)  # Another case of the name; or refused.
+        elif isinstance(framing, CSVFraming):
+            try:
+                text = framing.get_uuid(framing.unmarshal(payload))
+            except MessageDecodeError:
+                text = _lenient_csv_uuid(payload)
         else:
             text = framing.get_uuid(framing.unmarshal(payload))
         if text is None:
@@ -76,6 +84,21 @@ def uuid_parts(framing: MessageFraming, payload: bytes) -> tuple[bytes, int, int
         return parse_uuid_text(text)
     except (MessageDecodeError, ValueError):  # orjson's decode error is a ValueError.
         return _NO_UUID
+
+
+def _lenient_csv_uuid(payload: bytes) -> str | None:
+    """The first field of a CSV record that Go's rules refuse (a quote within an unquoted
+    field, text after a quoted field's closing quote), read leniently: Spark's CSV parser
+    (pyarrow) still reads such a record, and makes it a row, which its UUID then decides as
+    any other row's."""
+    text = payload.decode("utf-8", "surrogateescape")
+    if not text.startswith('"'):
+        return text.split(",", 1)[0].rstrip("\r") or None
+    try:
+        row = next(csv.reader(io.StringIO(text, newline="")), [])  # Not strict.
+    except csv.Error:
+        return None
+    return row[0] if row and row[0] else None
 
 
 # A journal's producers at an offset: producer ID -> (last acknowledged clock, largest clock

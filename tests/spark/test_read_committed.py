@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pygazette.client import SyncJournalClient
+from pygazette.message.csv_framing import CSVFraming
 from pygazette.message.envelope import Envelope
 from pygazette.message.json_framing import JSONFraming
 from pygazette.message.sequencer import Sequencer
@@ -125,6 +126,19 @@ def test_uuids_of_records() -> None:
     # as U+FFFD: the message still has its UUID (it was taken for one without, committed at
     # once, never rolled back nor de-duplicated).
     assert uuid_parts(framing, b'{"uuid": "%s", "s": "\xff"}' % text.encode())[1] == 42
+
+
+def test_uuids_of_csv_records_that_sparks_parser_reads_though_go_refuses_them() -> None:
+    """A CSV record Go's reader refuses (a quote within an unquoted field, text after a
+    quoted field's closing quote) is still a row to Spark's CSV parser (pyarrow reads it
+    leniently): its UUID decides it as any other row's does. It was taken for a record
+    without one, so a message of a rolled-back transaction, or a duplicate, was a row."""
+    framing = CSVFraming()
+    text = UUIDFormatter(P1).format(42, CONTINUE_TXN)
+    for row in (f'{text},5" screen', f'{text},"a"b', f'"{text}",x"y', f'{text},a"b\r'):
+        assert uuid_parts(framing, row.encode()) == (P1, 42, CONTINUE_TXN), row
+    assert uuid_parts(framing, b'not-a-uuid,a"b')[1] == 0
+    assert uuid_parts(framing, b',a"b')[1] == 0  # No UUID: commits at once.
 
 
 # Against a real broker and Spark local[2] --------------------------------------------------
