@@ -56,7 +56,7 @@ from aiohttp import web
 from pygazette.client.errors import InvalidResponse
 from pygazette.client.journal_client import JournalClient
 from pygazette.client.response_check import check_read_response, check_response
-from pygazette.gateway.json_api import end_with_trailers, prepare_chunked
+from pygazette.gateway.json_api import clean_path, end_with_trailers, prepare_chunked, redirect
 from pygazette.gateway.jsonpb import go_quote
 from pygazette.gateway.sniff import SNIFF_LEN, detect_content_type
 from pygazette.protocol.errors import ValidationError
@@ -358,6 +358,9 @@ class JournalGateway:
         return [web.route("*", "/{journal:.*}", self.handle)]
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        clean = clean_path(request.path)
+        if clean != request.path:
+            return redirect(request, clean)  # As Go's ServeMux answers an unclean path.
         try:
             if request.method in ("GET", "HEAD"):
                 return await self.serve_read(request)

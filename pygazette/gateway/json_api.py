@@ -51,6 +51,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import grpc.aio
@@ -66,8 +67,10 @@ __all__ = [
     "SHARD_METHODS",
     "JsonApi",
     "Method",
+    "clean_path",
     "end_with_trailers",
     "prepare_chunked",
+    "redirect",
 ]
 
 
@@ -173,7 +176,7 @@ def _canonical(key: str) -> str:
     return "-".join(part[:1].upper() + part[1:].lower() for part in key.split("-"))
 
 
-def _clean_path(path: str) -> str:
+def clean_path(path: str) -> str:
     """Go's ServeMux cleanPath: path.Clean, keeping a trailing slash."""
     if not path.startswith("/"):
         path = "/" + path
@@ -306,9 +309,9 @@ class JsonApi:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
-        clean = "/v1/" if path == "/v1" else _clean_path(path)
+        clean = "/v1/" if path == "/v1" else clean_path(path)
         if clean != path:
-            return _redirect(request, clean)
+            return redirect(request, clean)
         cors = self._cors(request)
         if request.method == "OPTIONS":
             return web.Response(status=200, headers=cors)
@@ -457,9 +460,11 @@ def _message(exc: grpc.aio.AioRpcError, seconds: float | None) -> str:
     return exc.details() or ""
 
 
-def _redirect(request: web.Request, path: str) -> web.Response:
-    """Go's ServeMux redirect of an unclean path (307, as Go's http.Redirect writes it)."""
-    location = path + (f"?{request.query_string}" if request.query_string else "")
+def redirect(request: web.Request, path: str) -> web.Response:
+    """Go's ServeMux redirect of an unclean path to `path` (307, as Go's http.Redirect writes
+    it: the path escaped as url.URL writes it, the raw query kept)."""
+    query = request.rel_url.raw_query_string
+    location = quote(path, safe="/$&+,:;=@") + (f"?{query}" if query else "")
     headers = {"Location": location}
     body = b""
     if request.method in ("GET", "HEAD"):

@@ -145,6 +145,18 @@ CASES: list[list[str]] = [
             "foo=%C3%A9%ff",
         ]
     ],
+    # Unclean paths: redirected to their clean form, as Go's ServeMux does.
+    ["--path-as-is", "BASE//gwt/plain"],
+    ["--path-as-is", "BASE/gwt/./plain?offset=3&x=%41"],
+    ["--path-as-is", "-I", "BASE/gwt/../gwt/plain"],
+    ["--path-as-is", "-X", "PUT", "BASE//gwt/plain", "--data-binary", "x"],
+    ["--path-as-is", "BASE/gwt/a%20b/../plain;x"],
+    ["--path-as-is", "BASE//debug/metrics"],
+    _get("gwt/plain/"),
+    # A journal named with a metadata suffix, and escaped.
+    _get("gwt/plain;reader/a?offset=4"),
+    ["-I", "BASE/gwt/plain;x"],
+    _get("gwt%2Fplain?offset=4"),
     ["-X", "DELETE", "BASE/gwt/plain"],
     ["-X", "POST", "BASE/gwt/plain", "-d", "x"],
     ["-X", "OPTIONS", "BASE/gwt/plain"],
