@@ -17,8 +17,9 @@ one) and `X-Fragment-Last-Modified`; for appends `X-Commit-Begin`, `X-Commit-End
 OK → 206, JOURNAL_NOT_FOUND → 404, OFFSET_NOT_YET_AVAILABLE → 416, INSUFFICIENT_JOURNAL_BROKERS
 → 503, any other status → 500 with its name as the body; an append's OK → 204, any other
 status → 500 with the error Gazette's client.Appender returns (JOURNAL_NOT_FOUND too); a
-malformed request → 400 with gorilla/schema's or net/url's message. Errors are written as Go's
-http.Error writes them (`X-Content-Type-Options: nosniff`). Where Gazette answers a failed RPC
+malformed request → 400 with gorilla/schema's or net/url's message; an unclean path (`//a/b`,
+`a/./b`, `a/../b`) → 307 to its clean form, as Go's ServeMux answers it. Errors are written as
+Go's http.Error writes them (`X-Content-Type-Options: nosniff`). Where Gazette answers a failed RPC
 with 500, the gateway maps the gRPC code: UNAUTHENTICATED → 401, PERMISSION_DENIED → 403,
 UNAVAILABLE → 503, INVALID_ARGUMENT → 400, DEADLINE_EXCEEDED → 408, the rest → 500 (Gazette's
 gateway signs its RPCs with the broker's own key, whatever the request's `Authorization`, so
