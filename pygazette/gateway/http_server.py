@@ -1,6 +1,7 @@
 """A server's HTTP port (`--http-port`): an aiohttp server for `/metrics`, `/debug/live`,
 `/debug/ready`, Gazette's JSON API under `/v1/` (`json_api`: journals on a broker, shards on a
-consumer) and, on a broker, the journal gateway on every other path.
+consumer) and, on a broker, the journal gateway on every other path (on a consumer, Go's
+ServeMux's answers: an unclean path redirected, else 404 page not found).
 
 Given an `ssl.SSLContext` (the server's TLS material; it asks for and verifies client
 certificates when the server runs mTLS) it serves HTTPS.
@@ -18,13 +19,24 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.gateway.exposition import MetricsExposition
 from pygazette.gateway.health import Readiness, health_routes
 from pygazette.gateway.journal_gateway import JournalGateway
-from pygazette.gateway.json_api import JsonApi
+from pygazette.gateway.json_api import JsonApi, clean_path, redirect
 
 log = logging.getLogger(__name__)
 
 # On shutdown, how long open requests (blocking reads) may take to finish before they are
 # cancelled.
 SHUTDOWN_TIMEOUT = 1.0
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    """Any other path, as Go's ServeMux answers it: an unclean one redirected to its clean
+    form, else http.NotFound."""
+    clean = clean_path(request.path)
+    if clean != request.path:
+        return redirect(request, clean)
+    return web.Response(
+        status=404, text="404 page not found\n", headers={"X-Content-Type-Options": "nosniff"}
+    )
 
 
 class HttpServer:
@@ -58,6 +70,8 @@ class HttpServer:
             routes += json_api.routes()  # Before the journal gateway's catch-all.
         if journal_client is not None:
             routes += JournalGateway(journal_client, max_append_bytes=max_append_bytes).routes()
+        else:
+            routes.append(web.route("*", "/{path:.*}", _not_found))
         return cls(routes, ssl_context=ssl_context)
 
     @property

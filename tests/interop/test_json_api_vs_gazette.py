@@ -481,6 +481,12 @@ async def test_the_gateway_in_front_of_gazettes_consumer_answers_as_gazettes(
                     _post("/v1/journals/list", "{}"),
                     ["-X", "GET", "BASE/v1/shards/list"],
                     ["-X", "OPTIONS", "BASE/v1/shards/list"],
+                    # Other paths of a consumer (no journal gateway): Go's mux's answers.
+                    ["BASE/not/served"],
+                    ["-X", "PUT", "BASE/x", "-d", "x"],
+                    ["-I", "BASE/"],
+                    ["--path-as-is", "BASE//v1/shards/list?a=%41", "-d", "{}"],
+                    ["--path-as-is", "BASE/x/../y"],
                 ]
                 for args in cases:
                     for _ in range(5):  # (The consumer's etcd revision may move in between.)
