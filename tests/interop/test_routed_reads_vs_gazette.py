@@ -14,8 +14,10 @@ import grpc
 import pytest
 
 from pygazette.client import RetryReader, append, apply_journals, is_unavailable
+from pygazette.client.list_apply import get_journal
 from pygazette.client.routed_client import RoutedJournalClient
-from pygazette.protocol.errors import BrokerError
+from pygazette.client.suspension import suspend_journal
+from pygazette.protocol.errors import BrokerError, Suspended
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
 from tests.support.broker_cluster import SYSTEMS, BrokerCluster
@@ -49,6 +51,12 @@ async def append_retrying(client: RoutedJournalClient, data: bytes) -> None:
             assert not isinstance(exc, grpc.aio.AioRpcError) or is_unavailable(exc), exc
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
+
+
+async def _suspended(client: RoutedJournalClient) -> bool:
+    with contextlib.suppress(BrokerError):  # Until the journal is assigned.
+        return await suspend_journal(client, J, force=True)
+    return False
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
@@ -138,6 +146,51 @@ def test_a_routed_do_not_proxy_read_sent_to_a_broker_without_a_replica_goes_to_o
             rr = RetryReader(client, J, do_not_proxy=True, end_offset=4)
             assert await asyncio.wait_for(rr.read(), 10) == b"one\n"
             assert client.routed_reads == 1
+            await rr.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        cluster.kill()
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_a_blocking_read_of_a_suspended_journal_waits_for_its_resumption(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path, system: str
+) -> None:
+    """A fully suspended journal answers reads SUSPENDED. A non-blocking RetryReader raises
+    it; a blocking one keeps asking (pygazette's choice: Gazette's RetryReader surfaces it)
+    and returns what the append resuming the journal wrote."""
+    cluster = BrokerCluster(system, binaries, etcd, tmp_path / system, "/routed", brokers=1)
+    cluster.start()
+
+    async def run() -> None:
+        spec = pb.JournalSpec(name=J, replication=1)
+        spec.fragment.length = 1 << 20
+        spec.fragment.compression_codec = pb.NONE
+        spec.fragment.stores.append("file:///")
+        spec.fragment.refresh_interval.seconds = 1
+        async with RoutedJournalClient(cluster.endpoints[0]) as client:
+            await apply_journals(client, [pb.ApplyRequest.Change(upsert=spec)])
+            await route_of(client, 1)
+            # An empty journal suspends fully (one with content, partially first).
+            deadline = time.monotonic() + WAIT_SECONDS
+            while not await _suspended(client):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            while (await get_journal(client, J)).suspend.level != pb.JournalSpec.Suspend.FULL:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+
+            with pytest.raises(Suspended):
+                await RetryReader(client, J).read()
+            rr = RetryReader(client, J, block=True)
+            pending = asyncio.create_task(rr.read())
+            done, _ = await asyncio.wait({pending}, timeout=1.0)
+            assert not done
+            await append_retrying(client, b"two\n")
+            assert await asyncio.wait_for(pending, WAIT_SECONDS) == b"two\n"
+            assert rr.offset == 4
             await rr.aclose()
 
     try:
