@@ -9,8 +9,10 @@ verified claims are set for the handler's task (`verified_claims.current_claims`
 
 A token is honoured for as long as it is valid, not only when the RPC starts: as Gazette
 binds the claims' expiry to the RPC's deadline, an RPC still running when its token expires
-(past the verifier's clock-skew leeway) ends with DEADLINE_EXCEEDED. A long read or a
-replication stream so comes back with a fresh token (the client library retries those).
+(past the verifier's clock-skew leeway) ends: a Read or a List (a blocking read, a watch) as
+Gazette's handlers end them at their deadline, its stream closed without an error (Gazette's
+RetryReader resumes one quietly), any other with DEADLINE_EXCEEDED. A long read or a
+replication stream so comes back with a fresh token (the client libraries retry those).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Verifier(Protocol):
 
 
 EXPIRED = "authorization expired while the RPC was running"
+# Streams whose Gazette handlers suppress their context's deadline (SuppressCancellationError):
+# they end cleanly when their token expires.
+ENDED_CLEANLY_AT_EXPIRY = frozenset(["/protocol.Journal/Read", "/protocol.Journal/List"])
 
 
 def _authorization(context: Context) -> str | None:
@@ -75,7 +80,11 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, self.required.get(method, int(Capability.ALL)))
+        wrapped = self._wrap(
+            handler,
+            self.required.get(method, int(Capability.ALL)),
+            clean_expiry=method in ENDED_CLEANLY_AT_EXPIRY,
+        )
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
@@ -97,7 +106,7 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
         remaining = claims.expires_at + self.verifier.leeway - time.time()
         return asyncio.get_running_loop().time() + remaining
 
-    def _wrap(self, handler: Handler, require: int) -> Handler:
+    def _wrap(self, handler: Handler, require: int, *, clean_expiry: bool = False) -> Handler:
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(handler.unary_unary, require),
@@ -106,7 +115,7 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._streaming(handler.unary_stream, require),
+                self._streaming(handler.unary_stream, require, clean_expiry),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -139,7 +148,9 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
 
         return verified
 
-    def _streaming(self, behavior: Callable[..., Any], require: int) -> Callable[..., Any]:
+    def _streaming(
+        self, behavior: Callable[..., Any], require: int, clean_expiry: bool = False
+    ) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(behavior):
 
             async def verified_gen(request: Any, context: Context) -> AsyncIterator[Any]:
@@ -162,6 +173,8 @@ class AuthServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, t
                         except TimeoutError:
                             if not expiry.expired():
                                 raise  # The handler's own.
+                            if clean_expiry:
+                                return  # The stream ends, as Gazette's Read and List do.
                             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED)
                         yield resp
                 finally:

@@ -195,8 +195,9 @@ class RetryReader(ByteStream):
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _FATAL_CODES:
                     raise
-                # A broker ends a read when its token expires (as Gazette's do): expected of
-                # a long read, and the next one is signed afresh. Quiet the first time.
+                # An older pygazette broker ends a read with DEADLINE_EXCEEDED when its token
+                # expires (Gazette's, and pygazette's since, end the stream cleanly): expected
+                # of a long read, and the next one is signed afresh. Quiet the first time.
                 expired = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 self._log_retry(exc, attempt, squelch=expired and attempt == 0)
                 await self._restart()

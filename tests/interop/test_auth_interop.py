@@ -244,3 +244,54 @@ def test_tokens_are_refused_as_gazettes_refuses_them(
     finally:
         pygazette.kill()
         gazette.kill()
+
+
+def test_reads_and_watches_end_at_expiry_as_gazettes_do(
+    binaries: GazetteBinaries, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """A blocking Read and a watched List whose token expires end as Gazette's brokers end
+    them: the stream closes (EOF), no error, which Gazette's RetryReader resumes without a
+    warning; an Append in flight at expiry fails."""
+    gazette = GazetteBroker(binaries.gazette, etcd, tmp_path / "gazette", auth_keys=KEYS)
+    gazette.start()
+    pygazette = BrokerProcess(tmp_path / "pygazette" / "data", extra_args=["--auth-keys", KEYS])
+    pygazette.data_dir.parent.mkdir(parents=True, exist_ok=True)
+    pygazette.start()
+    key = base64.b64decode(KEYS)
+    every = (("authorization", "Bearer " + _token({"cap": 0xFFFFFFFF, "exp": 2**40}, key)),)
+    try:
+        ended = {}
+        for broker in (gazette, pygazette):
+            with grpc.insecure_channel(broker.address) as channel:
+                stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+                change = pb.ApplyRequest.Change(upsert=journal_spec("sec/expiry"))
+                assert stub.Apply(pb.ApplyRequest(changes=[change]), metadata=every).status == 0
+                deadline = time.monotonic() + 30
+                while True:  # Until the journal is served (a broker assigned).
+                    chunks = [pb.AppendRequest(journal="sec/expiry"), pb.AppendRequest()]
+                    status = stub.Append(iter(chunks), metadata=every).status
+                    if status == pb.OK or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                assert status == pb.OK
+                for name in ("read", "watch"):
+                    short = int(time.time()) + 3
+                    token = _token({"cap": 0xFFFFFFFF, "exp": short}, key)
+                    md = (("authorization", f"Bearer {token}"),)
+                    try:
+                        if name == "read":
+                            req = pb.ReadRequest(journal="sec/expiry", offset=-1, block=True)
+                            responses = list(stub.Read(req, metadata=md, timeout=40))
+                        else:
+                            responses = list(stub.List(pb.ListRequest(watch=True), metadata=md))
+                        statuses = {pb.Status.Name(r.status) for r in responses}
+                        ended[broker is gazette, name] = ("EOF", statuses)
+                    except grpc.RpcError as exc:
+                        ended[broker is gazette, name] = (exc.code().name, set())
+                    assert time.time() < short + 30, name
+        assert ended[True, "read"][0] == ended[True, "watch"][0] == "EOF", ended
+        assert ended[False, "read"] == ended[True, "read"]
+        assert ended[False, "watch"][0] == "EOF", ended
+    finally:
+        pygazette.kill()
+        gazette.kill()
