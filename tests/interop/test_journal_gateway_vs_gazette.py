@@ -45,6 +45,7 @@ CONTENT = {
     "gwt/late-binary": b"x" * 600 + b"\x00",  # Text in its first 512 bytes.
 }
 EMPTY = "gwt/empty"
+READ_ONLY, WRITE_ONLY = "gwt/read-only", "gwt/write-only"
 _HOSTPORT = re.compile(r"127\.0\.0\.1:[0-9]+")
 _UNCOMPARED = ("x-fragment-location", "x-fragment-last-modified")  # (Lower case.)
 
@@ -73,6 +74,10 @@ def _prepare(address: str) -> None:
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
         specs = [journal_spec(name) for name in [*CONTENT, EMPTY]]
+        specs += [
+            journal_spec(READ_ONLY, flags=pb.JournalSpec.O_RDONLY),
+            journal_spec(WRITE_ONLY, flags=pb.JournalSpec.O_WRONLY),
+        ]
         req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s) for s in specs])
         assert stub.Apply(req).status == pb.OK
         for journal, content in CONTENT.items():
@@ -169,6 +174,15 @@ CASES: list[list[str]] = [
     _get(EMPTY),
     ["-X", "PUT", f"BASE/{EMPTY}", "--data-binary", "", "-H", "Expect:"],
     _get(f"{EMPTY}?offset=2"),
+    ["-X", "PUT", f"BASE/{EMPTY};meta", "--data-binary", "x", "-H", "Expect:"],
+    ["-X", "PUT", f"BASE/{EMPTY}?", "--data-binary", "y", "-H", "Expect:"],
+    _get(f"{EMPTY}?offset=6"),
+    # Journals one may not read, or append to.
+    ["-X", "PUT", f"BASE/{READ_ONLY}", "--data-binary", "x"],
+    _get(READ_ONLY),
+    ["-X", "PUT", f"BASE/{WRITE_ONLY}", "--data-binary", "x", "-H", "Expect:"],
+    _get(WRITE_ONLY),
+    ["-I", f"BASE/{WRITE_ONLY}"],
 ]
 
 
