@@ -305,7 +305,13 @@ def test_authorization_answers_as_gazettes(
         for address in (gazette.address, proc.address):
             _prepare(address, (("authorization", every),))
         read = f'{{"journal":"{JOURNAL}"}}'
-        for token in ["", "Basic abc", every]:
+        other = KeyedAuth(base64.b64encode(b"another key".ljust(32, b"a")).decode())
+        refused = [
+            "Bearer " + other.sign(Claims(Capability.ALL)),  # No key of the broker's.
+            "Bearer " + signer.sign(Claims(Capability.ALL), ttl=-10),  # Expired.
+            "Bearer abc.def",
+        ]
+        for token in ["", "Basic abc", every, *refused]:
             header = [f"Authorization: {token}"] if token else []
             for args in (_post(READ, read, *header), _post(LIST, "{}", *header)):
                 assert curl(gazette.url, args) == curl(py_base, args), (token, args)
