@@ -8,8 +8,11 @@ its own. Methods may be called from any thread except the facade's own loop thre
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from pathlib import Path
@@ -25,6 +28,8 @@ from pygazette.client.retry_reader import read_journal
 from pygazette.protocol.pb import protocol_pb2 as pb
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class SyncClientClosed(RuntimeError):
@@ -186,7 +191,15 @@ class SyncAppender:
 
 class SyncJournalClient:
     """A blocking client of one broker (address defaults to $BROKER_ADDRESS, then
-    http://localhost:8080). Use as a context manager, or call `close()`."""
+    http://localhost:8080). Use as a context manager, or call `close()`.
+
+    A client still open when the interpreter exits is closed then, as an open file is
+    flushed: its append services' queued appends are sent first (for up to
+    `exit_flush_seconds`; those still unsent after it are logged as lost), rather than
+    dropped silently with the loop's daemon thread."""
+
+    # How long closing at interpreter exit waits for the append services' queued appends.
+    exit_flush_seconds = 30.0
 
     def __init__(self, address: str | None = None, **client_options: Any) -> None:
         self.address = address or broker_address_from_env()
@@ -197,6 +210,7 @@ class SyncJournalClient:
         except BaseException:
             self._loop.stop()
             raise
+        atexit.register(self._close_at_exit)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
@@ -331,6 +345,7 @@ class SyncJournalClient:
     def close(self) -> None:
         """Close append services (after their queued appends), the channel, and the
         background loop. Idempotent."""
+        atexit.unregister(self._close_at_exit)
         if self._loop.closing:
             return
         try:
@@ -339,6 +354,31 @@ class SyncJournalClient:
         finally:
             # Reads and other calls still running in other threads end (RuntimeError there)
             # before the channel closes and the loop stops: none is left waiting for ever.
+            self._loop.stop(self.client.close())
+
+    def _close_at_exit(self) -> None:
+        """`close`, bounded by `exit_flush_seconds`: the interpreter is exiting with this
+        client open (its loop runs on a daemon thread, which exit would stop mid-append)."""
+        if self._loop.closing:
+            return
+        deadline = time.monotonic() + self.exit_flush_seconds
+        try:
+            for service in list(self._services):
+                remaining = max(0.0, deadline - time.monotonic())
+                try:
+                    self._loop.run(service.close(), remaining)
+                except TimeoutError:
+                    unsent = [op for op in service.pending_except("") if not op.done()]
+                    log.warning(
+                        "SyncJournalClient left open at exit: %d queued appends were not "
+                        "committed within %.0f s and are lost (close the client, or wait for "
+                        "the appends, before exiting)",
+                        len(unsent),
+                        self.exit_flush_seconds,
+                    )
+                except Exception as exc:  # A failed append: reported, the rest still closed.
+                    log.warning("SyncJournalClient closing at exit: %s", exc)
+        finally:
             self._loop.stop(self.client.close())
 
     def __enter__(self) -> SyncJournalClient:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +28,8 @@ from tests.client.fake_broker import (
     metadata,
     refused,
 )
+from tests.support.broker_process import BrokerProcess
+from tests.support.ports import free_port
 
 J = "a/journal"
 
@@ -230,3 +236,57 @@ def test_two_threads_closing_one_append_service(fake: FakeBroker) -> None:
     assert errors == []
     assert service not in list(client._services)
     client.close()
+
+
+_EXITS_OPEN = """
+import sys
+from pygazette.client import SyncJournalClient
+from pygazette.protocol.pb import protocol_pb2 as pb
+
+address, journal, flush = sys.argv[1], sys.argv[2], float(sys.argv[3])
+SyncJournalClient.exit_flush_seconds = flush
+client = SyncJournalClient(address)
+if journal != "-":
+    spec = pb.JournalSpec(name=journal, replication=1)
+    spec.fragment.length = 1 << 20
+    spec.fragment.compression_codec = pb.SNAPPY
+    spec.fragment.stores.append("file:///")
+    spec.fragment.refresh_interval.seconds = 60
+    client.apply_journals([pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=0)])
+service = client.append_service()
+for n in range(200):
+    service.append(journal if journal != "-" else "no/such/broker", b"record %d\\n" % n)
+# Exits without waiting for the appends or closing the client.
+"""
+
+
+def _run_exiting_open(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _EXITS_OPEN, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_appends_queued_when_a_script_exits_without_closing_are_sent(
+    broker: BrokerProcess,
+) -> None:
+    """A script that queues appends and exits without closing its client or waiting (as
+    one leaves a file unclosed) gets them all committed, in order, not dropped with the
+    client's daemon loop thread."""
+    done = _run_exiting_open(broker.address, "exit/open", "30")
+    assert done.returncode == 0, done.stderr
+    with SyncJournalClient(broker.address) as client:
+        content = b"".join(client.read("exit/open"))
+    assert content == b"".join(b"record %d\n" % n for n in range(200))
+
+
+def test_appends_that_cannot_be_sent_at_exit_are_reported_lost() -> None:
+    """With no broker to take them, exit waits `exit_flush_seconds`, then says what is lost."""
+    started = time.monotonic()
+    done = _run_exiting_open(f"http://127.0.0.1:{free_port()}", "-", "1")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\d+ queued appends were not committed within 1 s and are lost", done.stderr)
+    assert time.monotonic() - started < 60
