@@ -169,10 +169,11 @@ class ReplicationFailed(Exception):
 
 @dataclass(slots=True)
 class _ClientGone:
-    """Whether an append whose client went away mid-stream was rolled back on every peer
+    """Whether an append whose client went away left the pipeline in step: its content
+    rolled back on every peer, or its commit sent to every peer and committed here
     (`ClusterAppends._stream`)."""
 
-    rolled_back: bool = False
+    in_step: bool = False
 
 
 async def _one_empty_chunk() -> AsyncIterator[pb.AppendRequest]:
@@ -439,10 +440,10 @@ class ClusterAppends:
         except AppendAborted:
             raise  # Rolled back on every peer: the pipeline is still in step.
         except BaseException:
-            if gone.rolled_back and pln.ok:
-                # The client went away mid-stream and every peer rolled its content back:
-                # the pipeline is in step, and the appends in flight before this one go on
-                # (as Gazette's).
+            if gone.in_step and pln.ok:
+                # The client went away, and every peer rolled its content back (mid-stream)
+                # or has its commit (sent, and committed here): the pipeline is in step, and
+                # the appends in flight around this one go on (as Gazette's).
                 raise
             # Cut short otherwise (the client went away or its deadline passed, mid-round):
             # a round may have reached some peers and not others, and our spool may hold a
@@ -893,8 +894,8 @@ class ClusterAppends:
         roll_to: int,
         gone: _ClientGone,
     ) -> pb.AppendResponse | PendingCommit:
-        """Stream the client's content and commit it; `gone` tells a client that went away
-        mid-stream whether its content was rolled back on every peer."""
+        """Stream the client's content and commit it; `gone` tells, of a client that went
+        away, whether the pipeline is still in step (`_ClientGone`)."""
         rs = journal.rspool
         spec = res.spec
         assert rs is not None and spec is not None
@@ -962,7 +963,7 @@ class ClusterAppends:
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             # The client went away: roll back everywhere (`_as_primary` keeps the pipeline
             # if every peer did).
-            gone.rolled_back = await self._roll_back(journal, pln, registers)
+            await self._roll_back(journal, pln, registers, gone)
             raise
 
         if rs.delta == 0 and error is None and status == pb.OK and committing:
@@ -972,7 +973,7 @@ class ClusterAppends:
                     "append stream: register modification requires non-empty Append",
                 )
         if error is not None or status != pb.OK:
-            await self._roll_back(journal, pln, registers)
+            await self._roll_back(journal, pln, registers, gone)
             if error is not None:
                 raise error
             return pb.AppendResponse(status=status, header=res.header)
@@ -1000,7 +1001,20 @@ class ClusterAppends:
             # (`Pipeline.propose_confirmed_commit`). Committed here but never sent, it lies
             # above the confirmed frontier, and the next pipeline cuts it.
             pln.check_may_confirm()
-            local = await rs.apply_proposal(proposal, new_registers, primary=True)
+            try:
+                local = await rs.apply_proposal(proposal, new_registers, primary=True)
+            except asyncio.CancelledError:
+                if rs.end == proposal.end:
+                    # The client went away while the commit landed here (a synced spool's
+                    # commit waits for its disk): it goes on, to the peer too.
+                    try:
+                        pln.propose_confirmed_commit(
+                            pb.ReplicateRequest(proposal=proposal, registers=new_registers)
+                        )
+                        gone.in_step = True
+                    except PipelineBroken:
+                        pass  # Unconfirmed here: the next pipeline cuts it.
+                raise
             if local.status != pb.OK:
                 pln.fail(f"own spool refused its commit: {local}")
                 raise PipelineBroken(pln.broken)
@@ -1015,6 +1029,12 @@ class ClusterAppends:
         try:
             local = await rs.apply_proposal(proposal, new_registers, primary=True)
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and rs.end == proposal.end:
+                # The client went away while the commit landed here (a synced spool's commit
+                # waits for its disk): every member holds it, and it goes on.
+                pln.committed_locally(rnd)
+                gone.in_step = True
+                raise
             # Peers may commit it; it must never be confirmed: break the pipeline (the next
             # one synchronises every replica with this spool again).
             pln.fail(f"own spool failed its commit: {exc!r}")
@@ -1027,21 +1047,26 @@ class ClusterAppends:
         return PendingCommit(journal, pln, rnd, proposal.end, resp, *pln.barrier())
 
     async def _roll_back(
-        self, journal: JournalRuntime, pln: Pipeline, registers: pb.LabelSet
-    ) -> bool:
-        """Drop the content streamed for an append, here and on every peer: whether every
-        peer did (else the pipeline is closed)."""
+        self, journal: JournalRuntime, pln: Pipeline, registers: pb.LabelSet, gone: _ClientGone
+    ) -> None:
+        """Drop the content streamed for an append, here and on every peer (else the pipeline
+        is closed). Once the rollback is sent to every peer (they all get it, in the same
+        order, and one refusing it breaks the pipeline) the pipeline is in step (`gone`),
+        also if the append is cancelled (its client gone) while every peer answers."""
         rs = journal.rspool
         assert rs is not None
         rs.rollback()
         if not pln.ok:
-            return False
+            return
         try:
-            await _round(pln, rs.fragment(), registers)
+            rnd = await pln.propose(
+                pb.ReplicateRequest(proposal=rs.fragment(), registers=_copy(registers))
+            )
+            gone.in_step = True
+            await pln.wait(rnd)
         except PipelineBroken:
+            gone.in_step = False
             await journal.close_replication(graceful=False)
-            return False
-        return True
 
     async def stop(self) -> None:
         tasks = list(self._tasks)
@@ -1282,13 +1307,6 @@ async def _confirm_all(journal: JournalRuntime, pln: Pipeline) -> None:
     except PipelineBroken as exc:
         await journal.close_replication(graceful=False)
         raise AppendAborted(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
-
-
-async def _round(pln: Pipeline, proposal: pb.Fragment, registers: pb.LabelSet) -> None:
-    """A round every peer must accept (else the pipeline is broken)."""
-    await pln.wait(
-        await pln.propose(pb.ReplicateRequest(proposal=proposal, registers=_copy(registers)))
-    )
 
 
 def _advertisement(res: Resolution) -> tuple[list[Compare], list[Put]]:

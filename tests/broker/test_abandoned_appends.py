@@ -1,7 +1,8 @@
 """A client that abandons its append (cancels its call mid-stream, or just after its commit
 chunk) fails no other client's append, as with Gazette's brokers: its content is rolled back
-on every peer, or its commit goes on, and the pipeline stays in use. Broken, every append in
-flight around it failed, most of them UNKNOWN (in doubt)."""
+on every peer, or its commit goes on (also when the client leaves as the commit lands in the
+primary's synced spool), and the pipeline stays in use. Broken, every append in flight around
+it failed, most of them UNKNOWN (in doubt)."""
 
 from __future__ import annotations
 
@@ -53,12 +54,22 @@ async def _abandon(stub: pb_grpc.JournalStub, after_commit: bool, rng: random.Ra
         pass
 
 
-@pytest.mark.parametrize("after_commit", [False, True], ids=["mid-stream", "after-commit"])
+@pytest.mark.parametrize(
+    ("after_commit", "sync"),
+    [(False, False), (True, False), (True, True)],
+    # With --sync a commit waits for the spool's disk: a client leaving meanwhile.
+    ids=["mid-stream", "after-commit", "after-commit-synced"],
+)
 @pytest.mark.parametrize("replication", [3, 2])
 async def test_an_abandoned_append_fails_no_other_append(
-    tmp_path: Path, etcd: EtcdProcess, etcd_root: str, replication: int, after_commit: bool
+    tmp_path: Path,
+    etcd: EtcdProcess,
+    etcd_root: str,
+    replication: int,
+    after_commit: bool,
+    sync: bool,
 ) -> None:
-    cluster = Cluster(tmp_path, etcd, etcd_root)
+    cluster = Cluster(tmp_path, etcd, etcd_root, broker_args=["--sync"] if sync else [])
     for i in range(3):
         cluster.add("zone-a" if i % 2 == 0 else "zone-b", f"broker-{i}")
     await cluster.start()

@@ -185,8 +185,15 @@ async def cluster(
         await c.close()
 
 
+@pytest.fixture
+def short_ack_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds unanswered for 3 s break a pipeline: set before the cluster starts (the
+    pipeline's watchdog, armed for a round sent earlier, would wait out the 30 s)."""
+    monkeypatch.setattr(pipeline, "ACK_TIMEOUT_SECONDS", 3.0)
+
+
 async def test_an_append_given_up_mid_commit_leaves_no_trace(
-    cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
+    short_ack_timeout: None, cluster: InProcessCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The client gives up (its deadline passes) while the primary waits for the round that
     confirms its append, which the replicas never answer: the primary must not carry on
@@ -194,7 +201,6 @@ async def test_an_append_given_up_mid_commit_leaves_no_trace(
     unconfirmed append in it, which then persisted beside what the cluster wrote at the
     same offsets). The client's leaving breaks nothing (as with Gazette: other appends may
     be in flight); the unanswered round does, once ACK_TIMEOUT_SECONDS pass."""
-    monkeypatch.setattr(pipeline, "ACK_TIMEOUT_SECONDS", 3.0)
     unconfirmed = UnconfirmedCommits("hold")
     monkeypatch.setattr(replicate_service, "_apply", unconfirmed.apply)
     acked = [(_record("first"), await cluster.append_until_ok(0, _record("first"), 30))]
