@@ -5,7 +5,11 @@ segments hold the live files, so the player seeks straight to the first hinted s
 (skipping dead stretches between segments too), and applies each operation the FSM accepts:
 creating files, writing the data which follows a Write op in the log, dropping files whose
 last link goes. Operations the FSM rejects — of deposed authors, duplicated, out of the
-hinted history — are skipped, as are bytes which are not frames at all. Files are staged
+hinted history — are skipped, as are bytes which are not frames at all. Without hints,
+every operation from the log's first (sequence number 1) on must be read: one read beyond
+the next sequence number, first in the log or first after an offset jump (fragments
+removed), fails playback with a `PlayerError` rather than leaving the store as of before the
+gap (Gazette's Player goes on, and recovers an empty or stale store). Files are staged
 under `<directory>/.fnodes/<fnode>` and linked into their paths (and properties written)
 only once playback completes.
 
@@ -276,6 +280,8 @@ class Player:
         self._request: int | None = None  # 0: finish at the head; else hand off to an author.
         self._requested = asyncio.Event()
         self._started = False
+        # Without hints, the range of log an offset jump skipped, until an op applies after it.
+        self._gap: tuple[int, int] | None = None
 
     @property
     def log(self) -> str:
@@ -422,6 +428,8 @@ class Player:
                     "recovery log offset jump",
                     extra={"log": reader.journal, "from": jump.requested, "to": jump.offset},
                 )
+                if not self.hints.live_nodes:
+                    self._gap = (jump.requested, jump.offset)
                 continue
 
             try:
@@ -552,6 +560,29 @@ class Player:
             applied = fsm.apply(op, payload)
         except FSMError as err:
             applied = False
+            if (
+                isinstance(err, WrongSeqNo)
+                and op.seq_no > fsm.next_seq_no
+                and not self.hints.live_nodes
+                and (fsm.next_seq_no == 1 or self._gap is not None)
+            ):
+                # Without hints, every operation from the log's first (sequence number 1)
+                # on must be read, in order. One beyond the next, read first in the log or
+                # first after an offset jump, means the log's beginning or the skipped range
+                # held operations that are gone: nothing after them could apply, and the
+                # store would come back empty, or as of before the gap.
+                gap = self._gap
+                where = (
+                    "the log's beginning"
+                    if fsm.next_seq_no == 1 or gap is None
+                    else f"offsets [{gap[0]}, {gap[1]})"
+                )
+                raise PlayerError(
+                    f"{reader.journal}:{first_offset}: read an operation of sequence number "
+                    f"{op.seq_no} where {fsm.next_seq_no} was expected, and there are no "
+                    f"hints to start from: {where} was removed (pruned, or by retention), "
+                    f"or the log continues another; possible data loss"
+                ) from None
             if isinstance(err, NotHintedAuthor) or (
                 isinstance(err, WrongSeqNo) and op.seq_no < fsm.next_seq_no
             ):
@@ -562,6 +593,8 @@ class Player:
                     extra={"log": op.log, "offset": first_offset, "error": str(err)},
                 )
 
+        if applied:
+            self._gap = None
         # Local effects follow the FSM's reading of the op: create, link, unlink, write.
         directory = self.directory
         is_create = op.HasField("create")

@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pygazette.cli.shards_cmd import live_segments, overlaps_any_segment
 from pygazette.client import JournalClient, RetryReader, append
+from pygazette.client.fragments import list_all_fragments
 from pygazette.consumer.recoverylog import (
     FNODE_STAGING_DIR,
     FSM,
@@ -27,6 +30,7 @@ from pygazette.consumer.recoverylog import (
 from pygazette.consumer.recoverylog import player as player_module
 from pygazette.message.fixed_framing import encode_fixed_frame
 from pygazette.protocol.errors import RegisterMismatch
+from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import recoverylog_pb2 as rpb
 from tests.consumer.recoverylog.conftest import (
     link_groups,
@@ -36,6 +40,7 @@ from tests.consumer.recoverylog.conftest import (
     take_over,
     tree,
 )
+from tests.support.broker_process import BrokerProcess
 
 
 class Files:
@@ -396,6 +401,88 @@ async def test_a_file_dead_when_hints_were_built_is_not_played_back(
         second.fsm.next_seq_no + 1,  # After its hand-off no-op.
         second.fsm.links,
     )
+
+
+async def test_a_log_missing_fragments_is_refused_without_hints(
+    client: JournalClient, tmp_path: Path, rl_broker: BrokerProcess
+) -> None:
+    """Without hints, a player replays the log from its first operation (sequence number 1)
+    on, every operation in turn. Where fragments holding some are gone (removed by `shards
+    prune` while hints were kept, and the hints then lost: a changed hint_prefix, a shard
+    deleted and applied again; or removed by a store's retention), no later operation
+    applies: the player read through the log and completed with an empty directory, or the
+    files as of before the gap, and a shard recovering so went on from that state, with
+    nothing said (Gazette's Player does the same). It now fails, naming what is gone;
+    playback from hints that don't need the removed fragments still works."""
+
+    async def fragments(log: str) -> list[pb.Fragment]:
+        return [f.spec for f in await list_all_fragments(client, log)]
+
+    async def persisted(log: str, count: int) -> list[pb.Fragment]:
+        for _ in range(300):
+            frags = await fragments(log)
+            if all(f.mod_time for f in frags[:count]):
+                return frags
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"fragments of {log} not persisted: {frags}")
+
+    def files_of(log: str, frag: pb.Fragment) -> list[Path]:
+        return list(rl_broker.file_root.glob(f"{log}/{frag.begin:016x}-{frag.end:016x}-*"))
+
+    async def listed(log: str, removed: pb.Fragment, aged: bool) -> None:
+        """Wait until the broker's listing drops `removed` (and shows the next one aged)."""
+        for _ in range(300):
+            frags = await fragments(log)
+            if removed.begin not in [f.begin for f in frags] and (
+                not aged or frags[2].mod_time < time.time() - 6 * 3600
+            ):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the broker's listing of {log} did not change: {frags}")
+
+    for gone in ("beginning", "middle"):
+        log = await new_log(client)
+        rec = await take_over(client, rpb.FSMHints(log=log), tmp_path / gone / "rec")
+        f = Files(rec)
+        f.create("first", os.urandom(1_100_000))  # Fills a fragment (1 MiB).
+        await rec.commit()
+        f.create("second", os.urandom(1_100_000))  # And the next.
+        await rec.commit()
+        f.remove("second")
+        if gone == "beginning":
+            f.remove("first")
+        f.create("third", os.urandom(1_100_000))
+        await rec.commit()
+        f.create("kept", b"created last")
+        await rec.commit()
+        expect = tree(rec.root)
+        # The hints of a later primary, whose player learned where each segment ends.
+        rec = await take_over(client, rec.build_hints(), tmp_path / gone / "later")
+        hints = rec.build_hints()
+        # [noop) [first) [second) [third) [kept, noop: still spooled]
+        frags = await persisted(log, 4)
+        removed = frags[0] if gone == "beginning" else frags[2]
+        # No hinted file's: `shards prune` removes it.
+        assert not overlaps_any_segment(live_segments(hints), removed)
+        (path,) = files_of(log, removed)
+        path.unlink()
+        if gone == "middle":
+            # A broker skips a gap only once the fragment after it is six hours old (before
+            # that, it may still be on its way to the store): age it.
+            aged = time.time() - 7 * 3600
+            os.utime(*files_of(log, frags[3]), (aged, aged))
+        await listed(log, removed, aged=gone == "middle")
+
+        with pytest.raises(
+            PlayerError,
+            match=r"there are no hints to start from: "
+            + ("the log's beginning" if gone == "beginning" else r"offsets \[\d+, \d+\)")
+            + r" was removed .*possible data loss",
+        ):
+            await play_to_head(client, rpb.FSMHints(log=log), tmp_path / gone / "unhinted")
+        assert not (tmp_path / gone / "unhinted").exists()
+        await play_to_head(client, hints, tmp_path / gone / "hinted")
+        assert tree(tmp_path / gone / "hinted") == expect
 
 
 async def test_player_skips_garbage_and_foreign_ops(client: JournalClient, tmp_path: Path) -> None:
