@@ -21,6 +21,13 @@ Figures, all measured in this run on the same journal data (JSON lines):
 
     python bench/fragments.py [--mb 32] [--fragment-mb 8] [--quick]
 
+With `--reads-only`, only the read figures, of fragments of each of `--read-codecs` (put
+into the stores as a broker persists them, then listed by the broker), from an S3 server
+(`--s3 moto`, or `--s3 versitygw`: a real server streaming objects from its disk,
+interop/bin/versitygw) and from a file store: e.g. one large fragment,
+
+    python bench/fragments.py --reads-only --mb 256 --fragment-mb 256 --s3 versitygw
+
 Prints one JSON document. Needs the dev extras (moto[server] for the S3 server).
 """
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -48,11 +56,16 @@ from pygazette.broker.fragment.persister import Persister  # noqa: E402
 from pygazette.broker.fragment.spool import Spool  # noqa: E402
 from pygazette.client.journal_client import JournalClient  # noqa: E402
 from pygazette.client.retry_reader import RetryReader, chunks_of  # noqa: E402
+from pygazette.protocol.fragment_name import (  # noqa: E402
+    fragment_content_path,
+    sha1sum_from_digest,
+)
 from pygazette.protocol.pb import protocol_pb2 as pb  # noqa: E402
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc  # noqa: E402
 from pygazette.stores import codecs  # noqa: E402
-from pygazette.stores.store import StoreRegistry  # noqa: E402
+from pygazette.stores.store import FragmentStore, StoreRegistry  # noqa: E402
 from tests.support.broker_process import BrokerProcess  # noqa: E402
+from tests.support.s3_real_server import RealS3Server  # noqa: E402
 from tests.support.s3_server import S3Server, export_credentials  # noqa: E402
 
 MiB = 1 << 20
@@ -296,10 +309,114 @@ async def main(mb: int, fragment_mb: int, quick: bool) -> dict[str, object]:
     return result
 
 
+async def store_fragments(
+    store: FragmentStore, spec: pb.JournalSpec, data: bytes, scratch: Path
+) -> None:
+    """Put `data` into `store` as the journal's fragments, as its broker would persist them."""
+    step = spec.fragment.length
+    codec = spec.fragment.compression_codec
+    for begin in range(0, len(data), step):
+        content = data[begin : begin + step]
+        frag = pb.Fragment(
+            journal=spec.name, begin=begin, end=begin + len(content), compression_codec=codec
+        )
+        frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
+        await asyncio.to_thread(scratch.write_bytes, codecs.compress(codec, content))
+        await store.put_file(fragment_content_path(frag), scratch)
+
+
+async def all_persisted(broker: BrokerProcess, journal: str, size: int) -> None:
+    """Fail unless the journal's content is all in persisted fragments, listed by the broker
+    (within a minute): what a read then reads comes from the store, not from a spool."""
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.JournalStub(channel)
+        for _ in range(600):
+            resp = await stub.ListFragments(pb.FragmentsRequest(journal=journal))
+            persisted = [f.spec for f in resp.fragments if f.spec.backing_store]
+            if sum(f.end - f.begin for f in persisted) == size:
+                return
+            await asyncio.sleep(0.1)
+    listed = [(f.spec.begin, f.spec.end, f.spec.backing_store) for f in resp.fragments]
+    raise RuntimeError(f"{journal}: not all of its {size} bytes are persisted: {listed}")
+
+
+async def reads_only(
+    mb: int, fragment_mb: int, quick: bool, read_codecs: list[str], server: str
+) -> dict[str, object]:
+    """Proxied and direct read figures only, per codec and store."""
+    runs = 1 if quick else 3
+    data = make_data(mb)
+    work = Path(tempfile.mkdtemp(prefix="pygazette-bench-reads-"))
+    s3: S3Server | RealS3Server
+    if server == "versitygw":
+        s3 = RealS3Server(work / "s3")
+        env = s3.env()
+        os.environ.update(env)  # For the fragments this process puts.
+    else:
+        export_credentials()
+        s3 = S3Server(work)
+        env = None
+    s3.start()
+    result: dict[str, object] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "data_mb": mb,
+        "fragment_mb": fragment_mb,
+        "s3_server": server,
+    }
+    try:
+        broker = BrokerProcess(work / "broker", extra_args=["--retention-interval", "0s"], env=env)
+        broker.start()
+        stores = StoreRegistry(broker.file_root)
+        try:
+            reads: dict[str, dict[str, dict[str, float]]] = {"file": {}, "s3": {}}
+            for target in ("file", "s3"):
+                for name in read_codecs:
+                    url = "file:///" if target == "file" else s3.store_url(s3.create_bucket())
+                    spec = pb.JournalSpec(name=f"bench/read/{target}/{name}", replication=1)
+                    spec.fragment.length = fragment_mb * MiB
+                    spec.fragment.compression_codec = CODECS[name]
+                    spec.fragment.stores.append(url)
+                    spec.fragment.refresh_interval.seconds = 300
+                    # The fragments go into the store as a broker persists them: the reads
+                    # then come from the store.
+                    await store_fragments(stores.get(url), spec, data, work / "fragment")
+                    async with grpc.aio.insecure_channel(broker.address) as channel:
+                        stub = pb_grpc.JournalStub(channel)
+                        change = pb.ApplyRequest.Change(upsert=spec)
+                        resp = await stub.Apply(pb.ApplyRequest(changes=[change]))
+                        assert resp.status == pb.OK, resp
+                    await all_persisted(broker, spec.name, len(data))
+                    read_root = broker.file_root if target == "file" else None
+                    reads[target][name] = await read_runs(
+                        broker, spec.name, len(data), runs, read_root
+                    )
+        finally:
+            broker.kill()
+        result["read"] = reads
+    finally:
+        if isinstance(s3, RealS3Server):
+            s3.kill()
+        else:
+            s3.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=32, help="MiB of journal data")
     parser.add_argument("--fragment-mb", type=int, default=8, help="MiB per fragment")
     parser.add_argument("--quick", action="store_true", help="one run of each measurement")
+    parser.add_argument("--reads-only", action="store_true", help="only the read figures")
+    parser.add_argument(
+        "--read-codecs", default="NONE,SNAPPY", help="codecs of --reads-only (comma-separated)"
+    )
+    parser.add_argument("--s3", choices=("moto", "versitygw"), default="moto")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.mb, args.fragment_mb, args.quick)), indent=2))
+    if args.reads_only:
+        outcome = reads_only(
+            args.mb, args.fragment_mb, args.quick, args.read_codecs.split(","), args.s3
+        )
+    else:
+        outcome = main(args.mb, args.fragment_mb, args.quick)
+    print(json.dumps(asyncio.run(outcome), indent=2))

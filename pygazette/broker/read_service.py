@@ -9,8 +9,10 @@ A blocking read waits for commits; a non-blocking one answers OFFSET_NOT_YET_AVA
 head. `do_not_proxy` reads of persisted fragments get the fragment URL (a presigned store
 URL, or a file:// path) and no content; `metadata_only` reads get one metadata response.
 
-Proxied reads of persisted fragments fetch READ_CHUNK ranges from the store and decompress
-them off the event loop, a READ_CHUNK of content at a time (memory stays bounded however
+Proxied reads of persisted fragments read each fragment over one request, as Gazette's
+broker does (a file opened once; one GET of a cloud store, streamed as the read goes on, so
+that retention removing the fragment meanwhile doesn't cut the read short), and decompress
+it off the event loop, a READ_CHUNK of content at a time (memory stays bounded however
 compressed a fragment is). A GZIP_OFFLOAD_DECOMPRESSION fragment is decompressed here when
 the store hands back gzip bytes (it says so with Content-Encoding, and file stores always
 do), and passed through when the store decompressed it already (GCS transcoding) — where
@@ -37,13 +39,21 @@ from pygazette.protocol.fragment_name import fragment_content_path
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.validation import journal_spec_flags_allow_read
 from pygazette.stores import codecs
-from pygazette.stores.store import FragmentStore, StoreError, StoreNotFound, StoreRegistry
+from pygazette.stores.store import (
+    FragmentStore,
+    ObjectReader,
+    StoreError,
+    StoreNotFound,
+    StoreRegistry,
+)
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20
-# Raw bytes fetched from a remote store per request: fewer, larger ranges.
-STORE_RANGE = 8 << 20
+# Raw bytes pulled from a cloud store's GET at a time (at least; a network read more at
+# most): a little under READ_CHUNK, so that most of an uncompressed fragment's pulls are
+# one content response each.
+STORE_CHUNK = READ_CHUNK - (128 << 10)
 # How often a read re-lists the stores after finding a fragment gone, without reading
 # anything in between, before giving up.
 MISSING_FRAGMENT_RETRIES = 2
@@ -309,94 +319,106 @@ async def _decoded_chunks(
     path: str,
     local: _FragmentFile | None,
 ) -> AsyncGenerator[bytes, None]:
-    """`_fragment_chunks`, of `local` if the store is a file system, else from `store`."""
+    """`_fragment_chunks`, of `local` if the store is a file system, else from `store`.
+
+    A fragment is read over one request (one GET of a cloud store, streamed as the read goes
+    on), as Gazette's broker reads it: an uncompressed one from the offset, a compressed one
+    from its start, its content decoded and discarded up to the offset.
+    """
     to_end = until == frag.end  # Read to the fragment's end: check the file ends there too.
     if frag.compression_codec == pb.NONE:
         pos = offset - frag.begin
         end = until - frag.begin
-        while pos < end:
-            want = min(READ_CHUNK if local is not None else STORE_RANGE, end - pos)
-            # The last range asks for a byte more: a file longer than its name says has it.
-            ask = want + 1 if to_end and pos + want == end else want
-            if local is not None:
-                chunk = await asyncio.to_thread(local.pread, pos, ask)
-            else:
-                chunk = await store.get(path, start=pos, length=ask)
-            if not chunk:
-                raise StoreError(f"fragment {path} is shorter than its name says")
-            if len(chunk) > want:
+        if local is not None:
+            src: ObjectReader = _LocalRaw(local, pos)
+        else:
+            # To the object's end if read to the fragment's: one longer than its name
+            # says shows it.
+            length = -1 if to_end else end - pos
+            src = await store.open_read(path, start=pos, length=length, chunk_size=STORE_CHUNK)
+        try:
+            longer = False
+            while pos < end:
+                chunk = await src.next()
+                if not chunk:
+                    raise StoreError(f"fragment {path} is shorter than its name says")
+                if pos + len(chunk) > end:
+                    longer = to_end
+                    chunk = chunk[: end - pos]
+                for i in range(0, len(chunk), READ_CHUNK):
+                    yield chunk[i : i + READ_CHUNK]
+                pos += len(chunk)
+            if to_end and (longer or await src.next()):
                 raise StoreError(_longer(path))
-            for i in range(0, len(chunk), READ_CHUNK):
-                yield chunk[i : i + READ_CHUNK]
-            pos += len(chunk)
+        finally:
+            await src.aclose()
         return
 
-    decompressor: codecs.StreamDecompressor | None = None
-    pos = frag.begin  # Journal offset of the next decompressed byte.
-    raw_pos = 0
-    raw_ended = False  # A read of the file came back short: nothing follows it.
-    while pos < until:
-        if local is not None:
-            raw = await asyncio.to_thread(local.pread, raw_pos, READ_CHUNK)
-            raw_ended = len(raw) < READ_CHUNK
-            encoding = "gzip"  # A file holds the bytes as written.
-        else:
-            got = await store.read(path, start=raw_pos, length=STORE_RANGE)
-            raw, encoding = got.data, got.content_encoding
-            raw_ended = len(raw) < STORE_RANGE or 0 <= got.size <= raw_pos + len(raw)
-        if decompressor is None:
-            codec = frag.compression_codec
-            if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
-                codec = pb.GZIP if encoding == "gzip" else pb.NONE
-            decompressor = codecs.new_decompressor(codec)
-        raw_pos += len(raw)
-        if not raw:
-            try:
-                decompressor.finish()
-            except ValueError as exc:
-                raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
+    if local is not None:
+        src = _LocalRaw(local, 0)
+    else:
+        src = await store.open_read(path, chunk_size=STORE_CHUNK)
+    try:
+        codec = frag.compression_codec
+        if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
+            codec = pb.GZIP if src.content_encoding == "gzip" else pb.NONE
+        pos = frag.begin  # Journal offset of the next decompressed byte.
+        decoded = _decompressed(src, codecs.new_decompressor(codec), path)
+        async with contextlib.aclosing(decoded):
+            async for data in decoded:
+                if pos + len(data) > offset and pos < until:
+                    lo = max(0, offset - pos)
+                    hi = min(len(data), until - pos)
+                    for i in range(lo, hi, READ_CHUNK):
+                        yield data[i : min(hi, i + READ_CHUNK)]
+                pos += len(data)
+                if pos >= until and not to_end:
+                    return
+                if pos > frag.end:
+                    # As Gazette's fragment reader: the file holds more than its name says.
+                    raise StoreError(_longer(path))
+        if pos < until:
             raise StoreError(f"fragment {path} ended at {pos}, before {until}")
-        # What `raw` holds is decoded a READ_CHUNK at a time: a few KiB of a highly
-        # compressed fragment may hold all of its content.
-        step = functools.partial(decompressor.feed, raw, READ_CHUNK)
-        while pos < until:
-            try:
-                data = await asyncio.to_thread(step)
-            except ValueError as exc:
-                raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
-            if not data:
-                break  # More of the file is needed.
-            step = functools.partial(decompressor.feed, b"", READ_CHUNK)
-            if pos + len(data) > offset:
-                lo = max(0, offset - pos)
-                hi = min(len(data), until - pos)
-                for i in range(lo, hi, READ_CHUNK):
-                    yield data[i : min(hi, i + READ_CHUNK)]
-            pos += len(data)
-    if to_end and decompressor is not None:
-        # Served to the fragment's end: the file must hold no more content (as Gazette's
-        # fragment reader checks). Whatever is left of it is decoded, a chunk at a time.
-        if pos > frag.end:
-            raise StoreError(_longer(path))
-        step = functools.partial(decompressor.feed, b"", READ_CHUNK)
-        while True:
-            try:
-                data = await asyncio.to_thread(step)
-            except ValueError as exc:
-                raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
-            if data:
-                raise StoreError(_longer(path))
-            if raw_ended:
-                return
-            if local is not None:
-                raw = await asyncio.to_thread(local.pread, raw_pos, READ_CHUNK)
-                raw_ended = len(raw) < READ_CHUNK
-            else:
-                got = await store.read(path, start=raw_pos, length=STORE_RANGE)
-                raw = got.data
-                raw_ended = len(raw) < STORE_RANGE or 0 <= got.size <= raw_pos + len(raw)
-            raw_pos += len(raw)
-            step = functools.partial(decompressor.feed, raw, READ_CHUNK)
+    finally:
+        await src.aclose()
+
+
+async def _decompressed(
+    src: ObjectReader, decompressor: codecs.StreamDecompressor, path: str
+) -> AsyncGenerator[bytes, None]:
+    """The content of a compressed file, decoded off the event loop about a READ_CHUNK at a
+    time: a few KiB of a highly compressed fragment may hold all of its content."""
+
+    async def step(fn: Callable[[], bytes]) -> bytes:
+        try:
+            return await asyncio.to_thread(fn)
+        except ValueError as exc:
+            raise StoreError(f"fragment {path} is corrupt: {exc}") from exc
+
+    while True:
+        raw = await src.next()
+        if not raw:
+            if rest := await step(decompressor.finish):
+                yield rest
+            return
+        data = await step(functools.partial(decompressor.feed, raw, READ_CHUNK))
+        while data:
+            yield data
+            data = await step(functools.partial(decompressor.feed, b"", READ_CHUNK))
+
+
+class _LocalRaw(ObjectReader):
+    """The bytes of a file:// store's fragment file from `pos`, a READ_CHUNK at a time."""
+
+    content_encoding = "gzip"  # A file holds the bytes as written.
+
+    def __init__(self, local: _FragmentFile, pos: int) -> None:
+        self._local, self._pos = local, pos
+
+    async def next(self) -> bytes:
+        data = await asyncio.to_thread(self._local.pread, self._pos, READ_CHUNK)
+        self._pos += len(data)
+        return data
 
 
 def _longer(path: str) -> str:

@@ -18,6 +18,9 @@
 
 Requests time out and retry on bounded schedules, so an unreachable store is reported in
 seconds rather than minutes (the persister and the health checker retry on their own).
+Streaming reads of objects go through a second client whose GETs have no short deadline
+on the whole request (a reader may take an hour over a large fragment, the GET open all the
+while), only one on stalls: STALL_TIMEOUT without a byte while one is being waited for.
 """
 
 from __future__ import annotations
@@ -41,10 +44,18 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT = timedelta(seconds=5)
 REQUEST_TIMEOUT = timedelta(seconds=120)
+# Streaming reads: the whole GET may take this long (a slow reader of a large fragment)...
+STREAM_TIMEOUT = timedelta(hours=24)
+# ... but a wait for its next bytes no longer than this. The wait is counted while a chunk
+# is being asked for only, not while the reader holds back (reqwest's read timeout).
+STALL_TIMEOUT = timedelta(seconds=60)
 
 
-def client_options(*, allow_http: bool = False) -> ClientConfig:
+def client_options(*, allow_http: bool = False, stream: bool = False) -> ClientConfig:
     opts: ClientConfig = {"connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT}
+    if stream:
+        opts["timeout"] = STREAM_TIMEOUT
+        opts["read_timeout"] = STALL_TIMEOUT
     if allow_http:
         opts["allow_http"] = True
     return opts
@@ -113,17 +124,21 @@ def _open_s3(url: StoreURL) -> ObjectStore:
     attributes = {}
     if url.arg("StorageClass"):
         attributes["Storage-Class"] = url.arg("StorageClass")
-    store = S3Store(
-        url.host,
-        prefix=_prefix(url),
-        config=config,  # type: ignore[arg-type]
-        client_options=client_options(allow_http=endpoint.startswith("http://")),
-        retry_config=retry_config(),
-        credential_provider=credential_provider,  # type: ignore[arg-type]
-    )
+
+    def s3_store(stream: bool) -> S3Store:
+        return S3Store(
+            url.host,
+            prefix=_prefix(url),
+            config=config,  # type: ignore[arg-type]
+            client_options=client_options(allow_http=endpoint.startswith("http://"), stream=stream),
+            retry_config=retry_config(),
+            credential_provider=credential_provider,  # type: ignore[arg-type]
+        )
+
     return ObjectStore(
         url,
-        store,
+        s3_store(False),
+        stream_store=s3_store(True),
         put_attributes=attributes,
         list_raw=functools.partial(
             s3_listing.stored_files,
@@ -201,13 +216,15 @@ def _shared_file_credentials(url: StoreURL) -> dict[str, str]:
 def _open_gcs(url: StoreURL) -> ObjectStore:
     from obstore.store import GCSStore
 
-    store = GCSStore(
-        url.host,
-        prefix=_prefix(url),
-        client_options=client_options(),
-        retry_config=retry_config(),
-    )
-    return ObjectStore(url, store)
+    def gcs_store(stream: bool) -> GCSStore:
+        return GCSStore(
+            url.host,
+            prefix=_prefix(url),
+            client_options=client_options(stream=stream),
+            retry_config=retry_config(),
+        )
+
+    return ObjectStore(url, gcs_store(False), stream_store=gcs_store(True))
 
 
 def _open_azure(url: StoreURL) -> ObjectStore:
@@ -238,11 +255,14 @@ def _open_azure(url: StoreURL) -> ObjectStore:
         config.update(
             account_name=account, tenant_id=url.host, client_id=client_id, client_secret=secret
         )
-    store = AzureStore(
-        container,
-        prefix=prefix,
-        config=config,  # type: ignore[arg-type]
-        client_options=client_options(),
-        retry_config=retry_config(),
-    )
-    return ObjectStore(url, store)
+
+    def azure_store(stream: bool) -> AzureStore:
+        return AzureStore(
+            container,
+            prefix=prefix,
+            config=config,  # type: ignore[arg-type]
+            client_options=client_options(stream=stream),
+            retry_config=retry_config(),
+        )
+
+    return ObjectStore(url, azure_store(False), stream_store=azure_store(True))

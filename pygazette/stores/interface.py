@@ -57,6 +57,60 @@ class ObjectRange:
     size: int
 
 
+class ObjectReader(abc.ABC):
+    """An open read of one object's bytes, from a start, in chunks as the store sends them.
+
+    `content_encoding` and `size` are as `ObjectRange`'s. `next()` returns the next chunk
+    (at most about `chunk_size` bytes), and b"" once the bytes asked for have all come.
+    A cloud store reads them over one GET, streamed as they are asked for: an object removed
+    meanwhile is read to its end, as Gazette's broker reads the body of the GET it opened
+    (retention, or `journals prune`, removing a fragment a read is serving). Not safe for
+    concurrent use; `aclose()` releases the request (idempotent; a reader abandoned while a
+    `next()` was in flight is closed once it returns).
+    """
+
+    content_encoding: str = ""
+    size: int = -1
+
+    @abc.abstractmethod
+    async def next(self) -> bytes:
+        """The next chunk of bytes; b"" at the end."""
+
+    async def aclose(self) -> None:  # noqa: B027 (nothing to release, by default)
+        """Release the request."""
+
+
+class _RangedReader(ObjectReader):
+    """An `ObjectReader` made of ranged `FragmentStore.read` calls, for stores that have no
+    streaming read of their own."""
+
+    def __init__(self, store: FragmentStore, path: str, start: int, end: int, chunk: int) -> None:
+        self._store, self._path = store, path
+        self._pos, self._end, self._chunk = start, end, chunk
+        self._first: ObjectRange | None = None
+        self._done = False
+
+    async def open(self) -> _RangedReader:
+        self._first = await self._read()
+        self.content_encoding, self.size = self._first.content_encoding, self._first.size
+        return self
+
+    async def _read(self) -> ObjectRange:
+        n = self._chunk if self._end < 0 else min(self._chunk, self._end - self._pos)
+        got = await self._store.read(self._path, start=self._pos, length=n)
+        self._pos += len(got.data)
+        self._done = len(got.data) < n or 0 <= got.size <= self._pos or self._pos == self._end
+        return got
+
+    async def next(self) -> bytes:
+        if self._first is not None:
+            data, self._first = self._first.data, None
+            return data
+        if self._done:
+            return b""
+        return (await self._read()).data
+
+
 class FragmentStore(abc.ABC):
     """One configured store (one URL). Paths are relative to the store URL."""
 
@@ -99,6 +153,17 @@ class FragmentStore(abc.ABC):
 
         Fewer bytes than asked come back only at the end of the object; b"" past it.
         """
+
+    async def open_read(
+        self, path: str, *, start: int = 0, length: int = -1, chunk_size: int = 1 << 20
+    ) -> ObjectReader:
+        """Open a read of bytes [start, start + length) of the object at `path` (to its end
+        if length < 0), its chunks about `chunk_size` bytes. StoreNotFound if it is missing.
+
+        This default reads `chunk_size` ranges one after another; cloud stores stream one GET.
+        """
+        end = -1 if length < 0 else start + length
+        return await _RangedReader(self, path, start, end, chunk_size).open()
 
     async def get(self, path: str, *, start: int = 0, length: int = -1) -> bytes:
         """Bytes of the object at `path`, or a range of them."""

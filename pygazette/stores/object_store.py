@@ -7,6 +7,13 @@ unlike its asyncio API, whose runtime threads may still hold Python objects when
 interpreter exits, aborting the process — nothing of it outlives the call. A dedicated pool
 keeps slow store calls from starving the default executor that appends write spools on.
 Its errors — long, multi-line reports — become `StoreError`s with a one-line reason.
+
+Reads of objects (`open_read`) stream one GET, a chunk at a time as the reader asks for it
+(the connection's flow control holds the rest back: memory stays at a chunk or two), so
+that an object removed meanwhile is read to its end, as Gazette's broker reads the body of
+the GET it opened. They go through a second client of the store (`stream_store`) whose
+requests have no short overall deadline, only one on stalls (no bytes for a while): a
+reader may take its time over a large fragment.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from obstore.exceptions import (
 from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
+    ObjectReader,
     StoreAuthError,
     StoredFile,
     StoreError,
@@ -40,6 +48,7 @@ from pygazette.stores.interface import (
 from pygazette.stores.store_url import StoreURL
 
 if TYPE_CHECKING:
+    from obstore import BytesStream
     from obstore.store import AzureStore, GCSStore, S3Store
 
     CloudStore = S3Store | GCSStore | AzureStore
@@ -129,10 +138,13 @@ class ObjectStore(FragmentStore):
         *,
         put_attributes: dict[str, str] | None = None,
         list_raw: Callable[[str], list[StoredFile]] | None = None,
+        stream_store: CloudStore | None = None,
     ) -> None:
         super().__init__(url.url)
         self.parsed = url
         self._store = store
+        # Streaming reads: a client of the same store without the short request deadline.
+        self._stream_store = store if stream_store is None else stream_store
         self._put_attributes = dict(put_attributes or {})
         # Lists a key prefix without obstore (`s3_listing`), where obstore refuses a key.
         self._list_raw = list_raw
@@ -210,6 +222,30 @@ class ObjectStore(FragmentStore):
             raise self._error("get", key, exc) from exc
         return ObjectRange(data=data, content_encoding=encoding.lower(), size=size)
 
+    async def open_read(
+        self, path: str, *, start: int = 0, length: int = -1, chunk_size: int = 1 << 20
+    ) -> ObjectReader:
+        key = self._key(path)
+        if length == 0:
+            return _StreamReader(self, key, None, "", -1)
+        options: dict[str, Any] = {}
+        if start or length > 0:
+            options["range"] = (start, start + length) if length > 0 else {"offset": start}
+        try:
+            stream, encoding, size = await _run(self._open_stream, key, options, chunk_size)
+        except (BaseError, OSError, ValueError) as exc:
+            if start and not isinstance(exc, FileNotFoundError) and _past_end(exc):
+                return _StreamReader(self, key, None, "", -1)  # At or past the end.
+            raise self._error("get", key, exc) from exc
+        return _StreamReader(self, key, stream, encoding.lower(), size)
+
+    def _open_stream(
+        self, key: str, options: dict[str, Any], chunk_size: int
+    ) -> tuple[BytesStream, str, int]:
+        result = obstore.get(self._stream_store, key, options=options or None)  # type: ignore[arg-type]
+        encoding = str(result.attributes.get("Content-Encoding", "") or "")
+        return result.stream(min_chunk_size=chunk_size), encoding, int(result.meta["size"])
+
     def _get(self, key: str, options: dict[str, Any]) -> tuple[bytes, str, int]:
         result = obstore.get(self._store, key, options=options or None)  # type: ignore[arg-type]
         data = bytes(result.bytes())
@@ -273,6 +309,42 @@ class ObjectStore(FragmentStore):
 
     def local_path(self, path: str) -> Path | None:
         return None
+
+
+class _StreamReader(ObjectReader):
+    """The body of one GET, pulled a chunk at a time on the store's threads."""
+
+    def __init__(
+        self, store: ObjectStore, key: str, stream: BytesStream | None, encoding: str, size: int
+    ) -> None:
+        self._owner, self._key = store, key
+        self._stream = stream
+        self.content_encoding, self.size = encoding, size
+
+    async def next(self) -> bytes:
+        stream = self._stream
+        if stream is None:
+            return b""
+        try:
+            chunk = await _run(_next_chunk, stream)
+        except asyncio.CancelledError:
+            self._stream = None  # Its thread lets go of it once the pull returns.
+            raise
+        except (BaseError, OSError, ValueError) as exc:
+            self._stream = None
+            raise self._owner._error("get", self._key, exc) from exc
+        if not chunk:
+            self._stream = None
+        return chunk
+
+    async def aclose(self) -> None:
+        # Dropping the stream drops its connection (not reused: its body was not read out).
+        self._stream = None
+
+
+def _next_chunk(stream: BytesStream) -> bytes:
+    """Store thread: the stream's next chunk (b"" at its end), the GIL released meanwhile."""
+    return next(stream, b"")
 
 
 def _refused(exc: BaseException) -> bool:

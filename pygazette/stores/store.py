@@ -14,6 +14,7 @@ from pathlib import Path
 from pygazette.stores.interface import (
     FragmentStore,
     ObjectRange,
+    ObjectReader,
     StoreAuthError,
     StoredFile,
     StoreError,
@@ -23,6 +24,7 @@ from pygazette.stores.interface import (
 __all__ = [
     "FragmentStore",
     "ObjectRange",
+    "ObjectReader",
     "StoreAuthError",
     "StoreError",
     "StoreNotFound",

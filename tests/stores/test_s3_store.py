@@ -249,3 +249,48 @@ def test_a_raw_listing_goes_where_the_store_does_with_the_environments_endpoint_
     (request,) = sent
     assert request.full_url.startswith("https://objects.example.test:9000/bkt?")
     assert "/eu-west-3/s3/aws4_request" in request.get_header("Authorization")
+
+
+async def _read_all(store, path: str, **kw) -> tuple[bytes, list[int], str, int]:  # type: ignore[no-untyped-def]
+    reader = await store.open_read(path, **kw)
+    chunks = []
+    while chunk := await reader.next():
+        chunks.append(chunk)
+    assert await reader.next() == b""
+    await reader.aclose()
+    return b"".join(chunks), [len(c) for c in chunks], reader.content_encoding, reader.size
+
+
+async def test_open_read_streams_an_object_or_a_range_of_it(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    bucket = s3_server.create_bucket()
+    store = _open(s3_server.store_url(bucket, "pre"), tmp_path)
+    data = bytes(range(256)) * (12 * 4096)  # 12 MiB.
+    local = tmp_path / "f"
+    local.write_bytes(data)
+    await store.put_file("j/0-1-x.raw", local)
+    await store.put_file("j/0-1-x.gz", local, content_encoding="gzip")
+
+    got, sizes, encoding, size = await _read_all(store, "j/0-1-x.raw", chunk_size=1 << 20)
+    assert (got, encoding, size) == (data, "", len(data))
+    assert len(sizes) >= 8 and all(s >= 1 << 20 for s in sizes[:-1])  # Chunks as asked.
+    assert (await _read_all(store, "j/0-1-x.gz"))[2] == "gzip"
+    for start, length in ((5, 7), (5, -1), (len(data) - 3, -1), (len(data) - 3, 100), (0, 0)):
+        want = data[start : start + length] if length >= 0 else data[start:]
+        assert (await _read_all(store, "j/0-1-x.raw", start=start, length=length))[0] == want
+    for start in (len(data), len(data) + 10):
+        assert (await _read_all(store, "j/0-1-x.raw", start=start))[0] == b""
+    with pytest.raises(StoreNotFound):
+        await store.open_read("j/missing.raw")
+    # The default of stores without a streaming read: ranged reads, one after another.
+    files = _open("file:///", tmp_path / "root")
+    (tmp_path / "root" / "j").mkdir(parents=True)
+    (tmp_path / "root" / "j" / "0-1-x.raw").write_bytes(data)
+    got, sizes, _, size = await _read_all(files, "j/0-1-x.raw", chunk_size=5 << 20)
+    assert (got, sizes, size) == (data, [5 << 20, 5 << 20, 2 << 20], len(data))
+    assert (await _read_all(files, "j/0-1-x.raw", start=7, length=6 << 20))[0] == data[
+        7 : 7 + (6 << 20)
+    ]
+    with pytest.raises(StoreNotFound):
+        await files.open_read("j/missing.raw")
