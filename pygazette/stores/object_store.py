@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import html
 import io
+import json
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -122,10 +125,47 @@ MAX_SIGNED_TTL_SECONDS = 7 * 24 * 3600
 
 
 def describe(exc: BaseException) -> str:
-    """A one-line description of an obstore error."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else type(exc).__name__
+    """A one-line description of an obstore error.
+
+    obstore's report is many lines: the first says what failed, down to the HTTP status and
+    the start of the store's answer; the answer follows, then a debug dump. The store's own
+    reason, in its answer (S3's and Azure's XML <Code> and <Message>, GCS's JSON "message"),
+    takes the place of the answer's start: 'Server returned non-2xx status code: 403
+    Forbidden: SignatureDoesNotMatch: The request signature we calculated does not match
+    ...', where the first line alone ended with '<?xml version="1.0" encoding="UTF-8"?>'.
+    """
+    text = str(exc).strip()
+    lines = text.splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    reason = _answer_reason(text.split("\nDebug source:", 1)[0])
+    first = _ANSWER_START.sub("", first)  # Or a ': ' with nothing after (a HEAD's answer).
+    if reason:
+        return f"{first[:400]}: {reason[:300]}"
     return first[:500]
+
+
+# Where the first line of a report shows the start of the store's answer.
+_ANSWER_START = re.compile(r"(?::\s*\ufeff?(?:<\?xml.*|<Error>.*|\{.*)?)?\s*$")
+_XML_CODE = re.compile(r"<Code>([^<]{1,200})</Code>")
+_XML_MESSAGE = re.compile(r"<Message>([^<]{1,2000})</Message>")
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.){1,2000})"')
+
+
+def _answer_reason(text: str) -> str:
+    """The store's reason in the answer quoted by an obstore report: '<Code>: <Message>'
+    (the message's first line), or GCS's error message; "" if there is none."""
+    code = _XML_CODE.search(text)
+    message = _XML_MESSAGE.search(text)
+    if code or message:
+        parts = [html.unescape(m.group(1)).strip() for m in (code, message) if m]
+        return ": ".join(p.splitlines()[0] for p in parts if p)
+    found = _JSON_MESSAGE.search(text)
+    if found:
+        try:
+            return str(json.loads(f'"{found.group(1)}"')).strip().splitlines()[0]
+        except (ValueError, IndexError):
+            return found.group(1)
+    return ""
 
 
 class ObjectStore(FragmentStore):
@@ -355,6 +395,10 @@ def _refused(exc: BaseException) -> bool:
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return True
     text = str(exc)
+    # Any 403, as Gazette's S3 store takes it: obstore reports a listing's as a generic error.
+    # (The status is read where obstore states it: no key holds a space.)
+    if "non-2xx status code: 403 Forbidden" in text:
+        return True
     return any(
         f"<Code>{code}</Code>" in text
         for code in ("NoSuchBucket", "AccessDenied", "ContainerNotFound")

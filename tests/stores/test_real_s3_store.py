@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from pygazette.stores.store import FragmentStore, StoreError, StoreNotFound, open_store
+from pygazette.stores.store import (
+    FragmentStore,
+    StoreAuthError,
+    StoreError,
+    StoreNotFound,
+    open_store,
+)
 from pygazette.stores.store_health import HEALTH_CHECK_PATH, run_check
 from tests.support.s3_real_server import RealS3Server, credentials_env, running_real_s3
 from tests.support.tcp_proxy import TcpProxy
@@ -150,13 +156,40 @@ async def test_wrong_credentials_are_refused(
         await store.list_files("j/")
     assert real_s3.object_keys(bucket) == []
 
+    # Each error says why, in the server's words (its error code and message), as Gazette's
+    # AWS SDK reports them: it was obstore's first line, cut where the server's XML answer
+    # begins ('403 Forbidden: <?xml version="1.0" encoding="UTF-8"?>'). And any 403 is a
+    # refusal (StoreAuthError), as Gazette's S3 store's IsAuthError takes it, a listing's too.
+    local = tmp_path / "f"
+    local.write_bytes(b"x")
+    why = (
+        "SignatureDoesNotMatch: The request signature we calculated does not match the "
+        "signature you provided. Check your key and signing method."
+    )
+    for call in (
+        store.put_file("j/x", local),
+        store.get("j/x"),
+        store.open_read("j/x"),
+        store.list_files("j/"),
+    ):
+        with pytest.raises(StoreAuthError) as refused:
+            await call
+        assert str(refused.value).endswith(f"403 Forbidden: {why}"), str(refused.value)
+        assert "\n" not in str(refused.value) and "<" not in str(refused.value)
+    with pytest.raises(StoreAuthError) as refused:
+        await store.exists("j/x")  # A HEAD's answer has no body to say why.
+    assert str(refused.value).endswith("non-2xx status code: 403 Forbidden"), str(refused.value)
+
 
 async def test_health_check(real_s3: RealS3Server, tmp_path: Path) -> None:
     bucket = real_s3.create_bucket()
     await run_check(_open(real_s3.store_url(bucket, "p"), tmp_path))
     assert real_s3.object_keys(bucket) == [f"p/{HEALTH_CHECK_PATH}"]
-    with pytest.raises(StoreError, match="health check PUT failed"):
+    with pytest.raises(StoreError, match="health check PUT failed") as failed:
         await run_check(_open(real_s3.store_url("no-such-bucket-here"), tmp_path))
+    assert str(failed.value).endswith(
+        "404 Not Found: NoSuchBucket: The specified bucket does not exist."
+    ), str(failed.value)
 
 
 async def test_server_down_then_back_with_its_objects(tmp_path: Path) -> None:

@@ -294,3 +294,47 @@ async def test_open_read_streams_an_object_or_a_range_of_it(
     ]
     with pytest.raises(StoreNotFound):
         await files.open_read("j/missing.raw")
+
+
+def test_errors_are_described_by_the_stores_own_reason() -> None:
+    # obstore's reports, as it words them: the first line ends where the store's answer
+    # begins; the reason is in the answer (S3's and Azure's XML, GCS's JSON).
+    head = "Error performing GET https://h/b/j/x in 5ms - Server returned non-2xx status code"
+    azure = (
+        f'Generic MicrosoftAzure error: {head}: 403 Forbidden: \ufeff<?xml version="1.0" '
+        'encoding="utf-8"?><Error><Code>AuthenticationFailed</Code><Message>Server failed to '
+        "authenticate the request. Make sure the value of Authorization header is formed "
+        "correctly including the signature.\nRequestId:1234\nTime:2026-11-30T10:00:00Z"
+        "</Message></Error>\n\nDebug source:\nGeneric { <Code>Other</Code> }"
+    )
+    assert object_store.describe(Exception(azure)) == (
+        f"Generic MicrosoftAzure error: {head}: 403 Forbidden: AuthenticationFailed: Server "
+        "failed to authenticate the request. Make sure the value of Authorization header is "
+        "formed correctly including the signature."
+    )
+    gcs = (
+        f"Generic GCS error: {head}: 403 Forbidden: {{\n"
+        '  "error": {\n    "code": 403,\n    "message": "sa@p.iam.gserviceaccount.com does '
+        'not have storage.objects.get access to the Google Cloud Storage object. \\"x\\"",\n'
+        '    "errors": []\n  }\n}\n\nDebug source:\nGeneric {}'
+    )
+    assert object_store.describe(Exception(gcs)) == (
+        f"Generic GCS error: {head}: 403 Forbidden: sa@p.iam.gserviceaccount.com does not "
+        'have storage.objects.get access to the Google Cloud Storage object. "x"'
+    )
+    s3 = (
+        f'Object at location j/x not found: {head}: 404 Not Found: <?xml version="1.0" '
+        'encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code><Message>The specified key does '
+        "not exist &amp; never did.</Message></Error>\n\nDebug source:\nNotFound {}"
+    )
+    assert object_store.describe(Exception(s3)) == (
+        f"Object at location j/x not found: {head}: 404 Not Found: NoSuchKey: The specified "
+        "key does not exist & never did."
+    )
+    # Without an answer: the first line, without a dangling ': '.
+    assert object_store.describe(Exception(f"{head}: 403 Forbidden: \n\nDebug")) == (
+        f"{head}: 403 Forbidden"
+    )
+    assert object_store.describe(Exception("HTTP error: error sending request\nmore")) == (
+        "HTTP error: error sending request"
+    )
