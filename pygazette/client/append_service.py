@@ -93,7 +93,13 @@ def is_terminal_append_error(exc: BaseException) -> bool:
 
 
 class AppendServiceClosed(ClientError):
-    """The AppendService was closed before the operation could complete."""
+    """The AppendService was closed before the operation could complete.
+
+    `may_have_committed` is set when the append was cancelled (close with `cancel`) after an
+    RPC of it had sent its commit: the broker may have committed it all the same, as with
+    any append whose answer was lost. Otherwise the append was not committed."""
+
+    may_have_committed = False
 
 
 class DependencyFailed(ClientError):
@@ -228,6 +234,7 @@ class AsyncAppend(OpFuture):
     __slots__ = (
         "_buf",
         "_chain",
+        "_commit_sent",
         "_err",
         "_key",
         "_released",
@@ -258,6 +265,7 @@ class AsyncAppend(OpFuture):
         self._err: BaseException | None = None
         self._released = False  # Some writer released without error.
         self.response: pb.AppendResponse | None = None
+        self._commit_sent = False  # An RPC of it sent its commit: it may have committed.
 
     @property
     def journal(self) -> str:
@@ -668,7 +676,15 @@ class AppendService:
                 del self._chains[chain.journal]
         while chain.queue:
             aa = chain.queue.popleft()
-            aa.resolve(err)
+            if aa._commit_sent and isinstance(err, AppendServiceClosed):
+                in_doubt = AppendServiceClosed(
+                    f"{err}, after the append's commit was sent: it may have committed"
+                )
+                in_doubt.may_have_committed = True
+                in_doubt.__cause__ = err.__cause__
+                aa.resolve(in_doubt)
+            else:
+                aa.resolve(err)
 
     async def _dispatch(self, aa: AsyncAppend, buf: AppendBuffer) -> BaseException | None:
         """Append the content until the broker commits it (None) or refuses it for good."""
@@ -682,9 +698,11 @@ class AppendService:
                 aa.response = await appender.commit()
                 return None
             except asyncio.CancelledError:
+                aa._commit_sent |= appender.commit_sent
                 await appender.abort()
                 raise
             except Exception as exc:
+                aa._commit_sent |= appender.commit_sent
                 await appender.abort()
                 if is_terminal_append_error(exc):
                     return exc

@@ -262,6 +262,29 @@ async def test_close_with_cancel_fails_what_cannot_be_sent(
         await op
 
 
+async def test_close_with_cancel_says_which_appends_may_have_committed(
+    fake: FakeBroker, fake_client: JournalClient
+) -> None:
+    """An append cancelled after its commit went out may have committed (the broker had it
+    all); the ones queued behind it were never sent."""
+    gate = fake.journal.append_gate = threading.Event()
+    svc = AppendService(fake_client)
+    sent = svc.append(A, b"sent")
+    try:
+        assert await asyncio.to_thread(fake.journal.append_at_gate.wait, 10)
+        queued = svc.append(A, b"queued")
+        await svc.close(cancel=True)
+    finally:
+        gate.set()
+    with pytest.raises(AppendServiceClosed, match="may have committed") as in_doubt:
+        await sent
+    assert in_doubt.value.may_have_committed
+    with pytest.raises(AppendServiceClosed) as not_sent:
+        await queued
+    assert not not_sent.value.may_have_committed
+    assert len(fake.journal.append_calls) == 1
+
+
 def test_writers_on_many_threads_keep_each_writers_order(fake: FakeBroker) -> None:
     with SyncJournalClient(fake.address) as client:
         svc = client.append_service(backoff=no_backoff)
@@ -283,7 +306,6 @@ def test_writers_on_many_threads_keep_each_writers_order(fake: FakeBroker) -> No
     for w in range(4):
         mine = [int(r.split(b":")[1]) for r in records if r.startswith(b"%d:" % w)]
         assert mine == list(range(300))
-
 
 
 def test_close_waits_for_an_append_queued_from_a_thread_as_another_journal_finished(
@@ -322,6 +344,7 @@ def test_close_waits_for_an_append_queued_from_a_thread_as_another_journal_finis
 
 async def _new_event(kind: type[asyncio.Event]) -> asyncio.Event:
     return kind()
+
 
 # AppendBuffer ------------------------------------------------------------------------------
 
