@@ -320,6 +320,13 @@ def _apply_undo(db_path: str, start_size: int, entries: list[tuple[int, bytes]])
         os.close(fd)
 
 
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _undo_files(db_path: str) -> list[Path]:
     """Undo files left next to the database, oldest first."""
     directory, base = os.path.split(db_path)
@@ -330,19 +337,22 @@ def _undo_files(db_path: str) -> list[Path]:
 
 def recover_undo_files(db_path: str | os.PathLike[str]) -> int:
     """Roll back local commits that never became durable (a crash left their undo files):
-    first SQLite's own hot journal, then each undo file, newest first. Returns how many
-    undo files were applied."""
+    first SQLite's own hot journal (left by a crash mid-commit, undo files or not), then each
+    undo file, newest first. Returns how many undo files were applied."""
     path = os.path.realpath(db_path)
     files = _undo_files(path)
-    if not files:
-        return 0
-    if os.path.exists(path):
-        # Let SQLite roll back a transaction interrupted mid-commit (a hot journal) first.
+    if os.path.exists(path) and (files or _size(path + "-journal")):
+        # Let SQLite roll back a transaction interrupted mid-commit (a hot journal) first,
+        # and not through the store's VFS: there, the rollback's writes would be taken for
+        # the store's first batch, and their undo images (the torn pages) persisted at its
+        # sync, for a later open (or a failed first commit) to put back.
         conn = apsw.Connection(path)
         try:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
         finally:
             conn.close()
+    if not files:
+        return 0
     for undo in reversed(files):
         parsed = _read_undo_file(undo)
         if parsed is not None:

@@ -35,6 +35,7 @@ from tests.consumer.test_store_support import (
     FakeShard,
     checkpoint,
     create_log,
+    failed_future,
     files_of,
     read_through,
     replay,
@@ -214,6 +215,74 @@ async def test_local_crash_before_a_commit_is_durable_rolls_it_back(tmp_path: Pa
     assert not list(tmp_path.glob("store.sqlite-undo-*"))
     assert read_through(await store.restore_checkpoint(SHARD)) == 1
     assert rows(store) == [("durable", 1)]
+    store.destroy()
+    assert integrity(tmp_path / "store.sqlite") == [("ok",)]
+
+
+CRASHING_MID_COMMIT = """
+import asyncio, os, sys
+from pygazette.consumer import sqlite_store
+from pygazette.consumer.sqlite_store import SQLiteStore
+from tests.consumer.test_store_support import FakeShard, checkpoint
+
+async def main():
+    store = SQLiteStore(directory=sys.argv[1], bootstrap_sql=sys.argv[2])
+    for i in range(40):
+        store.db.execute("INSERT INTO kv VALUES (?, ?)", (f"k{i:02}", os.urandom(3000)))
+    await store.start_commit(FakeShard(), checkpoint(1), [])
+    # The next commit dies halfway through writing its pages to the database file, before
+    # any sync: SQLite's rollback journal (a hot journal) is left, and no undo file.
+    writes = 0
+    write = sqlite_store._DBFile.xWrite
+
+    def dying_write(self, data, offset):
+        nonlocal writes
+        writes += 1
+        if writes == 3:
+            os._exit(0)
+        write(self, data, offset)
+
+    sqlite_store._DBFile.xWrite = dying_write
+    store.db.execute("DELETE FROM kv WHERE k >= 'k10'")
+    store.db.execute("INSERT INTO kv VALUES ('gone', ?)", (os.urandom(9000),))
+    await store.start_commit(FakeShard(), checkpoint(2), [])
+    os._exit(1)  # Not reached.
+
+asyncio.run(main())
+"""
+
+
+async def test_local_crash_mid_commit_then_a_restart_without_commits(tmp_path: Path) -> None:
+    """A process dying while SQLite writes a commit's pages leaves a hot journal: SQLite rolls
+    it back when the database is next opened. Done through the store's VFS, that rollback's
+    writes were taken for the first batch's own (their undo images: the torn pages), and
+    persisted to an undo file at its sync; a store closed (or crashed) before its first
+    durable commit left that file, and the next open applied it, putting the torn commit
+    back: a corrupt database. (So did a failed first commit's rollback.)"""
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", textwrap.dedent(CRASHING_MID_COMMIT), str(tmp_path), SCHEMA],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert (tmp_path / "store.sqlite-journal").stat().st_size  # A hot journal.
+    assert not list(tmp_path.glob("store.sqlite-undo-*"))
+    expect = [(f"k{i:02}",) for i in range(40)]
+    for _ in range(2):  # Opened (it rolls back the hot journal), then closed without commits.
+        store = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+        assert read_through(await store.restore_checkpoint(SHARD)) == 1
+        assert list(store.db.execute("SELECT k FROM kv ORDER BY k")) == expect
+        store.destroy()
+        assert integrity(tmp_path / "store.sqlite") == [("ok",)]
+    # And a first commit that fails rolls back to the same state.
+    store = SQLiteStore(directory=tmp_path, bootstrap_sql=SCHEMA)
+    put(store, "failed", 1)
+    with pytest.raises(RuntimeError):
+        await store.start_commit(SHARD, checkpoint(2), [failed_future(RuntimeError("no"))])
+    assert read_through(await store.restore_checkpoint(SHARD)) == 1
+    assert list(store.db.execute("SELECT k FROM kv ORDER BY k")) == expect
     store.destroy()
     assert integrity(tmp_path / "store.sqlite") == [("ok",)]
 
