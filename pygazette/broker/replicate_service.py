@@ -13,9 +13,11 @@ stays pending. On a route of two, a proposal with a Header that commits the cont
 since the last commit is a commit that confirms itself: the primary committed it first, so
 once it is committed here too the frontier moves to its end.
 
-Unlike Gazette's replicas, it drops the stream as soon as its keyspace shows a route the
-stream no longer matches: a primary that was cut off (frozen, partitioned) and has since
-been replaced can't commit anything through it.
+Unlike Gazette's replicas, it drops the stream as soon as its keyspace shows the journal with
+another primary (or without this broker): a primary that was cut off (frozen, partitioned)
+and has since been replaced can't commit anything through it. Members joining or leaving
+under the same primary don't end it (`_primary_continues`): the appends in flight complete,
+as with Gazette, and the primary's next append opens a pipeline on the new route.
 """
 
 from __future__ import annotations
@@ -225,10 +227,11 @@ async def _apply_request(
 
 
 class _RouteWatch:
-    """Ends a Replicate stream once its route stops being the journal's route here (or the
-    replica stops): at once while the stream waits for its next request, else before it
-    reads another. One watcher task per stream, woken only when the journal's assignments
-    change, rather than a wait on them beside every request."""
+    """Ends a Replicate stream once the journal's route here has another primary, or leaves
+    this broker out (`_primary_continues`), or the replica stops: at once while the stream
+    waits for its next request, else before it reads another. One watcher task per stream,
+    woken only when the journal's assignments change, rather than a wait on them beside
+    every request."""
 
     def __init__(
         self,
@@ -265,7 +268,7 @@ class _RouteWatch:
         state = self.resolver.observed.current
         if state is not self._state:
             route = self.resolver.journal_route(state, self.journal)
-            self._route_matches = routes_equivalent(route, self.stream_route)
+            self._route_matches = _primary_continues(route, self.stream_route, self.header)
             self._state = state
         if not self._route_matches or self.replica.primary:
             return ReplicateAborted(grpc.StatusCode.ABORTED, STALE_STREAM)
@@ -312,6 +315,26 @@ class _RouteWatch:
     def close(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
+
+
+def _primary_continues(route: pb.Route, stream_route: pb.Route, header: pb.Header) -> bool:
+    """Whether a stream opened on `stream_route` may go on now that the journal's route is
+    `route`: its primary is the stream's, and this broker (the stream's `header.process_id`)
+    is still a member. Members joining or leaving (a broker drained, replication changed)
+    don't end the streams of the members that stay: the appends in flight on them complete
+    (as Gazette's do), and the primary's next append replaces its pipeline. A new primary
+    does: a primary cut off (frozen, partitioned) and since replaced commits nothing here."""
+    if routes_equivalent(route, stream_route):
+        return True
+    if not 0 <= route.primary < len(route.members):
+        return False
+    if not 0 <= stream_route.primary < len(stream_route.members):
+        return False
+    new, old = route.members[route.primary], stream_route.members[stream_route.primary]
+    if (new.zone, new.suffix) != (old.zone, old.suffix):
+        return False
+    me = header.process_id
+    return any(m.zone == me.zone and m.suffix == me.suffix for m in route.members)
 
 
 def _validate(req: pb.ReplicateRequest, known: pb.Header | None = None) -> None:
