@@ -50,10 +50,9 @@ from pygazette.stores.store import (
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20
-# Raw bytes pulled from a cloud store's GET at a time (at least; a network read more at
-# most): a little under READ_CHUNK, so that most of an uncompressed fragment's pulls are
-# one content response each.
-STORE_CHUNK = READ_CHUNK - (128 << 10)
+# Raw bytes pulled from a cloud store's GET at a time (at least; a network read more, at
+# most: some 300 KiB).
+STORE_CHUNK = READ_CHUNK
 # How often a read re-lists the stores after finding a fragment gone, without reading
 # anything in between, before giving up.
 MISSING_FRAGMENT_RETRIES = 2
@@ -338,6 +337,7 @@ async def _decoded_chunks(
             src = await store.open_read(path, start=pos, length=length, chunk_size=STORE_CHUNK)
         try:
             longer = False
+            pending = b""  # Less than a READ_CHUNK, held back for the next content response.
             while pos < end:
                 chunk = await src.next()
                 if not chunk:
@@ -345,9 +345,14 @@ async def _decoded_chunks(
                 if pos + len(chunk) > end:
                     longer = to_end
                     chunk = chunk[: end - pos]
-                for i in range(0, len(chunk), READ_CHUNK):
-                    yield chunk[i : i + READ_CHUNK]
                 pos += len(chunk)
+                # A store's chunks come as the network delivers them (1-1.3 MiB): served as
+                # whole READ_CHUNKs, not as a READ_CHUNK and a sliver each.
+                data = pending + chunk if pending else chunk
+                whole = len(data) if pos == end else len(data) - len(data) % READ_CHUNK
+                for i in range(0, whole, READ_CHUNK):
+                    yield data[i : min(whole, i + READ_CHUNK)]
+                pending = data[whole:]
             if to_end and (longer or await src.next()):
                 raise StoreError(_longer(path))
         finally:
