@@ -36,8 +36,11 @@ SQLite's commit point, and removed (durably) only once the commit is durable. A 
 fails (a failed `wait_for`, a fenced or failed recorder) makes the store fail every later
 commit, until `restore_checkpoint` rolls the database back to its last durable commit by
 applying the undo images (newest first), and returns that commit's checkpoint; a store that
-opens a database with undo files left by a crash rolls them back first. So neither a
-failure nor a crash ever leaves a checkpoint whose outputs weren't durable.
+opens a database with undo files left by a crash rolls them back first (after SQLite's own
+hot journal, outside the VFS). So neither a failure nor a crash ever leaves a checkpoint
+whose outputs weren't durable. Locally, `secure_delete` is on (set after `bootstrap_sql`):
+SQLite doesn't journal a free page it reuses, so a page must be written (zeroed) by the
+commit that frees it, for that commit's undo images to hold its live content.
 
 Truncation: the recorder has no truncate op, so with a recorder the database file never
 shrinks: the VFS ignores SQLite's truncations of it (VACUUM, auto-vacuum, a rollback of a
@@ -624,6 +627,13 @@ class SQLiteStore(Store):
             ).fetchall()
             if self.bootstrap_sql:
                 conn.execute(self.bootstrap_sql).fetchall()
+            if self.recorder is None:
+                # A page freed is zeroed, so written, by the commit that frees it, and its
+                # undo image (its live content) is kept with that commit's. SQLite doesn't
+                # journal a free page it reuses: after a crash mid-commit, its hot journal
+                # leaves such a page as the interrupted commit wrote it, and it was live in
+                # an older state an undo file rolls back to (a corrupt database).
+                conn.execute("PRAGMA secure_delete=ON").fetchall()
             conn.execute(_CHECKPOINT_DDL).fetchall()
         except BaseException:
             conn.close(force=True)

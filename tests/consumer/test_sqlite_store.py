@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from prometheus_client import REGISTRY
 from pygazette.cli.shards_cmd import live_segments, overlaps_any_segment
 from pygazette.client import JournalClient, append, apply_journals
 from pygazette.client.fragments import list_all_fragments
+from pygazette.consumer import sqlite_store
 from pygazette.consumer.memory_store import EarlierCommitFailed
 from pygazette.consumer.progress import Progress
 from pygazette.consumer.recoverylog import Author, Player, Recorder
@@ -285,6 +287,54 @@ async def test_local_crash_mid_commit_then_a_restart_without_commits(tmp_path: P
     assert list(store.db.execute("SELECT k FROM kv ORDER BY k")) == expect
     store.destroy()
     assert integrity(tmp_path / "store.sqlite") == [("ok",)]
+
+
+async def test_local_crash_at_any_write_of_a_pipelined_commit_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits overlap: a transaction runs (and commits locally) while the one before waits
+    for its outputs. SQLite doesn't journal a free page it reuses; one freed by the earlier,
+    not yet durable commit was left, after a crash mid-commit, as the interrupted commit
+    wrote it (its hot journal doesn't restore it), and the earlier commit's undo file, not
+    having it (freeing a page doesn't write it), rolled back to a state where the page was
+    live with other content: a corrupt database. A crash at each write of the database
+    file is simulated by copying the directory as it then is (what kill -9 leaves)."""
+    directory = tmp_path / "store"
+    crashes: list[Path] = []
+    write = sqlite_store._DBFile.xWrite
+    recording = False
+
+    def copying_write(self: Any, data: Any, offset: int) -> None:
+        if recording:
+            crashes.append(tmp_path / f"crash-{len(crashes)}")
+            shutil.copytree(directory, crashes[-1])
+        write(self, data, offset)
+
+    monkeypatch.setattr(sqlite_store._DBFile, "xWrite", copying_write)
+    store = SQLiteStore(directory=directory, bootstrap_sql="PRAGMA cache_size=5;" + SCHEMA)
+    for i in range(60):
+        put(store, f"k{i:02}", bytes([i]) * 3000)  # Each row on a page and an overflow page.
+    await store.start_commit(SHARD, checkpoint(1), [])
+    expect = rows(store)
+    never = asyncio.get_running_loop().create_future()
+    store.db.execute("DELETE FROM kv WHERE k < 'k40'")  # Frees most pages.
+    second = store.start_commit(SHARD, checkpoint(2), [never])
+    recording = True
+    for i in range(40):  # Reuses them (spilling, then committing).
+        put(store, f"n{i:02}", b"n" * 3000)
+    third = store.start_commit(SHARD, checkpoint(3), [])
+    recording = False
+    monkeypatch.undo()
+    assert len(crashes) > 40
+    for crash in crashes:
+        again = SQLiteStore(directory=crash, bootstrap_sql=SCHEMA)
+        assert read_through(await again.restore_checkpoint(SHARD)) == 1, crash
+        assert rows(again) == expect, crash
+        again.destroy()
+        assert integrity(crash / "store.sqlite") == [("ok",)], crash
+    never.set_result(None)
+    await asyncio.gather(second, third)
+    store.destroy()
 
 
 async def test_vacuum_and_large_deletes_keep_working(tmp_path: Path) -> None:
