@@ -147,6 +147,11 @@ class Appender:
 
         self._coalescer = ChunkCoalescer(chunk_size)
         self._call: grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse] | None = None
+        # The callable the RPC was opened with: the client's own broker, or the journal's
+        # primary when the client routes (`JournalClient.append_rpc`).
+        self._rpc: grpc.aio.StreamUnaryMultiCallable[pb.AppendRequest, pb.AppendResponse] | None = (
+            None
+        )
         self._state = "new"  # new -> started -> committed | aborted | failed
 
     @property
@@ -168,7 +173,8 @@ class Appender:
             return
         validate_journal_name(self.request.journal)
         with journal_claims_scope(Capability.APPEND, self.request.journal):
-            self._call = self.client.rpc_append(None)
+            self._rpc = self.client.append_rpc(self.request.journal)
+            self._call = self._rpc(None)
         self._state = "started"
         preamble = pb.AppendRequest()
         preamble.CopyFrom(self.request)
@@ -198,6 +204,10 @@ class Appender:
         try:
             await call.done_writing()
             resp = await call
+        except grpc.aio.AioRpcError as exc:
+            self._state = "failed"
+            self._rpc_failed(exc)
+            raise
         except BaseException:
             self._state = "failed"
             raise
@@ -234,7 +244,11 @@ class Appender:
             # say) and closed the stream while we were still writing. The write fails; the
             # broker's response, or final status, says why (`send` keeps that status).
             self._state = "failed"
-            resp = await call  # Raises the RPC's final status if it ended without a response.
+            try:
+                resp = await call  # Raises the RPC's final status if it ended without one.
+            except grpc.aio.AioRpcError as exc:
+                self._rpc_failed(exc)
+                raise
             self._finish(resp)
             raise invalid_response(
                 "Append", self.journal, "status OK before the append's commit was sent"
@@ -244,6 +258,10 @@ class Appender:
             call.cancel()
             raise
 
+    def _rpc_failed(self, exc: grpc.aio.AioRpcError) -> None:
+        if self._rpc is not None:
+            self.client.append_failed(self.journal, self._rpc, exc)
+
     def _finish(self, resp: pb.AppendResponse) -> pb.AppendResponse:
         self.response = resp
         try:
@@ -252,6 +270,10 @@ class Appender:
         except BaseException:
             self._state = "failed"
             raise
+        if resp.header.HasField("route"):
+            # Where the journal is served now (also with a refusal, e.g. NOT_JOURNAL_PRIMARY_
+            # BROKER): a routing client sends the next append there.
+            self.client.note_route(self.journal, resp.header.route)
         if resp.status != pb.OK:
             self._state = "failed"
             raise error_for_status(

@@ -93,6 +93,20 @@ class JournalClient(Connection):
     ) -> None:
         """A read of `journal` through `rpc` (from `read_rpc`) failed with `error`."""
 
+    def append_rpc(
+        self, journal: str
+    ) -> grpc.aio.StreamUnaryMultiCallable[pb.AppendRequest, pb.AppendResponse]:
+        """The Append callable to append to `journal` with."""
+        return self.rpc_append
+
+    def append_failed(
+        self,
+        journal: str,
+        rpc: grpc.aio.StreamUnaryMultiCallable[pb.AppendRequest, pb.AppendResponse],
+        error: grpc.aio.AioRpcError,
+    ) -> None:
+        """An append to `journal` through `rpc` (from `append_rpc`) failed with `error`."""
+
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` is a gRPC transport failure (broker unreachable, connection lost)."""

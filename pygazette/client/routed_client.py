@@ -1,19 +1,24 @@
-"""`RoutedJournalClient`: a JournalClient whose reads go straight to the journal's primary.
+"""`RoutedJournalClient`: a JournalClient whose reads and appends go straight to the
+journal's primary.
 
-A plain `JournalClient` sends every RPC to its one broker, which proxies a read of a
-journal it is not primary of to the primary: a second RPC, and the proxying broker's CPU
-for every message of the stream. Thousands of shards of a consumer process each holding a
-blocking read made that proxying a third of the brokers' CPU while the shards started.
-This client remembers each journal's route — from the header of a read's first response
-and from listings (`note_route`) — and opens a read of a journal whose primary it knows on
-a channel to that broker's advertised endpoint, as Gazette's routed journal client does.
-Everything else, and reads of journals whose route it doesn't know, go to its own broker.
+A plain `JournalClient` sends every RPC to its one broker, which proxies a read or an append
+of a journal it is not primary of to the primary: a second RPC, and the proxying broker's
+CPU for every message of the stream. Thousands of shards of a consumer process each holding
+a blocking read made that proxying a third of the brokers' CPU while the shards started, and
+every transaction's appends (outputs, ACKs, the recovery log) paid it again. This client
+remembers each journal's route — from the header of a read's first response, of an append's
+response (an OK or a refusal such as NOT_JOURNAL_PRIMARY_BROKER) and from listings
+(`note_route`) — and opens a read or an append of a journal whose primary it knows on a
+channel to that broker's advertised endpoint, as Gazette's routed journal client does for
+both. Everything else, and RPCs of journals whose route it doesn't know, go to its own
+broker.
 
 Routes are hints: a read sent to a broker that is no longer primary is proxied by that
 broker as before. A routed read that fails as UNAVAILABLE (the broker unreachable, its
 connection lost, or it not serving) forgets the journal's route, and that endpoint is not
 routed to again for `ENDPOINT_BACKOFF_SECONDS`, so that the retry goes through this client's
-own broker. Only that code, and only of a call sent to that endpoint (`read_failed`), as
+own broker; a routed append the same. Only that code, and only of a call sent to that
+endpoint (`read_failed`, `append_failed`), as
 Gazette's dispatcher invalidates a route only on Unavailable: a call cancelled, a token
 expired (DEADLINE_EXCEEDED), a message too large for this client, or a failure of the
 client's own broker say nothing of the primary, and its retry goes to the primary again. At
@@ -51,6 +56,7 @@ PEER_SWEEP_SECONDS = 30.0
 _MAX_ROUTES = 100_000
 
 ReadCallable = grpc.aio.UnaryStreamMultiCallable[pb.ReadRequest, pb.ReadResponse]
+AppendCallable = grpc.aio.StreamUnaryMultiCallable[pb.AppendRequest, pb.AppendResponse]
 
 
 class _PeerRead(ReadCallable):
@@ -60,6 +66,7 @@ class _PeerRead(ReadCallable):
         self.endpoint = endpoint
         self.client = client
         self.calls = 0  # Calls not yet done. -1 once one could not be counted: never closed.
+        self.append = _PeerAppend(self)
 
     def __call__(
         self,
@@ -78,6 +85,11 @@ class _PeerRead(ReadCallable):
             wait_for_ready=wait_for_ready,
             compression=compression,
         )
+        self.count(call)
+        return call
+
+    def count(self, call: grpc.aio.Call) -> None:
+        """Count `call` among the channel's calls until it is done."""
         if self.calls >= 0:
             try:
                 call.add_done_callback(self._ended)
@@ -85,11 +97,37 @@ class _PeerRead(ReadCallable):
                 self.calls = -1
             else:
                 self.calls += 1
-        return call
 
     def _ended(self, _call: object) -> None:
         if self.calls > 0:
             self.calls -= 1
+
+
+class _PeerAppend(AppendCallable):
+    """The Append callable of a peer broker's channel (its calls counted with its reads')."""
+
+    def __init__(self, peer: _PeerRead) -> None:
+        self.peer = peer
+
+    def __call__(
+        self,
+        request_iterator: object = None,
+        timeout: float | None = None,
+        metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]] | None = None,
+        credentials: grpc.CallCredentials | None = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse]:
+        call = self.peer.client.rpc_append(
+            request_iterator,  # type: ignore[arg-type]
+            timeout=timeout,
+            metadata=metadata,
+            credentials=credentials,
+            wait_for_ready=wait_for_ready,
+            compression=compression,
+        )
+        self.peer.count(call)
+        return call
 
 
 class RoutedJournalClient(JournalClient):
@@ -115,6 +153,7 @@ class RoutedJournalClient(JournalClient):
         self._unused: set[str] = set()  # Endpoints found unused by the last sweep.
         self._closing: set[asyncio.Task[None]] = set()
         self.routed_reads = 0  # Reads sent to a primary's own endpoint (tests, diagnostics).
+        self.routed_appends = 0  # Appends sent to a primary's own endpoint.
 
     @property
     def peer_endpoints(self) -> list[str]:
@@ -122,20 +161,32 @@ class RoutedJournalClient(JournalClient):
         return [ep for ep, peer in self._peers.items() if peer is not None]
 
     def read_rpc(self, journal: str) -> ReadCallable:
-        self._maybe_sweep()
-        endpoint = self._primaries.get(_name(journal))
-        if endpoint is None:
-            return self.rpc_read
-        failed = self._failed.get(endpoint)
-        if failed is not None:
-            if self._clock() - failed < ENDPOINT_BACKOFF_SECONDS:
-                return self.rpc_read
-            del self._failed[endpoint]
-        peer = self._peer(endpoint)
+        peer = self._primary_peer(journal)
         if peer is None:
             return self.rpc_read
         self.routed_reads += 1
         return peer
+
+    def append_rpc(self, journal: str) -> AppendCallable:
+        peer = self._primary_peer(journal)
+        if peer is None:
+            return self.rpc_append
+        self.routed_appends += 1
+        return peer.append
+
+    def _primary_peer(self, journal: str) -> _PeerRead | None:
+        """The channel of the journal's primary, if it is known, usable and not this
+        client's own broker."""
+        self._maybe_sweep()
+        endpoint = self._primaries.get(_name(journal))
+        if endpoint is None:
+            return None
+        failed = self._failed.get(endpoint)
+        if failed is not None:
+            if self._clock() - failed < ENDPOINT_BACKOFF_SECONDS:
+                return None
+            del self._failed[endpoint]
+        return self._peer(endpoint)
 
     def note_route(self, journal: str, route: pb.Route) -> None:
         self._maybe_sweep()
@@ -150,13 +201,21 @@ class RoutedJournalClient(JournalClient):
             self._set_primary(name, None)
 
     def read_failed(self, journal: str, rpc: ReadCallable, error: grpc.aio.AioRpcError) -> None:
+        if isinstance(rpc, _PeerRead):
+            self._peer_failed(journal, rpc, error)
+
+    def append_failed(self, journal: str, rpc: AppendCallable, error: grpc.aio.AioRpcError) -> None:
+        if isinstance(rpc, _PeerAppend):
+            self._peer_failed(journal, rpc.peer, error)
+
+    def _peer_failed(self, journal: str, peer: _PeerRead, error: grpc.aio.AioRpcError) -> None:
         if error.code() != grpc.StatusCode.UNAVAILABLE:
             return  # Not a sign of the broker being unreachable (see the module doc).
-        if not isinstance(rpc, _PeerRead) or self._peers.get(rpc.endpoint) is not rpc:
-            return  # Sent through this client's own broker: the primary was not asked.
-        self._failed[rpc.endpoint] = self._clock()
+        if self._peers.get(peer.endpoint) is not peer:
+            return  # A channel closed since (swept): says nothing of the current one.
+        self._failed[peer.endpoint] = self._clock()
         name = _name(journal)
-        if self._primaries.get(name) == rpc.endpoint:
+        if self._primaries.get(name) == peer.endpoint:
             self._set_primary(name, None)
 
     def _set_primary(self, name: str, endpoint: str | None) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from pygazette.client import JournalClient, Reader, routed_client
+from pygazette.client import Appender, JournalClient, Reader, append, routed_client
 from pygazette.client.errors import ReaderCancelled
 from pygazette.client.routed_client import (
     ENDPOINT_BACKOFF_SECONDS,
@@ -22,6 +22,7 @@ from tests.client.fake_broker import (
     Abort,
     FakeBroker,
     Hang,
+    committed,
     content,
     fake_broker,
     header,
@@ -247,3 +248,76 @@ async def test_a_channel_with_a_call_on_it_is_not_closed(
             client.read_rpc(J)
         async with asyncio.timeout(10):
             await opened.closed[old].wait()
+
+
+def routed_commit(route: pb.Route, begin: int, end: int) -> pb.AppendResponse:
+    """An OK AppendResponse whose header names the journal's `route`."""
+    resp = committed(J, begin, end)
+    resp.header.route.CopyFrom(route)
+    return resp
+
+
+async def test_an_append_goes_to_the_primary_an_appends_answer_named(
+    fake: FakeBroker, primary: FakeBroker
+) -> None:
+    route = route_to(f"http://{primary.address}")
+    fake.journal.append_responses.append(routed_commit(route, 0, 2))
+    primary.journal.append_responses.extend(
+        [routed_commit(route, 2, 4), routed_commit(route, 4, 6)]
+    )
+    async with RoutedJournalClient(fake.address) as client:
+        assert client.append_rpc(J) is client.rpc_append  # Nothing known yet.
+        await append(client, J, b"a\n")
+        await append(client, J, b"b\n")
+        await append(client, J + ";meta", b"c\n")  # The same journal.
+        assert client.routed_appends == 2
+    assert [c.requests[1].content for c in fake.journal.append_calls] == [b"a\n"]
+    assert [c.requests[1].content for c in primary.journal.append_calls] == [b"b\n", b"c\n"]
+
+
+async def test_an_append_refused_by_a_broker_that_is_not_primary_goes_to_the_primary(
+    fake: FakeBroker, primary: FakeBroker
+) -> None:
+    """NOT_JOURNAL_PRIMARY_BROKER (as a broker answers a do_not_proxy append) names the
+    route: the retry goes to the primary it names, as Gazette's client follows the route in
+    the refusal's header."""
+    refusal = pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER, header=header())
+    refusal.header.route.CopyFrom(route_to(f"http://{primary.address}"))
+    fake.journal.append_responses.append(refusal)
+    async with RoutedJournalClient(fake.address) as client:
+        resp = await append(client, J, b"a\n")
+        assert resp.commit.end == 2
+        assert client.routed_appends == 1
+    assert len(fake.journal.append_calls) == 1
+    assert [c.requests[1].content for c in primary.journal.append_calls] == [b"a\n"]
+
+
+async def test_a_routed_append_failing_unavailable_forgets_the_primary(
+    fake: FakeBroker, primary: FakeBroker
+) -> None:
+    route = route_to(f"http://{primary.address}")
+    primary.journal.append_responses.append(Abort(grpc.StatusCode.UNAVAILABLE))
+    async with RoutedJournalClient(fake.address) as client:
+        client.note_route(J, route)
+        appender = Appender(client, J)
+        await appender.write(b"a\n")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await appender.commit()
+        # Back through the client's own broker, which the next answer may route again.
+        assert client.append_rpc(J) is client.rpc_append
+        await append(client, J, b"b\n")
+    assert [c.requests[1].content for c in fake.journal.append_calls] == [b"b\n"]
+
+
+async def test_a_routed_append_refused_keeps_the_primary(
+    fake: FakeBroker, primary: FakeBroker
+) -> None:
+    route = route_to(f"http://{primary.address}")
+    primary.journal.append_responses.append(Abort(grpc.StatusCode.PERMISSION_DENIED))
+    async with RoutedJournalClient(fake.address) as client:
+        client.note_route(J, route)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await append(client, J, b"a\n")
+        assert client.append_rpc(J) is not client.rpc_append
+        await append(client, J, b"b\n")
+    assert fake.journal.append_calls == []

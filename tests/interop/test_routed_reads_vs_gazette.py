@@ -1,7 +1,7 @@
-"""pygazette's RoutedJournalClient against a cluster of each system: a blocking read goes to
-its journal's primary once a response named it, and survives that primary being killed
-(the route is forgotten, the read goes back through the client's own broker, and follows
-the journal to its new primary)."""
+"""pygazette's RoutedJournalClient against a cluster of each system: reads and appends go to
+their journal's primary once a response named it (an append's too), and survive that
+primary being killed (the route is forgotten, the RPC goes back through the client's own
+broker, and follows the journal to its new primary)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ async def append_retrying(client: RoutedJournalClient, data: bytes) -> None:
             await asyncio.sleep(0.1)
 
 
+async def read_at_least(rr: RetryReader, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        got += await asyncio.wait_for(rr.read(), WAIT_SECONDS)
+    return got
+
+
 async def _suspended(client: RoutedJournalClient) -> bool:
     with contextlib.suppress(BrokerError):  # Until the journal is assigned.
         return await suspend_journal(client, J, force=True)
@@ -84,15 +91,18 @@ def test_a_routed_read_follows_its_journal_past_a_killed_primary(
             client = await stack.enter_async_context(
                 RoutedJournalClient(cluster.endpoints[outside])
             )
-            await append_retrying(client, b"one\n")
+            await append_retrying(client, b"o")
+            # The first append went through the client's own broker, whose answer named the
+            # primary: the next append, and reads, go to the primary itself.
+            assert client.routed_appends == 0
+            await append_retrying(client, b"ne\n")
+            assert client.routed_appends == 1
 
             rr = RetryReader(client, J, block=True)
-            assert await asyncio.wait_for(rr.read(), WAIT_SECONDS) == b"one\n"
-            # The first read went through the client's own broker, which named the primary:
-            # a second read goes to the primary itself.
+            assert await read_at_least(rr, 4) == b"one\n"
             second = RetryReader(client, J, block=True)
-            assert await asyncio.wait_for(second.read(), WAIT_SECONDS) == b"one\n"
-            assert client.routed_reads == 1
+            assert await read_at_least(second, 4) == b"one\n"
+            assert client.routed_reads == 2
             await second.aclose()
 
             pending = asyncio.create_task(rr.read())
@@ -142,7 +152,7 @@ def test_a_routed_do_not_proxy_read_sent_to_a_broker_without_a_replica_goes_to_o
             client = await stack.enter_async_context(
                 RoutedJournalClient(cluster.endpoints[outside])
             )
-            await append_retrying(client, b"one\n")
+            await append_retrying(first, b"one\n")  # (`client` learns no route from it.)
             rr = RetryReader(client, J, do_not_proxy=True, end_offset=4)
             assert await asyncio.wait_for(rr.read(), 10) == b"one\n"
             assert client.routed_reads == 1
