@@ -49,9 +49,18 @@ class FragmentReader(ByteStream):
     once the underlying file ended exactly at `fragment.end`.
     """
 
-    def __init__(self, raw: RawSource, fragment: pb.Fragment, *, codec: int | None = None) -> None:
+    def __init__(
+        self,
+        raw: RawSource,
+        fragment: pb.Fragment,
+        *,
+        codec: int | None = None,
+        start: int | None = None,
+    ) -> None:
+        """`start`: the journal offset of `raw`'s first byte, if not the fragment's begin
+        (an uncompressed fragment opened at an offset)."""
         self.fragment = fragment
-        self.offset = fragment.begin
+        self.offset = fragment.begin if start is None else start
         self._raw: RawSource | None = raw
         codec = fragment.compression_codec if codec is None else codec
         try:
@@ -59,7 +68,7 @@ class FragmentReader(ByteStream):
         except ValueError as exc:
             raw.close()
             raise FragmentReadError(f"cannot read fragment {_describe(fragment)}: {exc}") from exc
-        self._decoded_end = fragment.begin  # Journal offset just past all content decoded so far.
+        self._decoded_end = self.offset  # Journal offset just past all content decoded so far.
         self._buf = b""
         self._pos = 0
         self._eof = False
@@ -163,10 +172,16 @@ class FragmentReader(ByteStream):
 
 
 async def new_fragment_reader(
-    raw: RawSource, fragment: pb.Fragment, offset: int, *, codec: int | None = None
+    raw: RawSource,
+    fragment: pb.Fragment,
+    offset: int,
+    *,
+    codec: int | None = None,
+    start: int | None = None,
 ) -> FragmentReader:
-    """Wrap an open raw fragment file and position it at journal `offset`."""
-    reader = FragmentReader(raw, fragment, codec=codec)
+    """Wrap an open raw fragment file and position it at journal `offset` (`start`: the
+    journal offset of `raw`'s first byte, if not the fragment's begin)."""
+    reader = FragmentReader(raw, fragment, codec=codec, start=start)
     try:
         await reader.skip_to(offset)
     except BaseException:
@@ -191,20 +206,20 @@ async def open_fragment_url(
         )
     # The worker thread opening it goes on if the caller is cancelled meanwhile: what it
     # opens is then closed as soon as it has, rather than left to garbage collection.
-    opening = asyncio.ensure_future(asyncio.to_thread(_open_raw, fragment, url, file_root))
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_raw, fragment, url, file_root, offset))
     try:
-        raw, codec = await asyncio.shield(opening)
+        raw, codec, start = await asyncio.shield(opening)
     except asyncio.CancelledError:
         opening.add_done_callback(_close_abandoned)
         raise
-    return await new_fragment_reader(raw, fragment, offset, codec=codec)
+    return await new_fragment_reader(raw, fragment, offset, codec=codec, start=start)
 
 
-def _close_abandoned(opening: asyncio.Future[tuple[RawSource, int]]) -> None:
+def _close_abandoned(opening: asyncio.Future[tuple[RawSource, int, int]]) -> None:
     """Close a raw source opened for a caller that was cancelled meanwhile."""
     if opening.cancelled() or opening.exception() is not None:
         return  # Nothing was opened (the exception is retrieved: not logged as lost).
-    raw, _codec = opening.result()
+    raw, _codec, _start = opening.result()
     opening.get_loop().run_in_executor(None, _close_quietly, raw)
 
 
@@ -214,11 +229,21 @@ def _close_quietly(raw: RawSource) -> None:
 
 
 def _open_raw(
-    fragment: pb.Fragment, url: str, file_root: str | Path | None
-) -> tuple[RawSource, int]:
-    """Worker thread: open the URL; returns the raw source and the codec to decode it with."""
+    fragment: pb.Fragment, url: str, file_root: str | Path | None, offset: int | None = None
+) -> tuple[RawSource, int, int]:
+    """Worker thread: open the URL; returns the raw source, the codec to decode it with and
+    the journal offset of its first byte.
+
+    An uncompressed fragment is opened at `offset` (a seek; a ranged GET, which a server may
+    ignore), where Gazette's client reads it from its start and discards up to the offset:
+    a Spark partition or a resumed read beginning deep in a large fragment fetched all of
+    it before. A compressed one is read from its start.
+    """
     parts = urlsplit(url)
     codec = fragment.compression_codec
+    skip = 0  # Bytes of an uncompressed fragment to open it past.
+    if codec == pb.NONE and offset is not None and fragment.begin < offset < fragment.end:
+        skip = offset - fragment.begin
     if parts.scheme == "file":
         # A URL's path is percent-encoded, but brokers sign a file:// store's fragment as its
         # path verbatim (as Gazette's does), and journal names may hold '%': a path that
@@ -238,7 +263,13 @@ def _open_raw(
             raise FragmentOpenError(f"cannot open fragment file {path}: {exc}") from exc
         if codec == pb.GZIP_OFFLOAD_DECOMPRESSION:
             codec = pb.GZIP  # A file holds the gzip bytes; no store decompresses for us.
-        return fobj, codec
+        if skip:
+            try:
+                fobj.seek(skip)
+            except OSError as exc:
+                fobj.close()
+                raise FragmentOpenError(f"cannot seek fragment file {path}: {exc}") from exc
+        return fobj, codec, fragment.begin + skip
 
     if parts.scheme in ("http", "https"):
         request = urllib.request.Request(url, method="GET")
@@ -247,6 +278,8 @@ def _open_raw(
             request.add_header("Accept-Encoding", "identity")
         elif codec == pb.GZIP:
             request.add_header("Accept-Encoding", "gzip")
+        if skip:
+            request.add_header("Range", f"bytes={skip}-")
         try:
             resp = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS)
         except urllib.error.HTTPError as exc:
@@ -260,7 +293,18 @@ def _open_raw(
             # Stores should honour "identity" and send content; some send gzip regardless.
             encoding = (resp.headers.get("Content-Encoding") or "").lower()
             codec = pb.GZIP if encoding == "gzip" else pb.NONE
-        return resp, codec
+        start = fragment.begin
+        if skip and resp.status == 206:
+            # The range asked for, or the server's answer is not to be trusted.
+            served = resp.headers.get("Content-Range") or ""
+            if not served.startswith(f"bytes {skip}-"):
+                resp.close()
+                raise FragmentOpenError(
+                    f"fetching fragment {_redact(url)} failed: asked for bytes {skip}- and "
+                    f"got {served or 'no Content-Range'}"
+                )
+            start += skip
+        return resp, codec, start
 
     raise FragmentOpenError(f"unsupported fragment URL scheme {parts.scheme!r} ({_redact(url)})")
 

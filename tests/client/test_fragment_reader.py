@@ -211,6 +211,89 @@ async def test_offloaded_gzip_is_decoded_as_the_store_sends_it(http_server: str)
             assert await read_all(reader) == DATA
 
 
+class _RangeHandler(http.server.BaseHTTPRequestHandler):
+    """Serves `body`, honouring a Range header ('bytes=N-') as S3 does; records each one."""
+
+    body = b""
+    ranges: list[str | None] = []
+    content_range = ""  # Answered instead of the right one, if set.
+
+    def do_GET(self) -> None:
+        asked = self.headers.get("Range")
+        self.ranges.append(asked)
+        if asked is None:
+            self.send_response(200)
+            body = self.body
+        else:
+            start = int(asked.removeprefix("bytes=").removesuffix("-"))
+            body = self.body[start:]
+            self.send_response(206)
+            self.send_header(
+                "Content-Range",
+                self.content_range or f"bytes {start}-{len(self.body) - 1}/{len(self.body)}",
+            )
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_an_uncompressed_fragment_is_opened_at_the_offset(
+    tmp_path: Path, http_server: str
+) -> None:
+    # Gazette's client GETs a fragment whole and discards up to the offset: a Spark partition
+    # or a resumed read beginning deep in a large uncompressed fragment fetched all of it.
+    # An uncompressed one is fetched from the offset (a compressed one must be decoded from
+    # its start).
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/f?X-Amz-Signature=x"
+    try:
+        frag = fragment(500, 500 + len(DATA), pb.NONE)
+        _RangeHandler.body, _RangeHandler.ranges = DATA, []
+        for offset in (500 + 123_457, 500, frag.end - 1, frag.end):
+            async with await open_fragment_url(frag, offset, url) as reader:
+                assert reader.offset == offset
+                assert await read_all(reader) == DATA[offset - 500 :]
+        assert _RangeHandler.ranges == ["bytes=123457-", None, f"bytes={len(DATA) - 1}-", None]
+        # Compressed: from its start.
+        _RangeHandler.body, _RangeHandler.ranges = codecs.compress(pb.ZSTANDARD, DATA), []
+        zfrag = fragment(500, 500 + len(DATA), pb.ZSTANDARD)
+        async with await open_fragment_url(zfrag, 500 + 123_457, url) as reader:
+            assert await read_all(reader) == DATA[123_457:]
+        assert _RangeHandler.ranges == [None]
+        # The length checks hold from the offset: a fragment longer or shorter than its name.
+        _RangeHandler.body = DATA + b"more"
+        with pytest.raises(DidNotReadExpectedEOF):
+            async with await open_fragment_url(frag, 600, url) as reader:
+                await read_all(reader)
+        _RangeHandler.body = DATA[:-1]
+        with pytest.raises(UnexpectedFragmentEOF):
+            async with await open_fragment_url(frag, 600, url) as reader:
+                await read_all(reader)
+        # A range the server answered for other bytes is refused, not read as if asked.
+        _RangeHandler.body, _RangeHandler.content_range = DATA, "bytes 0-9/10"
+        with pytest.raises(FragmentOpenError, match="asked for bytes 100- and got bytes 0-9/10"):
+            await open_fragment_url(frag, 600, url)
+    finally:
+        _RangeHandler.content_range = ""
+        server.shutdown()
+        server.server_close()
+    # A server that ignores Range (200, all of it): discarded up to the offset, as before.
+    _Handler.files["/norange.raw"] = (DATA, "")
+    async with await open_fragment_url(frag, 600, f"{http_server}/norange.raw") as reader:
+        assert await read_all(reader) == DATA[100:]
+    # A file is opened at the offset (a seek).
+    path = write(tmp_path, DATA, pb.NONE)
+    async with await open_fragment_url(frag, 600, path.as_uri()) as reader:
+        assert reader.offset == 600
+        assert reader._raw is not None and reader._raw.tell() > 0  # type: ignore[attr-defined]
+        assert await read_all(reader) == DATA[100:]
+
+
 async def test_http_errors_are_open_errors(http_server: str) -> None:
     with pytest.raises(FragmentOpenError, match="HTTP 404") as info:
         await open_fragment_url(fragment(0, 1, pb.NONE), 0, f"{http_server}/missing?sig=secret")
@@ -246,13 +329,13 @@ async def test_a_read_cancelled_while_it_opens_closes_what_it_opened(
     open_raw = fr._open_raw
 
     def open_slowly(
-        fragment: pb.Fragment, url: str, file_root: str | Path | None
-    ) -> tuple[fr.RawSource, int]:
-        raw, codec = open_raw(fragment, url, file_root)
+        fragment: pb.Fragment, url: str, file_root: str | Path | None, offset: int | None
+    ) -> tuple[fr.RawSource, int, int]:
+        raw, codec, start = open_raw(fragment, url, file_root, offset)
         opened.append(_Recorded(raw))  # Held here: garbage collection won't close it.
         in_open.set()
         go_on.wait(30)
-        return opened[-1], codec
+        return opened[-1], codec, start
 
     monkeypatch.setattr(fr, "_open_raw", open_slowly)
     task = asyncio.ensure_future(open_fragment_url(fragment(0, len(DATA), pb.NONE), 0, url))
