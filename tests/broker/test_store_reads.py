@@ -74,7 +74,11 @@ def _put_fragments(
         )
         frag.sum.CopyFrom(sha1sum_from_digest(hashlib.sha1(content).digest()))
         key = fragment_content_path(frag)
-        s3.client().put_object(Bucket=bucket, Key=key, Body=codecs.compress(codec, content))
+        # As the persister puts them: an offloaded gzip fragment says it is gzip-encoded.
+        extra = {"ContentEncoding": "gzip"} if codec == pb.GZIP_OFFLOAD_DECOMPRESSION else {}
+        s3.client().put_object(
+            Bucket=bucket, Key=key, Body=codecs.compress(codec, content), **extra
+        )
         out.append((frag, key))
         begin += len(content)
     return out
@@ -133,7 +137,7 @@ async def test_a_fragment_removed_while_the_broker_reads_it_is_read_to_its_end(
     ]
 
 
-@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP, pb.ZSTANDARD])
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.GZIP_OFFLOAD_DECOMPRESSION])
 async def test_reads_from_offsets_inside_a_fragment(
     broker: Broker, real_s3: RealS3Server, codec: int
 ) -> None:
@@ -169,7 +173,7 @@ async def test_reads_from_offsets_inside_a_fragment(
             assert content == whole[offset : end_offset or None], (offset, end_offset)
 
 
-@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP])
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP, pb.GZIP_OFFLOAD_DECOMPRESSION])
 async def test_a_fragment_removed_while_a_client_reads_its_signed_url_is_read_to_its_end(
     real_s3: RealS3Server, tmp_path: Path, codec: int
 ) -> None:
