@@ -137,11 +137,44 @@ def describe(exc: BaseException) -> str:
     text = str(exc).strip()
     lines = text.splitlines()
     first = lines[0] if lines else type(exc).__name__
-    reason = _answer_reason(text.split("\nDebug source:", 1)[0])
+    report, _, debug = text.partition("\nDebug source:")
+    reason = _answer_reason(report) or _transport_reason(first, debug)
     first = _ANSWER_START.sub("", first)  # Or a ': ' with nothing after (a HEAD's answer).
     if reason:
         return f"{first[:400]}: {reason[:300]}"
     return first[:500]
+
+
+# What obstore's first line says of a request that got no answer, whose cause (refused,
+# reset, timed out, a name that does not resolve, a certificate refused) is in its debug dump.
+_TRANSPORT_FAILURES = ("error sending request", "request or response body error")
+_DEBUG_MESSAGE = re.compile(r'\b(?:message|error): "((?:[^"\\]|\\.){1,300})"')
+_DEBUG_CERTIFICATE = re.compile(r"\b(InvalidCertificate\([^)]{1,100}\))")
+
+
+def _transport_reason(first: str, debug: str) -> str:
+    """The innermost cause of a request that failed without an answer, from obstore's debug
+    dump: the OS's or resolver's message, a refused certificate, or 'timed out'."""
+    if not first.rstrip().endswith(_TRANSPORT_FAILURES):
+        return ""
+    messages: list[str] = _DEBUG_MESSAGE.findall(debug)
+    if messages:
+        return messages[-1].replace('\\"', '"')
+    if found := _DEBUG_CERTIFICATE.search(debug):
+        return found.group(1)
+    if "TimedOut" in debug or "kind: Timeout" in debug:
+        return "timed out"
+    if found := _DEBUG_HYPER.search(debug):
+        kind = found.group(1)
+        return _HYPER_ERRORS.get(kind, kind)
+    return ""
+
+
+_DEBUG_HYPER = re.compile(r"hyper::Error\(\s*(\w+)")
+_HYPER_ERRORS = {
+    "IncompleteMessage": "the connection closed before the answer was complete",
+    "ChannelClosed": "the connection closed",
+}
 
 
 # Where the first line of a report shows the start of the store's answer.

@@ -338,3 +338,66 @@ def test_errors_are_described_by_the_stores_own_reason() -> None:
     assert object_store.describe(Exception("HTTP error: error sending request\nmore")) == (
         "HTTP error: error sending request"
     )
+    # A request that got no answer: the innermost cause, from the debug dump.
+    body = (
+        "Generic S3 error: HTTP error: request or response body error\n\nDebug source:\n"
+        "Generic { source: HttpError { kind: Timeout, source: reqwest::Error { kind: Body, "
+        "source: TimedOut } } }"
+    )
+    assert object_store.describe(Exception(body)) == (
+        "Generic S3 error: HTTP error: request or response body error: timed out"
+    )
+    tls = (
+        f"{head} - HTTP error: error sending request\n\nDebug source:\nGeneric {{ source: "
+        "Custom { kind: InvalidData, error: InvalidCertificate(UnknownIssuer) } }"
+    )
+    assert object_store.describe(Exception(tls)).endswith(
+        "error sending request: InvalidCertificate(UnknownIssuer)"
+    )
+
+
+async def test_a_stream_stalled_mid_object_resumes_or_fails_within_the_stall_timeout(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A streaming read has no deadline on the whole GET (a reader may take its time), only
+    # on stalls: a connection silently lost mid-object is noticed after STALL_TIMEOUT, and
+    # the rest of the object is fetched again from where it stopped (the client's retry).
+    from datetime import timedelta
+
+    from pygazette.stores import cloud_stores
+
+    monkeypatch.setattr(cloud_stores, "STALL_TIMEOUT", timedelta(seconds=1))
+    bucket = s3_server.create_bucket()
+    data = bytes(range(256)) * (64 * 4096)  # 64 MiB: far more than the connection buffers.
+    local = tmp_path / "f"
+    local.write_bytes(data)
+    proxy = TcpProxy(s3_server.port)
+    try:
+        store = _open(s3_server.store_url(bucket, endpoint=proxy.endpoint), tmp_path)
+        await store.put_file("j/0-1-x.raw", local)
+        reader = await store.open_read("j/0-1-x.raw")
+        got = [await reader.next()]
+        proxy.stall_open()
+        started = time.monotonic()
+        while chunk := await reader.next():
+            got.append(chunk)
+        assert b"".join(got) == data
+        assert time.monotonic() - started < 15
+        # And a store that cannot be reached says why, not just 'error sending request'.
+        proxy.cut()  # Connections accepted, and closed at once.
+        with pytest.raises(StoreError) as failed:
+            await store.open_read("j/0-1-x.raw")
+        assert str(failed.value).endswith(
+            (
+                "error sending request: the connection closed before the answer was complete",
+                "error sending request: Connection reset by peer",  # Closed as it was sent.
+            )
+        ), str(failed.value)
+    finally:
+        proxy.close()
+    refused = _open(f"s3://{bucket}/?endpoint=http://127.0.0.1:1&region={REGION}", tmp_path)
+    with pytest.raises(StoreError) as failed:
+        await refused.list_files("j/")
+    assert str(failed.value).endswith("error sending request: Connection refused"), str(
+        failed.value
+    )
