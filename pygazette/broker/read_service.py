@@ -63,8 +63,9 @@ GAP_WAIT_SECONDS = 2.0
 # In cluster mode, how long a non-blocking read waits for committed content to be confirmed
 # by every replica (normally a round trip) before answering without it.
 CONFIRM_WAIT_SECONDS = 2.0
-# Fragment URLs in Read responses stay valid this long.
-FRAGMENT_URL_TTL_SECONDS = 3600.0
+# Fragment URLs in Read responses stay valid this long: a minute, as Gazette's broker signs
+# them (fragment.Index.Query: SignGetURL(..., time.Minute)); the reader opens one at once.
+FRAGMENT_URL_TTL_SECONDS = 60.0
 
 
 async def serve_read(

@@ -195,3 +195,25 @@ async def test_a_fragment_removed_while_a_client_reads_its_signed_url_is_read_to
             got.append(chunk)
         assert b"".join(got) == content[offset:]
         await reader.aclose()
+
+
+async def test_fragment_urls_of_reads_are_signed_for_a_minute_as_gazettes(
+    broker: Broker, real_s3: RealS3Server
+) -> None:
+    # Gazette's broker signs a Read response's fragment URL for a minute (fragment/index.go:
+    # SignGetURL(..., time.Minute)); pygazette's were good for an hour, so a URL caught from
+    # a response (a log, a proxy) read the fragment 60 times longer.
+    name = "read/s3-url-ttl"
+    bucket = real_s3.create_bucket()
+    [(_, key)] = _put_fragments(real_s3, bucket, name, pb.NONE, [b"x" * 100])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+        stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+        spec = journal_spec(name, stores=[real_s3.store_url(bucket)])
+        assert (await apply_specs(stub, spec)).status == pb.OK
+        replica = broker.resolver.resolve(name)
+        assert replica is not None
+        await replica.refresh()
+        req = pb.ReadRequest(journal=name, offset=0, do_not_proxy=True)
+        urls = [r.fragment_url async for r in stub.Read(req, timeout=30) if r.fragment_url]
+    assert len(urls) == 1 and f"/{bucket}/{key}?" in urls[0], urls
+    assert "X-Amz-Expires=60&" in urls[0] or urls[0].endswith("X-Amz-Expires=60"), urls[0]
