@@ -382,7 +382,7 @@ async def test_a_stream_stalled_mid_object_resumes_or_fails_within_the_stall_tim
         while chunk := await reader.next():
             got.append(chunk)
         assert b"".join(got) == data
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 30  # A margin for a loaded machine.
         # And a store that cannot be reached says why, not just 'error sending request'.
         proxy.cut()  # Connections accepted, and closed at once.
         with pytest.raises(StoreError) as failed:
