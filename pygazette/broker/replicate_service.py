@@ -254,6 +254,7 @@ class _RouteWatch:
         # state comes with every keyspace change, so the route is looked up only then.
         self._state: object = None
         self._route_matches = False
+        self._left = False  # This broker left the route, whose primary is the stream's.
         self._receiving = False
         self._task = asyncio.current_task()
         self._watcher = (
@@ -263,13 +264,20 @@ class _RouteWatch:
         )
 
     def _check(self) -> ReplicateAborted | None:
-        if self.replica.stopping:
-            return ReplicateAborted(grpc.StatusCode.UNAVAILABLE, REPLICA_STOPPING)
         state = self.resolver.observed.current
         if state is not self._state:
             route = self.resolver.journal_route(state, self.journal)
             self._route_matches = _primary_continues(route, self.stream_route, self.header)
+            self._left = _left_under_primary(route, self.stream_route, self.header)
             self._state = state
+        if self.replica.stopping and not (self._left and self.resolver.serving):
+            return ReplicateAborted(grpc.StatusCode.UNAVAILABLE, REPLICA_STOPPING)
+        if self._left:
+            # Dropped from the route under the same primary (a replica the journal no longer
+            # wants): the stream goes on until the primary, told of the route, closes it (or
+            # the replica's stop cuts it off, STOP_WAIT_SECONDS), as Gazette's replicas serve
+            # a stream to its end. Its commits are then confirmed, and persisted from here.
+            return None
         if not self._route_matches or self.replica.primary:
             return ReplicateAborted(grpc.StatusCode.ABORTED, STALE_STREAM)
         return None
@@ -335,6 +343,20 @@ def _primary_continues(route: pb.Route, stream_route: pb.Route, header: pb.Heade
         return False
     me = header.process_id
     return any(m.zone == me.zone and m.suffix == me.suffix for m in route.members)
+
+
+def _left_under_primary(route: pb.Route, stream_route: pb.Route, header: pb.Header) -> bool:
+    """Whether this broker (`header.process_id`) has left the journal's `route`, whose primary
+    is still the stream's."""
+    if not 0 <= route.primary < len(route.members):
+        return False
+    if not 0 <= stream_route.primary < len(stream_route.members):
+        return False
+    new, old = route.members[route.primary], stream_route.members[stream_route.primary]
+    if (new.zone, new.suffix) != (old.zone, old.suffix):
+        return False
+    me = header.process_id
+    return not any(m.zone == me.zone and m.suffix == me.suffix for m in route.members)
 
 
 def _validate(req: pb.ReplicateRequest, known: pb.Header | None = None) -> None:
