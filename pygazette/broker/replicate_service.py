@@ -17,7 +17,9 @@ Unlike Gazette's replicas, it drops the stream as soon as its keyspace shows the
 another primary (or without this broker): a primary that was cut off (frozen, partitioned)
 and has since been replaced can't commit anything through it. Members joining or leaving
 under the same primary don't end it (`_primary_continues`): the appends in flight complete,
-as with Gazette, and the primary's next append opens a pipeline on the new route.
+as with Gazette, and the primary's next append opens a pipeline on the new route. A replica
+dropped from the route meanwhile serves the stream until the primary closes it, or its stop
+cuts it off (`_left_under_primary`).
 """
 
 from __future__ import annotations
