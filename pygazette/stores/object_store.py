@@ -174,6 +174,7 @@ _DEBUG_HYPER = re.compile(r"hyper::Error\(\s*(\w+)")
 _HYPER_ERRORS = {
     "IncompleteMessage": "the connection closed before the answer was complete",
     "ChannelClosed": "the connection closed",
+    "Canceled": "the connection closed before the request was sent",
 }
 
 
