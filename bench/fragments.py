@@ -293,9 +293,12 @@ async def main(mb: int, fragment_mb: int, quick: bool) -> dict[str, object]:
                 spec.fragment.stores.append(url)
                 spec.fragment.refresh_interval.seconds = 300
                 await load_journal(broker, spec, data)
-            broker.stop()  # Persists every spool: reads come from the stores.
+            # Persists every spool: reads come from the stores (checked: a stop that timed
+            # out would leave spools that the restarted broker serves instead).
+            broker.stop(timeout=600)
             broker.start()
             for target in stores:
+                await all_persisted(broker, f"bench/read/{target}", len(data))
                 read_root = broker.file_root if target == "file" else None
                 reads[target] = await read_runs(
                     broker, f"bench/read/{target}", len(data), runs, read_root
