@@ -11,6 +11,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
@@ -210,6 +211,9 @@ class SyncJournalClient:
         except BaseException:
             self._loop.stop()
             raise
+        # The process that owns the loop's thread: a child forked from it inherits the
+        # atexit hook but not the thread (`_close_at_exit`).
+        self._pid = os.getpid()
         atexit.register(self._close_at_exit)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -358,8 +362,12 @@ class SyncJournalClient:
 
     def _close_at_exit(self) -> None:
         """`close`, bounded by `exit_flush_seconds`: the interpreter is exiting with this
-        client open (its loop runs on a daemon thread, which exit would stop mid-append)."""
-        if self._loop.closing:
+        client open (its loop runs on a daemon thread, which exit would stop mid-append).
+        Not in a child forked from the process that opened it: fork doesn't copy the loop's
+        thread, so nothing would run what is sent to the loop (the child's exit waited
+        `exit_flush_seconds`, then for ever on the loop's stop); what is queued is the
+        parent's to send."""
+        if self._loop.closing or os.getpid() != self._pid:
             return
         deadline = time.monotonic() + self.exit_flush_seconds
         try:

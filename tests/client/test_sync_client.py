@@ -290,3 +290,41 @@ def test_appends_that_cannot_be_sent_at_exit_are_reported_lost() -> None:
     assert done.returncode == 0, done.stderr
     assert re.search(r"\d+ queued appends were not committed within 1 s and are lost", done.stderr)
     assert time.monotonic() - started < 60
+
+
+_FORKS_OPEN = """
+import os, sys, time
+from pygazette.client import SyncJournalClient
+
+client = SyncJournalClient(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # The child exits normally: its interpreter runs the atexit hooks.
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exited", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    print("child hung at exit")
+client.close()
+"""
+
+
+def test_a_child_forked_with_a_client_open_exits_at_once() -> None:
+    """A child forked from a process with a client open inherits its exit hook but not its
+    loop's thread: its exit leaves the client alone (the parent's), rather than waiting on a
+    loop nothing runs (exit_flush_seconds, then for ever)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKS_OPEN, f"http://127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "child exited 0", done.stderr
