@@ -44,6 +44,11 @@ LEEWAY_SECONDS = 5.0
 SIGNING_ALGORITHM = "HS256"
 VERIFY_ALGORITHMS = ["HS256", "HS384"]
 MAX_CACHED_TOKENS = 4096
+# A token of at most this lifetime (a Shard RPC's or a journal Apply's minute) is reused for
+# at most REUSE_SHORT_SECONDS: a call gets (nearly) all of its lifetime, as Gazette's clients
+# sign one per call. A Stat waiting for a shard to read through runs until it expires.
+SHORT_TOKEN_TTL = 60.0
+REUSE_SHORT_SECONDS = 1.0
 
 # PyJWT checks the signature and algorithm only; the claims are checked as Go checks them.
 _SIGNATURE_ONLY: jwt.types.Options = {
@@ -131,7 +136,8 @@ class KeyedAuth:
         self, claims: Claims, ttl: float = DEFAULT_TOKEN_TTL
     ) -> tuple[tuple[str, str], ...]:
         """The authorization metadata for `claims`: a cached token while it has at least half
-        its lifetime left, else a freshly signed one."""
+        its lifetime left (a short-lived one: all but REUSE_SHORT_SECONDS of it), else a
+        freshly signed one."""
         cap, sel = claims.cache_key()
         key = (cap, sel, ttl)
         now = time.monotonic()
@@ -142,7 +148,8 @@ class KeyedAuth:
         with self._lock:
             if len(self._cache) >= MAX_CACHED_TOKENS:
                 self._cache.clear()
-            self._cache[key] = _Cached(md, now + ttl / 2)
+            reuse = ttl / 2 if ttl > SHORT_TOKEN_TTL else min(ttl / 2, REUSE_SHORT_SECONDS)
+            self._cache[key] = _Cached(md, now + reuse)
         return md
 
     # Verifying.

@@ -206,3 +206,36 @@ async def test_shard_rpcs_are_authorized(setup: Setup) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await anonymous.list_shards()
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_blocking_stat_has_its_tokens_whole_lifetime(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Stat waiting for its shard to read through an offset runs until its token expires:
+    a fresh token's whole lifetime, as Gazette's client signs one per call. The client's
+    token cache handed out a Shard RPC's (one-minute) token until half its lifetime had gone,
+    so such a Stat was cut after as little as half of it, depending on when an earlier call
+    signed the token."""
+    import asyncio
+
+    from pygazette.auth import rpc_claims
+    from pygazette.auth.keyed_auth import LEEWAY_SECONDS
+
+    ttl = 8.0  # A Shard RPC token's lifetime (a minute), shortened for the test.
+    monkeypatch.setitem(rpc_claims.TOKEN_TTL, "/consumer.Shard/Stat", ttl)
+    c0, _ = setup.consumers
+    async with ShardClient(c0.url, auth=AUTH, route_stat=False) as admin:
+        change = cpb.ApplyRequest.Change(upsert=shard_spec(), expect_mod_revision=0)
+        assert (await admin.apply([change])).status == cpb.OK
+        await _primary(admin)
+
+    async with ShardClient(c0.url, auth=KeyedAuth(KEYS), route_stat=False) as client:
+        assert (await client.stat(SHARD)).status == cpb.OK  # Its token is signed now.
+        await asyncio.sleep(ttl / 2 - 0.5)  # The token has a little over half its life left.
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.stat(SHARD, {SOURCE: 1 << 40}, within=60)  # Never read through.
+        took = time.monotonic() - began
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "authorization expired" in (info.value.details() or "")
+    assert took >= ttl + LEEWAY_SECONDS - 1.0, f"cut after {took:.1f} s"
