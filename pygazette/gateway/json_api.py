@@ -432,6 +432,12 @@ async def prepare_chunked(request: web.Request, resp: web.StreamResponse) -> Non
     await resp.prepare(request)
 
 
+def trailer_value(value: str) -> str:
+    """`value` as Go's net/http writes a header value: line breaks become spaces (a message
+    of several lines must not end the trailer block or forge another field), then trimmed."""
+    return value.replace("\r", " ").replace("\n", " ").strip(" \t")
+
+
 async def end_with_trailers(
     request: web.Request, resp: web.StreamResponse, trailers: list[tuple[str, str]]
 ) -> None:
@@ -442,7 +448,11 @@ async def end_with_trailers(
         await resp.write_eof()
         return
     writer.chunked = False
-    last = b"0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in trailers) + b"\r\n"
+    last = (
+        b"0\r\n"
+        + b"".join(f"{k}: {trailer_value(v)}\r\n".encode() for k, v in trailers)
+        + b"\r\n"
+    )
     await writer.write(last)
     await resp.write_eof()
 

@@ -23,6 +23,7 @@ import pytest
 from pygazette.auth.capability import Capability
 from pygazette.auth.claims import Claims
 from pygazette.auth.keyed_auth import KeyedAuth
+from pygazette.gateway.json_api import trailer_value
 from pygazette.gateway.jsonpb import marshal
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -393,3 +394,17 @@ async def test_over_https_with_client_certificates(tmp_path: Path) -> None:
         assert content == [base64.b64encode(b"secure\n").decode()], out
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        ("OFFSET_NOT_YET_AVAILABLE", "OFFSET_NOT_YET_AVAILABLE"),
+        ("store: a\r\nX-Forged: 1", "store: a  X-Forged: 1"),
+        ("two\nlines ", "two lines"),
+    ],
+)
+def test_a_trailer_value_stays_on_its_line_as_go_writes_it(value: str, written: str) -> None:
+    """A message of several lines (a store's error, say) must not end the trailer block or
+    forge another field: Go's net/http turns line breaks into spaces."""
+    assert trailer_value(value) == written
