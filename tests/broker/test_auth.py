@@ -30,6 +30,7 @@ from pygazette.client.retention import prune_journal
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
 from pygazette.protocol.pb import retention_pb2 as rpb
+from pygazette.protocol.stream_write import send_all
 from tests.broker.rpc_helpers import journal_spec
 from tests.support.broker_process import BrokerProcess
 
@@ -84,7 +85,12 @@ async def _append(stub: Any, journal: str, data: bytes, md: Metadata) -> pb.Appe
         yield pb.AppendRequest(content=data)
         yield pb.AppendRequest()
 
-    resp: pb.AppendResponse = await stub.Append(reqs(), metadata=md, timeout=30)
+    # Written as pygazette's clients write: a broker refusing the append (no token, say)
+    # ends the stream while we write, and grpc.aio's own request-iterator writer may then
+    # report INTERNAL "Internal error from Core" in place of the broker's status.
+    call = stub.Append(metadata=md, timeout=30)
+    await send_all(call, reqs())
+    resp: pb.AppendResponse = await call
     return resp
 
 

@@ -24,6 +24,7 @@ from pygazette.auth.keyed_auth import KeyedAuth
 from pygazette.auth.rpc_claims import journal_name_selector
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from pygazette.protocol.stream_write import send_all
 from tests.broker.rpc_helpers import apply_specs, journal_spec
 from tests.support.cluster import Cluster, append_once, read_range
 from tests.support.etcd_process import EtcdProcess
@@ -83,7 +84,10 @@ async def test_two_brokers_proxy_and_replicate_with_auth(
             assert resp.status == pb.OK
             # Without a token, the proxying broker refuses before forwarding anything.
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.Append(reqs(), timeout=30)
+                # (Written with send_all: see tests/broker/test_auth.py's _append.)
+                call = stub.Append(timeout=30)
+                await send_all(call, reqs())
+                await call
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         finally:
             await channel.close()
