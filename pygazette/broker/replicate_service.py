@@ -336,29 +336,27 @@ def _primary_continues(route: pb.Route, stream_route: pb.Route, header: pb.Heade
     does: a primary cut off (frozen, partitioned) and since replaced commits nothing here."""
     if routes_equivalent(route, stream_route):
         return True
-    if not 0 <= route.primary < len(route.members):
-        return False
-    if not 0 <= stream_route.primary < len(stream_route.members):
-        return False
-    new, old = route.members[route.primary], stream_route.members[stream_route.primary]
-    if (new.zone, new.suffix) != (old.zone, old.suffix):
-        return False
-    me = header.process_id
-    return any(m.zone == me.zone and m.suffix == me.suffix for m in route.members)
+    return _same_primary(route, stream_route) and _is_member(route, header.process_id)
 
 
 def _left_under_primary(route: pb.Route, stream_route: pb.Route, header: pb.Header) -> bool:
     """Whether this broker (`header.process_id`) has left the journal's `route`, whose primary
     is still the stream's."""
+    return _same_primary(route, stream_route) and not _is_member(route, header.process_id)
+
+
+def _same_primary(route: pb.Route, stream_route: pb.Route) -> bool:
+    """Whether both routes have a primary, and it is the same broker."""
     if not 0 <= route.primary < len(route.members):
         return False
     if not 0 <= stream_route.primary < len(stream_route.members):
         return False
     new, old = route.members[route.primary], stream_route.members[stream_route.primary]
-    if (new.zone, new.suffix) != (old.zone, old.suffix):
-        return False
-    me = header.process_id
-    return not any(m.zone == me.zone and m.suffix == me.suffix for m in route.members)
+    return (new.zone, new.suffix) == (old.zone, old.suffix)
+
+
+def _is_member(route: pb.Route, broker: pb.ProcessSpec.ID) -> bool:
+    return any(m.zone == broker.zone and m.suffix == broker.suffix for m in route.members)
 
 
 def _validate(req: pb.ReplicateRequest, known: pb.Header | None = None) -> None:
