@@ -214,15 +214,14 @@ def apply_cmd(
     match its current revision (0 creates it, -1 applies regardless); "delete: true" deletes
     the journals listed beneath a node. Nothing is applied unless every spec is valid.
     """
-    from google.protobuf import text_format
-
     from pygazette.cli.journalspace import apply_request, parse_journalspace
 
     text = _read_text(specs_path)
     tree = parse_journalspace(text)
     request = apply_request(tree)
     if dry_run:
-        click.echo(text_format.MessageToString(request), nl=False)
+        # The request as gazctl prints it (proto.MarshalText of Gazette's structs).
+        click.echo(output.listing_proto_text(request), nl=False)
         return
 
     async def run(client: JournalClient) -> pb.ApplyResponse:

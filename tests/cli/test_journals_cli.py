@@ -118,6 +118,73 @@ def test_dry_run_applies_nothing(broker: BrokerProcess) -> None:
     assert listed_names(broker) == []
 
 
+DRY_RUN_SPECS = """
+name: dry/
+replication: 2
+labels:
+- name: app
+  value: café
+- name: flag
+fragment:
+  length: 1048576
+  compression_codec: GZIP
+  stores: [file:///a/]
+  refresh_interval: 30s
+  retention: 0s
+  path_postfix_template: date={{ .Spool.FirstAppendTime.Format "2006-01-02" }}
+flags: O_RDONLY
+children:
+- name: dry/a
+  revision: 7
+  max_append_rate: 1000
+- name: dry/b
+  delete: true
+  revision: 3
+"""
+
+# What gazctl v0.103.0 prints for DRY_RUN_SPECS: proto.MarshalText of the ApplyRequest.
+GAZCTL_DRY_RUN = """changes: <
+  expect_mod_revision: 7
+  upsert: <
+    name: "dry/a"
+    replication: 2
+    labels: <
+      labels: <
+        name: "app"
+        value: "caf\\303\\251"
+      >
+      labels: <
+        name: "flag"
+      >
+    >
+    fragment: <
+      length: 1048576
+      compression_codec: GZIP
+      stores: "file:///a/"
+      refresh_interval: <
+        seconds: 30
+      >
+      path_postfix_template: "date={{ .Spool.FirstAppendTime.Format \\"2006-01-02\\" }}"
+    >
+    flags: 1
+    max_append_rate: 1000
+  >
+>
+changes: <
+  expect_mod_revision: 3
+  delete: "dry/b"
+>
+"""
+
+
+def test_dry_run_prints_the_request_as_gazctl_does() -> None:
+    """A dry run needs no broker and prints the ApplyRequest byte for byte as gazctl's."""
+    out = ok(
+        cli("http://127.0.0.1:1", "journals", "apply", "--dry-run", stdin=DRY_RUN_SPECS.encode())
+    )
+    assert out.decode() == GAZCTL_DRY_RUN
+
+
 FRAGMENTED_SPECS = """
 name: lines/
 replication: 1
