@@ -60,7 +60,12 @@ if TYPE_CHECKING:
     )
     from pygazette.client.reader import Reader, read_request
     from pygazette.client.retry_reader import RetryReader, read_journal
-    from pygazette.client.sync_client import SyncAppender, SyncJournalClient
+    from pygazette.client.sync_client import (
+        SyncAppender,
+        SyncClientClosed,
+        SyncClientForked,
+        SyncJournalClient,
+    )
     from pygazette.client.watched_list import WatchedList
 
 __all__ = [
@@ -91,6 +96,8 @@ __all__ = [
     "ReaderCancelled",
     "RetryReader",
     "SyncAppender",
+    "SyncClientClosed",
+    "SyncClientForked",
     "SyncJournalClient",
     "UnexpectedFragmentEOF",
     "WatchedList",
@@ -163,6 +170,8 @@ _EXPORTS: dict[str, str] = {
     "RetryReader": "pygazette.client.retry_reader",
     "read_journal": "pygazette.client.retry_reader",
     "SyncAppender": "pygazette.client.sync_client",
+    "SyncClientClosed": "pygazette.client.sync_client",
+    "SyncClientForked": "pygazette.client.sync_client",
     "SyncJournalClient": "pygazette.client.sync_client",
     "WatchedList": "pygazette.client.watched_list",
 }

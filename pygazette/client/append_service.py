@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
@@ -369,6 +370,9 @@ class AppendService:
         self.client = client
         self.loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        # A child forked from this process has a copy of the service but not its loop's
+        # thread: what it queued would never be sent (`_hold` refuses it).
+        self._pid = os.getpid()
         self.chunk_size = chunk_size
         self.append_cutoff = append_cutoff
         self._backoff = backoff
@@ -439,6 +443,11 @@ class AppendService:
             req.ClearField("content")
             key = _request_key(req)
             journal = req.journal
+        if os.getpid() != self._pid:
+            raise AppendServiceClosed(
+                f"append to {journal}: the AppendService belongs to process {self._pid}, "
+                f"which this process forked from: open a client and service in the child"
+            )
         deps = frozenset(dependencies) if dependencies else _NO_DEPENDENCIES
         me = threading.get_ident()
 

@@ -37,6 +37,11 @@ class SyncClientClosed(RuntimeError):
     """The SyncJournalClient was closed (before or while the call ran)."""
 
 
+class SyncClientForked(SyncClientClosed):
+    """The SyncJournalClient was opened by the process this one was forked from: fork copies
+    neither its loop's thread nor, safely, its gRPC channel, so a child opens its own."""
+
+
 class _LoopThread:
     """An asyncio event loop running forever on a daemon thread."""
 
@@ -48,6 +53,8 @@ class _LoopThread:
         # Results callers wait for (`run`): any still pending once the loop is closed (its
         # coroutine outlived the stop timeout) is cancelled, so no caller waits for ever.
         self._waited: set[Future[Any]] = set()
+        # The process whose thread runs the loop: in a child forked from it, nothing does.
+        self.pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -55,8 +62,19 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    @property
+    def forked(self) -> bool:
+        """True in a child forked from the process that started the loop."""
+        return os.getpid() != self.pid
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (re-raising its exception)."""
+        if self.forked:
+            coro.close()
+            raise SyncClientForked(
+                f"SyncJournalClient was opened in process {self.pid}, and this process "
+                f"({os.getpid()}) is a child forked from it: open a new client in the child"
+            )
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("SyncJournalClient called from its own event loop thread")
@@ -81,7 +99,14 @@ class _LoopThread:
 
     def stop(self, last: Coroutine[Any, Any, None] | None = None) -> None:
         """Cancel what still runs on the loop (callers waiting on it get RuntimeError), run
-        `last`, then stop and close the loop."""
+        `last`, then stop and close the loop. In a forked child, only marks it closed: the
+        loop, its thread and what it holds are the parent's (`last` is not run)."""
+        if self.forked:
+            if last is not None:
+                last.close()
+            with self._lock:
+                self.closing = True
+            return
         if threading.current_thread() is self._thread:
             if last is not None:
                 last.close()
@@ -211,9 +236,8 @@ class SyncJournalClient:
         except BaseException:
             self._loop.stop()
             raise
-        # The process that owns the loop's thread: a child forked from it inherits the
-        # atexit hook but not the thread (`_close_at_exit`).
-        self._pid = os.getpid()
+        # A child forked from this process inherits the atexit hook but not the loop's
+        # thread (`_close_at_exit`).
         atexit.register(self._close_at_exit)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -348,9 +372,14 @@ class SyncJournalClient:
 
     def close(self) -> None:
         """Close append services (after their queued appends), the channel, and the
-        background loop. Idempotent."""
+        background loop. Idempotent. In a child forked from the process that opened the
+        client, it only marks the child's copy closed: what the client holds and has queued
+        is the parent's, and the parent's `close` sends and closes it."""
         atexit.unregister(self._close_at_exit)
         if self._loop.closing:
+            return
+        if self._loop.forked:
+            self._loop.stop()
             return
         try:
             for service in list(self._services):
@@ -367,7 +396,7 @@ class SyncJournalClient:
         thread, so nothing would run what is sent to the loop (the child's exit waited
         `exit_flush_seconds`, then for ever on the loop's stop); what is queued is the
         parent's to send."""
-        if self._loop.closing or os.getpid() != self._pid:
+        if self._loop.closing or self._loop.forked:
             return
         deadline = time.monotonic() + self.exit_flush_seconds
         try:

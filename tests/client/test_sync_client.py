@@ -328,3 +328,71 @@ def test_a_child_forked_with_a_client_open_exits_at_once() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "child exited 0", done.stderr
+
+
+_FORKED_CHILD_USES = """
+import os, sys, time
+from pygazette.client import SyncClientForked, SyncJournalClient
+from pygazette.client.append_service import AppendServiceClosed
+
+client = SyncJournalClient(sys.argv[1])
+service = client.append_service()
+pid = os.fork()
+if pid == 0:
+    outcome = []
+    try:
+        client.list_journals()
+    except SyncClientForked as exc:
+        outcome.append("list refused" if str(os.getppid()) in str(exc) else "list: " + str(exc))
+    try:
+        service.append("a/journal", b"x")
+    except AppendServiceClosed as exc:
+        outcome.append("append refused" if "forked" in str(exc) else "append: " + str(exc))
+    client.close()  # Returns at once: the client is the parent's.
+    try:
+        client.get_journal("a/journal")
+    except SyncClientForked:
+        outcome.append("closed")
+    print(", ".join(outcome), flush=True)
+    os._exit(0)
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    print("child hung", flush=True)
+# The parent's client is untouched by what its child did.
+print("parent", client.get_journal(sys.argv[2]).name, flush=True)
+client.close_append_service(service)
+client.close()
+"""
+
+
+def test_a_forked_child_using_its_parents_client_fails_at_once(broker: BrokerProcess) -> None:
+    """A child forked with a client open (multiprocessing's fork start method, a Spark
+    Python worker) has a copy of it but not its loop's thread: each call, and an append
+    service's append, fails at once with an error saying so, and `close` returns, rather
+    than waiting for ever on a loop nothing runs. The parent's client keeps working."""
+    with SyncJournalClient(broker.address) as client:
+        spec = pb.JournalSpec(name="forked/parent", replication=1)
+        spec.fragment.length = 1 << 20
+        spec.fragment.compression_codec = pb.SNAPPY
+        spec.fragment.stores.append("file:///")
+        spec.fragment.refresh_interval.seconds = 60
+        client.apply_journals([pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=0)])
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_CHILD_USES, broker.address, "forked/parent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "list refused, append refused, closed",
+        "parent forked/parent",
+    ], done.stderr
