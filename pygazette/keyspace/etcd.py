@@ -126,9 +126,22 @@ def _prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+def _key_text(raw: bytes) -> str:
+    """An etcd key as the mirror holds it. etcd keys are bytes and need not be UTF-8 (any
+    tool may write under the root): one that isn't keeps its bytes as lone surrogates, so it
+    is mirrored (and written back, `_key_bytes`) like any other, and fails to decode as a
+    member, item or assignment (`keyspace.layout`) instead of failing the mirror."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _key_bytes(key: str) -> bytes:
+    """An etcd key of the mirror, as etcd has it (see `_key_text`)."""
+    return key.encode("utf-8", "surrogateescape")
+
+
 def _kv(raw: Any) -> KeyValue:
     return KeyValue(
-        raw.key.decode(),
+        _key_text(raw.key),
         bytes(raw.value),
         int(raw.create_revision),
         int(raw.mod_revision),
@@ -200,7 +213,7 @@ class EtcdKeyspace(Keyspace):
                 etcd_rpc.Compare(
                     result=etcd_rpc.Compare.EQUAL,
                     target=etcd_rpc.Compare.MOD,
-                    key=c.key.encode(),
+                    key=_key_bytes(c.key),
                     mod_revision=c.mod_revision,
                 )
                 for c in compares
@@ -215,14 +228,14 @@ class EtcdKeyspace(Keyspace):
         if isinstance(op, Put):
             return etcd_rpc.RequestOp(
                 request_put=etcd_rpc.PutRequest(
-                    key=op.key.encode(),
+                    key=_key_bytes(op.key),
                     value=op.value,
                     lease=0 if op.ignore_lease else op.lease,
                     ignore_lease=op.ignore_lease,
                 )
             )
         return etcd_rpc.RequestOp(
-            request_delete_range=etcd_rpc.DeleteRangeRequest(key=op.key.encode())
+            request_delete_range=etcd_rpc.DeleteRangeRequest(key=_key_bytes(op.key))
         )
 
     # Lifecycle.
@@ -337,7 +350,7 @@ class EtcdKeyspace(Keyspace):
             mod = int(kv.mod_revision)
             if mod <= self._revision:
                 continue  # Already applied (a re-established watch may repeat a revision).
-            key = kv.key.decode()
+            key = _key_text(kv.key)
             if event.type == etcd_rpc.Event.PUT:
                 if key not in self._kvs:
                     bisect.insort(self._keys, key)
@@ -417,7 +430,7 @@ class EtcdKeyspace(Keyspace):
     # Direct reads and leases (membership).
     async def get_remote(self, key: str) -> KeyValue | None:
         """`key` as etcd has it now (not the mirror)."""
-        request = etcd_rpc.RangeRequest(key=key.encode())
+        request = etcd_rpc.RangeRequest(key=_key_bytes(key))
         resp = await self._call(lambda: self._client.kvstub.Range(request, timeout=_RPC_TIMEOUT))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
@@ -425,7 +438,7 @@ class EtcdKeyspace(Keyspace):
         """Each of `keys` as etcd has it now, all at one revision (one transaction)."""
         request = etcd_rpc.TxnRequest(
             success=[
-                etcd_rpc.RequestOp(request_range=etcd_rpc.RangeRequest(key=key.encode()))
+                etcd_rpc.RequestOp(request_range=etcd_rpc.RangeRequest(key=_key_bytes(key)))
                 for key in keys
             ]
         )

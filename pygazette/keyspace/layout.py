@@ -63,8 +63,10 @@ def _check_above_sep(text: str, what: str) -> None:
         raise ValueError(f"{what} {text!r} has a character <= {SEP!r}")
 
 
-# A character below SEP: no name in a key may hold one (nor SEP itself, which splits them).
-_BELOW_SEP = re.compile("[\\x00-\\x22]")
+# A character no name in a key may hold: one below SEP (nor SEP itself, which splits them),
+# or a lone surrogate, which stands for a byte of a key that isn't UTF-8 (`keyspace.etcd`):
+# such a name is no journal's, shard's or process's, nor can it go in a Route.
+_NOT_IN_NAMES = re.compile("[\\x00-\\x22\\ud800-\\udfff]")
 
 
 class KeyLayout:
@@ -100,7 +102,7 @@ class KeyLayout:
         if not key.startswith(self.items_prefix):
             raise KeyDecodeError(f"not an item key: {key!r}")
         item = key[len(self.items_prefix) :]
-        if not item or SEP in item or _BELOW_SEP.search(item):
+        if not item or SEP in item or _NOT_IN_NAMES.search(item):
             raise KeyDecodeError(f"expected (id) in item key {key!r}")
         return item
 
@@ -109,7 +111,7 @@ class KeyLayout:
             raise KeyDecodeError(f"not a member key: {key!r}")
         rest = key[len(self.members_prefix) :]
         parts = rest.split(SEP)
-        if len(parts) != 2 or not all(parts) or _BELOW_SEP.search(rest):
+        if len(parts) != 2 or not all(parts) or _NOT_IN_NAMES.search(rest):
             raise KeyDecodeError(f"expected (zone, suffix) in member key {key!r}")
         return parts[0], parts[1]
 
@@ -118,7 +120,7 @@ class KeyLayout:
             raise KeyDecodeError(f"not an assignment key: {key!r}")
         rest = key[len(self.assign_prefix) :]
         parts = rest.split(SEP)
-        if len(parts) != 4 or not all(parts) or _BELOW_SEP.search(rest):
+        if len(parts) != 4 or not all(parts) or _NOT_IN_NAMES.search(rest):
             raise KeyDecodeError(
                 f"expected (item-id, member-zone, member-suffix, slot) in assignment key {key!r}"
             )

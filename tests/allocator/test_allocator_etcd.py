@@ -170,3 +170,49 @@ async def test_an_item_wider_than_a_transaction_converges(
         assert ks.range(layout.assign_prefix + "wide#") == []
     finally:
         await ks.close()
+
+
+async def test_keys_that_are_not_utf8_do_not_stop_members(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """etcd keys are bytes: a key under the root that is not UTF-8 (written by another
+    tool) is an undecodable key like any other, logged and left alone, as Gazette's keyspace
+    does. The mirror decoded keys as UTF-8: such a key made its load fail (no member could
+    start) and each watch response bringing one fail, the watch restarting from the same
+    revision for ever: the mirror froze, and with it allocation on every member."""
+    import aetcd.rpc as etcd_rpc
+
+    layout = KeyLayout(etcd_root)
+    writer = EtcdKeyspace(etcd.url, etcd_root)
+    await writer.open()
+    root = etcd_root.encode()
+    foreign = [
+        root + b"/items/\xff\xfe",
+        root + b"/assign/\xff\xfe#a#member-1#0",
+        root + b"/assign/item-x#a\xc3#member-1#1",
+        root + b"/members/a#\xff",
+    ]
+
+    async def put_raw(key: bytes) -> None:
+        await writer._client.kvstub.Put(etcd_rpc.PutRequest(key=key, value=b"1"))
+
+    m1: Member | None = None
+    try:
+        await put_raw(foreign[0])  # Before the member loads the keyspace...
+        m1 = await _member(etcd, etcd_root, "a/member-1")
+        assert len(m1.ks.range(layout.items_prefix)) == 1
+        for key in foreign[1:]:  # ...and while it watches.
+            await put_raw(key)
+        r = await writer.txn([], [Put(layout.item_key("item-x"), b"1")])
+        await m1.ks.wait_for_revision(r.revision, 10)
+        await _until(m1, lambda: _holders(m1, "item-x") == {"a/member-1"}, "item-x is assigned")
+        assert not m1.task.done()
+        assert len(m1.ks.range(etcd_root + "/")) == 3 + len(foreign)  # Member, item, slot.
+        # Left alone, as undecodable keys are.
+        for key in foreign:
+            resp = await writer._client.kvstub.Range(etcd_rpc.RangeRequest(key=key))
+            assert len(resp.kvs) == 1, key
+    finally:
+        if m1 is not None:
+            await m1.close(revoke=True)
+        await writer.close()
