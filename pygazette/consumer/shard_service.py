@@ -13,7 +13,7 @@ naming the field. Gazette statuses travel in the response's `status`.
   and answers its progress (read_through, publish_at).
 - Apply: all changes in one etcd transaction, each guarded by its expect_mod_revision (-1:
   no guard); upserts may also install primary hints. ETCD_TRANSACTION_FAILED when a guard
-  fails; otherwise the answer comes once this process's mirror reflects the change.
+  fails; otherwise the answer comes once this process's mirror reflects etcd as of it.
 - GetHints: the hints stored at the spec's primary hints key and at each backup key.
 - Unassign: delete the shards' FAILED assignments and (unless only_failed) their primary
   assignments, in one transaction guarded by their mod revisions; dry_run only reports.
@@ -377,9 +377,12 @@ class ShardService(cpb_grpc.ShardServicer):
             raise  # Not reached: abort raises.
 
     async def _read_own_write(self, revision: int) -> None:
-        """Answer only once our mirror reflects our own write (as Gazette's)."""
+        """Answer only once our mirror reflects etcd as of our own write (as Gazette's).
+        A transaction that changed no key under the root (deleting a shard that doesn't
+        exist) is at a revision that writes elsewhere (hints keys, other roots) reached: the
+        mirror reflects it without any change of its own, so it is not waited for as one."""
         with contextlib.suppress(TimeoutError):
-            await self.keyspace.wait_for_revision(revision, _OWN_WRITE_WAIT_SECONDS)
+            await self.keyspace.wait_for_store_revision(revision, _OWN_WRITE_WAIT_SECONDS)
 
 
 async def _until_stopped(

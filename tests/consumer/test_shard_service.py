@@ -293,6 +293,32 @@ async def test_apply_and_list_reject_bad_requests(proc: Proc) -> None:
         await channel.close(None)
 
 
+async def test_a_change_that_changes_nothing_is_answered_at_once(
+    etcd: EtcdProcess, root: str
+) -> None:
+    # Deleting a shard that doesn't exist (expect_mod_revision -1) changes no key: etcd
+    # answers at its current revision, which writes outside the consumer's root (a primary's
+    # recorded hints, every few seconds; another application) have taken past the last
+    # change the mirror saw. The answer waited for the mirror to reach that revision, which
+    # no change under the root would bring: 30 s (a client's deadline first). Gazette answers
+    # at once.
+    p = await start_proc(etcd, root, "consumer-1", allocate=False)
+    try:
+        async with ShardClient(p.endpoint) as client:
+            await client.apply([upsert(shard_spec("shard-0"))])
+            elsewhere = await p.ks.txn([], [Put(f"/hints{root}/shard-0.primary", b"{}")])
+            assert p.ks.revision < elsewhere.revision
+            resp = await client.apply([delete("shard-9", -1)], within=5)
+            assert resp.status == cpb.OK
+            assert resp.header.etcd.revision >= elsewhere.revision
+            # A change under the root is still answered once the mirror reflects it.
+            resp = await client.apply([upsert(shard_spec("shard-1"))], within=5)
+            assert p.ks.get(p.layout.item_key("shard-1")) is not None
+            assert p.ks.revision >= resp.header.etcd.revision
+    finally:
+        await p.close()
+
+
 # GetHints.
 def _hints(log: str, author: int) -> rpb.FSMHints:
     hints = rpb.FSMHints(log=log)
