@@ -2,7 +2,8 @@
 
 The key says the member exists (and, in its value, what it can take); the lease says it is
 alive. `start` grants the lease and creates the key, waiting out an earlier incarnation's
-key if one still exists under another lease (it vanishes when that lease expires). A
+key if one still exists under another lease (it vanishes when that lease expires), and
+trying again while etcd doesn't answer (an announcement applied unanswered is ours). A
 keep-alive refreshes the lease every third of its TTL (a refresh etcd is slow to answer is
 waited for, a failed one retried within half a second); if the lease can't be refreshed
 before it would expire (or etcd reports it gone), `lost` is set and the member must stop
@@ -67,15 +68,29 @@ class MemberSession:
             daemon=True,
         )
         self._thread.start()
-        warned = False
+        warned = failed = False
         while True:
-            result = await self.ks.txn(
-                [Compare(self.key, 0)], [Put(self.key, self.value, lease=self.lease)]
-            )
-            if result.succeeded:
-                revision = result.revision
-                break
-            existing = await self.ks.get_remote(self.key)
+            if self.lost.is_set():
+                raise KeyspaceUnavailable(f"the etcd lease was lost announcing {self.key}")
+            # An announcement etcd didn't answer is tried again (it may have been applied:
+            # then the key is found under this lease), as Gazette's Announce does.
+            try:
+                result = await self.ks.txn(
+                    [Compare(self.key, 0)], [Put(self.key, self.value, lease=self.lease)]
+                )
+                if result.succeeded:
+                    revision = result.revision
+                    break
+                existing = await self.ks.get_remote(self.key)
+            except KeyspaceUnavailable as exc:
+                if not failed:
+                    log.warning(
+                        "cannot announce the member key yet (will retry)",
+                        extra={"key": self.key, "error": str(exc)},
+                    )
+                    failed = True
+                await asyncio.sleep(ANNOUNCE_RETRY_SECONDS)
+                continue
             if existing is not None and existing.lease == self.lease:
                 revision = existing.mod_revision
                 break

@@ -223,3 +223,38 @@ async def test_marking_a_member_exiting_retries_a_failed_update() -> None:
     session = _Session(_FlakyEtcd(failures=100))
     asyncio.get_running_loop().call_later(0.3, session.lost.set)
     assert not await mark_exiting(session, b"exiting", deadline, "member")  # type: ignore[arg-type]
+
+
+class _AnswerLostOnce(EtcdKeyspace):
+    """An etcd keyspace whose first transaction is applied by etcd, but whose answer is
+    lost on the way back (etcd's leader changed, the connection was cut)."""
+
+    lost_answers = 1
+
+    async def txn(self, compares, ops):  # type: ignore[no-untyped-def]
+        result = await super().txn(compares, ops)
+        if self.lost_answers:
+            self.lost_answers -= 1
+            raise KeyspaceUnavailable("etcd: UNAVAILABLE (answer lost)")
+        return result
+
+
+async def test_announcing_retries_a_transaction_whose_answer_was_lost(
+    etcd: EtcdProcess, etcd_root: str
+) -> None:
+    """The announcement is tried again when etcd doesn't answer, and one etcd applied
+    is recognised by its lease, as Gazette's Announce does. It failed the member's start
+    instead, leaving its key behind until the lease lapsed (the next start waited it out)."""
+    ks = _AnswerLostOnce(etcd.url, etcd_root)
+    await ks.open()
+    key = KeyLayout(etcd_root).member_key("zone-a", "announced")
+    session = MemberSession(ks, key, b"1", lease_ttl=TTL)
+    try:
+        revision = await asyncio.wait_for(session.start(), 10)
+        existing = await ks.get_remote(key)
+        assert existing is not None and existing.lease == session.lease
+        assert existing.mod_revision == revision
+        assert ks.get(key) == existing
+    finally:
+        await session.close()
+        await ks.close()
