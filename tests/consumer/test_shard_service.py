@@ -300,8 +300,9 @@ async def test_a_change_that_changes_nothing_is_answered_at_once(
     # answers at its current revision, which writes outside the consumer's root (a primary's
     # recorded hints, every few seconds; another application) have taken past the last
     # change the mirror saw. The answer waited for the mirror to reach that revision, which
-    # no change under the root would bring: 30 s (a client's deadline first). Gazette answers
-    # at once.
+    # no change under the root would bring: 30 s (a client's deadline first). Gazette's
+    # consumer waits the same way (KeySpace.WaitForRevision, until the caller's deadline) but
+    # writes its hints every 5 minutes, not every few seconds.
     p = await start_proc(etcd, root, "consumer-1", allocate=False)
     try:
         async with ShardClient(p.endpoint) as client:
