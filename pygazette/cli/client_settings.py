@@ -30,8 +30,11 @@ class ClientSettings:
     # TLS towards https:// brokers and consumers (`--broker-cert-file`, `--consumer-…`).
     broker_tls: ClientTLS | None = None
     consumer_tls: ClientTLS | None = None
-    # Signs (--auth-keys) or carries (--auth-token) the authorization of every RPC.
+    # Signs (--auth-keys) or carries (--auth-token) the authorization of every RPC to brokers,
+    # and to consumers unless `consumer_auth` (--consumer-auth-keys, gazctl's
+    # --consumer.auth-keys) is given.
     auth: Authorizer | None = None
+    consumer_auth: Authorizer | None = None
 
     def unavailable(self, address: str, details: str, *, consumer: bool = False) -> str:
         """`details` of an UNAVAILABLE RPC to `address`, explained if TLS is the cause."""
@@ -80,7 +83,8 @@ class ClientSettings:
         from pygazette.consumer.shard_client import ShardClient
 
         try:
-            return ShardClient(address, tls=self.consumer_tls, auth=self.auth)
+            auth = self.consumer_auth if self.consumer_auth is not None else self.auth
+            return ShardClient(address, tls=self.consumer_tls, auth=auth)
         except ValueError as exc:  # TLS files for an http:// address, or bad TLS files.
             raise click.ClickException(f"consumer {address}: {exc}") from None
 

@@ -25,6 +25,7 @@ from click.core import ParameterSource
 
 __all__ = [
     "DEFAULT_LOG_LEVEL",
+    "LEVEL_ALIASES",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "JsonFormatter",
@@ -37,7 +38,7 @@ __all__ = [
 
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 # Also accepted: Gazette's (logrus's) level names.
-_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "error"}
+LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "error"}
 LOG_FORMATS = ["text", "json"]
 DEFAULT_LOG_LEVEL = "warning"
 _configured_format = "text"
@@ -52,9 +53,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 def _extra_fields(record: logging.LogRecord) -> list[tuple[str, Any]]:
-    return [
-        (k, v) for k, v in record.__dict__.items() if k not in _RECORD_ATTRS and k[0] != "_"
-    ]
+    return [(k, v) for k, v in record.__dict__.items() if k not in _RECORD_ATTRS and k[0] != "_"]
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -105,7 +104,7 @@ class JsonFormatter(logging.Formatter):
 
 def _normalize_level(level: str) -> str:
     level = level.lower()
-    return _LEVEL_ALIASES.get(level, level)
+    return LEVEL_ALIASES.get(level, level)
 
 
 def configure_logging(level: str = DEFAULT_LOG_LEVEL, fmt: str = "text") -> None:
@@ -143,17 +142,24 @@ def configure_from_options(level: str | None, fmt: str) -> None:
 
     The level is the first of: the subcommand's `--log-level` flag; the root command's
     `--log-level` flag; the subcommand's `LOG_LEVEL`; the root's environment variable; the
-    default. (A flag beats any environment variable; the subcommand beats the root.)
+    default. (A flag beats any environment variable; the subcommand beats the root.) The
+    format is the subcommand's, unless only the root's `--log-format` flag gives one.
     """
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
     if ctx is not None and root is not None and root is not ctx:
+        root_fmt = root.params.get("log_format")
+        if (
+            isinstance(root_fmt, str)
+            and root.get_parameter_source("log_format") is ParameterSource.COMMANDLINE
+            and ctx.get_parameter_source("log_format") is ParameterSource.DEFAULT
+        ):
+            fmt = root_fmt.lower()
         sub_source = ctx.get_parameter_source("log_level")
         root_level = root.params.get("log_level")
         root_source = root.get_parameter_source("log_level")
         if level is None or (
-            sub_source is ParameterSource.ENVIRONMENT
-            and root_source is ParameterSource.COMMANDLINE
+            sub_source is ParameterSource.ENVIRONMENT and root_source is ParameterSource.COMMANDLINE
         ):
             level = root_level if isinstance(root_level, str) else level
     configure_logging(level or DEFAULT_LOG_LEVEL, fmt)
@@ -175,7 +181,7 @@ def log_options(fn: F) -> F:
     )(fn)
     fn = click.option(
         "--log-level",
-        type=click.Choice([*LOG_LEVELS, *_LEVEL_ALIASES], case_sensitive=False),
+        type=click.Choice([*LOG_LEVELS, *LEVEL_ALIASES], case_sensitive=False),
         default=None,
         envvar="LOG_LEVEL",
         help="Logging verbosity; overrides the root --log-level (also $LOG_LEVEL) "

@@ -37,7 +37,13 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from pygazette.auth.configured import AUTH_KEYS_ENV, AUTH_TOKEN_ENV, authorizer_from
 from pygazette.cli.client_settings import CliState
 from pygazette.cli.lazy_group import LazyCommand, LazyGroup
-from pygazette.cli.log_format import DEFAULT_LOG_LEVEL, LOG_LEVELS, configure_logging
+from pygazette.cli.log_format import (
+    DEFAULT_LOG_LEVEL,
+    LEVEL_ALIASES,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    configure_logging,
+)
 from pygazette.cli.tls_flags import client_tls_flags, client_tls_from_flags
 from pygazette.client.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER
 
@@ -83,8 +89,71 @@ class _Epipe(Exception):
         self.error = error
 
 
+# gazctl's command groups: their connection and logging flags (gazctl's `--broker.*`,
+# `--consumer.*`, `--log.*`) may follow the command anywhere, as go-flags takes a parent
+# group's options after a subcommand.
+_GAZCTL_GROUPS = ("journals", "shards")
+# gazctl's flags that belong to a group of pygazette's other than the root.
+_GROUP_FLAGS = {"shards": ("--consumer.address",)}
+
+
+def _takes_value(group: click.Command) -> dict[str, bool]:
+    """Each option name of `group` and whether it takes a value."""
+    names: dict[str, bool] = {}
+    for param in group.params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                names[name] = not (param.is_flag or param.count)
+    return names
+
+
+def hoist_gazctl_flags(root: click.Command, args: list[str]) -> list[str]:
+    """`args` with gazctl's dotted connection and logging flags that follow `journals` or
+    `shards` moved before the command, to the group that declares them (the root's for most,
+    the `shards` group's for `--consumer.address`), so that `pygazette journals list
+    --broker.address URL` means what it means to gazctl. Arguments after `--` stay."""
+    root_opts = _takes_value(root)
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":
+        name, eq, _ = args[i].partition("=")
+        i += 2 if root_opts.get(name) and not eq else 1
+    if i >= len(args) or args[i] not in _GAZCTL_GROUPS:
+        return args
+    command = args[i]
+    to_root: list[str] = []
+    to_group: list[str] = []
+    rest: list[str] = []
+    j = i + 1
+    while j < len(args):
+        token = args[j]
+        if token == "--":
+            rest.extend(args[j:])
+            break
+        name, eq, _ = token.partition("=")
+        if "." in name and name.startswith("--"):
+            if name in _GROUP_FLAGS.get(command, ()):
+                target = to_group
+            elif name in root_opts:
+                target = to_root
+            else:
+                rest.append(token)
+                j += 1
+                continue
+            takes = not eq and (name in _GROUP_FLAGS.get(command, ()) or root_opts[name])
+            target.extend(args[j : j + 2] if takes else [token])
+            j += 2 if takes else 1
+            continue
+        rest.append(token)
+        j += 1
+    return [*args[:i], *to_root, command, *to_group, *rest]
+
+
 class _RootGroup(LazyGroup):
-    """The root group: an EPIPE in parsing (help) or in a subcommand reaches `run`."""
+    """The root group: an EPIPE in parsing (help) or in a subcommand reaches `run`; gazctl's
+    dotted flags are taken after `journals` and `shards` (`hoist_gazctl_flags`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_gazctl_flags(self, args))
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
@@ -110,6 +179,8 @@ class _RootGroup(LazyGroup):
 )
 @click.option(
     "--broker",
+    "--broker.address",
+    "broker",
     envvar=BROKER_ADDRESS_ENV,
     default=DEFAULT_BROKER,
     show_default=True,
@@ -118,28 +189,63 @@ class _RootGroup(LazyGroup):
 )
 @click.option(
     "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    "--log.level",
+    "log_level",
+    type=click.Choice([*LOG_LEVELS, *LEVEL_ALIASES], case_sensitive=False),
     default=DEFAULT_LOG_LEVEL,
     show_default=True,
     envvar="PYGAZETTE_LOG_LEVEL",
     help="Logging verbosity (logs go to stderr).",
 )
+@click.option(
+    "--log-format",
+    "--log.format",
+    "log_format",
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+    default="text",
+    show_default=True,
+    help="Log line format: text (logfmt) or json.",
+)
 @client_tls_flags("broker", "BROKER", "brokers")
 @client_tls_flags("consumer", "CONSUMER", "consumers")
 @click.option(
     "--auth-keys",
+    "--broker.auth-keys",
+    "auth_keys",
     envvar=[AUTH_KEYS_ENV, "BROKER_AUTH_KEYS"],
     default="",
     metavar="KEYS",
     help="Base64 keys (whitespace or comma separated); the first signs each RPC's "
-    "authorization token (also $AUTH_KEYS).",
+    "authorization token (also $AUTH_KEYS, $BROKER_AUTH_KEYS).",
 )
 @click.option(
     "--auth-token",
+    "--broker.auth-token",
+    "auth_token",
     envvar=[AUTH_TOKEN_ENV, "BROKER_AUTH_TOKEN"],
     default="",
     metavar="TOKEN",
-    help="A bearer token to send with every RPC instead (also $AUTH_TOKEN).",
+    help="A bearer token to send with every RPC instead (also $AUTH_TOKEN, $BROKER_AUTH_TOKEN).",
+)
+@click.option(
+    "--consumer-auth-keys",
+    "--consumer.auth-keys",
+    "consumer_auth_keys",
+    envvar="CONSUMER_AUTH_KEYS",
+    default="",
+    metavar="KEYS",
+    help="Keys signing the tokens of RPCs to consumers [default: --auth-keys] "
+    "(also $CONSUMER_AUTH_KEYS).",
+)
+@click.option(
+    "--consumer-auth-token",
+    "--consumer.auth-token",
+    "consumer_auth_token",
+    envvar="CONSUMER_AUTH_TOKEN",
+    default="",
+    metavar="TOKEN",
+    help="A bearer token for RPCs to consumers instead [default: --auth-token] "
+    "(also $CONSUMER_AUTH_TOKEN).",
 )
 @click.pass_context
 def cli(
@@ -147,17 +253,32 @@ def cli(
     /,
     broker: str,
     log_level: str,
+    log_format: str,
     auth_keys: str,
     auth_token: str,
+    consumer_auth_keys: str,
+    consumer_auth_token: str,
     **tls_flags: str,
 ) -> None:
-    """pygazette: Gazette journals and brokers, in Python."""
-    configure_logging(log_level)
+    """pygazette: Gazette journals and brokers, in Python.
+
+    gazctl's spellings of the connection and logging flags (--broker.address,
+    --broker.auth-token, --consumer.cert-file, --log.level, ...) are taken too, also after
+    'journals' or 'shards' and their subcommands, as gazctl takes them."""
+    configure_logging(log_level, log_format.lower())
     ctx.obj = CliState(broker=broker)
+    settings = ctx.obj.client_settings
     try:
-        ctx.obj.client_settings.auth = authorizer_from(auth_keys, auth_token)
+        settings.auth = authorizer_from(auth_keys, auth_token)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-keys") from None
+    if consumer_auth_keys or consumer_auth_token:
+        try:
+            settings.consumer_auth = authorizer_from(consumer_auth_keys, consumer_auth_token)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--consumer-auth-keys") from None
+    else:
+        settings.consumer_auth = settings.auth
     ctx.obj.client_settings.broker_tls = client_tls_from_flags(tls_flags, "broker")
     ctx.obj.client_settings.consumer_tls = client_tls_from_flags(tls_flags, "consumer")
 

@@ -117,6 +117,8 @@ def _consumer(ctx: click.Context, override: str | None) -> str:
 @click.group("shards")
 @click.option(
     "--consumer",
+    "--consumer.address",
+    "consumer",
     envvar=CONSUMER_ADDRESS_ENV,
     default=DEFAULT_CONSUMER,
     show_default=True,

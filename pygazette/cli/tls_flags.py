@@ -34,9 +34,10 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _file_option(flag: str, env: str, help_text: str) -> Callable[[F], F]:
+def _file_option(flag: str, env: str, help_text: str, *aliases: str) -> Callable[[F], F]:
     return click.option(
         flag,
+        *aliases,
         default="",
         envvar=env,
         metavar="FILE",
@@ -88,7 +89,8 @@ def server_tls_flags(env_prefix: str) -> Callable[[F], F]:
 
 def client_tls_flags(service: str, env_prefix: str, what: str) -> Callable[[F], F]:
     """`--<service>-cert-file`, `--<service>-cert-key-file`, `--<service>-trusted-ca-file`
-    (parameters `<service>_cert_file`, …) for connections to `what`."""
+    (parameters `<service>_cert_file`, …) for connections to `what`; gazctl's spellings
+    `--<service>.cert-file`, … are the same options."""
     e = env_prefix
     return _apply(
         [
@@ -96,12 +98,19 @@ def client_tls_flags(service: str, env_prefix: str, what: str) -> Callable[[F], 
                 f"--{service}-cert-file",
                 f"{e}_CERT_FILE",
                 f"Client TLS certificate presented to {what}",
+                f"--{service}.cert-file",
             ),
-            _file_option(f"--{service}-cert-key-file", f"{e}_CERT_KEY_FILE", "Its private key"),
+            _file_option(
+                f"--{service}-cert-key-file",
+                f"{e}_CERT_KEY_FILE",
+                "Its private key",
+                f"--{service}.cert-key-file",
+            ),
             _file_option(
                 f"--{service}-trusted-ca-file",
                 f"{e}_TRUSTED_CA_FILE",
                 f"CA trusted for the certificates of {what} [default: the system roots]",
+                f"--{service}.trusted-ca-file",
             ),
         ]
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from pygazette.auth.claims import Claims, label_selector
 from pygazette.auth.keyed_auth import KeyedAuth
 from tests.cli.test_journals_cli import EXAMPLE, cli, ok, one_line_error
 from tests.support.broker_process import BrokerProcess
+from tests.support.consumer_process import ConsumerProcess
 
 KEYS = base64.b64encode(b"cli-auth-key".ljust(32, b"k")).decode()
 
@@ -76,3 +78,96 @@ def test_cli_with_a_token(broker: BrokerProcess) -> None:
         cli(broker.url, "--auth-token", token, "journals", "read", "-l", "name=examples/logs/app")
     )
     assert "PERMISSION_DENIED" in err and "READ capability" in err
+
+
+FLAGS_SPEC = """
+name: flags/one
+replication: 1
+fragment: {length: 1048576, compression_codec: NONE, stores: [file:///], refresh_interval: 1m0s}
+"""
+
+
+def test_gazctls_flag_spellings_anywhere_after_the_command(broker: BrokerProcess) -> None:
+    """gazctl's --broker.address, --broker.auth-keys, --broker.auth-token and --log.level,
+    before the command or after it (its group's options, as go-flags takes them)."""
+    nowhere = "http://127.0.0.1:1"  # $BROKER_ADDRESS: only the flags reach the broker.
+    ok(
+        cli(
+            nowhere,
+            "journals",
+            "apply",
+            "--broker.address",
+            broker.url,
+            f"--broker.auth-keys={KEYS}",
+            "--log.level=warn",
+            stdin=FLAGS_SPEC.encode(),
+        )
+    )
+    token = KeyedAuth(KEYS).sign(Claims(Capability.LIST))
+    for args in (
+        ["journals", "list", "--broker.address", broker.url, "--broker.auth-token", token],
+        ["journals", f"--broker.address={broker.url}", "--broker.auth-token", token, "list"],
+        ["--broker.address", broker.url, "--broker.auth-token", token, "journals", "list"],
+    ):
+        out = ok(cli(nowhere, *args, "--format", "json"))
+        names = [j["spec"]["name"] for j in json.loads(out)["journals"]]
+        assert "flags/one" in names, args
+    # A pygazette --broker of the subcommand still wins over the root's.
+    out = ok(
+        cli(
+            nowhere,
+            "--broker.address",
+            nowhere,
+            "journals",
+            "list",
+            "--broker",
+            broker.url,
+            "--broker.auth-token",
+            token,
+        )
+    )
+    assert b"flags/one" in out
+    # After '--' nothing is taken as a flag.
+    err = one_line_error(cli(broker.url, "journals", "list", "--", "--broker.address", broker.url))
+    assert "unexpected extra argument" in err
+
+
+def test_consumer_auth_keys_sign_rpcs_to_consumers(tmp_path: Path) -> None:
+    """gazctl's --consumer.auth-keys ($CONSUMER_AUTH_KEYS) and --consumer.address: RPCs to a
+    consumer are signed with the consumer's keys, those to brokers with the brokers'."""
+    consumer_keys = base64.b64encode(b"consumer-only-key".ljust(32, b"c")).decode()
+    # The broker takes tokens of both keys (the consumer signs its own RPCs to it with its
+    # key); the consumer takes only its own.
+    broker = BrokerProcess(
+        tmp_path / "broker", extra_args=["--auth-keys", f"{KEYS},{consumer_keys}"]
+    )
+    broker.start()
+    consumer = ConsumerProcess(
+        tmp_path / "consumer",
+        app="tests.consumer.apps:Counter",
+        broker=broker.url,
+        extra_args=["--auth-keys", consumer_keys],
+        env={"COUNTER_OUTPUT": "tests/cli-auth/out"},
+    )
+    try:
+        consumer.start()
+        base = [
+            "--auth-keys",
+            KEYS,
+            "shards",
+            "list",
+            "--consumer.address",
+            consumer.url,
+            "--format",
+            "json",
+        ]
+        # Signed with the brokers' key, the consumer refuses the List.
+        err = one_line_error(cli(broker.url, *base))
+        assert "UNAUTHENTICATED" in err
+        ok(cli(broker.url, *base, "--consumer.auth-keys", consumer_keys))
+        ok(cli(broker.url, *base, env={"CONSUMER_AUTH_KEYS": consumer_keys}))
+        token = KeyedAuth(consumer_keys).sign(Claims(Capability.LIST))
+        ok(cli(broker.url, *base, env={"CONSUMER_AUTH_TOKEN": token}))
+    finally:
+        consumer.stop()
+        broker.stop()

@@ -145,3 +145,16 @@ def test_unusable_certificates_fail_in_one_line_naming_the_cause(
         timeout=60,
     )
     assert listed.returncode == 0, listed.stderr.decode()
+    # The same with gazctl's spellings of the flags, after the command as gazctl takes them.
+    listed = cli(
+        https(broker_with["mtls"]),
+        "journals",
+        "list",
+        f"--broker.trusted-ca-file={m.ca}",
+        "--broker.cert-file",
+        str(m.client_cert),
+        "--broker.cert-key-file",
+        str(m.client_key),
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr.decode()
