@@ -230,7 +230,10 @@ class JournalService(pb_grpc.JournalServicer):
             return pb.ApplyResponse(
                 status=pb.ETCD_TRANSACTION_FAILED, header=self.resolver.header(routed=False)
             )
-        await self.resolver.keyspace.wait_for_revision(result.revision)
+        # Once the mirror reflects etcd as of the transaction: one that changed no key under
+        # the root (deleting a journal that doesn't exist) is at a revision that writes
+        # elsewhere reached, which no change of the mirror's own would bring.
+        await self.resolver.keyspace.wait_for_store_revision(result.revision)
         return pb.ApplyResponse(status=pb.OK, header=self.resolver.header(routed=False))
 
     async def Read(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -516,13 +517,11 @@ async def test_wrong_append_offset_comes_first(stub: pb_grpc.JournalStub) -> Non
     assert (await append(stub, "svc/offsets", b"x", offset=3)).status == pb.OK
 
 
-async def test_list_leaves_out_a_stored_spec_that_is_not_valid(
+@contextlib.asynccontextmanager
+async def broker_on_etcd(
     tmp_path: Path, etcd: EtcdProcess, etcd_root: str
-) -> None:
-    # A spec in etcd that fails validation (written by hand, by another tool or version) is
-    # not an item of Gazette's keyspace: its List leaves it out (and logs it). Listed, it made
-    # every listing invalid by Gazette's rules (ListResponse.Validate), so that gazctl's and
-    # pygazette's own clients failed to list any journal at all.
+) -> AsyncIterator[tuple[Broker, pb_grpc.JournalStub, EtcdKeyspace]]:
+    """An in-process broker on `etcd` under `etcd_root`, its stub, and a keyspace of the root."""
     broker = Broker(
         BrokerConfig(
             data_dir=tmp_path / "data",
@@ -540,25 +539,53 @@ async def test_list_leaves_out_a_stored_spec_that_is_not_valid(
     await ks.open()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
-            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
-            assert (await apply_specs(stub, journal_spec("svc/valid/a"))).status == pb.OK
-            bad = canonical_journal_spec(journal_spec("svc/valid/b"))
-            bad.replication = 9
-            result = await ks.txn(
-                [], [Put(KeyLayout(etcd_root).item_key("svc/valid/b"), bad.SerializeToString())]
-            )
-            await ks.wait_for_revision(result.revision)
-            listed = await list_once(
-                stub, pb.ListRequest(selector=parse_selector("prefix=svc/valid/"))
-            )
-            assert [j.spec.name for j in listed.journals] == ["svc/valid/a"]
-            validate_list_response(listed)
-            async with JournalClient(f"http://127.0.0.1:{broker.port}") as client:
-                names = [j.spec.name for j in await list_journals(client, "prefix=svc/")]
-            assert names == ["svc/valid/a"]
+            yield broker, pb_grpc.JournalStub(channel), ks  # type: ignore[no-untyped-call]
     finally:
         await ks.close()
         await broker.stop(grace=1.0)
+
+
+async def test_list_leaves_out_a_stored_spec_that_is_not_valid(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # A spec in etcd that fails validation (written by hand, by another tool or version) is
+    # not an item of Gazette's keyspace: its List leaves it out (and logs it). Listed, it made
+    # every listing invalid by Gazette's rules (ListResponse.Validate), so that gazctl's and
+    # pygazette's own clients failed to list any journal at all.
+    async with broker_on_etcd(tmp_path, etcd, etcd_root) as (broker, stub, ks):
+        assert (await apply_specs(stub, journal_spec("svc/valid/a"))).status == pb.OK
+        bad = canonical_journal_spec(journal_spec("svc/valid/b"))
+        bad.replication = 9
+        result = await ks.txn(
+            [], [Put(KeyLayout(etcd_root).item_key("svc/valid/b"), bad.SerializeToString())]
+        )
+        await ks.wait_for_revision(result.revision)
+        listed = await list_once(stub, pb.ListRequest(selector=parse_selector("prefix=svc/valid/")))
+        assert [j.spec.name for j in listed.journals] == ["svc/valid/a"]
+        validate_list_response(listed)
+        async with JournalClient(f"http://127.0.0.1:{broker.port}") as client:
+            names = [j.spec.name for j in await list_journals(client, "prefix=svc/")]
+        assert names == ["svc/valid/a"]
+
+
+async def test_a_change_that_changes_nothing_is_answered_at_once(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # Deleting a journal that doesn't exist (expect_mod_revision -1) changes no key: etcd
+    # answers at its current revision, which writes outside the broker's root (consumers'
+    # keys and hints, other applications on the etcd) have taken past the last change the
+    # mirror saw. The answer waited for the mirror to reach it, which no change under the
+    # root brings: for ever without a deadline. (Gazette's broker waits the same way.)
+    async with broker_on_etcd(tmp_path, etcd, etcd_root) as (_broker, stub, ks):
+        elsewhere = await ks.txn([], [Put(f"/elsewhere{etcd_root}/key", b"x")])
+        delete = pb.ApplyRequest.Change(delete="svc/nop/missing", expect_mod_revision=-1)
+        resp = await stub.Apply(pb.ApplyRequest(changes=[delete]), timeout=5)
+        assert resp.status == pb.OK
+        # A change under the root is still answered once the broker's mirror shows it.
+        resp = await apply_specs(stub, journal_spec("svc/nop/b"))
+        listed = await list_once(stub, pb.ListRequest(selector=parse_selector("prefix=svc/nop/")))
+        assert [j.spec.name for j in listed.journals] == ["svc/nop/b"]
+        assert resp.header.etcd.revision > elsewhere.revision
 
 
 async def test_list_of_one_name_examines_only_journals_under_it(
