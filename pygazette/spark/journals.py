@@ -7,14 +7,29 @@ Spark's synchronous code.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
 
 from pygazette.client.fragments import list_all_fragments
-from pygazette.client.journal_client import JournalClient
+from pygazette.client.journal_client import JournalClient, is_unavailable
 from pygazette.client.list_apply import list_journals
 from pygazette.client.reader import read_request
 from pygazette.client.response_check import check_read_response, invalid_response
-from pygazette.protocol.errors import JournalNotFound, Suspended, error_for_status
+from pygazette.client.retry_reader import backoff
+from pygazette.protocol.errors import (
+    InsufficientJournalBrokers,
+    JournalNotFound,
+    NoJournalPrimaryBroker,
+    NotJournalBroker,
+    NotJournalPrimaryBroker,
+    Suspended,
+    error_for_status,
+)
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.selector import parse_selector
 from pygazette.spark.options import EARLIEST, LATEST, OffsetSpec
@@ -24,6 +39,62 @@ from pygazette.spark.options import EARLIEST, LATEST, OffsetSpec
 SIGNATURE_TTL_SECONDS = 6 * 3600.0
 # Journals whose heads / fragments are fetched at once.
 CONCURRENCY = 32
+# A running stream's look-ups (each trigger's journals, heads and fragments) that find no
+# broker to answer (UNAVAILABLE: a broker restarting, a connection lost) are tried again, with
+# backoff, for up to this long: a broker restart must not fail the query. Gazette's client
+# waits for a broker to be ready for such look-ups too (grpc.WaitForReady on List); 60 s is
+# the Kafka source's default (default.api.timeout.ms). Other look-ups (a query starting, a
+# batch read's planning) fail at once: a wrong address or TLS setting is told at once.
+UNAVAILABLE_RETRY_SECONDS = 60.0
+_retry_seconds: ContextVar[float] = ContextVar("retry_seconds", default=0.0)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def patiently(
+    fn: Callable[[JournalClient], Awaitable[T]],
+) -> Callable[[JournalClient], Awaitable[T]]:
+    """`fn`, its look-ups retried across a broker restart (UNAVAILABLE_RETRY_SECONDS)."""
+
+    async def go(client: JournalClient) -> T:
+        token = _retry_seconds.set(UNAVAILABLE_RETRY_SECONDS)
+        try:
+            return await fn(client)
+        finally:
+            _retry_seconds.reset(token)
+
+    return go
+
+
+# A broker refusing for want of an assignment (one just restarted, a route changing): tried
+# again, as Gazette's RetryReader and Append try them again.
+_UNASSIGNED = (
+    NoJournalPrimaryBroker,
+    NotJournalPrimaryBroker,
+    NotJournalBroker,
+    InsufficientJournalBrokers,
+)
+
+
+async def retry_unavailable(what: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """`fn()`, called again after a transport failure or a broker's refusal for want of an
+    assignment, for as long as `patiently` allows."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _retry_seconds.get()
+    attempt = 0
+    while True:
+        try:
+            return await fn()
+        except (grpc.aio.AioRpcError, *_UNASSIGNED) as exc:
+            left = deadline - loop.time()
+            if (isinstance(exc, grpc.aio.AioRpcError) and not is_unavailable(exc)) or left <= 0:
+                raise
+            (log.info if attempt == 0 else log.warning)(
+                "%s: no broker to answer (%s); trying again", what, exc
+            )
+            await asyncio.sleep(min(backoff(attempt), left))
+            attempt += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +127,9 @@ async def journal_revisions(
     """The journals of `resolve_journals`, each with the create revision of its spec: the
     identity of the journal, which changes when it is deleted and created again."""
     if selector:
-        listed = await list_journals(client, parse_selector(selector))
+        listed = await list_specs(client, parse_selector(selector))
         return {j.spec.name: int(j.create_revision) for j in listed}
-    listed = await list_journals(
+    listed = await list_specs(
         client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels(journals)))
     )
     found = {j.spec.name: int(j.create_revision) for j in listed}
@@ -66,6 +137,13 @@ async def journal_revisions(
     if missing and must_exist:
         raise JournalNotFound(detail=", ".join(missing))
     return {j: found[j] for j in journals if j in found}
+
+
+async def list_specs(
+    client: JournalClient, selector: pb.LabelSelector
+) -> list[pb.ListResponse.Journal]:
+    """The journals `selector` matches (across a broker restart: `retry_unavailable`)."""
+    return await retry_unavailable("listing journals", lambda: list_journals(client, selector))
 
 
 def _name_labels(journals: tuple[str, ...]) -> list[pb.Label]:
@@ -82,6 +160,12 @@ async def write_head(client: JournalClient, journal: str) -> int:
 
 async def _read_head(client: JournalClient, journal: str) -> int | None:
     """The write head a broker reads for the journal; None if it is answered SUSPENDED."""
+    return await retry_unavailable(
+        f"reading the write head of {journal}", lambda: _read_head_once(client, journal)
+    )
+
+
+async def _read_head_once(client: JournalClient, journal: str) -> int | None:
     call = client.rpc_read(read_request(journal, offset=LATEST, metadata_only=True))
     try:
         resp = await call.read()
@@ -106,7 +190,7 @@ async def suspended_heads(
     (as no fragment holds content), and each resumes at the offset its spec records. One List
     for them all (a List walks every journal of the cluster). A journal of `absent_ok` no
     longer listed is left out; any other is an error."""
-    listed = await list_journals(
+    listed = await list_specs(
         client, pb.LabelSelector(include=pb.LabelSet(labels=_name_labels(tuple(journals))))
     )
     specs = {j.spec.name: j.spec for j in listed}
@@ -150,7 +234,10 @@ async def fragments(client: JournalClient, journal: str) -> list[FragmentInfo]:
     """The journal's fragments in offset order, with signed URLs of persisted ones (none for
     a fully suspended journal: no fragment holds content)."""
     try:
-        listed = await list_all_fragments(client, journal, signature_ttl=SIGNATURE_TTL_SECONDS)
+        listed = await retry_unavailable(
+            f"listing the fragments of {journal}",
+            lambda: list_all_fragments(client, journal, signature_ttl=SIGNATURE_TTL_SECONDS),
+        )
     except Suspended:
         return []
     out = []

@@ -290,14 +290,12 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 j: chunk_bounds(b, e, [], opts.framing, part_target, streaming=True)[1:-1]
                 for j, (b, e) in moved.items()
             }
-            found, self._cut_states = await states_at_ends(
-                client, moved, states, committed, inner
-            )
+            found, self._cut_states = await states_at_ends(client, moved, states, committed, inner)
             for j, s in found.items():
                 states[j] = prune_states(s, journal=j)
             return _joined(end, revisions, states)
 
-        return runtime.call(opts.target, go)
+        return runtime.call(opts.target, jn.patiently(go))
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return _sorted(self._heads) if self._heads else None
@@ -333,7 +331,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             )
             return revisions, await jn.all_fragments(client, sorted(ranges), absent_ok=True)
 
-        revisions, listings = runtime.call(opts.target, go)
+        revisions, listings = runtime.call(opts.target, jn.patiently(go))
         recreated = {j for j in named if revisions.get(j, end_revisions[j]) != end_revisions[j]}
         parts, losses = plan(
             ranges,
@@ -355,7 +353,9 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             known = self._cut_states  # Found by latestOffset (not after a restart).
             runtime.call(
                 opts.target,
-                lambda c: assign_start_states(c, parts, ranges, starts, committed, ends, known),
+                jn.patiently(
+                    lambda c: assign_start_states(c, parts, ranges, starts, committed, ends, known)
+                ),
             )
         return list(parts)
 

@@ -96,3 +96,56 @@ async def test_a_fully_suspended_journal_reads_as_empty_at_its_head(
     finally:
         for b in brokers:
             await b.stop(grace=1.0)
+
+
+def test_a_stream_plans_its_micro_batches_across_a_broker_restart(broker: BrokerProcess) -> None:
+    # The driver asks the broker for the journals, their heads and their fragments at every
+    # trigger. A broker restarting (a rolling upgrade, a crash and restart) was unreachable
+    # for a few seconds, and the first trigger in that window failed the query (UNAVAILABLE).
+    # Gazette's client waits for the broker to be ready for such look-ups; so does the source.
+    import threading
+
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.planning import GazettePartition
+    from pygazette.spark.schema import default_schema, layout
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    j = "spark/restarted/events"
+    with SyncJournalClient(broker.url) as gz:
+        create_journals(gz, journal_spec(j, labels={"topic": "restarted"}))
+        append_each(gz, j, [b"one\n", b"two\n"])
+    opts = parse_read_options(
+        {"broker": broker.url, "selector": "topic=restarted", "framing": "lines"},
+        streaming=True,
+    )
+    reader = GazetteStreamReader(opts, layout(default_schema(Framing.LINES), Framing.LINES))
+    start = reader.initialOffset()
+
+    def restarted() -> threading.Thread:
+        broker.stop()
+        thread = threading.Thread(target=broker.start)
+        thread.start()
+        return thread
+
+    thread = restarted()
+    try:
+        end = reader.latestOffset({j: [0, start[j][1]]}, ReadAllAvailable())
+    finally:
+        thread.join()
+    assert end == {j: [8, start[j][1]]}
+    thread = restarted()
+    try:
+        parts = reader.partitions({j: [0, start[j][1]]}, end)
+    finally:
+        thread.join()
+    rows = [
+        row["value"]
+        for part in parts
+        if isinstance(part, GazettePartition)
+        for batch in reader.read(part)
+        for row in batch.to_pylist()
+    ]
+    assert rows == [b"one", b"two"]
