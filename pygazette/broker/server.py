@@ -280,10 +280,13 @@ class Broker:
     def _add_retention(self) -> None:
         """The Retention service (`journals prune`) and the periodic retention pass."""
         assert self._server is not None
-        rpb_grpc.add_RetentionServicer_to_server(  # type: ignore[no-untyped-call]
-            RetentionService(self.resolver, self.stores), self._server
-        )
         member = self.member
+        rpb_grpc.add_RetentionServicer_to_server(  # type: ignore[no-untyped-call]
+            RetentionService(
+                self.resolver, self.stores, peers=member.peers if member is not None else None
+            ),
+            self._server,
+        )
         self.retention = RetentionEnforcer(
             self.resolver,
             self.stores,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pygazette.protocol.pb import protocol_pb2 as pygazette_dot_protocol_dot_pb_dot_protocol__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%pygazette/protocol/pb/retention.proto\x12\tpygazette\x1a$pygazette/protocol/pb/protocol.proto\"0\n\x0cPruneRequest\x12\x0f\n\x07journal\x18\x01 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\"\xf3\x01\n\rPruneResponse\x12 \n\x06status\x18\x01 \x01(\x0e\x32\x10.protocol.Status\x12 \n\x06header\x18\x02 \x01(\x0b\x32\x10.protocol.Header\x12#\n\x07removed\x18\x03 \x03(\x0b\x32\x12.protocol.Fragment\x12+\n\x04kept\x18\x04 \x03(\x0b\x32\x1d.pygazette.PruneResponse.Kept\x12\x0e\n\x06\x65rrors\x18\x05 \x03(\t\x1a<\n\x04Kept\x12$\n\x08\x66ragment\x18\x01 \x01(\x0b\x32\x12.protocol.Fragment\x12\x0e\n\x06reason\x18\x02 \x01(\t2G\n\tRetention\x12:\n\x05Prune\x12\x17.pygazette.PruneRequest\x1a\x18.pygazette.PruneResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%pygazette/protocol/pb/retention.proto\x12\tpygazette\x1a$pygazette/protocol/pb/protocol.proto\"R\n\x0cPruneRequest\x12\x0f\n\x07journal\x18\x01 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12 \n\x06header\x18\x03 \x01(\x0b\x32\x10.protocol.Header\"\xf3\x01\n\rPruneResponse\x12 \n\x06status\x18\x01 \x01(\x0e\x32\x10.protocol.Status\x12 \n\x06header\x18\x02 \x01(\x0b\x32\x10.protocol.Header\x12#\n\x07removed\x18\x03 \x03(\x0b\x32\x12.protocol.Fragment\x12+\n\x04kept\x18\x04 \x03(\x0b\x32\x1d.pygazette.PruneResponse.Kept\x12\x0e\n\x06\x65rrors\x18\x05 \x03(\t\x1a<\n\x04Kept\x12$\n\x08\x66ragment\x18\x01 \x01(\x0b\x32\x12.protocol.Fragment\x12\x0e\n\x06reason\x18\x02 \x01(\t2G\n\tRetention\x12:\n\x05Prune\x12\x17.pygazette.PruneRequest\x1a\x18.pygazette.PruneResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pygazette.protocol.pb.reten
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PRUNEREQUEST']._serialized_start=90
-  _globals['_PRUNEREQUEST']._serialized_end=138
-  _globals['_PRUNERESPONSE']._serialized_start=141
-  _globals['_PRUNERESPONSE']._serialized_end=384
-  _globals['_PRUNERESPONSE_KEPT']._serialized_start=324
-  _globals['_PRUNERESPONSE_KEPT']._serialized_end=384
-  _globals['_RETENTION']._serialized_start=386
-  _globals['_RETENTION']._serialized_end=457
+  _globals['_PRUNEREQUEST']._serialized_end=172
+  _globals['_PRUNERESPONSE']._serialized_start=175
+  _globals['_PRUNERESPONSE']._serialized_end=418
+  _globals['_PRUNERESPONSE_KEPT']._serialized_start=358
+  _globals['_PRUNERESPONSE_KEPT']._serialized_end=418
+  _globals['_RETENTION']._serialized_start=420
+  _globals['_RETENTION']._serialized_end=491
 # @@protoc_insertion_point(module_scope)

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PruneRequest(_message.Message):
-    __slots__ = ("journal", "dry_run")
+    __slots__ = ("journal", "dry_run", "header")
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
     journal: str
     dry_run: bool
-    def __init__(self, journal: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    header: _protocol_pb2.Header
+    def __init__(self, journal: _Optional[str] = ..., dry_run: _Optional[bool] = ..., header: _Optional[_Union[_protocol_pb2.Header, _Mapping]] = ...) -> None: ...
 
 class PruneResponse(_message.Message):
     __slots__ = ("status", "header", "removed", "kept", "errors")
