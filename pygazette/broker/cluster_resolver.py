@@ -45,6 +45,9 @@ from pygazette.stores.store import StoreRegistry
 
 log = logging.getLogger(__name__)
 
+# How soon a journal whose local replica failed to start is tried again.
+RETRY_SECONDS = 1.0
+
 
 @dataclass(slots=True)
 class Resolution:
@@ -124,6 +127,9 @@ class ClusterResolver(Resolver):
         self.lease_alive: Callable[[], bool] = lambda: True
         self.stopping_journals: set[str] = set()  # Replicas still stopping.
         self._touched = observed.touched_items()
+        # Journals whose replica failed to start (synced again after RETRY_SECONDS).
+        self._failed: set[str] = set()
+        self._retry: asyncio.TimerHandle | None = None
 
     # Replicas.
     def start(self) -> None:
@@ -141,13 +147,35 @@ class ClusterResolver(Resolver):
             names: Iterable[str] = set(state.local) | set(self.replicas)
         else:
             names = touched
-        for name in names:
+        failed, self._failed = self._failed, set()
+        for name in {*names, *failed}:
             local = state.local.get(name)
             if local is None:
                 if name in self.replicas:
                     self._stop_replica(name)
                 continue
-            self._sync_replica(name, local[0])
+            self._sync_guarded(name, local[0], retry=name in failed)
+
+    def _sync_guarded(self, name: str, li: LocalItem, *, retry: bool = False) -> None:
+        """`_sync_replica`, where a replica that fails to start (its spools can't be read)
+        is tried again later, and the journals synced with it are synced all the same."""
+        try:
+            self._sync_replica(name, li)
+        except Exception as exc:
+            log.log(
+                logging.DEBUG if retry else logging.ERROR,  # Logged once, not every retry.
+                "cannot start local journal replica (will retry)",
+                extra={"journal": name, "error": str(exc)},
+            )
+            self._failed.add(name)
+            if self._retry is None:
+                self._retry = asyncio.get_running_loop().call_later(
+                    RETRY_SECONDS, self._retry_failed
+                )
+
+    def _retry_failed(self) -> None:
+        self._retry = None
+        self.sync_replicas()
 
     def _sync_replica(self, name: str, li: LocalItem) -> None:
         try:
@@ -171,8 +199,8 @@ class ClusterResolver(Resolver):
                 sync=self.sync,
             )
             replica.is_journal = self.is_journal
+            replica.start_clustered()  # Registered once started (it may fail: retried).
             self.replicas[name] = replica
-            replica.start_clustered()
             log.info("starting local journal replica", extra={"journal": name, "primary": primary})
         elif replica.mod_revision != li.item.kv.mod_revision:
             replica.update_spec(spec, li.item.kv.mod_revision)
@@ -208,7 +236,7 @@ class ClusterResolver(Resolver):
             return
         local = self.observed.current.local.get(name)
         if local is not None:
-            self._sync_replica(name, local[0])
+            self._sync_guarded(name, local[0])
 
     def _start_primary(self, replica: Replica) -> None:
         if self.on_primary is not None:
@@ -228,6 +256,9 @@ class ClusterResolver(Resolver):
 
     def stop_serving(self) -> None:
         """Stop every local replica now and refuse to resolve to any (shutting down)."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         for replica in self.replicas.values():
             replica.stopping = True
         super().stop_serving()

@@ -207,3 +207,38 @@ async def test_a_metadata_suffix_resolves_the_journal(resolver: ClusterResolver)
     assert res.status == pb.OK and res.local and res.replica is not None
     assert res.replica.name == "local/meta"
     assert len(res.route.members) == 2
+
+
+async def test_a_replica_that_cannot_start_is_started_once_it_can(
+    resolver: ClusterResolver,
+) -> None:
+    """A journal assigned here whose replica fails to start (its spools can't be listed: an
+    EIO, EMFILE, or here a file where its spool directory goes) is not served half-built,
+    doesn't keep the journals synced with it from starting, and starts once it can. The
+    failure escaped the resolver's keyspace listener: the journal was left registered without
+    its replicated spool, the items touched with it were never synced, and neither was it
+    again until its keys next changed."""
+    from pygazette.broker.replica import spool_directory
+
+    r = resolver
+    blocked = spool_directory(r.spool_root, "a/blocked")
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_bytes(b"")
+    others = [f"b/other-{i}" for i in range(10)]
+    ops = [
+        Put(LAYOUT.item_key(name), journal_spec(name, replication=1).SerializeToString())
+        for name in ["a/blocked", *others]
+    ]
+    ops += [
+        Put(LAYOUT.assignment_key(AssignmentKey(name, "zone-a", "local-broker", 0)), b"")
+        for name in ["a/blocked", *others]
+    ]
+    await r.keyspace.txn([], ops)  # In one change: synced together.
+    assert "a/blocked" not in r.replicas
+    assert all(name in r.replicas for name in others)
+    blocked.unlink()
+    async with asyncio.timeout(10):  # Tried again without any change of its keys.
+        while "a/blocked" not in r.replicas:  # noqa: ASYNC110 (a retry timer's work)
+            await asyncio.sleep(0.05)
+    res = await r.resolve_journal("a/blocked", require_primary=True, may_proxy=True)
+    assert res.status == pb.OK and res.local
