@@ -90,13 +90,13 @@ def _set_labels(spec: pb.JournalSpec, labels: pb.LabelSet) -> None:
 
 
 def _tidy(spec: pb.JournalSpec) -> pb.JournalSpec:
-    """Drop empty sub-messages, so that equal partial specs compare equal."""
+    """Drop empty sub-messages, so that equal partial specs compare equal. An empty suspend
+    stays: Go's spec holds it by pointer, and gazctl writes a present one ('suspend: {}',
+    as a journal resumed after a suspension has) and applies it as written."""
     if spec.HasField("fragment") and not spec.fragment.ListFields():
         spec.ClearField("fragment")
     if spec.HasField("labels") and not spec.labels.labels:
         spec.ClearField("labels")
-    if spec.HasField("suspend") and not spec.suspend.ListFields():
-        spec.ClearField("suspend")
     return spec
 
 
@@ -437,6 +437,7 @@ def _node_from_yaml(obj: Any, where: str) -> Node:
     if obj.get("suspend") is not None:
         sus = parse_mapping(obj["suspend"], here, "suspend")
         check_keys(sus, ("level", "offset"), here, "suspend")
+        spec.suspend.SetInParent()  # 'suspend: {}' too, as gazctl applies it.
         if sus.get("level") is not None:
             spec.suspend.level = _enum(  # type: ignore[assignment]
                 sus["level"], pb.JournalSpec.Suspend.Level, here, "suspend.level"
@@ -497,7 +498,7 @@ def _spec_to_yaml(spec: pb.JournalSpec, out: dict[str, Any]) -> None:
         out["flags"] = _enum_name(pb.JournalSpec.Flag, spec.flags)
     if spec.max_append_rate:
         out["max_append_rate"] = spec.max_append_rate
-    if spec.HasField("suspend") and spec.suspend.ListFields():
+    if spec.HasField("suspend"):
         sus: dict[str, Any] = {}
         if spec.suspend.level:
             sus["level"] = _enum_name(pb.JournalSpec.Suspend.Level, spec.suspend.level)

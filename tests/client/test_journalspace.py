@@ -425,3 +425,46 @@ def test_a_listing_quotes_strings_as_gazctl_does() -> None:
     ]
     changes = apply_request(parse_journalspace(text)).changes
     assert [c.upsert for c in changes] == [j.spec for j in listing]
+
+
+def test_a_resumed_journals_empty_suspend_is_listed_and_applied_as_gazctl_does() -> None:
+    """A journal suspended while empty and resumed by an append has a suspend of level NONE
+    at offset 0: present, and empty on the wire. gazctl writes it 'suspend: {}' (Go holds it
+    by pointer) and applies it back so; pygazette left it out. The expected text is gazctl
+    v0.103.0's `journals list -o yaml` of such a journal (res/a) beside a resumed one that
+    had content (res/b)."""
+    listing = []
+    for name, offset, revision in (("res/a", 0, 25), ("res/b", 2, 22)):
+        spec = pb.JournalSpec(name=name, replication=1)
+        spec.fragment.length = 1024
+        spec.fragment.compression_codec = pb.NONE
+        spec.fragment.stores.append("file:///")
+        spec.fragment.refresh_interval.seconds = 1
+        spec.suspend.level = pb.JournalSpec.Suspend.NONE
+        spec.suspend.offset = offset
+        listing.append(pb.ListResponse.Journal(spec=spec, mod_revision=revision))
+    # As it comes off the wire: the empty suspend present.
+    listing = [pb.ListResponse.Journal.FromString(j.SerializeToString()) for j in listing]
+    assert listing[0].spec.HasField("suspend")
+    text = dump_journalspace(from_list(listing))
+    assert text == (
+        "name: res/\n"
+        "replication: 1\n"
+        "fragment:\n"
+        "  length: 1024\n"
+        "  compression_codec: NONE\n"
+        "  stores:\n"
+        "  - file:///\n"
+        "  refresh_interval: 1s\n"
+        "children:\n"
+        "- name: res/a\n"
+        "  suspend: {}\n"
+        "  revision: 25\n"
+        "- name: res/b\n"
+        "  suspend:\n"
+        "    offset: 2\n"
+        "  revision: 22\n"
+    )
+    changes = apply_request(parse_journalspace(text)).changes
+    assert [c.upsert for c in changes] == [j.spec for j in listing]
+    assert changes[0].upsert.HasField("suspend")
