@@ -93,8 +93,10 @@ interop-go: venv interop-bin
 	cd interop && PYGAZETTE="$(abspath $(VENV))/bin/pygazette" $(INTEROP_GO_ENV) \
 	  "$$(./find-go)" test -tags nozstd -count=1 ./...
 
+# Two workers, as `make test` runs the rest: a test file stays on one worker (--dist loadfile),
+# and the figures a test measured reach the summary through its report (tests/interop/conftest.py).
 interop: venv interop-bin stream-sum-bin
-	$(VENV)/bin/pytest -q tests/interop
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile tests/interop
 	$(MAKE) interop-go
 
 # The long version of the cluster fault tests (kills, restarts, freezes, scaling; many

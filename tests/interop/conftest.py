@@ -26,20 +26,32 @@ BROKER_ID = "interop-broker"
 
 
 _BINARIES = pytest.StashKey[GazetteBinaries]()
-_FIGURES = pytest.StashKey[dict[str, Any]]()
+# A test's figures travel in its report's user properties, under this name: under xdist
+# (`make interop` runs two workers) reports are what reaches the process that prints them.
+_FIGURES_PROPERTY = "interop_figures"
+_figures: dict[str, Any] = {}  # Collected from the reports, in the process printing them.
 
 
 @pytest.fixture
-def interop_figures(pytestconfig: pytest.Config) -> dict[str, Any]:
+def interop_figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """Figures a test measured (the Go soak's, stream-sum's), printed at the end of the run."""
-    return pytestconfig.stash.setdefault(_FIGURES, {})
+    figures: dict[str, Any] = {}
+    yield figures
+    if figures:
+        request.node.user_properties.append((_FIGURES_PROPERTY, figures))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        for name, value in report.user_properties:
+            if name == _FIGURES_PROPERTY:
+                _figures.update(value)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    figures = config.stash.get(_FIGURES, None)
-    if figures:
+    if _figures:
         terminalreporter.section("interop figures")
-        terminalreporter.write_line(json.dumps(figures, indent=2))
+        terminalreporter.write_line(json.dumps(_figures, indent=2))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
