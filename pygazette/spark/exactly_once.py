@@ -39,6 +39,7 @@ local spools, and keeps those at a persisted spool's end (`broker.fragment.kept_
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -52,6 +53,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.protocol.errors import GazetteError, RegisterMismatch
 from pygazette.protocol.labels import label_set
 from pygazette.protocol.pb import protocol_pb2 as pb
+from pygazette.spark.journals import retry_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -239,32 +241,19 @@ async def fenced_append(
         else:
             check.include.labels.add(name=fence.name, value=current)
         subtract = _expired(known, time.time()) if known is not None else pb.LabelSet()
-        appender = Appender(
-            client,
-            journal,
-            check_registers=check,
-            union_registers=label_set({fence.name: fence.value()}),
-            subtract_registers=subtract if subtract.labels else None,
+        request = _FencedRequest(journal, content, check, fence.value(), subtract)
+        # An append that found no broker (one restarting) is made again, through the same
+        # check: if it committed after all, the label it set fails the check, and the next
+        # attempt finds its rows there. So it is safe whether or not the commit was sent.
+        resp = await retry_unavailable(
+            f"appending to {journal}", functools.partial(_fenced_once, client, request, fence)
         )
-        content.seek(0)
-        try:
-            await appender.start()
-            for chunk in _chunks(content):
-                await appender.write(chunk)
-            resp = await appender.commit()
-        except RegisterMismatch:
-            await appender.abort()
-            resp_now = appender.response
-            if resp_now is None:
-                raise
+        if resp.status == pb.REGISTER_MISMATCH:
             known = pb.LabelSet()
-            known.CopyFrom(resp_now.registers)
+            known.CopyFrom(resp.registers)
             _remember(journal, known)
             current = _value(known, fence.name)
             continue
-        except BaseException:
-            await appender.abort()
-            raise
         registers = pb.LabelSet()
         registers.CopyFrom(resp.registers)
         _remember(journal, registers)
@@ -274,6 +263,42 @@ async def fenced_append(
     raise FenceError(
         f"{journal}: register {fence.name} kept changing under {MAX_ATTEMPTS} attempts to append"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _FencedRequest:
+    journal: str
+    content: BinaryIO
+    check: pb.LabelSelector
+    value: str  # The label's value once the append commits.
+    subtract: pb.LabelSet
+
+
+async def _fenced_once(
+    client: JournalClient, request: _FencedRequest, fence: Fence
+) -> pb.AppendResponse:
+    """One append of the content: its response, committed or REGISTER_MISMATCH."""
+    appender = Appender(
+        client,
+        request.journal,
+        check_registers=request.check,
+        union_registers=label_set({fence.name: request.value}),
+        subtract_registers=request.subtract if request.subtract.labels else None,
+    )
+    request.content.seek(0)
+    try:
+        await appender.start()
+        for chunk in _chunks(request.content):
+            await appender.write(chunk)
+        return await appender.commit()
+    except RegisterMismatch:
+        await appender.abort()
+        if appender.response is None:
+            raise
+        return appender.response
+    except BaseException:
+        await appender.abort()
+        raise
 
 
 def _chunks(content: BinaryIO) -> Iterator[bytes]:

@@ -44,7 +44,6 @@ from pyspark.sql.types import (
 )
 
 from pygazette.client.journal_client import JournalClient
-from pygazette.client.list_apply import list_journals
 from pygazette.message.fixed_framing import encode_fixed_frame
 from pygazette.message.framing import FramingError
 from pygazette.protocol.errors import GazetteError, JournalNotFound
@@ -342,14 +341,20 @@ def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], fence_of: Any)
         if plan.route_by_column and spools:
             # Journals named by rows are first known here: all of them must take the task's
             # appends before the first one is made.
-            runtime.call(plan.opts.target, functools.partial(_writable, journals=list(spools)))
+            runtime.call(
+                plan.opts.target,
+                jn.patiently(functools.partial(_writable, journals=list(spools))),
+            )
         fence: Fence = fence_of(partition)
         for journal in sorted(spools):
             digest = digests.get(journal)
             fenced = fence.with_rows(digest.hexdigest()) if digest is not None else fence
+            # A broker restarting under the task is waited for (`journals.patiently`).
             outcome = runtime.call(
                 plan.opts.target,
-                functools.partial(_append, journal=journal, spool=spools[journal], fence=fenced),
+                jn.patiently(
+                    functools.partial(_append, journal=journal, spool=spools[journal], fence=fenced)
+                ),
             )
             commit.outcomes.append(outcome)
         return commit
@@ -369,7 +374,7 @@ async def _writable(
         include=pb.LabelSet(labels=[pb.Label(name="name", value=j) for j in sorted(journals)])
     )
     try:
-        listed = await list_journals(client, selector)
+        listed = await jn.list_specs(client, selector)
     except grpc.aio.AioRpcError as exc:
         if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
             raise

@@ -483,3 +483,56 @@ def test_a_journal_column_sink_needs_only_the_append_capability(
             assert sorted(lines_of(admin, out)) == sorted(f"row {i}".encode() for i in range(20))
     finally:
         broker.kill()
+
+
+@pytest.mark.parametrize("routing", ["column", "key"])
+def test_a_sink_task_waits_out_a_broker_restart_and_appends_once(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, routing: str
+) -> None:
+    """A sink task whose broker restarts under it (a rolling upgrade, a crash) waits for it,
+    and appends its rows once. It failed at once (UNAVAILABLE), and so did its retries while
+    the broker was down, which failed the write, or a stream's query. An append that may or
+    may not have committed is made again through the same register check, so the rows are
+    there once whatever the broker saw: a second run of the task appends nothing. (Routed by
+    a journal column, the task lists its journals first; by key, it appends first.)"""
+    import threading
+
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from pygazette.spark import sink
+    from pygazette.spark.exactly_once import Fence
+    from pygazette.spark.options import parse_write_options
+
+    a, b = "spark/restart/a", "spark/restart/b"
+    with SyncJournalClient(broker.url) as gz:
+        create_journals(gz, journal_spec(a), journal_spec(b))
+    schema = StructType([StructField("journal", StringType()), StructField("n", LongType())])
+    options = {"broker": broker.url}
+    if routing == "key":
+        options.update(journals=f"{a},{b}", keyColumn="n")
+        schema = StructType([StructField("n", LongType())])
+    plan = sink.make_plan(parse_write_options(options), schema, streaming=False)
+    batch = pa.RecordBatch.from_pydict(
+        {"journal": [a if i % 2 else b for i in range(40)], "n": list(range(40))}
+    )
+    if routing == "key":
+        batch = batch.drop_columns(["journal"])
+    monkeypatch.setattr(sink, "_task_context", lambda: (0, 0, None))
+
+    def task() -> list[bool]:
+        fence = Fence.for_batch(plan.identity, 0, plan.run)
+        commit = sink.write_task(plan, iter([batch]), lambda _p: fence)
+        return [o.appended for o in commit.outcomes]
+
+    broker.stop()
+    thread = threading.Thread(target=broker.start)
+    thread.start()
+    try:
+        assert task() == [True, True]
+    finally:
+        thread.join()
+    assert task() == [False, False]  # The task retried: its rows are there.
+    with SyncJournalClient(broker.url) as gz:
+        written = sorted(int(json.loads(line)["n"]) for j in (a, b) for line in lines_of(gz, j))
+    assert written == list(range(40))
