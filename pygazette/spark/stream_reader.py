@@ -45,7 +45,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.spark import journals as jn
 from pygazette.spark import runtime
 from pygazette.spark.admission import Budget, admit
-from pygazette.spark.options import ReadOptions
+from pygazette.spark.options import OptionError, ReadOptions
 from pygazette.spark.partition_reader import data_loss, read_partition
 from pygazette.spark.planning import (
     DataLoss,
@@ -164,6 +164,13 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 )
                 for j in journals
             }
+            for j in journals:
+                if offsets[j] > heads[j]:
+                    # Nothing is there to read yet: the first trigger would take the head
+                    # below it for a data loss.
+                    raise OptionError(
+                        f"startingOffsets of {j} ({offsets[j]}) is past its write head {heads[j]}"
+                    )
             return _joined(offsets, revisions)
 
         offsets = runtime.call(opts.target, go)

@@ -570,3 +570,43 @@ def test_a_journal_deleted_while_a_trigger_admits_its_records_stays_where_it_was
     assert end[gone] == start[gone]
     assert start[kept][0] < end[kept][0] < len(b"".join(records))
     assert end[kept][0] in offsets_of(records)
+
+
+def test_starting_offsets_past_a_write_head_are_an_option_error(
+    spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    # An offset past the write head has nothing to read at it (yet): the query failed at its
+    # first trigger, told of a data loss ('its write head 8 is below the offset 100 the query
+    # has read up to (was it deleted and recreated?)'), or with failOnDataLoss false started
+    # at the head as if it had been asked to. A batch read says so of its endingOffsets.
+    from pygazette.spark import stream_reader
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import OptionError, parse_read_options
+    from pygazette.spark.schema import default_schema, layout
+
+    a, b = prefix + "a", prefix + "b"
+    create_journals(gz, journal_spec(a), journal_spec(b))
+    append_each(gz, a, [b"one\n", b"two\n"])
+
+    def start(offsets: dict[str, int]) -> dict[str, Any]:
+        opts = parse_read_options(
+            {
+                "broker": spark_broker.url,
+                "journals": f"{a},{b}",
+                "framing": "lines",
+                "startingOffsets": json.dumps(offsets),
+                "failOnDataLoss": "false",
+            },
+            streaming=True,
+        )
+        reader = stream_reader.GazetteStreamReader(
+            opts, layout(default_schema(Framing.LINES), Framing.LINES)
+        )
+        return reader.initialOffset()
+
+    with pytest.raises(
+        OptionError, match=rf"startingOffsets of {a} \(100\) is past its write head 8"
+    ):
+        start({a: 100})
+    rev = {j: gz.list_journals(f"name={j}")[0].create_revision for j in (a, b)}
+    assert start({a: 8, b: -1}) == {a: [8, rev[a]], b: [0, rev[b]]}
