@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TypeAlias
 
@@ -328,8 +328,17 @@ def _is_bytes_like(content: object) -> bool:
     return isinstance(content, (bytes, bytearray, memoryview))
 
 
+# Content drawn from an iterator is kept, up to this many bytes, so that an append refused
+# before it committed (a journal without a primary yet, e.g. resuming from a full
+# suspension; a transport failure before the commit chunk) can send it again: the refusal
+# comes at the first response, after the first pieces went out. An append that drew more
+# before failing is not retried.
+REPLAY_LIMIT = 8 << 20
+
+
 class _Source:
-    """Iterates append content and remembers whether any of it was drawn."""
+    """Iterates append content, across attempts: bytes and sequences from their start; an
+    iterator's pieces drawn so far (while they fit REPLAY_LIMIT) again, then on from it."""
 
     def __init__(self, content: AppendContent) -> None:
         self.content = content
@@ -337,27 +346,63 @@ class _Source:
         self.replayable = _is_bytes_like(content) or (
             isinstance(content, Sequence) and not isinstance(content, str)
         )
+        self._iterator: Iterator[BytesLike] | AsyncIterator[BytesLike] | None = None
+        self._kept: list[bytes] | None = []  # None: more was drawn than REPLAY_LIMIT.
+        self._kept_size = 0
+
+    @property
+    def can_replay(self) -> bool:
+        return self.replayable or not self.drawn or self._kept is not None
 
     async def pieces(self) -> AsyncIterator[BytesLike]:
         content = self.content
         self.drawn = True
         if isinstance(content, (bytes, bytearray, memoryview)):
             yield content
-        elif isinstance(content, AsyncIterable):
-            async for piece in content:
-                yield piece
-        else:
+            return
+        if self.replayable:
+            assert isinstance(content, Iterable)
             for piece in content:
                 yield piece
+            return
+        if self._iterator is None:
+            self._iterator = aiter(content) if isinstance(content, AsyncIterable) else iter(content)
+        for piece in list(self._kept or ()):
+            yield piece
+        iterator = self._iterator
+        while True:
+            if isinstance(iterator, AsyncIterator):
+                try:
+                    piece = await anext(iterator)
+                except StopAsyncIteration:
+                    return
+            else:
+                try:
+                    piece = next(iterator)
+                except StopIteration:
+                    return
+            self._keep(piece)
+            yield piece
+
+    def _keep(self, piece: BytesLike) -> None:
+        if self._kept is None:
+            return
+        self._kept_size += len(piece)
+        if self._kept_size > REPLAY_LIMIT:
+            self._kept = None
+        else:
+            self._kept.append(bytes(piece))
+
+
+# Statuses of a broker refusing an append for where the journal is served: nothing committed.
+_ROUTING_REFUSALS = (NotJournalPrimaryBroker, NoJournalPrimaryBroker, InsufficientJournalBrokers)
 
 
 def _safe_to_retry(exc: BaseException, appender: Appender, source: _Source) -> bool:
     """Whether the append provably did not commit and its content can be sent again."""
-    if not (source.replayable or not source.drawn):
+    if not source.can_replay:
         return False
-    if isinstance(
-        exc, (NotJournalPrimaryBroker, NoJournalPrimaryBroker, InsufficientJournalBrokers)
-    ):
+    if isinstance(exc, _ROUTING_REFUSALS):
         return True  # The broker refused the append (as Gazette's Append retries): nothing
         # committed.
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -383,7 +428,8 @@ async def append(
 
     Transport failures and primary hand-offs are retried, with backoff, only where that is
     safe: the commit chunk was never sent (so the broker cannot have committed), and the
-    content can be produced again (bytes or a sequence, or an iterator not yet drawn from).
+    content can be produced again (bytes or a sequence, or an iterator of which at most
+    REPLAY_LIMIT bytes were drawn).
     Every other failure, including broker statuses, is raised.
     """
     source = _Source(content)
@@ -409,7 +455,12 @@ async def append(
             attempt += 1
             if attempt >= max_attempts or not _safe_to_retry(exc, appender, source):
                 raise
-            log.warning(
+            # As Gazette's Append: a first refusal for routing (a journal resuming, a primary
+            # hand-off) is expected, and not worth a warning.
+            log.log(
+                logging.DEBUG
+                if attempt == 1 and isinstance(exc, _ROUTING_REFUSALS)
+                else logging.WARNING,
                 "append failure (will retry)",
                 extra={"journal": journal, "err": str(exc), "attempt": attempt},
             )

@@ -77,3 +77,20 @@ def test_suspend_on_a_single_broker_leaves_every_journal_in_use(broker: BrokerPr
         "susp/empty\tin use: not suspended",
         "susp/readonly\tin use: not suspended",
     ]
+
+
+def test_an_unframed_append_resumes_a_fully_suspended_journal(
+    etcd_broker: BrokerProcess,
+) -> None:
+    """A fully suspended journal has no broker: its first append is refused
+    (NO_JOURNAL_PRIMARY_BROKER) while the broker resumes it, before any content commits. The
+    append (stdin, --framing none) is sent again once a primary serves it, as a framed one's
+    already is; it failed with that status (gazctl's too)."""
+    ok(cli(etcd_broker.url, "journals", "apply", "--specs", "-", stdin=SPECS))
+    ok(cli(etcd_broker.url, "journals", "suspend", "-l", "name=susp/empty"))
+    assert suspension(etcd_broker)["susp/empty"] == ("FULL", 0)
+
+    content = b"".join(b"line %06d\n" % i for i in range(20_000))  # 220 KB: several chunks.
+    ok(cli(etcd_broker.url, "journals", "append", "-l", "name=susp/empty", stdin=content))
+    assert suspension(etcd_broker)["susp/empty"] == ("NONE", 0)
+    assert ok(cli(etcd_broker.url, "journals", "read", "-l", "name=susp/empty")) == content

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from pygazette.auth.authorizer import BearerAuth
 from pygazette.client import Appender, ChunkCoalescer, JournalClient, append
+from pygazette.client import appender as appender_module
 from pygazette.client.appender import AppenderStateError
 from pygazette.protocol.errors import (
     NotJournalPrimaryBroker,
@@ -64,9 +65,7 @@ def contents(call_requests: list[pb.AppendRequest]) -> list[bytes]:
 async def test_appender_streams_chunks_then_commits(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
-    fake.journal.append_responses.append(
-        committed(J, 0, 25)
-    )
+    fake.journal.append_responses.append(committed(J, 0, 25))
     async with Appender(fake_client, J, chunk_size=10) as app:
         for _ in range(5):
             await app.write(b"hello")
@@ -214,9 +213,33 @@ async def test_append_retries_while_the_broker_is_unreachable() -> None:
             await asyncio.to_thread(fake.stop)
 
 
-async def test_append_does_not_retry_a_drawn_one_shot_iterator(
+async def test_append_retries_a_drawn_one_shot_iterator_with_what_it_drew(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
+    """A refusal comes after the first pieces went out (stdin, for `journals append`): what
+    was drawn is sent again, then the rest, so the append commits whole, once."""
+    fake.journal.append_responses.extend(
+        [refused(pb.NO_JOURNAL_PRIMARY_BROKER), committed(J, 0, 3 * 1024)]
+    )
+    drawn = []
+
+    def pieces() -> Iterator[bytes]:
+        for i in range(3):
+            drawn.append(i)
+            yield bytes([65 + i]) * 1024
+
+    resp = await append(fake_client, J, pieces(), chunk_size=1024)
+    assert resp.commit.end == 3 * 1024
+    assert drawn == [0, 1, 2]  # Each piece drawn once.
+    calls = fake.journal.append_calls
+    assert len(calls) == 2
+    assert b"".join(contents(calls[-1].requests)) == b"A" * 1024 + b"B" * 1024 + b"C" * 1024
+
+
+async def test_append_does_not_retry_an_iterator_drawn_beyond_the_replay_limit(
+    fake: FakeBroker, fake_client: JournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(appender_module, "REPLAY_LIMIT", 2)
     fake.journal.append_responses.append(refused(pb.NOT_JOURNAL_PRIMARY_BROKER))
 
     def pieces() -> Iterator[bytes]:
@@ -245,7 +268,6 @@ async def test_append_streams_async_iterables(fake: FakeBroker, fake_client: Jou
 
     await append(fake_client, J, pieces())
     assert contents(fake.journal.append_calls[0].requests) == [b"012", b""]
-
 
 
 class _RefusingBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
