@@ -284,7 +284,8 @@ def test_data_loss_fails_the_query_or_is_skipped(
     rest = drain(query("false"), checkpoint)
     assert sorted(r.n for r in rest.rows) == list(range(40, 60))
 
-    # A write head below the offset a query starts from (or has read up to).
+    # An offset to start from past the write head is an option error; a write head below
+    # the offset a query has read up to (its checkpoint's journal lost data) is a data loss.
     beyond = stream(
         spark,
         spark_broker,
@@ -293,8 +294,21 @@ def test_data_loss_fails_the_query_or_is_skipped(
         framing="json",
         startingOffsets=json.dumps({j: 10**9}),
     )
-    with pytest.raises(PySparkException, match=r"write head .* is below the offset"):
+    with pytest.raises(PySparkException, match=r"startingOffsets of .* is past its write head"):
         drain(beyond, tmp_path / "beyond")
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.partition_reader import DataLossError
+    from pygazette.spark.schema import default_schema, layout
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    opts = parse_read_options({"broker": spark_broker.url, "journals": j}, streaming=True)
+    reader = GazetteStreamReader(opts, layout(default_schema(Framing.RAW), Framing.RAW))
+    rev = gz.list_journals(f"name={j}")[0].create_revision
+    with pytest.raises(DataLossError, match=r"write head .* is below the offset"):
+        reader.latestOffset({j: [10**9, rev]}, ReadAllAvailable())
 
 
 def test_a_journal_deleted_under_a_planned_micro_batch_is_data_loss(
