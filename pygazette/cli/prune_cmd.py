@@ -26,6 +26,7 @@ from pygazette.client.journal_client import JournalClient
 from pygazette.client.list_apply import list_journals
 from pygazette.client.retention import prune_journal
 from pygazette.client.store_health import fragment_store_health
+from pygazette.protocol.errors import Suspended
 from pygazette.protocol.fragment_name import fragment_location
 from pygazette.protocol.labels import label_values
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -39,8 +40,12 @@ from pygazette.protocol.pb import retention_pb2 as rpb
 @click.pass_context
 def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | None) -> None:
     """Remove fragments older than each selected journal's retention, or beyond its
-    pygazette.dev/retention-bytes label (e.g. 10GiB: the oldest go first)."""
+    pygazette.dev/retention-bytes label (e.g. 10GiB: the oldest go first).
+
+    Fully suspended journals are left out, noted on stderr: no broker serves them until an
+    append resumes them."""
     sel = _selector(selector)
+    suspended: list[str] = []
 
     async def run(client: JournalClient) -> list[tuple[str, rpb.PruneResponse]]:
         found = await list_journals(client, sel)
@@ -48,11 +53,24 @@ def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | No
             if label_values(sel.include, "name"):
                 raise _no_match(sel, selector)
             raise CommandError(f"no journal matches selector {selector!r}")
-        return [
-            (j.spec.name, await prune_journal(client, j.spec.name, dry_run=dry_run)) for j in found
-        ]
+        results = []
+        for j in found:
+            name = j.spec.name
+            if j.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+                suspended.append(name)
+                continue
+            try:
+                results.append((name, await prune_journal(client, name, dry_run=dry_run)))
+            except Suspended:  # Since it was listed.
+                suspended.append(name)
+        return results
 
     results = run_with_client(_broker(ctx, broker), run)
+    for name in suspended:
+        click.echo(
+            f"{name}: fully suspended, not pruned (no broker serves it until an append resumes it)",
+            err=True,
+        )
     removed = [f for _, resp in results for f in resp.removed]
     if removed:
         click.echo(output.removed_fragments_table(removed), nl=False)

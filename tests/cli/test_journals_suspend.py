@@ -94,3 +94,20 @@ def test_an_unframed_append_resumes_a_fully_suspended_journal(
     ok(cli(etcd_broker.url, "journals", "append", "-l", "name=susp/empty", stdin=content))
     assert suspension(etcd_broker)["susp/empty"] == ("NONE", 0)
     assert ok(cli(etcd_broker.url, "journals", "read", "-l", "name=susp/empty")) == content
+
+
+def test_prune_leaves_fully_suspended_journals_out(etcd_broker: BrokerProcess) -> None:
+    """No broker serves a fully suspended journal: prune notes it on stderr and prunes the
+    others, instead of failing the whole command (SUSPENDED; JOURNAL_NOT_FOUND before, as
+    gazctl's prune fails 'failed to fetch fragments' SUSPENDED)."""
+    ok(cli(etcd_broker.url, "journals", "apply", "--specs", "-", stdin=SPECS))
+    ok(cli(etcd_broker.url, "journals", "append", "-l", "name=susp/busy", stdin=b"busy\n"))
+    ok(cli(etcd_broker.url, "journals", "suspend", "-l", "name=susp/empty"))
+    for args in (["--dry-run"], []):
+        proc = cli(etcd_broker.url, "journals", "prune", "-l", "prefix=susp/", *args)
+        out = ok(proc).decode()
+        assert "0 fragment(s) (0 B of journal content) of 1 journal(s)" in out, out
+        assert proc.stderr.decode() == (
+            "susp/empty: fully suspended, not pruned (no broker serves it until an append "
+            "resumes it)\n"
+        )
