@@ -34,6 +34,7 @@ async def batch_ranges(
 ) -> tuple[dict[str, tuple[int, int]], dict[str, list[jn.FragmentInfo]]]:
     """Each journal's [start, end) and fragment listing (and its write head, to `heads_out`)."""
     journals = await jn.resolve_journals(client, opts.journals, opts.selector)
+    opts.check_selected(journals)
     heads = await jn.write_heads(client, journals)
     if heads_out is not None:
         heads_out.update(heads)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pygazette.auth.configured import authorizer_from
@@ -130,13 +130,24 @@ class ReadOptions:
         """The broker with its TLS material, as `runtime` calls take it."""
         return BrokerTarget(self.broker, self.tls, self.auth)
 
+    def check_selected(self, journals: Iterable[str]) -> None:
+        """With a selector: its offsets name only `journals`, those it matches (with option
+        journals, that was checked as the options were parsed)."""
+        if self.selector:
+            journals = list(journals)
+            matched = f"{len(journals)} journal(s)"
+            check_offsets_read(
+                self.starting,
+                self.ending,
+                journals,
+                f"option selector {self.selector} matches {matched}",
+            )
+
     def committed_reads(self, *, streaming: bool) -> CommittedReads | None:
         """How partitions read committed messages (None: every record is a row)."""
         if not self.read_committed:
             return None
-        framing = (
-            JSONFraming(self.uuid_field) if self.framing is Framing.JSON else CSVFraming()
-        )
+        framing = JSONFraming(self.uuid_field) if self.framing is Framing.JSON else CSVFraming()
         return CommittedReads(
             framing,
             streaming,
@@ -322,6 +333,20 @@ def parse_offset_spec(name: str, text: str) -> OffsetSpec:
     return OffsetSpec(LATEST if name == "endingOffsets" else EARLIEST, tuple(sorted(pairs)))
 
 
+def check_offsets_read(
+    starting: OffsetSpec, ending: OffsetSpec, journals: Iterable[str], read_by: str
+) -> None:
+    """Offsets may name only journals that are read: a misspelt name would leave its journal
+    at the default offset, silently (`read_by` says which journals are read)."""
+    read = set(journals)
+    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+        unknown = sorted(set(spec.journals) - read)
+        if unknown:
+            raise OptionError(
+                f"{name} names journals that are not read: {', '.join(unknown)} ({read_by})"
+            )
+
+
 def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     """Read options of a batch read, a stream, or (`streaming` None) either: the checks and
     defaults that differ between them are then left out."""
@@ -381,13 +406,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
         min_partitions = _positive_int("minPartitions", opts["minPartitions"])
 
     if journals:
-        for spec in (starting, ending):
-            unknown = sorted(set(spec.journals) - set(journals))
-            if unknown:
-                raise OptionError(
-                    f"offsets name journals that are not read: {', '.join(unknown)} "
-                    f"(option journals is {','.join(journals)})"
-                )
+        check_offsets_read(starting, ending, journals, f"option journals is {','.join(journals)}")
 
     read_committed = _bool("readCommitted", opts.get("readCommitted", "false"))
     if read_committed and framing not in (Framing.JSON, Framing.CSV):

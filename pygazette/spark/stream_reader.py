@@ -156,6 +156,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         async def go(client: JournalClient) -> dict[str, Any]:
             revisions = await jn.journal_revisions(client, opts.journals, opts.selector)
             journals = sorted(revisions)
+            opts.check_selected(journals)
             heads = await jn.write_heads(client, journals)
             listings = await jn.all_fragments(client, journals)
             offsets = {

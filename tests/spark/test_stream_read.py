@@ -624,3 +624,41 @@ def test_starting_offsets_past_a_write_head_are_an_option_error(
         start({a: 100})
     rev = {j: gz.list_journals(f"name={j}")[0].create_revision for j in (a, b)}
     assert start({a: 8, b: -1}) == {a: [8, rev[a]], b: [0, rev[b]]}
+
+
+def test_offsets_naming_a_journal_the_selector_does_not_match_are_an_option_error(
+    spark_broker: BrokerProcess, gz: SyncJournalClient, prefix: str
+) -> None:
+    # With option journals, offsets naming another journal are an error; with a selector they
+    # were ignored: a misspelt name (or one the selector leaves out) read that journal from
+    # the default offset, silently (a stream's latest: what it held was skipped).
+    from pygazette.spark import stream_reader
+    from pygazette.spark.batch_reader import batch_ranges
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import OptionError, parse_read_options
+    from pygazette.spark.runtime import call
+    from pygazette.spark.schema import default_schema, layout
+
+    topic = prefix.strip("/").replace("/", ".")
+    a = prefix + "part-000"
+    create_journals(gz, journal_spec(a, labels={"topic": topic}))
+    append_each(gz, a, [b"one\n", b"two\n"])
+    typo = prefix + "part-00"
+
+    def options(**offsets: str) -> dict[str, str]:
+        return {"broker": spark_broker.url, "selector": f"topic={topic}", **offsets}
+
+    stream = parse_read_options(options(startingOffsets=json.dumps({typo: 4})), streaming=True)
+    reader = stream_reader.GazetteStreamReader(
+        stream, layout(default_schema(Framing.RAW), Framing.RAW)
+    )
+    message = rf"startingOffsets names journals that are not read: {typo} \(option selector"
+    with pytest.raises(OptionError, match=message):
+        reader.initialOffset()
+    for name in ("startingOffsets", "endingOffsets"):
+        batch = parse_read_options(options(**{name: json.dumps({typo: 4})}), streaming=False)
+        with pytest.raises(OptionError, match=message.replace("startingOffsets", name)):
+            call(spark_broker.url, lambda c, batch=batch: batch_ranges(c, batch))
+    batch = parse_read_options(options(startingOffsets=json.dumps({a: 4})), streaming=False)
+    ranges, _ = call(spark_broker.url, lambda c: batch_ranges(c, batch))
+    assert ranges == {a: (4, 8)}
