@@ -23,7 +23,7 @@ from pygazette.cli.journals_cmd import (
     run_with_client,
 )
 from pygazette.client.journal_client import JournalClient
-from pygazette.client.list_apply import list_journals
+from pygazette.client.list_apply import list_journals, name_list
 from pygazette.client.retention import prune_journal
 from pygazette.client.store_health import fragment_store_health
 from pygazette.protocol.errors import Suspended
@@ -42,7 +42,7 @@ def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | No
     """Remove fragments older than each selected journal's retention, or beyond its
     pygazette.dev/retention-bytes label (e.g. 10GiB: the oldest go first).
 
-    Fully suspended journals are left out, noted on stderr: no broker serves them until an
+    Fully suspended journals are left out (noted on stderr): no broker serves them until an
     append resumes them."""
     sel = _selector(selector)
     suspended: list[str] = []
@@ -66,9 +66,10 @@ def prune_cmd(ctx: click.Context, selector: str, dry_run: bool, broker: str | No
         return results
 
     results = run_with_client(_broker(ctx, broker), run)
-    for name in suspended:
+    if suspended:
         click.echo(
-            f"{name}: fully suspended, not pruned (no broker serves it until an append resumes it)",
+            f"left out {len(suspended)} fully suspended journal(s), which no broker serves "
+            f"until an append resumes them: {name_list(suspended)}",
             err=True,
         )
     removed = [f for _, resp in results for f in resp.removed]

@@ -6,7 +6,7 @@ that break Gazette's rules as `InvalidResponse` (`response_check`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import grpc
 import grpc.aio
@@ -167,9 +167,14 @@ async def apply_journals_in_batches(
     return resp
 
 
+def name_list(names: Sequence[str], shown: int = 3) -> str:
+    """The first `shown` of `names`, comma-separated, and how many more there are."""
+    text = ", ".join(names[:shown])
+    if len(names) > shown:
+        text += f" (+{len(names) - shown} more)"
+    return text
+
+
 def _describe_batch(batch: list[pb.ApplyRequest.Change]) -> str:
-    names = [c.upsert.name if c.HasField("upsert") else c.delete for c in batch]
-    shown = ", ".join(names[:3])
-    if len(names) > 3:
-        shown += f" (+{len(names) - 3} more)"
+    shown = name_list([c.upsert.name if c.HasField("upsert") else c.delete for c in batch])
     return f"applying {shown}" if shown else "applying no changes"

@@ -97,9 +97,10 @@ def test_an_unframed_append_resumes_a_fully_suspended_journal(
 
 
 def test_prune_leaves_fully_suspended_journals_out(etcd_broker: BrokerProcess) -> None:
-    """No broker serves a fully suspended journal: prune notes it on stderr and prunes the
-    others, instead of failing the whole command (SUSPENDED; JOURNAL_NOT_FOUND before, as
-    gazctl's prune fails 'failed to fetch fragments' SUSPENDED)."""
+    """No broker serves a fully suspended journal: prune notes it (one line for all) on
+    stderr and prunes the others, instead of failing the whole command (SUSPENDED;
+    JOURNAL_NOT_FOUND before, as gazctl's prune fails 'failed to fetch fragments'
+    SUSPENDED)."""
     ok(cli(etcd_broker.url, "journals", "apply", "--specs", "-", stdin=SPECS))
     ok(cli(etcd_broker.url, "journals", "append", "-l", "name=susp/busy", stdin=b"busy\n"))
     ok(cli(etcd_broker.url, "journals", "suspend", "-l", "name=susp/empty"))
@@ -108,6 +109,6 @@ def test_prune_leaves_fully_suspended_journals_out(etcd_broker: BrokerProcess) -
         out = ok(proc).decode()
         assert "0 fragment(s) (0 B of journal content) of 1 journal(s)" in out, out
         assert proc.stderr.decode() == (
-            "susp/empty: fully suspended, not pruned (no broker serves it until an append "
-            "resumes it)\n"
+            "left out 1 fully suspended journal(s), which no broker serves until an append "
+            "resumes them: susp/empty\n"
         )
