@@ -11,12 +11,16 @@ backlog and health per store and the journals this broker serves.
 
 Hot paths pay one or two counter increments per append, commit or read chunk, never per
 byte. Per-journal series are bounded: `JournalLabels` hands out at most MAX_JOURNAL_LABELS
-distinct journal label values per process and maps every later journal to `_other`; labelled
-children are cached per journal.
+distinct journal label values per process at once and maps every later journal to `_other`;
+labelled children are cached per journal. A journal that leaves the broker (deleted, or
+served elsewhere now) takes its series, cached children and label value with it
+(`forget_journal`), so a broker whose journals come and go holds only those it serves, and
+later journals get label values of their own again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -136,6 +140,14 @@ class JournalLabels:
                 return journal
         return OTHER_JOURNALS
 
+    def release(self, journal: str) -> bool:
+        """Give `journal`'s label value back (it left the broker); whether it had one."""
+        with self._lock:
+            if journal not in self._names:
+                return False
+            self._names.discard(journal)
+            return True
+
 
 JOURNAL_LABEL = JournalLabels()
 
@@ -167,6 +179,31 @@ class _ReadMeters:
 
 _append_meters: dict[str, _AppendMeters] = {}
 _read_meters: dict[str, _ReadMeters] = {}
+
+
+# The series labelled with a journal's own label value (`JOURNAL_LABEL`).
+_LABELLED: tuple[Histogram | Counter, ...] = (
+    APPEND_BYTES,
+    APPEND_SECONDS,
+    READ_BYTES,
+    READ_SECONDS,
+    READ_CONTENT_BYTES,
+)
+
+
+def forget_journal(journal: str) -> None:
+    """`journal` left this broker (deleted, or served elsewhere now): drop its series (its
+    write head, and its append and read series if it had a label value of its own, which
+    goes back for another journal to take) and its cached children. A Read still being
+    served keeps counting into children no longer exposed."""
+    _append_meters.pop(journal, None)
+    _read_meters.pop(journal, None)
+    with contextlib.suppress(KeyError):
+        WRITE_HEAD.remove(journal)
+    if JOURNAL_LABEL.release(journal):
+        for metric in _LABELLED:
+            with contextlib.suppress(KeyError):
+                metric.remove(journal)
 
 
 def record_append(commit: pb.Fragment, started: float) -> None:

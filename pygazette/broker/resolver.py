@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pygazette.auth.verified_claims import journal_permitted
 from pygazette.broker.fragment.persister import Persister
+from pygazette.broker.metrics import forget_journal
 from pygazette.broker.replica import Replica, spool_directory
 from pygazette.keyspace.keyspace import Keyspace
 from pygazette.protocol.pb import protocol_pb2 as pb
@@ -29,6 +30,10 @@ JOURNALS_PREFIX = "/gazette/cluster/items/"
 
 def journal_key(name: str) -> str:
     return JOURNALS_PREFIX + name
+
+
+def _forget_series(name: str, _task: asyncio.Task[None]) -> None:
+    forget_journal(name)
 
 
 def _forget_stop(stops: dict[str, asyncio.Task[None]], name: str, task: asyncio.Task[None]) -> None:
@@ -117,6 +122,9 @@ class Resolver:
         task = asyncio.create_task(replica.stop(persist=True), name=f"stop:{name}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+        # Its series go too, once an append still in flight is done (before a new replica
+        # of it starts here: that waits for this task, with a callback added after this one).
+        task.add_done_callback(partial(_forget_series, name))
         self._stop_of[name] = task
         task.add_done_callback(partial(_forget_stop, self._stop_of, name))
         return task

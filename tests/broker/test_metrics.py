@@ -11,9 +11,10 @@ import grpc
 import grpc.aio
 import pytest
 
+from pygazette.broker.metrics import OTHER_JOURNALS, JournalLabels
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
-from tests.broker.rpc_helpers import append, apply_specs, journal_spec, read_all
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec, list_once, read_all
 from tests.support.broker_process import BrokerProcess
 from tests.support.http_scrape import get, scrape, scrape_text, value, wait_status
 from tests.support.ports import free_port
@@ -228,3 +229,52 @@ async def test_store_put_bytes_are_labelled_as_gazettes(
         await asyncio.sleep(0.05)
     assert put.get("none", 0) >= 3000, put
     assert set(put) == {"none"}, put
+
+
+async def test_a_deleted_journal_takes_its_series_with_it(
+    http_broker: tuple[BrokerProcess, str], stub: pb_grpc.JournalStub
+) -> None:
+    # Journals that come and go (a Spark job's per-run journals): each deleted journal left
+    # its write head gauge, its append and read histograms and the broker's cached children
+    # of them, for as long as the broker ran; and once MAX_JOURNAL_LABELS journals had been
+    # seen, deleted or not, every later journal's appends and reads were only `_other`.
+    _, base = http_broker
+    names = [f"metrics/run-{i}" for i in range(3)]
+    for name in names:
+        assert (await apply_specs(stub, journal_spec(name))).status == pb.OK
+        assert (await append(stub, name, b"x" * 10)).status == pb.OK
+        assert (await read_all(stub, name))[0] == b"x" * 10
+    samples = await asyncio.to_thread(scrape, base)
+    for name in names:
+        assert value(samples, "gazette_write_head", journal=name) == 10
+        assert value(samples, "pygazette_read_bytes_count", journal=name) == 1
+
+    listing = await list_once(stub, pb.ListRequest())
+    changes = [
+        pb.ApplyRequest.Change(delete=j.spec.name, expect_mod_revision=j.mod_revision)
+        for j in listing.journals
+        if j.spec.name in names
+    ]
+    assert (await stub.Apply(pb.ApplyRequest(changes=changes))).status == pb.OK
+    for _ in range(600):
+        text = await asyncio.to_thread(scrape_text, base)
+        if 'journal="metrics/run-' not in text:
+            break
+        await asyncio.sleep(0.05)
+    assert 'journal="metrics/run-' not in text
+
+    # A journal of a deleted one's name starts its series afresh.
+    assert (await apply_specs(stub, journal_spec(names[0]))).status == pb.OK
+    resp = await append(stub, names[0], b"y" * 5)
+    assert resp.status == pb.OK
+    samples = await asyncio.to_thread(scrape, base)
+    assert value(samples, "gazette_write_head", journal=names[0]) == resp.commit.end
+    assert value(samples, "pygazette_append_bytes_count", journal=names[0]) == 1
+
+
+def test_a_journal_label_value_goes_back_when_its_journal_leaves() -> None:
+    labels = JournalLabels(limit=2)
+    assert (labels("a"), labels("b"), labels("c")) == ("a", "b", OTHER_JOURNALS)
+    assert labels.release("a")
+    assert not labels.release("c")  # It had none.
+    assert (labels("c"), labels("d")) == ("c", OTHER_JOURNALS)
