@@ -9,6 +9,7 @@ allocator may drop one of them (Gazette's JournalIsConsistent).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 from pygazette.allocator.state import Assignment, Item
@@ -60,18 +61,23 @@ class JournalDecoder:
 
     def __init__(self, layout: KeyLayout) -> None:
         self.layout = layout
-        self._specs: dict[tuple[str, int], pb.JournalSpec] = {}
+        # Decoded once per key-value, and kept as long as it is: a journal's spec goes with
+        # its key-value when the journal is deleted or its spec changes.
+        self._specs: weakref.WeakKeyDictionary[KeyValue, pb.JournalSpec] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def journal_spec(self, kv: KeyValue) -> pb.JournalSpec:
-        """Decoded spec of an item key (cached per key and mod revision)."""
-        cache_key = (kv.key, kv.mod_revision)
-        spec = self._specs.get(cache_key)
+        """Decoded spec of an item key-value (shared: don't change it)."""
+        spec = self._specs.get(kv)
         if spec is None:
-            spec = decode_journal_spec(self.layout, kv)
-            if len(self._specs) > 100_000:
-                self._specs.clear()
-            self._specs[cache_key] = spec
+            spec = self._specs[kv] = decode_journal_spec(self.layout, kv)
         return spec
+
+    @property
+    def cached_specs(self) -> int:
+        """Decoded specs held (of key-values still held elsewhere)."""
+        return len(self._specs)
 
     def item_replication(self, item_id: str, kv: KeyValue) -> int:
         return desired_replication(self.journal_spec(kv))

@@ -22,7 +22,9 @@ DEFAULT_ROOT = "/gazette/cluster"
 MAX_TXN_OPS = 128
 
 
-@dataclass(frozen=True, slots=True)
+# Weakly referenceable: what is decoded from a value lives as long as its KeyValue (as
+# Gazette keeps a decoded value beside its key-value), e.g. `broker.allocation.JournalDecoder`.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class KeyValue:
     key: str
     value: bytes
