@@ -343,6 +343,13 @@ class ClusterMember:
                 if not group or not assignments_advertise(route_of(group), group):
                     candidates.add(name)  # Not settled yet: this broker may be needed for
                     continue  # recovery. Looked at again next sweep.
+            # The stopped replica's spools kept here for want of a store hold their files
+            # open: let go of them, as they are moved aside (and dropped, or persisted from
+            # there). Kept, a deleted journal's spools held two descriptors each, and their
+            # disk space, for as long as the broker ran.
+            if self.persister.release(name, directory) is not None:
+                candidates.add(name)  # Being persisted: looked at again next sweep.
+                continue
             aside = aside_root / f"{directory.name}-{time.time_ns()}"
             aside.parent.mkdir(parents=True, exist_ok=True)
             directory.rename(aside)

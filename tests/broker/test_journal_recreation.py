@@ -5,6 +5,7 @@ persister jobs, which remove them (into the spool file pool, emptied) once persi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import grpc.aio
 import pytest
 
+from pygazette.broker.replica import spool_directory
 from pygazette.broker.server import Broker, BrokerConfig
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
@@ -354,5 +356,57 @@ async def test_a_journal_created_again_has_none_of_the_deleted_ones_registers(
             assert resp.status == pb.OK
             assert resp.commit.begin == end  # Its old fragments are its history.
             assert resp.registers == pb.LabelSet()
+    finally:
+        await broker.stop()
+
+
+def _open_files_under(root: Path) -> list[str]:
+    """What this process's descriptors of files under `root` name."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            found.append(target)
+    return found
+
+
+@pytest.mark.slow
+async def test_a_deleted_journal_without_stores_leaves_no_spool_open(
+    tmp_path: Path, etcd: EtcdProcess, etcd_root: str
+) -> None:
+    # A journal without stores keeps its closed spools on the broker (nowhere to persist
+    # them). Deleted, its stopped replica's spools stayed in the persister's keeping, files
+    # open, after the orphan sweep removed them: with three brokers and 300 such journals
+    # deleted, each broker held 400 descriptors of deleted files (and their disk space)
+    # and 200 stopped replicas, for as long as it ran; journals created and deleted over
+    # time (per-run journals) ran it out of descriptors.
+    (broker,) = await start_brokers(tmp_path, etcd, etcd_root, 1)
+    member = broker.member
+    assert member is not None
+    spools = tmp_path / "broker-0"
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            assert (await apply_specs(stub, journal_spec(JOURNAL, stores=[]))).status == pb.OK
+            # The first write rolls its spool (closed, kept for want of a store); the
+            # second opens the next one.
+            assert (await _append_until_ok(stub, b"one\n")).status == pb.OK
+            assert (await _append_until_ok(stub, b"two\n")).status == pb.OK
+            assert len(_open_files_under(spools)) >= 4  # Two spools: content and log each.
+            delete = pb.ApplyRequest.Change(delete=JOURNAL, expect_mod_revision=-1)
+            assert (await stub.Apply(pb.ApplyRequest(changes=[delete]))).status == pb.OK
+            for _ in range(600):  # Its replica stopped.
+                if JOURNAL not in {*broker.resolver.replicas, *member.resolver.stopping_journals}:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the journal's replica never stopped")
+            member.sweep_orphans_once()  # Drops the deleted journal's spools.
+            assert not spool_directory(spools / "spools", JOURNAL).exists()
+            assert [p for p in _open_files_under(spools) if "recreated" in p] == []
+            assert [p for p in _open_files_under(spools) if p.endswith(" (deleted)")] == []
     finally:
         await broker.stop()
