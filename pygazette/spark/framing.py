@@ -47,6 +47,8 @@ from pygazette.message.framing import LINE_DELIMITER, FrameDesync
 from pygazette.message.framing import Framing as MessageFraming
 from pygazette.message.json_framing import JSONFraming
 from pygazette.protocol.errors import GazetteError
+from pygazette.spark.json_values import JSONValueError, needs_conversion
+from pygazette.spark.json_values import column as json_column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -362,25 +364,98 @@ def parse_json(
     import pyarrow as pa
     import pyarrow.json as pj
 
+    # Columns Arrow's reader cannot fill as Spark does (maps, dates, binary) are built from
+    # the records' values instead (`json_values`).
+    # A date column's text is read by Arrow as a string and cast (vectorised).
+    converted = []
+    read_by_arrow = schema
+    if schema is not None:
+        converted = [f for f in schema if needs_conversion(f.type) and not _is_date(f.type)]
+        read_by_arrow = pa.schema(
+            [
+                pa.field(f.name, pa.string()) if _is_date(f.type) else f
+                for f in schema
+                if f not in converted
+            ]
+        )
     data = block(buf, spans)
     read_options = pj.ReadOptions(use_threads=False, block_size=max(1 << 20, len(data) + 1))
-    if schema is not None:
-        parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    if read_by_arrow is not None:
+        parse_options = pj.ParseOptions(
+            explicit_schema=read_by_arrow, unexpected_field_behavior="ignore"
+        )
     else:
         parse_options = pj.ParseOptions()
+    table: pa.Table | None = None
     try:
-        table = pj.read_json(
-            io.BytesIO(data), read_options=read_options, parse_options=parse_options
-        )
+        if read_by_arrow is None or len(read_by_arrow) or not converted:
+            table = pj.read_json(
+                io.BytesIO(data), read_options=read_options, parse_options=parse_options
+            )
     except pa.ArrowInvalid as exc:
         raise _locate_json_error(buf, spans, exc, describe) from None
-    if table.num_rows != len(spans):
+    if table is not None and table.num_rows != len(spans):
         raise RecordError(
             f"JSON parser found {table.num_rows} records where the framing found {len(spans)}"
         )
-    if schema is not None and len(schema):
-        table = table.select(schema.names)
-    return table
+    if schema is None:
+        assert table is not None
+        return table
+    built = _converted_columns(buf, spans, converted, describe) if converted else {}
+    for f in schema:
+        if _is_date(f.type):
+            assert table is not None
+            try:
+                built[f.name] = table.column(f.name).cast(f.type)
+            except pa.ArrowInvalid as exc:
+                raise RecordError(
+                    _where(describe, None)
+                    + f"JSON records do not match the schema: column {f.name} (date): {exc}"
+                ) from None
+    columns = [
+        built[f.name] if f.name in built else table.column(f.name)  # type: ignore[union-attr]
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _is_date(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_date32(t))
+
+
+def _converted_columns(
+    buf: bytes, spans: RecordSpans, fields: list[pa.Field], describe: Any
+) -> dict[str, pa.Array]:
+    """The `fields` columns of the records, built from their values (`json_values`)."""
+    import orjson
+
+    records = []
+    for start, lo, hi in zip(
+        spans.starts.tolist(), spans.value_starts.tolist(), spans.value_ends.tolist(), strict=True
+    ):
+        try:
+            record = orjson.loads(buf[lo:hi])
+        except orjson.JSONDecodeError as exc:
+            raise RecordError(
+                _where(describe, start) + f"invalid JSON record: {exc}: {buf[lo:hi][:80]!r}"
+            ) from None
+        if not isinstance(record, dict):
+            raise RecordError(
+                _where(describe, start) + f"JSON record is not an object: {buf[lo:hi][:80]!r}"
+            )
+        records.append(record)
+    out = {}
+    for f in fields:
+        try:
+            out[f.name] = json_column([r.get(f.name) for r in records], f.type)
+        except JSONValueError as exc:
+            raise RecordError(
+                _where(describe, None) + f"JSON records do not match the schema: column "
+                f"{f.name} ({f.type}): {exc}"
+            ) from None
+    return out
 
 
 def _locate_json_error(
