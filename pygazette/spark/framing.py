@@ -365,8 +365,8 @@ def parse_json(
     import pyarrow.json as pj
 
     # Columns Arrow's reader cannot fill as Spark does (maps, dates, binary) are built from
-    # the records' values instead (`json_values`).
-    # A date column's text is read by Arrow as a string and cast (vectorised).
+    # the records' values instead (`json_values`); a date column's text is read by Arrow as
+    # a string and cast (vectorised).
     converted = []
     read_by_arrow = schema
     if schema is not None:
@@ -393,7 +393,12 @@ def parse_json(
                 io.BytesIO(data), read_options=read_options, parse_options=parse_options
             )
     except pa.ArrowInvalid as exc:
-        raise _locate_json_error(buf, spans, exc, describe) from None
+        if schema is None:
+            raise _locate_json_error(buf, spans, exc, describe) from None
+        # Values Arrow will not convert, though Spark's reader does (a number or an object
+        # in a string column, as its JSON text): the block is built from its values.
+        built = _converted_columns(buf, spans, list(schema), describe)
+        return pa.Table.from_arrays([built[f.name] for f in schema], schema=schema)
     if table is not None and table.num_rows != len(spans):
         raise RecordError(
             f"JSON parser found {table.num_rows} records where the framing found {len(spans)}"

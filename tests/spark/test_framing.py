@@ -335,3 +335,21 @@ fixed_pieces = st.lists(
 def test_fixed_scanning_agrees_with_the_message_framing(pieces: list[bytes], cut: int) -> None:
     """Whole frames, incomplete ones and desyncs are found at the same offsets."""
     assert_agree(Framing.PROTOBUF_FIXED, FixedFraming(), cut_at(b"".join(pieces), cut))
+
+
+def test_json_string_columns_take_any_value_as_its_text_as_spark_does() -> None:
+    # Spark's JSON reader fills a string column from a number, a boolean, an object or an
+    # array as the value's JSON text; Arrow's refused the block ('changed from string to
+    # number'), failing the read. A value the type cannot hold still fails, naming it.
+    buf = b'{"n":1,"s":"text"}\n{"n":2,"s":12}\n{"n":3,"s":{"a":[1,true]}}\n{"n":4}\n'
+    spans = fr.scan(Framing.JSON, buf, final=True)
+    table = fr.parse_json(buf, spans, pa.schema([("n", pa.int64()), ("s", pa.string())]))
+    assert table.to_pylist() == [
+        {"n": 1, "s": "text"},
+        {"n": 2, "s": "12"},
+        {"n": 3, "s": '{"a":[1,true]}'},
+        {"n": 4, "s": None},
+    ]
+    bad = b'{"n":"5"}\n'
+    with pytest.raises(RecordError, match="column n"):
+        fr.parse_json(bad, fr.scan(Framing.JSON, bad, final=True), pa.schema([("n", pa.int64())]))
