@@ -485,6 +485,25 @@ def _locate_json_error(
     return RecordError(_where(describe, None) + f"JSON records do not match the schema: {exc}")
 
 
+# Texts a non-string CSV field is null for: Arrow's, but for the spellings of NaN, which a
+# float column reads as NaN, as Spark's CSV reader does (and as the sink writes NaN).
+_CSV_NULLS = [
+    "",
+    "#N/A",
+    "#N/A N/A",
+    "#NA",
+    "-1.#IND",
+    "-1.#QNAN",
+    "1.#IND",
+    "1.#QNAN",
+    "N/A",
+    "NA",
+    "NULL",
+    "n/a",
+    "null",
+]
+
+
 def parse_csv(
     buf: bytes, spans: RecordSpans, names: list[str], schema: pa.Schema, *, describe: Any = None
 ) -> pa.Table:
@@ -498,7 +517,9 @@ def parse_csv(
     )
     parse_options = pc.ParseOptions(newlines_in_values=True)
     convert_options = pc.ConvertOptions(
-        column_types={f.name: f.type for f in schema}, strings_can_be_null=False
+        column_types={f.name: f.type for f in schema},
+        strings_can_be_null=False,
+        null_values=_CSV_NULLS,
     )
     try:
         table = pc.read_csv(

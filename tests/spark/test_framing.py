@@ -353,3 +353,15 @@ def test_json_string_columns_take_any_value_as_its_text_as_spark_does() -> None:
     bad = b'{"n":"5"}\n'
     with pytest.raises(RecordError, match="column n"):
         fr.parse_json(bad, fr.scan(Framing.JSON, bad, final=True), pa.schema([("n", pa.int64())]))
+
+
+def test_csv_float_fields_of_nan_are_nan_not_null() -> None:
+    # Arrow's CSV reader takes 'NaN' and 'nan' for null; Spark's reads them as NaN (its
+    # nanValue), and the sink writes a NaN double as 'nan': it came back null.
+    buf = b"NaN,1\nnan,NULL\n-nan,NA\n,\n"
+    spans = fr.scan(Framing.CSV, buf, final=True)
+    schema = pa.schema([("x", pa.float64()), ("n", pa.int64())])
+    rows = fr.parse_csv(buf, spans, ["x", "n"], schema).to_pylist()
+    assert [r["n"] for r in rows] == [1, None, None, None]
+    assert [r["x"] != r["x"] for r in rows[:3]] == [True, True, True]  # NaN
+    assert rows[3]["x"] is None
