@@ -516,8 +516,10 @@ def parse_csv(
         column_names=names, use_threads=False, block_size=max(1 << 20, len(data) + 1)
     )
     parse_options = pc.ParseOptions(newlines_in_values=True)
+    # A binary field is base64 text, as the sink writes it (Spark's CSV has no binary type).
+    binary = [f for f in schema if pa.types.is_binary(f.type)]
     convert_options = pc.ConvertOptions(
-        column_types={f.name: f.type for f in schema},
+        column_types={f.name: pa.string() if f in binary else f.type for f in schema},
         strings_can_be_null=False,
         null_values=_CSV_NULLS,
     )
@@ -535,6 +537,14 @@ def parse_csv(
             _where(describe, int(spans.starts[0]))
             + f"CSV parser found {table.num_rows} records where the framing found {len(spans)}"
         )
+    for f in binary:
+        try:
+            decoded = json_column(table.column(f.name).to_pylist(), f.type)
+        except JSONValueError as exc:
+            raise RecordError(
+                _where(describe, int(spans.starts[0])) + f"invalid CSV: column {f.name}: {exc}"
+            ) from None
+        table = table.set_column(table.schema.get_field_index(f.name), f, decoded)
     return table
 
 
