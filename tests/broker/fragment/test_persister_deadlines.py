@@ -110,7 +110,9 @@ async def test_a_hung_put_is_abandoned_and_retried_from_the_same_file(tmp_path: 
         persister.enqueue(spool, target)  # type: ignore[arg-type]
         async with asyncio.timeout(10):
             await persister.wait_idle()
-        assert (store.puts, store.abandoned) == (2, 1)
+        # The hung put was abandoned and the attempt retried. (Under heavy load a retry's
+        # real put can itself pass the 0.3 s deadline without progress, and is retried too.)
+        assert store.abandoned == 1 and store.puts >= 2, (store.puts, store.abandoned)
         (frag,) = target.persisted
         stored = tmp_path / "store" / fragment_content_path(frag)
         assert stored.read_bytes() == b"persisted at last"
