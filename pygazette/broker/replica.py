@@ -7,8 +7,10 @@ rolls: at `fragment.length`, at a `flush_interval` boundary, or on a codec chang
 
 Flush intervals are multiples of the interval since the Unix epoch, in whole seconds, as
 Gazette computes them. Gazette rolls a spool past its boundary on the next append, or on the
-primary's once-a-minute empty "pulse" append when none arrive; here a timer rolls it at the
-boundary itself, so an idle journal's last appends persist on time.
+primary's once-a-minute empty "pulse" append when none arrive; here a spool is rolled at the
+boundary itself, so an idle journal's last appends persist on time: by the event loop's
+shared `flush_timer` (single-node; no task or timer of a journal's own), or by the pulser's
+sweep (cluster mode).
 
 In cluster mode the cluster resolver also gives it a role (primary or replica) and the
 journal's assignments; the open spool is then driven through `rspool` (a ReplicatedSpool,
@@ -34,6 +36,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pygazette.broker.flow_control import RateLimiter
+from pygazette.broker.flush_timer import FlushTimer
 from pygazette.broker.fragment import kept_registers
 from pygazette.broker.fragment.fragment_index import FragmentIndex
 from pygazette.broker.fragment.frontier_log import FrontierLog
@@ -170,8 +173,10 @@ class Replica:
         # (store, path) of the objects the last listing left out (not fragments), logged
         # once each: when a listing first finds them.
         self._skipped: frozenset[tuple[str, str]] = _NONE_SKIPPED
-        self._flush_task: asyncio.Task[None] | None = None
-        self._flush_wakeup = asyncio.Event()
+        # Single-node: the shared timer that rolls the spool at flush boundaries (`start`),
+        # and a roll it started, while it runs.
+        self._flush_timer: FlushTimer | None = None
+        self._roll_task: asyncio.Task[None] | None = None
         # Cluster mode (see the module docstring).
         self.clustered = False
         self.primary = False
@@ -193,9 +198,10 @@ class Replica:
 
     # Lifecycle.
     def start(self) -> None:
+        self._flush_timer = FlushTimer.of_running_loop()
         self.recover_spools()
         self._start_listing()
-        self._flush_task = asyncio.create_task(self._flush_loop(), name=f"flush:{self.name}")
+        self._schedule_flush()
 
     def _start_listing(self) -> None:
         """List the stores now and every refresh interval (by the loop's shared refresher:
@@ -207,9 +213,12 @@ class Replica:
         """Stop serving; with `persist`, hand the open spool to the persister first."""
         if self._refresher is not None:
             self._refresher.remove(self)
-        if self._flush_task is not None:
-            self._flush_task.cancel()
-            await asyncio.wait([self._flush_task])  # Our own cancellation still propagates.
+        if self._flush_timer is not None:
+            self._flush_timer.remove(self)
+            self._flush_timer = None
+        if self._roll_task is not None:
+            self._roll_task.cancel()
+            await asyncio.wait([self._roll_task])  # Our own cancellation still propagates.
         if self.clustered:
             await self._stop_clustered()
             return
@@ -267,7 +276,7 @@ class Replica:
             self.request_refresh()
             if spec.fragment.stores:
                 self.persister.unpark(self.name)
-        self._flush_wakeup.set()  # A new codec or flush interval may roll the spool now.
+        self._schedule_flush()  # A new codec or flush interval may roll the spool now.
 
     def append_refusal(self) -> str:
         """Why appends must be refused now (FRAGMENT_STORE_UNHEALTHY), or ""."""
@@ -333,7 +342,7 @@ class Replica:
             # The newest is the open spool again (held in doubt or not: its content beyond
             # the frontier is held back, and a new pipeline cuts it, `ReplicatedSpool`).
             self.spool = recovered[-1]
-            self._flush_wakeup.set()
+            self._schedule_flush()
         for mark_path in marks.values():
             mark_path.unlink(missing_ok=True)  # Used, or left by a spool removed since.
 
@@ -560,20 +569,34 @@ class Replica:
         since = int(first if first is not None else now)
         return float((since // interval + 1) * interval)
 
-    async def _flush_loop(self) -> None:
-        """Roll the spool when it crosses a flush boundary (or its codec changed)."""
-        while True:
-            self._flush_wakeup.clear()
-            deadline = self.flush_deadline(time.time())
-            delay = None if deadline is None else max(0.0, deadline - time.time())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._flush_wakeup.wait()
-            if self.spool_needs_roll(time.time()):
-                async with self.pipeline:
-                    if self.spool_needs_roll(time.time()):
-                        log.info("rolling spool", extra={"journal": self.name})
-                        self.close_spool()
+    def _schedule_flush(self) -> None:
+        """Single-node: have the flush timer look at the open spool when it may need rolling
+        (now, if it does already; at its next flush boundary; or never)."""
+        if self._flush_timer is not None and self._roll_task is None:
+            now = time.time()
+            when = now if self.spool_needs_roll(now) else self.flush_deadline(now)
+            self._flush_timer.set(self, when)
+
+    def flush_check(self, now: float) -> float | None:
+        """(`FlushTimer`) Start rolling the spool if it needs it (the roll has the next look
+        scheduled once done); else the time of the next look."""
+        if self._roll_task is not None:
+            return None
+        if not self.spool_needs_roll(now):
+            return self.flush_deadline(now)
+        self._roll_task = asyncio.create_task(self._roll(), name=f"flush:{self.name}")
+        return None
+
+    async def _roll(self) -> None:
+        """Roll the spool past a flush boundary (or of an old codec), holding the pipeline."""
+        try:
+            async with self.pipeline:
+                if self.spool_needs_roll(time.time()):
+                    log.info("rolling spool", extra={"journal": self.name})
+                    self.close_spool()
+        finally:
+            self._roll_task = None
+        self._schedule_flush()
 
     def close_spool(self) -> None:
         """Close the open spool and queue it for persistence."""
@@ -600,7 +623,7 @@ class Replica:
                 sync=self.sync,
             )
             self.index.add_local(self.spool)
-            self._flush_wakeup.set()
+            self._schedule_flush()
         return self.spool
 
     # Single-node appends (callers hold the pipeline).

@@ -15,13 +15,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import grpc.aio
 import pytest
 
 from pygazette.broker import append_fsm, pulser
 from pygazette.broker.allocation import assignments_advertise, route_of
-from pygazette.broker.server import Broker
+from pygazette.broker.server import Broker, BrokerConfig
 from pygazette.protocol.pb import protocol_pb2 as pb
-from tests.broker.rpc_helpers import append, journal_spec
+from pygazette.protocol.pb import protocol_pb2_grpc as pb_grpc
+from tests.broker.rpc_helpers import append, apply_specs, journal_spec
 from tests.broker.test_append_fsm import InProcessCluster
 from tests.support.etcd_process import EtcdProcess
 
@@ -209,3 +211,30 @@ async def test_a_spool_rolls_at_its_flush_interval_without_another_append(
     await wait_for(lambda: rs.end == rs.begin, "the spool to roll", 30)
     persisted = Path(cluster.tmp / "store" / "idle" / "flushed")
     await wait_for(lambda: len(list(persisted.glob("*"))) == 2, "both fragments to persist", 30)
+
+
+async def test_single_node_journals_hold_no_task_of_their_own(tmp_path: Path) -> None:
+    # `pygazette serve` without etcd: each journal had a task of its own, for life, waiting
+    # to roll its spool at flush boundaries (400 journals: 400 tasks, whether or not they
+    # ever had an append). One shared timer rolls them now; a roll is a task while it runs.
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data", port=0, file_root=tmp_path / "s"))
+    await broker.start()
+    try:
+        before = len(asyncio.all_tasks())
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = pb_grpc.JournalStub(channel)  # type: ignore[no-untyped-call]
+            specs = []
+            for i in range(JOURNALS):
+                spec = journal_spec(f"single/j-{i:04d}")
+                spec.fragment.flush_interval.seconds = 3600
+                specs.append(spec)
+            assert (await apply_specs(stub, *specs)).status == pb.OK
+            await wait_for(lambda: len(broker.resolver.replicas) == JOURNALS, "replicas", 60)
+            for i in range(0, JOURNALS, 40):  # Some with an open spool (and content).
+                for _ in range(2):  # The first write's spool rolls; the second stays open.
+                    assert (await append(stub, f"single/j-{i:04d}", b"x\n")).status == pb.OK
+        tasks = asyncio.all_tasks()
+        assert [t.get_name() for t in tasks if t.get_name().startswith("flush:")] == []
+        assert len(tasks) - before < 30, sorted(t.get_name() for t in tasks)[:50]
+    finally:
+        await broker.stop()

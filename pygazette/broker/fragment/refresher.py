@@ -17,9 +17,10 @@ import asyncio
 import heapq
 import itertools
 import time
-import weakref
 from collections import OrderedDict
 from typing import Protocol
+
+from pygazette.broker.per_loop import PerLoop
 
 CONCURRENCY = 8
 
@@ -45,11 +46,6 @@ class _Entry:
         self.stopped = False
 
 
-_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Refresher] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 class Refresher:
     def __init__(self, concurrency: int = CONCURRENCY) -> None:
         self._concurrency = concurrency
@@ -67,11 +63,7 @@ class Refresher:
     @staticmethod
     def of_running_loop() -> Refresher:
         """The refresher of the running event loop (made on first use)."""
-        loop = asyncio.get_running_loop()
-        refresher = _by_loop.get(loop)
-        if refresher is None:
-            refresher = _by_loop[loop] = Refresher()
-        return refresher
+        return _PER_LOOP.get()
 
     def _start(self) -> None:
         if self._tasks and not all(t.done() for t in self._tasks):
@@ -188,3 +180,6 @@ class Refresher:
                     await self._reschedule.wait()
             except TimeoutError:
                 pass
+
+
+_PER_LOOP: PerLoop[Refresher] = PerLoop(Refresher)

@@ -1,0 +1,27 @@
+"""One instance of a class per running event loop (a broker's shared schedulers: the store
+refresher, the flush timer), made on first use and gone with its loop."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class PerLoop(Generic[T]):
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> T:
+        """The instance of the running event loop."""
+        loop = asyncio.get_running_loop()
+        got = self._by_loop.get(loop)
+        if got is None:
+            got = self._by_loop[loop] = self._factory()
+        return got
