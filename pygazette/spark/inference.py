@@ -1,9 +1,9 @@
 """Schema inference of JSON and CSV journals, from a sample of their records.
 
-JSON types are inferred by Arrow's JSON reader over up to `SAMPLE_BYTES` of whole records
-per journal (at most `SAMPLE_JOURNALS` journals), unified across journals, and mapped to
-Spark types as Spark's own JSON inference would: strings stay strings (Arrow would turn
-ISO-8601 strings into timestamps), all-null fields are strings, fields are sorted by name.
+JSON types are inferred from the values of up to `SAMPLE_BYTES` of whole records per journal
+(at most `SAMPLE_JOURNALS` journals) and merged across records and journals by Spark's own
+rules (`json_inference`): strings stay strings, a field of several types has their common
+type (string when there is none), all-null fields are strings, fields are sorted by name.
 CSV columns are `_c0`, `_c1`, ... strings, as Spark's CSV reader names them without a
 header.
 
@@ -12,20 +12,7 @@ Streams should pass an explicit schema: an inferred one can change between resta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    DataType,
-    DoubleType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import DataType, StringType, StructField, StructType
 
 from pygazette.client.errors import OffsetJump
 from pygazette.client.journal_client import JournalClient
@@ -36,10 +23,8 @@ from pygazette.message.framing import MessageDecodeError
 from pygazette.protocol.errors import OffsetNotYetAvailable
 from pygazette.spark import framing as fr
 from pygazette.spark.framing import Framing, RecordError
+from pygazette.spark.json_inference import arrow_type, finish, merge, value_type
 from pygazette.spark.schema import SchemaError
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 SAMPLE_BYTES = 1 << 20
 SAMPLE_JOURNALS = 8
@@ -74,9 +59,13 @@ async def sample(client: JournalClient, journal: str, begin: int, end: int) -> b
 
 
 def infer_json(samples: list[bytes]) -> StructType:
-    import pyarrow as pa
-
-    schemas = []
+    """The schema of the samples' JSON records, merged as Spark's JSON inference merges the
+    types of a field (`json_inference`): a field of several types within a journal, or
+    across journals, has their common type (string when there is none). Arrow's reader
+    types a sample whose fields each have one type; the others are typed from their
+    values."""
+    schema: DataType = StructType([])
+    found = False
     for data in samples:
         if not data.strip():
             continue
@@ -86,49 +75,38 @@ def infer_json(samples: list[bytes]) -> StructType:
             continue
         try:
             table = fr.parse_json(data, spans, None, describe=lambda _s: "sampled records")
-        except RecordError as exc:
-            raise SchemaError(f"cannot infer a JSON schema: {exc}") from None
-        schemas.append(table.schema)
-    if not schemas:
+            sample_type = arrow_type(table.schema)
+        except RecordError:  # Invalid JSON, or a field of several types.
+            sample_type = _values_type(data, spans)
+        schema = merge(schema, sample_type)
+        found = True
+    if not found:
         raise SchemaError(
             "cannot infer a JSON schema: the journals hold no records to sample; "
             "pass a schema (spark.read.schema / readStream.schema)"
         )
-    try:
-        unified = pa.unify_schemas(schemas, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise SchemaError(f"JSON records of the journals disagree on types: {exc}") from None
-    fields = sorted(unified, key=lambda f: f.name)  # Sorted, as Spark's JSON inference does.
-    return StructType([StructField(f.name, arrow_to_spark(f.type), True) for f in fields])
+    out = finish(schema)
+    assert isinstance(out, StructType)
+    return out
 
 
-def arrow_to_spark(t: pa.DataType) -> DataType:
-    """Spark's type for an inferred Arrow type."""
-    import pyarrow as pa
-    import pyarrow.types as pt
+def _values_type(data: bytes, spans: fr.RecordSpans) -> DataType:
+    import orjson
 
-    if pt.is_boolean(t):
-        return BooleanType()
-    if pt.is_integer(t):
-        return LongType()
-    if pt.is_floating(t):
-        return DoubleType()
-    if pt.is_struct(t):
-        return StructType(
-            [
-                StructField(f.name, arrow_to_spark(f.type), True)
-                for f in sorted((t.field(i) for i in range(t.num_fields)), key=lambda f: f.name)
-            ]
-        )
-    if pt.is_list(t) or pt.is_large_list(t):
-        return ArrayType(arrow_to_spark(t.value_type), True)
-    if pt.is_map(t):
-        return MapType(arrow_to_spark(t.key_type), arrow_to_spark(t.item_type), True)
-    if pt.is_binary(t) or pt.is_large_binary(t):
-        return BinaryType()
-    if isinstance(t, pa.DataType):
-        return StringType()  # Strings, timestamps parsed from strings, nulls.
-    raise TypeError(f"not an Arrow type: {t!r}")
+    out: DataType = StructType([])
+    for lo, hi in zip(spans.value_starts.tolist(), spans.value_ends.tolist(), strict=True):
+        try:
+            record = orjson.loads(data[lo:hi])
+        except orjson.JSONDecodeError as exc:
+            raise SchemaError(
+                f"cannot infer a JSON schema: invalid JSON record: {exc}: {data[lo:hi][:80]!r}"
+            ) from None
+        if not isinstance(record, dict):
+            raise SchemaError(
+                f"cannot infer a JSON schema: a record is not an object: {data[lo:hi][:80]!r}"
+            )
+        out = merge(out, value_type(record))
+    return out
 
 
 def infer_csv(samples: list[bytes]) -> StructType:
