@@ -220,28 +220,33 @@ class Pulser:
             while not self._pending:
                 self._ready.clear()
                 await self._ready.wait()
-            name = next(iter(self._pending))
-            journal = self._pending.pop(name)
-            if not journal.primary or journal.stopping:
-                self._failures.pop(name, None)
-                continue
-            self.pulses += 1
-            try:
-                done = await self._pulse(journal)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.info(
-                    "journal pulse failed (will retry)", extra={"journal": name, "error": str(exc)}
-                )
-                done = False
-            if done or not journal.primary or journal.stopping:
-                self._failures.pop(name, None)
-                continue
-            failures = self._failures.get(name, 0)
-            self._failures[name] = failures + 1
-            delay = min(RETRY_SECONDS * 2 ** min(failures, 16), MAX_RETRY_SECONDS)
-            self._retry.setdefault(name, (time.monotonic() + delay, journal))
+            # In a call of its own: a worker waiting for work holds no journal it pulsed
+            # (a deleted journal's replica would stay referenced until its next pulse).
+            await self._pulse_next()
+
+    async def _pulse_next(self) -> None:
+        name = next(iter(self._pending))
+        journal = self._pending.pop(name)
+        if not journal.primary or journal.stopping:
+            self._failures.pop(name, None)
+            return
+        self.pulses += 1
+        try:
+            done = await self._pulse(journal)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info(
+                "journal pulse failed (will retry)", extra={"journal": name, "error": str(exc)}
+            )
+            done = False
+        if done or not journal.primary or journal.stopping:
+            self._failures.pop(name, None)
+            return
+        failures = self._failures.get(name, 0)
+        self._failures[name] = failures + 1
+        delay = min(RETRY_SECONDS * 2 ** min(failures, 16), MAX_RETRY_SECONDS)
+        self._retry.setdefault(name, (time.monotonic() + delay, journal))
 
     async def _sweep_loop(self) -> None:
         next_sweep = time.monotonic() + SWEEP_SECONDS

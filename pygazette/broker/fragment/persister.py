@@ -390,22 +390,26 @@ class Persister:
     # Work.
     async def _work(self, queue: asyncio.Queue[_Job]) -> None:
         while True:
-            job = await queue.get()
-            try:
-                moved = await self._attempt_until_done(job)
-            except asyncio.CancelledError:
-                self._discard_compressed(job)
-                raise
-            except Exception:  # A bug, not a store failure: never lose the worker.
-                log.exception("persisting a spool failed unexpectedly; dropping the job")
-                self._finish(job)
-                continue
-            if moved is not None and not job.finished:
-                self._backlog[job.store] -= job.size
-                job.store = moved
-                self._put(job)
-            elif moved is None:
-                self._finish(job)
+            # In a call of its own: a worker waiting for the next job holds nothing of the
+            # last one (its spool, and the journal's replica, stopped since maybe).
+            await self._run(await queue.get())
+
+    async def _run(self, job: _Job) -> None:
+        try:
+            moved = await self._attempt_until_done(job)
+        except asyncio.CancelledError:
+            self._discard_compressed(job)
+            raise
+        except Exception:  # A bug, not a store failure: never lose the worker.
+            log.exception("persisting a spool failed unexpectedly; dropping the job")
+            self._finish(job)
+            return
+        if moved is not None and not job.finished:
+            self._backlog[job.store] -= job.size
+            job.store = moved
+            self._put(job)
+        elif moved is None:
+            self._finish(job)
 
     async def _attempt_until_done(self, job: _Job) -> str | None:
         """Persist `job`, retrying; returns another store URL if the job must move there."""
