@@ -155,10 +155,15 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
 
         async def go(client: JournalClient) -> dict[str, Any]:
             revisions = await jn.journal_revisions(client, opts.journals, opts.selector)
-            journals = sorted(revisions)
-            opts.check_selected(journals)
-            heads = await jn.write_heads(client, journals)
-            listings = await jn.all_fragments(client, journals)
+            opts.check_selected(revisions)
+            # A selected journal listed but not served yet (just created) is left to the first
+            # trigger, which finds it (at its earliest offset) once it is served, as it finds
+            # journals created later. A journal named by option journals must be served.
+            absent_ok = frozenset(revisions) if opts.selector else frozenset()
+            heads = await jn.write_heads(client, sorted(revisions), absent_ok=absent_ok)
+            listings = await jn.all_fragments(client, sorted(heads), absent_ok=bool(absent_ok))
+            journals = sorted(listings)
+            revisions = {j: revisions[j] for j in journals}
             offsets = {
                 j: jn.resolve_offset(
                     opts.starting, j, listings[j], heads[j], timestamp_ms=opts.starting_timestamp_ms

@@ -662,3 +662,39 @@ def test_offsets_naming_a_journal_the_selector_does_not_match_are_an_option_erro
     batch = parse_read_options(options(startingOffsets=json.dumps({a: 4})), streaming=False)
     ranges, _ = call(spark_broker.url, lambda c: batch_ranges(c, batch))
     assert ranges == {a: (4, 8)}
+
+
+def test_a_stream_starts_while_a_selected_journal_is_not_served_yet(
+    spark_broker: BrokerProcess,
+    gz: SyncJournalClient,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A journal just created is listed before a broker serves it. A trigger leaves such a
+    # journal for the next one (which finds it at its earliest offset); the query's start
+    # failed on it (JOURNAL_NOT_FOUND), so a stream over a selector could not start while a
+    # matching journal was being created.
+    from pygazette.spark import stream_reader
+    from pygazette.spark.framing import Framing
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.schema import default_schema, layout
+
+    topic = prefix.strip("/").replace("/", ".")
+    served, fresh = prefix + "served", prefix + "fresh"
+    create_journals(gz, journal_spec(served, labels={"topic": topic}))
+    append_each(gz, served, [b"one\n"])
+    rev = gz.list_journals(f"name={served}")[0].create_revision
+    listed = stream_reader.jn.journal_revisions
+
+    async def listed_before_served(*args: Any, **kwargs: Any) -> dict[str, int]:
+        return {**await listed(*args, **kwargs), fresh: rev + 1}
+
+    monkeypatch.setattr(stream_reader.jn, "journal_revisions", listed_before_served)
+    opts = parse_read_options(
+        {"broker": spark_broker.url, "selector": f"topic={topic}", "framing": "lines"},
+        streaming=True,
+    )
+    reader = stream_reader.GazetteStreamReader(
+        opts, layout(default_schema(Framing.LINES), Framing.LINES)
+    )
+    assert reader.initialOffset() == {served: [4, rev]}
