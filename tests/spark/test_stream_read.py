@@ -61,6 +61,16 @@ def drain(df: DataFrame, checkpoint: Path, sink: Batches | None = None) -> Batch
     return sink
 
 
+def direct_reader(broker: BrokerProcess, framing: str = "lines", **options: str) -> Any:
+    """The stream reader Spark makes of these options, to call without Spark."""
+    from pygazette.spark.options import parse_read_options
+    from pygazette.spark.schema import default_schema, layout
+    from pygazette.spark.stream_reader import GazetteStreamReader
+
+    opts = parse_read_options({"broker": broker.url, "framing": framing, **options}, streaming=True)
+    return GazetteStreamReader(opts, layout(default_schema(opts.framing), opts.framing))
+
+
 def offsets_of(records: list[bytes], base: int = 0) -> list[int]:
     out, offset = [], base
     for r in records:
@@ -298,14 +308,9 @@ def test_data_loss_fails_the_query_or_is_skipped(
         drain(beyond, tmp_path / "beyond")
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from pygazette.spark.framing import Framing
-    from pygazette.spark.options import parse_read_options
     from pygazette.spark.partition_reader import DataLossError
-    from pygazette.spark.schema import default_schema, layout
-    from pygazette.spark.stream_reader import GazetteStreamReader
 
-    opts = parse_read_options({"broker": spark_broker.url, "journals": j}, streaming=True)
-    reader = GazetteStreamReader(opts, layout(default_schema(Framing.RAW), Framing.RAW))
+    reader = direct_reader(spark_broker, "raw", journals=j)
     rev = gz.list_journals(f"name={j}")[0].create_revision
     with pytest.raises(DataLossError, match=r"write head .* is below the offset"):
         reader.latestOffset({j: [10**9, rev]}, ReadAllAvailable())
@@ -593,30 +598,20 @@ def test_starting_offsets_past_a_write_head_are_an_option_error(
     # first trigger, told of a data loss ('its write head 8 is below the offset 100 the query
     # has read up to (was it deleted and recreated?)'), or with failOnDataLoss false started
     # at the head as if it had been asked to. A batch read says so of its endingOffsets.
-    from pygazette.spark import stream_reader
-    from pygazette.spark.framing import Framing
-    from pygazette.spark.options import OptionError, parse_read_options
-    from pygazette.spark.schema import default_schema, layout
+    from pygazette.spark.options import OptionError
 
     a, b = prefix + "a", prefix + "b"
     create_journals(gz, journal_spec(a), journal_spec(b))
     append_each(gz, a, [b"one\n", b"two\n"])
 
     def start(offsets: dict[str, int]) -> dict[str, Any]:
-        opts = parse_read_options(
-            {
-                "broker": spark_broker.url,
-                "journals": f"{a},{b}",
-                "framing": "lines",
-                "startingOffsets": json.dumps(offsets),
-                "failOnDataLoss": "false",
-            },
-            streaming=True,
+        reader = direct_reader(
+            spark_broker,
+            journals=f"{a},{b}",
+            startingOffsets=json.dumps(offsets),
+            failOnDataLoss="false",
         )
-        reader = stream_reader.GazetteStreamReader(
-            opts, layout(default_schema(Framing.LINES), Framing.LINES)
-        )
-        return reader.initialOffset()
+        return reader.initialOffset()  # type: ignore[no-any-return]
 
     with pytest.raises(
         OptionError, match=rf"startingOffsets of {a} \(100\) is past its write head 8"
@@ -632,12 +627,9 @@ def test_offsets_naming_a_journal_the_selector_does_not_match_are_an_option_erro
     # With option journals, offsets naming another journal are an error; with a selector they
     # were ignored: a misspelt name (or one the selector leaves out) read that journal from
     # the default offset, silently (a stream's latest: what it held was skipped).
-    from pygazette.spark import stream_reader
     from pygazette.spark.batch_reader import batch_ranges
-    from pygazette.spark.framing import Framing
     from pygazette.spark.options import OptionError, parse_read_options
     from pygazette.spark.runtime import call
-    from pygazette.spark.schema import default_schema, layout
 
     topic = prefix.strip("/").replace("/", ".")
     a = prefix + "part-000"
@@ -648,9 +640,8 @@ def test_offsets_naming_a_journal_the_selector_does_not_match_are_an_option_erro
     def options(**offsets: str) -> dict[str, str]:
         return {"broker": spark_broker.url, "selector": f"topic={topic}", **offsets}
 
-    stream = parse_read_options(options(startingOffsets=json.dumps({typo: 4})), streaming=True)
-    reader = stream_reader.GazetteStreamReader(
-        stream, layout(default_schema(Framing.RAW), Framing.RAW)
+    reader = direct_reader(
+        spark_broker, "raw", selector=f"topic={topic}", startingOffsets=json.dumps({typo: 4})
     )
     message = rf"startingOffsets names journals that are not read: {typo} \(option selector"
     with pytest.raises(OptionError, match=message):
@@ -675,9 +666,6 @@ def test_a_stream_starts_while_a_selected_journal_is_not_served_yet(
     # failed on it (JOURNAL_NOT_FOUND), so a stream over a selector could not start while a
     # matching journal was being created.
     from pygazette.spark import stream_reader
-    from pygazette.spark.framing import Framing
-    from pygazette.spark.options import parse_read_options
-    from pygazette.spark.schema import default_schema, layout
 
     topic = prefix.strip("/").replace("/", ".")
     served, fresh = prefix + "served", prefix + "fresh"
@@ -690,11 +678,5 @@ def test_a_stream_starts_while_a_selected_journal_is_not_served_yet(
         return {**await listed(*args, **kwargs), fresh: rev + 1}
 
     monkeypatch.setattr(stream_reader.jn, "journal_revisions", listed_before_served)
-    opts = parse_read_options(
-        {"broker": spark_broker.url, "selector": f"topic={topic}", "framing": "lines"},
-        streaming=True,
-    )
-    reader = stream_reader.GazetteStreamReader(
-        opts, layout(default_schema(Framing.LINES), Framing.LINES)
-    )
+    reader = direct_reader(spark_broker, selector=f"topic={topic}")
     assert reader.initialOffset() == {served: [4, rev]}
