@@ -349,9 +349,13 @@ class _Source:
         self._iterator: Iterator[BytesLike] | AsyncIterator[BytesLike] | None = None
         self._kept: list[bytes] | None = []  # None: more was drawn than REPLAY_LIMIT.
         self._kept_size = 0
+        # The iterator raised: it is over, and what it would have yielded next is lost.
+        self.failed = False
 
     @property
     def can_replay(self) -> bool:
+        if self.failed:
+            return False  # A replay would commit what was drawn as if it were all.
         return self.replayable or not self.drawn or self._kept is not None
 
     async def pieces(self) -> AsyncIterator[BytesLike]:
@@ -371,16 +375,18 @@ class _Source:
             yield piece
         iterator = self._iterator
         while True:
-            if isinstance(iterator, AsyncIterator):
-                try:
+            try:
+                if isinstance(iterator, AsyncIterator):
                     piece = await anext(iterator)
-                except StopAsyncIteration:
-                    return
-            else:
-                try:
+                else:
                     piece = next(iterator)
-                except StopIteration:
-                    return
+            except (StopIteration, StopAsyncIteration):
+                return
+            except BaseException:
+                # The content's own failure (its error may look like the append's, e.g. a
+                # reader's UNAVAILABLE) ends the append: nothing is retried.
+                self.failed = True
+                raise
             self._keep(piece)
             yield piece
 
@@ -429,8 +435,8 @@ async def append(
     Transport failures and primary hand-offs are retried, with backoff, only where that is
     safe: the commit chunk was never sent (so the broker cannot have committed), and the
     content can be produced again (bytes or a sequence, or an iterator of which at most
-    REPLAY_LIMIT bytes were drawn).
-    Every other failure, including broker statuses, is raised.
+    REPLAY_LIMIT bytes were drawn, and which did not raise).
+    Every other failure, including broker statuses and the content iterator's own, is raised.
     """
     source = _Source(content)
     attempt = 0

@@ -250,6 +250,38 @@ async def test_append_does_not_retry_an_iterator_drawn_beyond_the_replay_limit(
     assert len(fake.journal.append_calls) == 1
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "source gone"
+        ),
+        NotJournalPrimaryBroker(detail="the source journal moved"),
+    ],
+    ids=["unavailable", "not-primary"],
+)
+@pytest.mark.parametrize("kind", ["iterator", "async-iterator"])
+async def test_append_raises_a_failure_of_its_content_and_commits_nothing(
+    fake: FakeBroker, fake_client: JournalClient, failure: BaseException, kind: str
+) -> None:
+    """Content copied from elsewhere (another journal's reader, say) fails part way, with an
+    error that would be retried were it the append's own. The iterator is over: a retry would
+    replay what it drew and commit that, the rest silently lost. The append fails instead."""
+
+    def pieces() -> Iterator[bytes]:
+        yield b"first half "
+        raise failure
+
+    async def async_pieces() -> AsyncIterator[bytes]:
+        for piece in pieces():
+            yield piece
+
+    content = pieces() if kind == "iterator" else async_pieces()
+    with pytest.raises(type(failure)):
+        await append(fake_client, J, content)
+    assert not any(call.committed for call in fake.journal.append_calls)
+
+
 async def test_append_does_not_retry_after_the_commit_chunk_was_sent(
     fake: FakeBroker, fake_client: JournalClient
 ) -> None:
