@@ -125,7 +125,10 @@ class ClusterResolver(Resolver):
         # was frozen, or cut off from etcd), its view of the cluster can't be trusted: it
         # resolves nothing until it knows again.
         self.lease_alive: Callable[[], bool] = lambda: True
-        self.stopping_journals: set[str] = set()  # Replicas still stopping.
+        # Journals whose spool directory is still theirs here though no replica of them is
+        # registered: replicas still stopping, new ones waiting for them, and ones that
+        # failed to start (retried). Not orphans: the orphan sweep leaves their spools.
+        self.stopping_journals: set[str] = set()
         self._touched = observed.touched_items()
         # Journals whose replica failed to start (synced again after RETRY_SECONDS).
         self._failed: set[str] = set()
@@ -153,6 +156,8 @@ class ClusterResolver(Resolver):
             if local is None:
                 if name in self.replicas:
                     self._stop_replica(name)
+                elif name in failed:
+                    self._given_up(name)
                 continue
             self._sync_guarded(name, local[0], retry=name in failed)
 
@@ -168,10 +173,22 @@ class ClusterResolver(Resolver):
                 extra={"journal": name, "error": str(exc)},
             )
             self._failed.add(name)
+            # Its spools are the replica's to come, not an orphan's to move aside.
+            self.stopping_journals.add(name)
             if self._retry is None:
                 self._retry = asyncio.get_running_loop().call_later(
                     RETRY_SECONDS, self._retry_failed
                 )
+            return
+        if retry and name not in self._deferred:
+            self.stopping_journals.discard(name)  # Started (or its spec doesn't decode).
+
+    def _given_up(self, name: str) -> None:
+        """A journal whose replica failed to start is no longer assigned here (deleted, or
+        moved to other brokers): not retried, its spools are an orphan's now."""
+        self.stopping_journals.discard(name)
+        if self.on_stopped is not None:
+            self.on_stopped(name)
 
     def _retry_failed(self) -> None:
         self._retry = None

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from pygazette.allocator.allocator import ObservedState
 from pygazette.allocator.request_fence import ResolveError
 from pygazette.broker.allocation import JournalDecoder, route_value
+from pygazette.broker.cluster_member import ClusterMember
 from pygazette.broker.cluster_resolver import ClusterResolver
 from pygazette.broker.fragment.persister import Persister
 from pygazette.broker.resolver import BrokerIdentity
 from pygazette.keyspace.embedded import EmbeddedKeyspace
-from pygazette.keyspace.keyspace import Put
+from pygazette.keyspace.keyspace import Delete, Put
 from pygazette.keyspace.layout import AssignmentKey, KeyLayout
 from pygazette.protocol.pb import protocol_pb2 as pb
 from pygazette.stores.store import StoreRegistry
@@ -242,3 +246,101 @@ async def test_a_replica_that_cannot_start_is_started_once_it_can(
             await asyncio.sleep(0.05)
     res = await r.resolve_journal("a/blocked", require_primary=True, may_proxy=True)
     assert res.status == pb.OK and res.local
+
+
+async def _failing_to_start(
+    r: ClusterResolver, monkeypatch: pytest.MonkeyPatch, name: str
+) -> tuple[set[str], Any]:
+    """`name`, assigned here (settled: its assignment advertises its route, as at a restart)
+    with a spool left open in its directory, whose replica fails to start (an EIO reading
+    its spools) until its name leaves the returned set; and a view of the broker for the
+    orphan sweep (`ClusterMember.sweep_orphans_once`)."""
+    from pygazette.broker.fragment.frontier_log import FrontierLog
+    from pygazette.broker.fragment.spool import Spool
+    from pygazette.broker.replica import Replica, spool_directory
+
+    directory = spool_directory(r.spool_root, name)
+    spool = Spool.create(directory, name, 0, pb.NONE, pb.LabelSet(), sync=False)
+    pending = spool.start_append()
+    pending.write(b"acknowledged\n")
+    spool.commit(pending, None)  # Left open, as by a broker that was killed.
+
+    failing = {name}
+    start_clustered = Replica.start_clustered
+
+    def start_or_fail(replica: Replica) -> None:
+        if replica.name in failing:
+            raise OSError(errno.EIO, "Input/output error", str(replica.spool_dir))
+        start_clustered(replica)
+
+    monkeypatch.setattr(Replica, "start_clustered", start_or_fail)
+    me = pb.ProcessSpec.ID(zone="zone-a", suffix="local-broker")
+    await r.keyspace.txn(
+        [],
+        [
+            Put(LAYOUT.item_key(name), journal_spec(name, replication=1).SerializeToString()),
+            Put(
+                LAYOUT.assignment_key(AssignmentKey(name, "zone-a", "local-broker", 0)),
+                route_value(pb.Route(members=[me], primary=0)),
+            ),
+        ],
+    )
+    assert name not in r.replicas  # Failed: retried.
+    member = SimpleNamespace(
+        spool_root=r.spool_root,
+        frontiers=FrontierLog.at(r.spool_root),
+        _orphan_candidates=None,
+        _aside_in_progress=set(),
+        resolver=r,
+        observed=r.observed,
+        keyspace=r.keyspace,
+        layout=LAYOUT,
+        decoder=r.decoder,
+        stores=r.stores,
+        persister=r.persister,
+        sync=False,
+    )
+    r.on_stopped = lambda stopped: member._orphan_candidates.add(stopped)
+    return failing, member
+
+
+async def test_the_orphan_sweep_leaves_the_spools_of_a_replica_that_cannot_start_yet(
+    resolver: ClusterResolver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal assigned here whose replica fails to start is retried, not given up: its
+    spools are still its own, and the orphan sweep must leave them in place. Left out of the
+    replicas (and not stopping), the sweep took it for a journal this broker no longer
+    serves: it moved the spools aside and persisted them from there, and the replica that
+    then started found none (here: no spool, no content)."""
+    from pygazette.broker.replica import spool_directory
+
+    r, name = resolver, "a/failing"
+    failing, member = await _failing_to_start(r, monkeypatch, name)
+    ClusterMember.sweep_orphans_once(member)
+    assert [p.name for p in spool_directory(r.spool_root, name).glob("*.log")] == [
+        "0000000000000000.log"
+    ]
+
+    failing.clear()  # The cause goes away: the retry starts it, with its spool.
+    async with asyncio.timeout(10):
+        while name not in r.replicas:  # noqa: ASYNC110 (a retry timer's work)
+            await asyncio.sleep(0.05)
+    replica = r.replicas[name]
+    assert replica.spool is not None and replica.spool.end == len(b"acknowledged\n")
+    assert name not in r.stopping_journals
+
+
+async def test_a_replica_that_cannot_start_and_leaves_has_its_spools_swept(
+    resolver: ClusterResolver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once such a journal is no longer assigned here (here: deleted), it isn't retried and
+    its spools are an orphan's: the sweep takes them (a deleted journal's: dropped)."""
+    from pygazette.broker.replica import spool_directory
+
+    r, name = resolver, "a/failing"
+    _failing, member = await _failing_to_start(r, monkeypatch, name)
+    ClusterMember.sweep_orphans_once(member)  # Looked at once while retried: left.
+    await r.keyspace.txn([], [Delete(LAYOUT.item_key(name))])
+    ClusterMember.sweep_orphans_once(member)
+    assert not spool_directory(r.spool_root, name).exists()
+    assert name not in r.replicas
