@@ -104,8 +104,10 @@ class _LoopThread:
         if self.forked:
             if last is not None:
                 last.close()
-            with self._lock:
-                self.closing = True
+            # Not under _lock: a thread of the parent may have held it at the fork, and the
+            # child's copy then stays held for ever. Nothing is scheduled on the loop in a
+            # child (`run` refuses first), so the flag needs no lock here.
+            self.closing = True
             return
         if threading.current_thread() is self._thread:
             if last is not None:

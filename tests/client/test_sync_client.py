@@ -260,14 +260,18 @@ for n in range(200):
 """
 
 
-def _run_exiting_open(*args: str) -> subprocess.CompletedProcess[str]:
+def _run_script(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", _EXITS_OPEN, *args],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
+
+
+def _run_exiting_open(*args: str) -> subprocess.CompletedProcess[str]:
+    return _run_script(_EXITS_OPEN, *args, timeout=120)
 
 
 def test_appends_queued_when_a_script_exits_without_closing_are_sent(
@@ -330,7 +334,22 @@ def test_a_child_forked_with_a_client_open_exits_at_once() -> None:
     assert done.stdout.strip() == "child exited 0", done.stderr
 
 
-_FORKED_CHILD_USES = """
+# The parent's part of the scripts below: wait for the child `pid` (15 s at most).
+_WAIT_FOR_THE_CHILD = """
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    print("child hung", flush=True)
+"""
+
+_FORKED_CHILD_USES = (
+    """
 import os, sys, time
 from pygazette.client import SyncClientForked, SyncJournalClient
 from pygazette.client.append_service import AppendServiceClosed
@@ -355,21 +374,50 @@ if pid == 0:
         outcome.append("closed")
     print(", ".join(outcome), flush=True)
     os._exit(0)
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    print("child hung", flush=True)
+"""
+    + _WAIT_FOR_THE_CHILD
+    + """
 # The parent's client is untouched by what its child did.
 print("parent", client.get_journal(sys.argv[2]).name, flush=True)
 client.close_append_service(service)
 client.close()
 """
+)
+
+
+_FORKED_WHILE_A_CALL_STARTS = (
+    """
+import os, sys, time
+from pygazette.client import SyncClientForked, SyncJournalClient
+
+client = SyncJournalClient(sys.argv[1])
+# Another thread of the parent is starting or ending a call at the fork: it holds the loop's
+# lock, and the child's copy of that lock stays held, for no thread of the child holds it.
+client._loop._lock.acquire()
+pid = os.fork()
+if pid == 0:
+    client.close()
+    try:
+        client.list_journals()
+    except SyncClientForked:
+        print("child closed", flush=True)
+    os._exit(0)
+client._loop._lock.release()
+"""
+    + _WAIT_FOR_THE_CHILD
+    + """
+client.close()
+print("parent closed", flush=True)
+"""
+)
+
+
+def test_a_forked_child_closes_its_copy_while_the_parent_was_mid_call() -> None:
+    """fork copies a lock held by another of the parent's threads (one starting or ending a
+    call) as held for ever: the child's `close` must not wait for it."""
+    done = _run_script(_FORKED_WHILE_A_CALL_STARTS, f"127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["child closed", "parent closed"], done.stderr
 
 
 def test_a_forked_child_using_its_parents_client_fails_at_once(broker: BrokerProcess) -> None:
@@ -384,13 +432,7 @@ def test_a_forked_child_using_its_parents_client_fails_at_once(broker: BrokerPro
         spec.fragment.stores.append("file:///")
         spec.fragment.refresh_interval.seconds = 60
         client.apply_journals([pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=0)])
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKED_CHILD_USES, broker.address, "forked/parent"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _run_script(_FORKED_CHILD_USES, broker.address, "forked/parent")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "list refused, append refused, closed",
