@@ -1,5 +1,9 @@
 """One instance of a class per running event loop (a broker's shared schedulers: the store
-refresher, the flush timer), made on first use and gone with its loop."""
+refresher, the flush timer), made on first use and let go of once its loop is closed.
+
+An instance's tasks (and events, once waited on) hold their loop, so a weak key alone would
+never let a loop that used one go: those of closed loops are dropped as a new loop takes
+its own (tests run one loop after another; a broker, one loop for its life)."""
 
 from __future__ import annotations
 
@@ -23,5 +27,7 @@ class PerLoop(Generic[T]):
         loop = asyncio.get_running_loop()
         got = self._by_loop.get(loop)
         if got is None:
+            for closed in [old for old in self._by_loop if old.is_closed()]:
+                del self._by_loop[closed]
             got = self._by_loop[loop] = self._factory()
         return got
