@@ -28,7 +28,7 @@ planned and read.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +139,16 @@ class JournalRecreated(DataLoss):
         )
 
 
+async def _served_heads(
+    client: JournalClient, opts: ReadOptions, revisions: Mapping[str, int]
+) -> dict[str, int]:
+    """The write heads of the journals of a query's start (`revisions`). With a selector, a
+    journal listed but not served yet (just created: its assignment is on its way) is left
+    out; a journal named by option journals must be served."""
+    absent_ok = frozenset(revisions) if opts.selector else frozenset()
+    return await jn.write_heads(client, sorted(revisions), absent_ok=absent_ok)
+
+
 class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
     def __init__(self, opts: ReadOptions, layout: Layout) -> None:
         self.opts = opts
@@ -156,12 +166,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         async def go(client: JournalClient) -> dict[str, Any]:
             revisions = await jn.journal_revisions(client, opts.journals, opts.selector)
             opts.check_selected(revisions)
-            # A selected journal listed but not served yet (just created) is left to the first
-            # trigger, which finds it (at its earliest offset) once it is served, as it finds
-            # journals created later. A journal named by option journals must be served.
-            absent_ok = frozenset(revisions) if opts.selector else frozenset()
-            heads = await jn.write_heads(client, sorted(revisions), absent_ok=absent_ok)
-            listings = await jn.all_fragments(client, sorted(heads), absent_ok=bool(absent_ok))
+            # A selected journal not served yet is left to the first trigger, which finds it
+            # (at its earliest offset) once it is served, as it finds journals created later.
+            heads = await _served_heads(client, opts, revisions)
+            listings = await jn.all_fragments(client, sorted(heads), absent_ok=bool(opts.selector))
             journals = sorted(listings)
             revisions = {j: revisions[j] for j in journals}
             offsets = {
@@ -203,7 +211,9 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
 
         async def go(client: JournalClient) -> tuple[dict[str, int], dict[str, int]]:
             revisions = await jn.journal_revisions(client, opts.journals, opts.selector)
-            return await jn.write_heads(client, sorted(revisions)), revisions
+            # A selected journal not served yet has nothing available now: it is not read.
+            heads = await _served_heads(client, opts, revisions)
+            return heads, {j: revisions[j] for j in heads}
 
         heads, self._target_revisions = runtime.call(opts.target, go)
         self._target = _sorted(heads)

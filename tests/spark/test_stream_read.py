@@ -655,16 +655,19 @@ def test_offsets_naming_a_journal_the_selector_does_not_match_are_an_option_erro
     assert ranges == {a: (4, 8)}
 
 
+@pytest.mark.parametrize("available_now", [False, True], ids=["trigger", "available-now"])
 def test_a_stream_starts_while_a_selected_journal_is_not_served_yet(
     spark_broker: BrokerProcess,
     gz: SyncJournalClient,
     prefix: str,
     monkeypatch: pytest.MonkeyPatch,
+    available_now: bool,
 ) -> None:
     # A journal just created is listed before a broker serves it. A trigger leaves such a
     # journal for the next one (which finds it at its earliest offset); the query's start
     # failed on it (JOURNAL_NOT_FOUND), so a stream over a selector could not start while a
-    # matching journal was being created.
+    # matching journal was being created. Trigger.AvailableNow's start (its target offsets)
+    # failed so too: a journal not served yet has nothing available now, and is not read.
     from pygazette.spark import stream_reader
 
     topic = prefix.strip("/").replace("/", ".")
@@ -678,5 +681,14 @@ def test_a_stream_starts_while_a_selected_journal_is_not_served_yet(
         return {**await listed(*args, **kwargs), fresh: rev + 1}
 
     monkeypatch.setattr(stream_reader.jn, "journal_revisions", listed_before_served)
-    reader = direct_reader(spark_broker, selector=f"topic={topic}")
-    assert reader.initialOffset() == {served: [4, rev]}
+    if not available_now:
+        reader = direct_reader(spark_broker, selector=f"topic={topic}")
+        assert reader.initialOffset() == {served: [4, rev]}
+        return
+    reader = direct_reader(spark_broker, selector=f"topic={topic}", startingOffsets="earliest")
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    assert start == {served: [0, rev]}
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {served: [4, rev]}
+    assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end
