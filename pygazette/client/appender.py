@@ -188,7 +188,7 @@ class Appender:
         await self.start()
         for chunk in self._coalescer.add(data):
             await self._send(pb.AppendRequest(content=chunk))
-        self.bytes_written += len(data)
+        self.bytes_written += _size(data)
 
     async def commit(self) -> pb.AppendResponse:
         """Commit everything written; returns the broker's response (see `response.commit`)."""
@@ -328,6 +328,11 @@ def _is_bytes_like(content: object) -> bool:
     return isinstance(content, (bytes, bytearray, memoryview))
 
 
+def _size(data: BytesLike) -> int:
+    """Bytes of `data` (a memoryview's len() counts its items, which may be wider)."""
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
 # Content drawn from an iterator is kept, up to this many bytes, so that an append refused
 # before it committed (a journal without a primary yet, e.g. resuming from a full
 # suspension; a transport failure before the commit chunk) can send it again: the refusal
@@ -393,7 +398,7 @@ class _Source:
     def _keep(self, piece: BytesLike) -> None:
         if self._kept is None:
             return
-        self._kept_size += len(piece)
+        self._kept_size += _size(piece)
         if self._kept_size > REPLAY_LIMIT:
             self._kept = None
         else:

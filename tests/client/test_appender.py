@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from array import array
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -280,6 +281,28 @@ async def test_append_raises_a_failure_of_its_content_and_commits_nothing(
     with pytest.raises(type(failure)):
         await append(fake_client, J, content)
     assert not any(call.committed for call in fake.journal.append_calls)
+
+
+async def test_the_replay_limit_counts_the_bytes_of_a_memoryview_not_its_items(
+    fake: FakeBroker, fake_client: JournalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memoryview of 8-byte items has a len() of an eighth of its bytes: the replay limit
+    (and the bytes an Appender counts as written) are bytes."""
+    monkeypatch.setattr(appender_module, "REPLAY_LIMIT", 8)
+    fake.journal.append_responses.append(refused(pb.NOT_JOURNAL_PRIMARY_BROKER))
+    piece = memoryview(array("q", [1, 2]))  # 16 bytes, 2 items.
+
+    def pieces() -> Iterator[memoryview]:
+        yield piece
+
+    with pytest.raises(NotJournalPrimaryBroker):
+        await append(fake_client, J, pieces())
+    assert len(fake.journal.append_calls) == 1
+
+    async with Appender(fake_client, J) as app:
+        await app.write(piece)
+    assert app.bytes_written == 16
+    assert contents(fake.journal.append_calls[-1].requests) == [piece.tobytes(), b""]
 
 
 async def test_append_does_not_retry_after_the_commit_chunk_was_sent(
