@@ -44,11 +44,16 @@ lint: venv
 # a response breaking one fails its RPC, and so the test that drove the server into it.
 # Most tests wait on processes (brokers, etcd, JVMs), so two workers (TEST_WORKERS) share
 # the cores; a test file stays on one worker with its module's fixtures (--dist loadfile).
+# The tests' temporary directories (brokers' data, etcd, stores) go on tmpfs where there is
+# one (TEST_TMPDIR): creating and removing hundreds of thousands of files is most of what
+# they ask of a file system, and on ext4 each creation can cost a millisecond of CPU once
+# many files were deleted in the last minutes. The full-disk tests mount their own tmpfs.
+TEST_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,/tmp)
 TEST_WORKERS ?= 2
 test: deps lint s3server-bin kustomize-bin
-	PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile \
-		--ignore=tests/interop -m "not bench_smoke and not spark_cluster_faults"
-	PYGAZETTE_CHECK_RESPONSES=1 $(MAKE) interop
+	TMPDIR=$(TEST_TMPDIR) PYGAZETTE_CHECK_RESPONSES=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS) \
+		--dist loadfile --ignore=tests/interop -m "not bench_smoke and not spark_cluster_faults"
+	TMPDIR=$(TEST_TMPDIR) PYGAZETTE_CHECK_RESPONSES=1 $(MAKE) interop
 
 # Benchmark smoke runs that don't fit make test's time budget (Spark against Kafka's source).
 bench-smoke: deps
